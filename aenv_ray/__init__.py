@@ -1,0 +1,82 @@
+"""aenv_ray: environments as code for agentic RL, and the SDK that calls them.
+
+Owns the public SDK (:class:`Environment`, :class:`ToolResult`), the decorators that define an
+environment (:func:`register_tool`, :func:`register_function`, :func:`register_reward`,
+:func:`register_health`), the error tree (:mod:`aenv_ray.errors`), ``config.json`` and wire
+models, settings, structured logging and the ``aenv`` CLI.
+
+May import: pydantic, pydantic-settings, aiohttp, orjson, httpx, the mcp/fastmcp clients, typer and
+rich (CLI only). Must not import at import time: ray, kubernetes, gymnasium.
+
+    >>> import aenv_ray, sys
+    >>> any(m in sys.modules for m in ("ray", "kubernetes", "gymnasium"))
+    False
+"""
+
+from aenv_ray.config import EnvConfig
+from aenv_ray.environment import Environment
+from aenv_ray.errors import (
+    AEnvError,
+    AEnvTimeoutError,
+    CallTimeoutError,
+    ConfigurationError,
+    DefinitionError,
+    EnvironmentNotFoundError,
+    FunctionError,
+    FunctionNotFoundError,
+    InstanceBrokenError,
+    InstanceClosedError,
+    InstanceError,
+    InstanceExpiredError,
+    InstanceUnreachableError,
+    ProtocolError,
+    StartupTimeoutError,
+    ToolArgumentError,
+    ToolError,
+    ToolExecutionError,
+    ToolNotFoundError,
+    ToolTimeoutError,
+)
+from aenv_ray.protocol import ToolErrorKind, ToolResult
+from aenv_ray.registry import (
+    Registry,
+    register_function,
+    register_health,
+    register_reward,
+    register_tool,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AEnvError",
+    "AEnvTimeoutError",
+    "CallTimeoutError",
+    "ConfigurationError",
+    "DefinitionError",
+    "EnvConfig",
+    "Environment",
+    "EnvironmentNotFoundError",
+    "FunctionError",
+    "FunctionNotFoundError",
+    "InstanceBrokenError",
+    "InstanceClosedError",
+    "InstanceError",
+    "InstanceExpiredError",
+    "InstanceUnreachableError",
+    "ProtocolError",
+    "Registry",
+    "StartupTimeoutError",
+    "ToolArgumentError",
+    "ToolError",
+    "ToolErrorKind",
+    "ToolExecutionError",
+    "ToolNotFoundError",
+    "ToolResult",
+    "ToolTimeoutError",
+    "__version__",
+    "register_function",
+    "register_health",
+    "register_reward",
+    "register_tool",
+]

@@ -1,0 +1,223 @@
+"""An environment project's ``config.json``, read and checked once at the edge.
+
+The fields are the seeds' (name, version, description, tags, status, codeUrl, artifacts,
+buildConfig, testConfig, deployConfig). Unknown top-level keys are rejected so that a typo such as
+``deplyConfig`` is an error, not a silent default. Human units (``"2C"``, ``"512M"``, ``"30m"``)
+are parsed here into numbers by :func:`parse_cpu`, :func:`parse_memory` and :func:`parse_duration`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.alias_generators import to_camel
+
+from aenv_ray.errors import ConfigurationError
+
+__all__ = [
+    "BuildConfig",
+    "DeployConfig",
+    "EnvConfig",
+    "TestConfig",
+    "parse_cpu",
+    "parse_duration",
+    "parse_memory",
+]
+
+_VERSION = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}$")
+_ENV_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$", re.IGNORECASE)
+
+
+def parse_cpu(value: str | float | int) -> float:
+    """``"2"``, ``"2C"``, ``"500m"`` (millicores) or a number -> cores.
+
+    >>> parse_cpu("2C"), parse_cpu("500m"), parse_cpu(1.5)
+    (2.0, 0.5, 1.5)
+    """
+    if isinstance(value, int | float):
+        cores = float(value)
+    else:
+        text = value.strip()
+        match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([cCmM]?)", text)
+        if not match:
+            raise ConfigurationError(f"cpu `{value}` is not a CPU amount; write e.g. \"2\" or \"2C\"")
+        cores = float(match.group(1)) / (1000 if match.group(2) in ("m", "M") else 1)
+    if cores <= 0:
+        raise ConfigurationError(f"cpu `{value}` must be positive")
+    return cores
+
+
+_MEM_UNITS = {
+    "": 1,
+    "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4,
+    "ki": 1024, "mi": 1024**2, "gi": 1024**3, "ti": 1024**4,
+}
+
+
+def parse_memory(value: str | int) -> int:
+    """``"512M"``, ``"4G"``, ``"1Gi"`` or bytes -> bytes. Single letters are binary, as in Docker.
+
+    >>> parse_memory("512M"), parse_memory("1Gi"), parse_memory("2G")
+    (536870912, 1073741824, 2147483648)
+    """
+    if isinstance(value, int):
+        size = value
+    else:
+        match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kKmMgGtT]?i?)[bB]?", value.strip())
+        if not match:
+            raise ConfigurationError(
+                f"memory `{value}` is not a size; write e.g. \"512M\" or \"4G\""
+            )
+        unit = match.group(2).lower()
+        # "512M" means MiB for container tools users know (docker -m 512m); keep that reading.
+        factor = _MEM_UNITS[unit + "i"] if len(unit) == 1 else _MEM_UNITS[unit]
+        size = int(float(match.group(1)) * factor)
+    if size <= 0:
+        raise ConfigurationError(f"memory `{value}` must be positive")
+    return size
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?")
+_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(value: str | float | int) -> float:
+    """``"30m"``, ``"1h30m"``, ``"90s"``, ``"45"`` or a number of seconds -> seconds.
+
+    >>> parse_duration("1h30m"), parse_duration("90"), parse_duration(2.5)
+    (5400.0, 90.0, 2.5)
+    """
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        text = value.strip().lower()
+        pos, seconds = 0, 0.0
+        while pos < len(text):
+            match = _DURATION.match(text, pos)
+            if not match or match.end() == pos:
+                raise ConfigurationError(
+                    f"duration `{value}` is not readable; write e.g. \"30m\", \"1h\" or \"90s\""
+                )
+            seconds += float(match.group(1)) * _SECONDS[match.group(2)]
+            pos = match.end()
+        if not text:
+            raise ConfigurationError("duration is empty; write e.g. \"30m\"")
+    if seconds <= 0:
+        raise ConfigurationError(f"duration `{value}` must be positive")
+    return seconds
+
+
+class _Camel(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class BuildConfig(_Camel):
+    """How to build the environment's image."""
+
+    dockerfile: str = "./Dockerfile"
+    model_config = ConfigDict(extra="allow")
+
+
+class TestConfig(_Camel):
+    """How ``aenv test`` checks the project: ``script`` runs in the project directory."""
+
+    script: str = ""
+
+
+class DeployConfig(_Camel):
+    """Resources and placement of an instance."""
+
+    cpu: str | float = "1"
+    memory: str | int = "2G"
+    os: str = "linux"
+    image_prefix: str = ""
+    pod_template: Literal["singleContainer", "DualContainer", ""] = ""
+    env: dict[str, str] = Field(default_factory=dict)
+    ttl: str | float | None = None
+    network: bool = False
+
+    @field_validator("cpu")
+    @classmethod
+    def _cpu(cls, value: str | float) -> str | float:
+        parse_cpu(value)
+        return value
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, value: str | int) -> str | int:
+        parse_memory(value)
+        return value
+
+    @field_validator("ttl")
+    @classmethod
+    def _ttl(cls, value: str | float | None) -> str | float | None:
+        if value is not None:
+            parse_duration(value)
+        return value
+
+
+class EnvConfig(_Camel):
+    """The parsed ``config.json`` of an environment project."""
+
+    name: str
+    version: str = "1.0.0"
+    description: str = ""
+    tags: list[str] = Field(default_factory=list)
+    status: str = "Ready"
+    code_url: str = ""
+    artifacts: list[dict[str, Any]] = Field(default_factory=list)
+    build_config: BuildConfig = Field(default_factory=BuildConfig)
+    test_config: TestConfig = Field(default_factory=TestConfig)
+    deploy_config: DeployConfig = Field(default_factory=DeployConfig)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _ENV_NAME.match(value):
+            raise ValueError(
+                "must start with a letter or digit and use only letters, digits, `-` and `_` "
+                "(at most 63)"
+            )
+        return value
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, value: str) -> str:
+        if not _VERSION.match(value):
+            raise ValueError("must be a version such as 1.0.0 (letters, digits, `.`, `-`, `_`)")
+        return value
+
+    @property
+    def ref(self) -> str:
+        """``name@version``, the string the SDK and the registry use."""
+        return f"{self.name}@{self.version}"
+
+    @classmethod
+    def load(cls, project: str | Path) -> EnvConfig:
+        """Read ``project/config.json`` (or the file itself); every problem is one clear error."""
+        path = Path(project)
+        if path.is_dir():
+            path = path / "config.json"
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise ConfigurationError(
+                f"no config.json at {path}; run `aenv init NAME` to create a project"
+            ) from exc
+        except json.JSONDecodeError as exc:
+            raise ConfigurationError(f"{path} is not valid JSON: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ConfigurationError(f"{path} must hold a JSON object")
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"`{'.'.join(str(p) for p in e['loc'])}`: {e['msg']}" for e in exc.errors()
+            )
+            raise ConfigurationError(f"{path} is invalid: {problems}") from exc

@@ -1,0 +1,405 @@
+"""The SDK: one :class:`Environment` is one environment instance, used as ``async with``.
+
+    async with Environment("mini-terminal@1.0.0") as env:
+        tools = await env.list_tools()
+        result = await env.call_tool("execute_command", {"command": "ls"})
+        reward = await env.call_reward({"path": "out.txt", "expected": "42"})
+
+Where the instance comes from:
+
+- ``DUMMY_INSTANCE_IP=http://localhost`` (the seeds' local mode): talk to a server started with
+  ``aenv run`` (functions on 8080, MCP on 8081; a URL with an explicit port uses that port);
+- :meth:`Environment.attach`: talk to a runtime at any URL you name.
+
+Tool calls go over the runtime's lean fast path; functions, reward and health over the seeds'
+HTTP routes. The constructor keeps the seeds' parameters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlparse, urlunparse
+
+from aenv_ray import protocol as p
+from aenv_ray._transport import InstanceClient
+from aenv_ray.config import parse_duration
+from aenv_ray.errors import (
+    ConfigurationError,
+    FunctionError,
+    FunctionNotFoundError,
+    InstanceClosedError,
+    InstanceUnreachableError,
+    ProtocolError,
+    StartupTimeoutError,
+    ToolArgumentError,
+)
+from aenv_ray.openai_tools import OpenAINames, to_agents_tools
+from aenv_ray.protocol import ToolErrorKind, ToolResult
+from aenv_ray.settings import Settings, get_settings
+
+__all__ = ["Environment"]
+
+log = logging.getLogger("aenv_ray.environment")
+
+_CALL_GRACE = 2.0  # the runtime interrupts at the deadline; give its answer time to arrive
+
+
+def _with_port(url: str, port: int | None) -> str:
+    if "://" not in url:
+        url = f"http://{url}"
+    parsed = urlparse(url)
+    if parsed.port is not None or port is None:
+        return urlunparse(parsed._replace(path="", params="", query="", fragment=""))
+    netloc = f"{parsed.hostname}:{port}"
+    return urlunparse(parsed._replace(netloc=netloc, path="", params="", query="", fragment=""))
+
+
+class Environment:
+    """An environment instance: list and call its tools, functions, reward and health check.
+
+    Args:
+        env_name: ``"name@version"`` (or ``"name"``).
+        datasource: data to mount into the instance (engines that support it).
+        ttl: lifetime, ``"30m"``, ``"1h"`` or seconds; the engine terminates it after.
+        environment_variables: passed into the instance.
+        arguments: passed to the instance's entrypoint.
+        aenv_url: control plane URL (remote mode); defaults to ``AENV_SYSTEM_URL``.
+        timeout: default per-call timeout in seconds.
+        max_retries: attempts for idempotent requests that fail to connect.
+        api_key: Bearer key for the control plane; defaults to ``AENV_API_KEY``.
+    """
+
+    def __init__(
+        self,
+        env_name: str,
+        datasource: str = "",
+        ttl: str | float = "30m",
+        environment_variables: dict[str, str] | None = None,
+        arguments: list[str] | None = None,
+        aenv_url: str | None = None,
+        timeout: float | None = None,
+        max_retries: int = 10,
+        api_key: str | None = None,
+        *,
+        startup_timeout: float | None = None,
+        owner: str | None = None,
+        settings: Settings | None = None,
+    ) -> None:
+        if not env_name or not isinstance(env_name, str):
+            raise ConfigurationError("env_name must be a non-empty string such as `name@1.0.0`")
+        self.settings = settings or get_settings()
+        self.env_name = env_name
+        self.datasource = datasource
+        self.ttl = parse_duration(ttl)
+        self.environment_variables = dict(environment_variables or {})
+        self.arguments = list(arguments or [])
+        self.aenv_url = aenv_url or self.settings.system_url
+        self.timeout = float(timeout if timeout is not None else self.settings.timeout)
+        self.max_retries = max_retries
+        self.api_key = api_key or self.settings.api_key
+        self.startup_timeout = startup_timeout
+        self.owner = owner
+        self.instance_id: str | None = None
+        self._attach_url: str | None = None
+        self._client: InstanceClient | None = None
+        self._state = "new"  # new -> open -> closed
+        self._init_lock = asyncio.Lock()
+        self._tools: list[dict[str, Any]] | None = None
+        self._served_ref: str | None = None
+        self._openai_names: OpenAINames | None = None
+
+    @classmethod
+    def attach(cls, url: str, env_name: str | None = None, **kwargs: Any) -> Environment:
+        """An Environment for the runtime already serving at ``url`` (not owned: release()
+        disconnects without stopping it). ``env_name`` defaults to what the runtime serves."""
+        env = cls(env_name or "unknown", **kwargs)
+        env._attach_url = url
+        env._served_ref = None if env_name else ""
+        return env
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def __aenter__(self) -> Environment:
+        await self.initialize()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.release()
+
+    @property
+    def is_open(self) -> bool:
+        """True between a successful :meth:`initialize` and :meth:`release`."""
+        return self._state == "open"
+
+    @property
+    def url(self) -> str | None:
+        """Base URL of the instance's runtime, once initialized."""
+        return self._client.base_url if self._client else None
+
+    async def initialize(self) -> bool:
+        """Get an instance and wait until it is healthy. Idempotent; returns True."""
+        async with self._init_lock:
+            if self._state == "open":
+                return True
+            if self._state == "closed":
+                raise InstanceClosedError(
+                    f"`{self.env_name}` was released; create a new Environment",
+                    env_name=self.env_name, instance_id=self.instance_id,
+                )
+            base_url = self._resolve_url()
+            self._client = InstanceClient(
+                base_url,
+                connect_timeout=self.settings.connect_timeout,
+                reconnect_window=self.settings.reconnect_window,
+                env_name=self.env_name,
+                instance_id=self.instance_id,
+            )
+            try:
+                await self._wait_until_healthy()
+                await self._read_info()
+            except BaseException:
+                await self._client.aclose()
+                self._client = None
+                raise
+            self._state = "open"
+            log.info("environment ready", extra={"env": self.env_name, "url": base_url})
+            return True
+
+    def _resolve_url(self) -> str:
+        if self._attach_url:
+            return _with_port(self._attach_url, None)
+        if self.settings.dummy_instance_ip:
+            self.instance_id = "local"
+            return _with_port(self.settings.dummy_instance_ip, self.settings.functions_port)
+        raise ConfigurationError(
+            f"no instance source for `{self.env_name}`: set DUMMY_INSTANCE_IP=http://localhost "
+            "to use a server started with `aenv run`, or use Environment.attach(URL)"
+        )
+
+    async def _wait_until_healthy(self) -> None:
+        assert self._client is not None
+        limit = self.startup_timeout or (10.0 if self.instance_id in (None, "local") else
+                                         self.settings.startup_timeout)
+        deadline = time.monotonic() + limit
+        delay, last = 0.02, "no answer yet"
+        while True:
+            try:
+                status, data = await self._client.request(
+                    "GET", p.HEALTH_PATH, timeout=max(0.5, min(5.0, deadline - time.monotonic()))
+                )
+                if status == 200:
+                    return
+                last = f"HTTP {status}: {data}"
+            except InstanceUnreachableError as exc:
+                last = str(exc)
+            if time.monotonic() + delay > deadline:
+                raise StartupTimeoutError(
+                    f"`{self.env_name}` at {self._client.base_url} did not become healthy within "
+                    f"{limit:g} s (last: {last})",
+                    timeout=limit, env_name=self.env_name, instance_id=self.instance_id,
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    async def _read_info(self) -> None:
+        status, info = await self._request("GET", p.FAST_INFO_PATH, timeout=self.timeout)
+        if status != 200 or not isinstance(info, dict) or "ref" not in info:
+            raise ProtocolError(f"{self.url}{p.FAST_INFO_PATH} answered HTTP {status}: {info!r}")
+        served = str(info["ref"])
+        if self._served_ref == "":  # attach() without a name: take the runtime's
+            self.env_name = served
+            assert self._client is not None
+            self._client.env_name = served
+        elif served != self.env_name and served.split("@")[0] != self.env_name:
+            log.warning(
+                "runtime serves another environment",
+                extra={"requested": self.env_name, "served": served},
+            )
+        self._served_ref = served
+
+    async def release(self) -> None:
+        """Give the instance back. Idempotent; later calls raise :class:`InstanceClosedError`."""
+        if self._state == "closed":
+            return
+        self._state = "closed"
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+        log.info("environment released", extra={"env": self.env_name})
+
+    destroy = release
+
+    # -- calls -------------------------------------------------------------------------------
+    def _require_client(self) -> InstanceClient:
+        if self._state == "closed":
+            raise InstanceClosedError(
+                f"`{self.env_name}` was released; create a new Environment",
+                env_name=self.env_name, instance_id=self.instance_id,
+            )
+        assert self._client is not None
+        return self._client
+
+    async def _request(
+        self, method: str, path: str, payload: Any = None, *, timeout: float
+    ) -> tuple[int, Any]:
+        if self._state == "new":
+            await self.initialize()
+        return await self._require_client().request(method, path, payload, timeout=timeout)
+
+    async def list_tools(self) -> list[dict[str, Any]]:
+        """Tools as ``{"name": "env@version/tool", "description", "inputSchema"}`` dicts."""
+        status, data = await self._request("GET", p.FAST_TOOLS_PATH, timeout=self.timeout)
+        if status != 200 or not isinstance(data, dict):
+            raise ProtocolError(f"listing tools answered HTTP {status}: {data!r}")
+        self._tools = data["tools"]
+        return [
+            {
+                "name": f"{self.env_name}/{tool['name']}",
+                "description": tool.get("description", ""),
+                "inputSchema": tool.get("inputSchema", {"type": "object", "properties": {}}),
+            }
+            for tool in data["tools"]
+        ]
+
+    async def list_openai_tools(self) -> list[dict[str, Any]]:
+        """Tools as Chat Completions ``{"type": "function", "function": {...}}`` dicts.
+
+        Names match ``^[a-zA-Z0-9_-]{1,64}$`` (``mini-terminal_1_0_0__execute_command``);
+        :meth:`call_tool` accepts them as they are.
+        """
+        tools = await self.list_tools()
+        names = self._names()
+        return [
+            {
+                "type": "function",
+                "function": {
+                    "name": names.to_openai(tool["name"].split("/", 1)[1]),
+                    "description": tool["description"],
+                    "parameters": tool["inputSchema"],
+                },
+            }
+            for tool in tools
+        ]
+
+    async def list_agents_tools(self) -> list[Any]:
+        """Tools as OpenAI Agents SDK ``FunctionTool``s (needs ``pip install openai-agents``)."""
+        return to_agents_tools(self, await self.list_openai_tools())
+
+    def _names(self) -> OpenAINames:
+        if self._openai_names is None or self._openai_names.env_name != self.env_name:
+            self._openai_names = OpenAINames(self.env_name)
+        return self._openai_names
+
+    def _plain_tool_name(self, name: str) -> str | ToolResult:
+        if "/" in name:
+            env, tool = name.rsplit("/", 1)
+            accepted = {self.env_name, self._served_ref or self.env_name}
+            if env not in accepted and env.split("@")[0] not in accepted:
+                return ToolResult(
+                    content=[{"type": "text", "text": (
+                        f"tool `{name}` belongs to `{env}`, not to `{self.env_name}`; "
+                        f"call it as `{self.env_name}/{tool}` or `{tool}`")}],
+                    is_error=True,
+                    error_kind=ToolErrorKind.NOT_FOUND,
+                )
+            return tool
+        known = {t["name"] for t in self._tools} if self._tools else set()
+        if name in known:
+            return name
+        return self._names().from_openai(name, known) or name
+
+    async def call_tool(
+        self,
+        tool_name: str,
+        arguments: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> ToolResult:
+        """Call a tool by plain name, ``env@version/tool`` or its OpenAI name.
+
+        Problems the agent can act on (unknown tool, bad arguments, the tool raised or timed out)
+        come back as ``ToolResult(is_error=True)``; problems with the instance raise
+        (:class:`InstanceBrokenError`, :class:`CallTimeoutError`, ...).
+        """
+        if arguments is not None and not isinstance(arguments, dict):
+            raise ToolArgumentError(
+                f"arguments for `{tool_name}` must be a dict, got {type(arguments).__name__}",
+                tool=tool_name, env_name=self.env_name,
+            )
+        if self._state == "new":
+            await self.initialize()
+        if self._tools is None and "/" not in tool_name and "__" in tool_name:
+            await self.list_tools()  # an OpenAI-style name: learn the table to map it back
+        plain = self._plain_tool_name(tool_name)
+        if isinstance(plain, ToolResult):
+            return plain
+        limit = float(timeout if timeout is not None else self.timeout)
+        payload = {"name": plain, "arguments": arguments or {}, "timeout": limit}
+        status, data = await self._request(
+            "POST", p.FAST_CALL_PATH, payload, timeout=limit + _CALL_GRACE
+        )
+        if status != 200 or not isinstance(data, dict):
+            raise ProtocolError(f"calling `{plain}` answered HTTP {status}: {data!r}")
+        try:
+            return ToolResult.from_wire(data)
+        except (KeyError, ValueError) as exc:
+            raise ProtocolError(f"calling `{plain}` answered a malformed result: {data!r}") from exc
+
+    async def _call_envelope(
+        self, method: str, path: str, label: str, arguments: Any, timeout: float | None
+    ) -> Any:
+        limit = float(timeout if timeout is not None else self.timeout)
+        status, data = await self._request(method, path, arguments, timeout=limit + _CALL_GRACE)
+        if not isinstance(data, dict) or "success" not in data:
+            raise ProtocolError(f"{label} answered HTTP {status}: {data!r}")
+        if data["success"]:
+            return data.get("data")
+        kind = data.get("error_type")
+        cls = FunctionNotFoundError if status == 404 else FunctionError
+        raise cls(
+            str(data.get("error") or f"{label} failed"),
+            function=label, error_type=kind, env_name=self.env_name, instance_id=self.instance_id,
+        )
+
+    async def call_function(
+        self, name: str, arguments: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> Any:
+        """Call a ``@register_function`` helper; return its JSON value or raise
+        :class:`FunctionError` (:class:`FunctionNotFoundError` for an unknown name)."""
+        return await self._call_envelope(
+            "POST", p.FUNCTIONS_PREFIX + name, f"function `{name}`", arguments or {}, timeout
+        )
+
+    async def call_reward(
+        self, arguments: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> Any:
+        """Call the environment's reward; return its value (often a float)."""
+        return await self._call_envelope(
+            "POST", p.REWARD_PATH, "reward", arguments or {}, timeout
+        )
+
+    async def check_health(self, timeout: float | None = None) -> dict[str, Any]:
+        """The health check's report, e.g. ``{"status": "healthy"}``; unhealthy is not an error
+        here (look at ``status``), a health check that raised is :class:`FunctionError`."""
+        limit = float(timeout if timeout is not None else self.timeout)
+        status, data = await self._request("GET", p.HEALTH_PATH, timeout=limit)
+        if not isinstance(data, dict) or "success" not in data:
+            raise ProtocolError(f"health answered HTTP {status}: {data!r}")
+        if not data["success"]:
+            raise FunctionError(
+                str(data.get("error")), function="health", error_type=data.get("error_type"),
+                env_name=self.env_name, instance_id=self.instance_id,
+            )
+        report = data.get("data")
+        return report if isinstance(report, dict) else {"status": str(report)}
+
+    def __repr__(self) -> str:
+        return f"Environment({self.env_name!r}, state={self._state}, url={self.url!r})"
+

@@ -1,0 +1,210 @@
+"""Every error aenv-ray raises, rooted at :class:`AEnvError`.
+
+The tree, by what the caller should do::
+
+    AEnvError
+    ├── ConfigurationError (ValueError)          fix your settings or arguments
+    │   └── DefinitionError                      fix the environment project (config.json, decorators)
+    ├── EnvironmentNotFoundError (LookupError)   the name@version is unknown; check the spelling
+    ├── ToolError                                a tool call failed in the tool's domain
+    │   ├── ToolNotFoundError (LookupError)      no such tool; the message suggests the closest
+    │   ├── ToolArgumentError (ValueError)       the arguments do not match the tool's schema
+    │   ├── ToolExecutionError                   the tool raised; its type and message are kept
+    │   └── ToolTimeoutError (+ AEnvTimeoutError) the tool ran past its timeout and was interrupted
+    ├── FunctionError                            a function, reward or health check failed
+    │   └── FunctionNotFoundError (LookupError)
+    ├── InstanceError                            the instance itself is the problem
+    │   ├── InstanceClosedError                  you released it; create a new one
+    │   ├── InstanceBrokenError                  it died under you (cause in __cause__); retryable
+    │   ├── InstanceUnreachableError             nothing answers at its address; retryable
+    │   └── InstanceExpiredError                 its TTL ran out; retryable on a fresh instance
+    ├── AEnvTimeoutError (TimeoutError)
+    │   ├── CallTimeoutError                     no answer within the call's timeout
+    │   └── StartupTimeoutError                  the instance did not become healthy in time
+    └── ProtocolError                            the server answered something we cannot read
+
+Retryability is the class attribute ``retryable``: a retry policy reads it and nothing else.
+Every class survives :mod:`pickle` with its attributes, because Ray ships errors between processes.
+
+May import: the standard library only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "AEnvError",
+    "AEnvTimeoutError",
+    "CallTimeoutError",
+    "ConfigurationError",
+    "DefinitionError",
+    "EnvironmentNotFoundError",
+    "FunctionError",
+    "FunctionNotFoundError",
+    "InstanceBrokenError",
+    "InstanceClosedError",
+    "InstanceError",
+    "InstanceExpiredError",
+    "InstanceUnreachableError",
+    "ProtocolError",
+    "StartupTimeoutError",
+    "ToolArgumentError",
+    "ToolError",
+    "ToolExecutionError",
+    "ToolNotFoundError",
+    "ToolTimeoutError",
+]
+
+
+class AEnvError(Exception):
+    """Root of every aenv-ray error.
+
+    ``message`` says which object, what happened and what to do. Optional context travels as
+    attributes (``instance_id``, ``env_name``) so handlers need not parse the message.
+    """
+
+    retryable: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        env_name: str | None = None,
+        instance_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.env_name = env_name
+        self.instance_id = instance_id
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception pickles as cls(*args) plus __dict__; keyword-only arguments live in __dict__.
+        return (type(self), (self.message,), self.__dict__)
+
+
+class ConfigurationError(AEnvError, ValueError):
+    """Settings, arguments or a project's config.json are invalid."""
+
+
+class DefinitionError(ConfigurationError):
+    """An environment project cannot be loaded: a decorator misuse, a bad signature, a clash.
+
+    ``location`` is ``"path/to/file.py:LINE"`` of the offending function when known.
+    """
+
+    def __init__(self, message: str = "", *, location: str | None = None, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.location = location
+
+
+class EnvironmentNotFoundError(AEnvError, LookupError):
+    """No environment definition with that name (and version) exists."""
+
+
+class ToolError(AEnvError):
+    """A tool call failed for a reason inside the tool's domain (the instance is fine)."""
+
+    def __init__(self, message: str = "", *, tool: str | None = None, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.tool = tool
+
+
+class ToolNotFoundError(ToolError, LookupError):
+    """The instance serves no tool of that name."""
+
+
+class ToolArgumentError(ToolError, ValueError):
+    """The arguments do not match the tool's input schema; nothing ran."""
+
+
+class ToolExecutionError(ToolError):
+    """The tool raised. ``error_type`` is the exception's class name inside the instance."""
+
+    def __init__(self, message: str = "", *, error_type: str | None = None, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.error_type = error_type
+
+
+class AEnvTimeoutError(AEnvError, TimeoutError):
+    """Something did not finish in time. ``timeout`` is the limit in seconds."""
+
+    retryable = True
+
+    def __init__(self, message: str = "", *, timeout: float | None = None, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.timeout = timeout
+
+
+class ToolTimeoutError(ToolError, AEnvTimeoutError):
+    """The tool ran past its timeout and was interrupted; the instance answers the next call."""
+
+    retryable = False
+
+    def __init__(
+        self, message: str = "", *, tool: str | None = None, timeout: float | None = None, **kw: Any
+    ) -> None:
+        AEnvError.__init__(self, message, **kw)
+        self.tool = tool
+        self.timeout = timeout
+
+
+class CallTimeoutError(AEnvTimeoutError):
+    """The instance did not answer a call within the call's timeout."""
+
+
+class StartupTimeoutError(AEnvTimeoutError):
+    """The instance did not become healthy within the startup timeout."""
+
+
+class FunctionError(AEnvError):
+    """A registered function, the reward or the health check failed inside the instance."""
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        function: str | None = None,
+        error_type: str | None = None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(message, **kw)
+        self.function = function
+        self.error_type = error_type
+
+
+class FunctionNotFoundError(FunctionError, LookupError):
+    """The instance has no function (or no reward) of that name."""
+
+
+class InstanceError(AEnvError):
+    """The instance, not the call, is the problem."""
+
+
+class InstanceClosedError(InstanceError):
+    """You released this environment; create a new one to go on."""
+
+
+class InstanceBrokenError(InstanceError):
+    """The instance died or stopped answering while in use. The cause is in ``__cause__``."""
+
+    retryable = True
+
+
+class InstanceUnreachableError(InstanceError):
+    """Nothing answers at the instance's address."""
+
+    retryable = True
+
+
+class InstanceExpiredError(InstanceError):
+    """The instance's TTL ran out and it was terminated."""
+
+    retryable = True
+
+
+class ProtocolError(AEnvError):
+    """The server answered with something that is not the protocol we speak."""

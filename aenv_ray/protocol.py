@@ -1,0 +1,118 @@
+"""What crosses the wire between the SDK and an instance's runtime.
+
+Paths, the tool result and the error kinds. The runtime serves the seeds' routes
+(``/health``, ``/task/reward``, ``/functions/NAME``, ``/functions/list``, MCP at ``/mcp``) and our
+lean fast path under ``/aenv/v1``; both paths run the same validation and the same tool code.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from aenv_ray.errors import (
+    ToolArgumentError,
+    ToolError,
+    ToolExecutionError,
+    ToolNotFoundError,
+    ToolTimeoutError,
+)
+
+__all__ = [
+    "DEFAULT_FUNCTIONS_PORT",
+    "DEFAULT_MCP_PORT",
+    "FAST_CALL_PATH",
+    "FAST_INFO_PATH",
+    "FAST_TOOLS_PATH",
+    "FUNCTIONS_LIST_PATH",
+    "FUNCTIONS_PREFIX",
+    "HEALTH_PATH",
+    "MCP_PATH",
+    "REWARD_PATH",
+    "ToolErrorKind",
+    "ToolResult",
+]
+
+DEFAULT_FUNCTIONS_PORT = 8080
+DEFAULT_MCP_PORT = 8081
+
+MCP_PATH = "/mcp"
+HEALTH_PATH = "/health"
+REWARD_PATH = "/task/reward"
+FUNCTIONS_PREFIX = "/functions/"
+FUNCTIONS_LIST_PATH = "/functions/list"
+FAST_CALL_PATH = "/aenv/v1/call"
+FAST_TOOLS_PATH = "/aenv/v1/tools"
+FAST_INFO_PATH = "/aenv/v1/info"
+
+
+class ToolErrorKind(enum.Enum):
+    """Why a tool call came back with ``is_error=True``."""
+
+    NOT_FOUND = "not_found"
+    INVALID_ARGUMENTS = "invalid_arguments"
+    EXECUTION = "execution"
+    TIMEOUT = "timeout"
+
+
+_ERROR_CLASSES: dict[ToolErrorKind, type[ToolError]] = {
+    ToolErrorKind.NOT_FOUND: ToolNotFoundError,
+    ToolErrorKind.INVALID_ARGUMENTS: ToolArgumentError,
+    ToolErrorKind.EXECUTION: ToolExecutionError,
+    ToolErrorKind.TIMEOUT: ToolTimeoutError,
+}
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """The outcome of one tool call, as the agent should see it.
+
+    ``content`` is a list of MCP content items (``{"type": "text", "text": ...}``). An error the
+    agent caused or can react to (unknown tool, bad arguments, the tool raised, the tool timed
+    out) is a result with ``is_error=True``, not an exception; ``error_kind`` says which.
+    Call :meth:`raise_for_error` to turn it into the typed exception instead.
+
+        >>> ToolResult([{"type": "text", "text": "hi"}]).text
+        'hi'
+    """
+
+    content: list[dict[str, Any]] = field(default_factory=list)
+    is_error: bool = False
+    error_kind: ToolErrorKind | None = None
+    structured: Any = None
+
+    @property
+    def text(self) -> str:
+        """The text items joined by newlines (what most agents feed back to the model)."""
+        return "\n".join(str(c.get("text", "")) for c in self.content if c.get("type") == "text")
+
+    def raise_for_error(self, *, tool: str | None = None) -> ToolResult:
+        """Return ``self`` when it succeeded, else raise the :class:`ToolError` subclass."""
+        if not self.is_error:
+            return self
+        cls = _ERROR_CLASSES.get(self.error_kind or ToolErrorKind.EXECUTION, ToolExecutionError)
+        raise cls(self.text or "tool call failed", tool=tool)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON object the fast path sends."""
+        out: dict[str, Any] = {"content": self.content, "is_error": self.is_error}
+        if self.error_kind is not None:
+            out["error_kind"] = self.error_kind.value
+        if self.structured is not None:
+            out["structured"] = self.structured
+        return out
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> ToolResult:
+        """Read the fast path's JSON object back (raises ``KeyError``/``ValueError`` if malformed)."""
+        kind = data.get("error_kind")
+        content = data["content"]
+        if not isinstance(content, list):
+            raise ValueError("content is not a list")
+        return cls(
+            content=content,
+            is_error=bool(data["is_error"]),
+            error_kind=ToolErrorKind(kind) if kind else None,
+            structured=data.get("structured"),
+        )

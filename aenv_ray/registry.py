@@ -1,0 +1,287 @@
+"""The decorators that turn plain functions into an environment, and the registry they fill.
+
+An environment project's modules call :func:`register_tool`, :func:`register_function`,
+:func:`register_reward` and :func:`register_health` at import time. The runtime loads a project
+inside :meth:`Registry.collecting`, so each project fills its own :class:`Registry`; outside of
+it the decorators fill :data:`default_registry`. Decorated functions are returned unchanged, so
+they stay directly callable in the project's own unit tests.
+
+    >>> from aenv_ray import register_tool
+    >>> reg = Registry()
+    >>> with reg.collecting():
+    ...     @register_tool
+    ...     def echo(text: str) -> str:
+    ...         '''Say it back.'''
+    ...         return text
+    >>> reg.tools["echo"].description
+    'Say it back.'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import inspect
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar, overload
+
+from aenv_ray._signature import CallSignature, _location
+from aenv_ray.errors import DefinitionError
+
+__all__ = [
+    "Kind",
+    "Registered",
+    "Registry",
+    "default_registry",
+    "register_function",
+    "register_health",
+    "register_reward",
+    "register_tool",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+RESERVED_NAMES = frozenset({"list", "reward", "health", "info", "tools"})
+
+
+class Kind(enum.Enum):
+    """What a registered function is for."""
+
+    TOOL = "tool"
+    FUNCTION = "function"
+    REWARD = "reward"
+    HEALTH = "health"
+
+
+@dataclass(frozen=True)
+class Registered:
+    """One registered function with everything needed to call it safely."""
+
+    kind: Kind
+    name: str
+    fn: Callable[..., Any]
+    signature: CallSignature
+    description: str
+    timeout: float | None
+    location: str
+
+    @property
+    def is_async(self) -> bool:
+        """True when the function is a coroutine function (runs on the event loop)."""
+        return inspect.iscoroutinefunction(inspect.unwrap(self.fn))
+
+    def describe(self) -> dict[str, Any]:
+        """The JSON description served by the runtime (and by MCP for tools)."""
+        out: dict[str, Any] = {
+            "name": self.name,
+            "description": self.description,
+            "inputSchema": self.signature.input_schema,
+        }
+        if self.timeout is not None:
+            out["timeout"] = self.timeout
+        return out
+
+
+class Registry:
+    """The tools, functions, reward and health check of one environment."""
+
+    def __init__(self) -> None:
+        self.tools: dict[str, Registered] = {}
+        self.functions: dict[str, Registered] = {}
+        self.reward: Registered | None = None
+        self.health: Registered | None = None
+
+    def __len__(self) -> int:
+        return (
+            len(self.tools) + len(self.functions) + (self.reward is not None)
+            + (self.health is not None)
+        )
+
+    @contextlib.contextmanager
+    def collecting(self) -> Iterator[Registry]:
+        """Route every decorator used inside the block into this registry."""
+        _ACTIVE.append(self)
+        try:
+            yield self
+        finally:
+            _ACTIVE.remove(self)
+
+    def add(
+        self,
+        kind: Kind,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        timeout: float | None = None,
+    ) -> Registered:
+        """Register ``fn``; raise :class:`DefinitionError` on any misuse, naming file and line."""
+        where = _location(fn)
+        if not callable(fn):
+            raise DefinitionError(f"@register_{kind.value} needs a function, got {fn!r}")
+        resolved = name or getattr(fn, "__name__", "")
+        if not _NAME.match(resolved):
+            raise DefinitionError(
+                f"{kind.value} name `{resolved}` at {where} is invalid: use a letter followed by "
+                "up to 63 letters, digits, `_` or `-` (no `/`, `@` or spaces)",
+                location=where,
+            )
+        if kind in (Kind.TOOL, Kind.FUNCTION) and resolved in RESERVED_NAMES:
+            raise DefinitionError(
+                f"{kind.value} name `{resolved}` at {where} is reserved by the runtime "
+                f"({', '.join(sorted(RESERVED_NAMES))}); pass name=... to rename it",
+                location=where,
+            )
+        if timeout is not None and not timeout > 0:
+            raise DefinitionError(
+                f"{kind.value} `{resolved}` at {where}: timeout must be a positive number of "
+                f"seconds, got {timeout!r}",
+                location=where,
+            )
+        signature = CallSignature.from_function(fn, kind=kind.value)
+        entry = Registered(
+            kind=kind,
+            name=resolved,
+            fn=fn,
+            signature=signature,
+            description=(description if description is not None else signature.description),
+            timeout=timeout,
+            location=where,
+        )
+        if kind is Kind.REWARD or kind is Kind.HEALTH:
+            existing = self.reward if kind is Kind.REWARD else self.health
+            if existing is not None:
+                raise DefinitionError(
+                    f"a second {kind.value} `{resolved}` at {where}; the environment already has "
+                    f"`{existing.name}` at {existing.location}. An environment has one "
+                    f"{kind.value}: remove one of them",
+                    location=where,
+                )
+            if kind is Kind.REWARD:
+                self.reward = entry
+            else:
+                self.health = entry
+            return entry
+        table = self.tools if kind is Kind.TOOL else self.functions
+        if resolved in table:
+            first = table[resolved]
+            raise DefinitionError(
+                f"{kind.value} `{resolved}` is registered twice: at {first.location} and at "
+                f"{where}; rename one with @register_{kind.value}(name=...)",
+                location=where,
+            )
+        table[resolved] = entry
+        return entry
+
+
+default_registry = Registry()
+_ACTIVE: list[Registry] = []
+
+
+def _target() -> Registry:
+    return _ACTIVE[-1] if _ACTIVE else default_registry
+
+
+def _decorator(
+    kind: Kind,
+    fn: Callable[..., Any] | None,
+    name: str | None,
+    description: str | None,
+    timeout: float | None,
+) -> Any:
+    def apply(f: F) -> F:
+        _target().add(kind, f, name=name, description=description, timeout=timeout)
+        return f
+
+    if fn is not None:
+        return apply(fn)
+    return apply
+
+
+@overload
+def register_tool(fn: F, /) -> F: ...
+@overload
+def register_tool(
+    *, name: str | None = None, description: str | None = None, timeout: float | None = None
+) -> Callable[[F], F]: ...
+def register_tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float | None = None,
+) -> Any:
+    """Serve a function as an MCP tool. Bare or with ``name=``, ``description=``, ``timeout=``.
+
+    The input schema comes from the signature, the description from the docstring and each
+    argument's description from its ``Args:`` section. ``timeout`` (seconds) interrupts the tool,
+    sync busy loops included; the instance stays usable.
+
+        @register_tool(timeout=30)
+        def execute_command(command: str, timeout: int = 60) -> dict:
+            '''Run a shell command.
+
+            Args:
+                command: the command line, run by bash.
+            '''
+    """
+    return _decorator(Kind.TOOL, fn, name, description, timeout)
+
+
+@overload
+def register_function(fn: F, /) -> F: ...
+@overload
+def register_function(
+    *, name: str | None = None, description: str | None = None, timeout: float | None = None
+) -> Callable[[F], F]: ...
+def register_function(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float | None = None,
+) -> Any:
+    """Serve a helper over HTTP (``POST /functions/NAME``), callable with ``call_function``."""
+    return _decorator(Kind.FUNCTION, fn, name, description, timeout)
+
+
+@overload
+def register_reward(fn: F, /) -> F: ...
+@overload
+def register_reward(
+    *, name: str | None = None, description: str | None = None, timeout: float | None = None
+) -> Callable[[F], F]: ...
+def register_reward(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float | None = None,
+) -> Any:
+    """Serve the environment's one reward (``POST /task/reward``), called by ``call_reward``."""
+    return _decorator(Kind.REWARD, fn, name, description, timeout)
+
+
+@overload
+def register_health(fn: F, /) -> F: ...
+@overload
+def register_health(
+    *, name: str | None = None, description: str | None = None, timeout: float | None = None
+) -> Callable[[F], F]: ...
+def register_health(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float | None = None,
+) -> Any:
+    """Serve the environment's one health check (``GET /health``). Without one, a default
+    reports healthy while the runtime answers. Return a bool or a dict with ``"status"``."""
+    return _decorator(Kind.HEALTH, fn, name, description, timeout)

@@ -1,0 +1,48 @@
+"""The one settings tree. Only this module reads ``os.environ``.
+
+Variables use the ``AENV_`` prefix (``AENV_SYSTEM_URL``, ``AENV_API_KEY``, ``AENV_TIMEOUT``, ...);
+``DUMMY_INSTANCE_IP`` is read as well, for compatibility with the seeds' local mode.
+
+    >>> Settings(system_url="http://hub:8000").system_url
+    'http://hub:8000'
+"""
+
+from __future__ import annotations
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings", "get_settings"]
+
+
+class Settings(BaseSettings):
+    """Process-wide defaults; objects take explicit arguments that override these."""
+
+    model_config = SettingsConfigDict(env_prefix="AENV_", extra="ignore", frozen=True)
+
+    system_url: str | None = Field(
+        default=None, description="control plane (EnvHub) URL; remote mode when set"
+    )
+    dummy_instance_ip: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("DUMMY_INSTANCE_IP", "AENV_DUMMY_INSTANCE_IP"),
+        description="local mode: talk to an `aenv run` server at this address",
+    )
+    api_key: str | None = Field(default=None, description="Bearer key for the control plane")
+    timeout: float = Field(default=60.0, gt=0, description="default per-call timeout, seconds")
+    connect_timeout: float = Field(default=5.0, gt=0, description="TCP connect timeout")
+    startup_timeout: float = Field(default=120.0, gt=0, description="wait for healthy, seconds")
+    reconnect_window: float = Field(
+        default=1.5,
+        gt=0,
+        description="how long a refused connection is retried before the instance is declared "
+        "unreachable (seconds); keeps a dead server's error under a couple of seconds",
+    )
+    functions_port: int = Field(default=8080, description="local mode: functions/health port")
+    mcp_port: int = Field(default=8081, description="local mode: MCP port")
+    env_path: str = Field(default="", description="colon-separated project directories")
+
+
+def get_settings() -> Settings:
+    """Read the environment now (cheap; not cached, so tests can change variables)."""
+    return Settings()

@@ -1,0 +1,34 @@
+"""builtin_envs: the environments that ship with aenv-ray, one project directory each.
+
+``mini_terminal`` (``mini-terminal@1.0.0``): a shell per instance. :func:`builtin_path` finds a
+built-in project by its ``name@version`` or name.
+
+May import: ``aenv_ray``'s public API, as a user's project would.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+__all__ = ["builtin_path", "builtin_refs"]
+
+_ROOT = Path(__file__).resolve().parent
+
+
+def builtin_refs() -> dict[str, Path]:
+    """``{"name@version": project_dir}`` for every built-in environment."""
+    refs = {}
+    for config in sorted(_ROOT.glob("*/config.json")):
+        data = json.loads(config.read_text(encoding="utf-8"))
+        refs[f"{data['name']}@{data['version']}"] = config.parent
+    return refs
+
+
+def builtin_path(ref: str) -> Path | None:
+    """The project directory of built-in ``name@version`` (or ``name``: its newest version)."""
+    refs = builtin_refs()
+    if ref in refs:
+        return refs[ref]
+    matches = sorted((r for r in refs if r.split("@", 1)[0] == ref), reverse=True)
+    return refs[matches[0]] if matches else None

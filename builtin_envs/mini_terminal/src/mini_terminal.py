@@ -1,0 +1,67 @@
+"""mini-terminal: one bash shell per instance, in the instance's own working directory."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from bash_session import BashSession, CommandTimeout
+
+from aenv_ray import register_health, register_reward, register_tool
+
+_session: BashSession | None = None
+
+
+def workdir() -> str:
+    """The instance's working directory: $AENV_WORKSPACE, else a fresh private directory."""
+    global _session
+    if _session is None:
+        path = os.environ.get("AENV_WORKSPACE") or tempfile.mkdtemp(prefix="aenv-mini-terminal-")
+        Path(path).mkdir(parents=True, exist_ok=True)
+        _session = BashSession(path)
+    return _session.workdir
+
+
+@register_tool
+def execute_command(command: str, timeout: int = 60) -> dict[str, object]:
+    """Run a bash command in this instance's terminal and return its output and return code.
+
+    The shell persists between calls: `cd`, variables and files stay. stderr is merged into
+    the output. A command past its timeout is killed and the terminal restarts (returncode 124).
+
+    Args:
+        command: the command line to run, e.g. "ls -la".
+        timeout: seconds before the command is killed.
+    """
+    workdir()
+    assert _session is not None
+    if timeout <= 0:
+        raise ValueError("timeout must be a positive number of seconds")
+    try:
+        output, code = _session.run(command, timeout=timeout)
+    except CommandTimeout as exc:
+        return {"output": str(exc), "returncode": 124}
+    return {"output": output, "returncode": code}
+
+
+@register_reward
+def file_contains(path: str, expected: str) -> float:
+    """1.0 when the file at `path` (relative to the working directory) contains `expected`.
+
+    Args:
+        path: file to check, relative to the working directory.
+        expected: text that must appear in it.
+    """
+    target = Path(workdir()) / path
+    try:
+        return 1.0 if expected in target.read_text(errors="replace") else 0.0
+    except OSError:
+        return 0.0
+
+
+@register_health
+def health() -> dict[str, object]:
+    """Healthy while the working directory exists."""
+    path = workdir()
+    return {"status": "healthy" if os.path.isdir(path) else "unhealthy", "workdir": path}

@@ -1,0 +1,16 @@
+"""sandbox_runtime: the server inside each environment instance.
+
+Owns loading an environment project (``config.json`` + modules under ``src/``), validating and
+running its tools, functions, reward and health check, and serving them: tools over MCP
+(streamable HTTP, FastMCP) and over a lean JSON fast path; functions, reward and health over HTTP
+JSON. Run it with ``python -m sandbox_runtime PROJECT`` or ``aenv run``.
+
+May import: ``aenv_ray`` (models, registry, errors), fastmcp (server side), starlette/uvicorn,
+orjson. Must not import: ray, kubernetes, envhub, rollout.
+"""
+
+from sandbox_runtime._dispatch import Dispatcher
+from sandbox_runtime._loader import LoadedProject, load_project
+from sandbox_runtime.server import RuntimeServer, bind_socket
+
+__all__ = ["Dispatcher", "LoadedProject", "RuntimeServer", "bind_socket", "load_project"]

@@ -1,0 +1,232 @@
+"""The instance's HTTP surface as one raw ASGI app: the lean fast path, the seeds' routes, MCP.
+
+No framework sits on the hot path: a request to ``/aenv/v1/call`` is read, parsed with orjson,
+dispatched and answered in a handful of function calls (~0.1 ms of server CPU). Everything under
+``/mcp`` is handed to FastMCP's streamable-HTTP app, so standard MCP clients keep working.
+
+Routes (on every port the runtime listens on):
+
+==========================  ====================================================================
+``POST /aenv/v1/call``      ``{"name", "arguments", "timeout"?}`` -> ToolResult JSON (fast path)
+``GET  /aenv/v1/tools``     ``{"tools": [{name, description, inputSchema}]}``
+``GET  /aenv/v1/info``      name, version, tools, functions, reward, pid
+``GET  /health``            ``{"success", "data": {"status": "healthy"|...}}`` (503 if not)
+``POST /task/reward``       ``{"success", "data"}`` or ``{"success": false, "error", ...}``
+``POST /functions/NAME``    same envelope
+``GET  /functions/list``    the seeds' listing of functions, reward and health
+``/mcp``                    MCP streamable HTTP (FastMCP)
+==========================  ====================================================================
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+from urllib.parse import parse_qsl
+
+import orjson
+
+from aenv_ray import protocol as p
+from aenv_ray.registry import Kind
+from sandbox_runtime._dispatch import CallFailed, Dispatcher
+
+__all__ = ["RuntimeApp"]
+
+log = logging.getLogger("sandbox_runtime.http")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+MAX_BODY = 64 * 1024 * 1024
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ConnectionAbortedError
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise ValueError(f"request body over {MAX_BODY} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _send_json(send: Send, status: int, payload: Any) -> None:
+    body = orjson.dumps(payload)
+    await send({"type": "http.response.start", "status": status, "headers": _JSON_HEADERS})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _parse_json(body: bytes) -> Any:
+    if not body.strip():
+        return {}
+    return orjson.loads(body)
+
+
+class RuntimeApp:
+    """Route requests to the dispatcher, or to the MCP app for ``/mcp``."""
+
+    def __init__(self, dispatcher: Dispatcher, *, mcp_app: ASGIApp | None = None) -> None:
+        self.dispatcher = dispatcher
+        self.mcp_app = mcp_app
+        registry = dispatcher.registry
+        self._tools_payload = orjson.dumps(
+            {"tools": [entry.describe() for entry in registry.tools.values()]}
+        )
+        self._info_payload = orjson.dumps(
+            {
+                "name": dispatcher.env_ref.split("@", 1)[0],
+                "version": dispatcher.env_ref.split("@", 1)[-1],
+                "ref": dispatcher.env_ref,
+                "tools": sorted(registry.tools),
+                "functions": sorted(registry.functions),
+                "reward": registry.reward.name if registry.reward else None,
+                "health": registry.health.name if registry.health else None,
+                "pid": os.getpid(),
+            }
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            if self.mcp_app is not None:
+                await self.mcp_app(scope, receive, send)
+                return
+            await _lifespan_noop(receive, send)
+            return
+        if kind != "http":
+            return
+        path: str = scope["path"]
+        method: str = scope["method"]
+        try:
+            if path == p.FAST_CALL_PATH and method == "POST":
+                await self._fast_call(receive, send)
+            elif path == p.MCP_PATH or path.startswith(p.MCP_PATH + "/"):
+                if self.mcp_app is None:
+                    await _send_json(send, 404, {"error": "MCP is not enabled on this runtime"})
+                else:
+                    await self.mcp_app(scope, receive, send)
+            elif path == p.FAST_TOOLS_PATH and method == "GET":
+                await _send_raw(send, self._tools_payload)
+            elif path == p.FAST_INFO_PATH and method == "GET":
+                await _send_raw(send, self._info_payload)
+            elif path == p.HEALTH_PATH and method in ("GET", "POST"):
+                await self._health(scope, receive, send)
+            elif path == p.REWARD_PATH and method == "POST":
+                await self._function(Kind.REWARD, None, receive, send)
+            elif path == p.FUNCTIONS_LIST_PATH and method == "GET":
+                await _send_json(send, 200, {"success": True, "data": self._list_functions()})
+            elif path.startswith(p.FUNCTIONS_PREFIX) and method == "POST":
+                name = path[len(p.FUNCTIONS_PREFIX):]
+                await self._function(Kind.FUNCTION, name, receive, send)
+            else:
+                await _send_json(
+                    send, 404, {"success": False, "error": f"no route {method} {path}"}
+                )
+        except ConnectionAbortedError:
+            return
+        except (ValueError, orjson.JSONDecodeError) as exc:
+            await _send_json(
+                send, 400, {"success": False, "error": f"bad request: {exc}",
+                            "error_type": "bad_request"}
+            )
+
+    async def _fast_call(self, receive: Receive, send: Send) -> None:
+        request = _parse_json(await _read_body(receive))
+        if not isinstance(request, dict) or not isinstance(request.get("name"), str):
+            raise ValueError('expected {"name": str, "arguments": {...}}')
+        timeout = request.get("timeout")
+        if timeout is not None and not isinstance(timeout, int | float):
+            raise ValueError("timeout must be a number of seconds")
+        result = await self.dispatcher.call_tool(
+            request["name"], request.get("arguments"), timeout=timeout
+        )
+        await _send_raw(send, orjson.dumps(result.to_wire()))
+
+    async def _function(
+        self, kind: Kind, name: str | None, receive: Receive, send: Send
+    ) -> None:
+        arguments = _parse_json(await _read_body(receive))
+        try:
+            data = await self.dispatcher.call_function(kind, name, arguments)
+        except CallFailed as failed:
+            await _send_json(
+                send,
+                failed.status,
+                {"success": False, "error": failed.message, "error_type": failed.kind},
+            )
+            return
+        await _send_json(send, 200, {"success": True, "data": data})
+
+    async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.dispatcher.registry.health is None:
+            await _send_json(send, 200, {"success": True, "data": {"status": "healthy"}})
+            return
+        if scope["method"] == "POST":
+            arguments = _parse_json(await _read_body(receive))
+        else:
+            arguments = dict(parse_qsl(scope.get("query_string", b"").decode()))
+        try:
+            value = await self.dispatcher.call_function(Kind.HEALTH, None, arguments)
+        except CallFailed as failed:
+            await _send_json(
+                send, 503, {"success": False, "error": failed.message, "error_type": failed.kind}
+            )
+            return
+        if isinstance(value, bool):
+            data: dict[str, Any] = {"status": "healthy" if value else "unhealthy"}
+        elif isinstance(value, dict):
+            data = {"status": "healthy", **value}
+        else:
+            data = {"status": "healthy", "detail": value}
+        healthy = str(data.get("status")).lower() in ("healthy", "success", "ok")
+        await _send_json(send, 200 if healthy else 503, {"success": True, "data": data})
+
+    def _list_functions(self) -> dict[str, Any]:
+        registry = self.dispatcher.registry
+
+        def entry(item: Any, endpoint: str, method: str = "POST") -> dict[str, Any]:
+            return {
+                "name": item.name,
+                "endpoint": endpoint,
+                "method": method,
+                "description": item.description,
+                "parameters": item.signature.input_schema,
+                "is_async": item.is_async,
+            }
+
+        functions = [entry(f, p.FUNCTIONS_PREFIX + f.name) for f in registry.functions.values()]
+        reward = [entry(registry.reward, p.REWARD_PATH)] if registry.reward else []
+        health = [entry(registry.health, p.HEALTH_PATH, "GET")] if registry.health else []
+        return {
+            "total": len(functions) + len(reward) + len(health),
+            "functions": functions,
+            "reward": reward,
+            "health": health,
+        }
+
+
+async def _send_raw(send: Send, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": _JSON_HEADERS})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _lifespan_noop(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -1,0 +1,186 @@
+"""Run synchronous environment code so that a timeout really interrupts it.
+
+Sync tools run one at a time on the thread that calls :meth:`SyncRunner.run_forever`, which the
+runtime makes the process's main thread while the HTTP servers run on a background event loop.
+On the main thread a deadline is enforced with ``SIGALRM``: the handler raises
+:class:`Interrupted` into the running code, which stops pure-Python busy loops and blocking calls
+such as ``time.sleep`` alike. If the code swallows the exception, the alarm fires again every
+``REARM_SECONDS`` until it gives up. On any other thread (an embedding that is not ours) only
+Python bytecode can be interrupted, through ``PyThreadState_SetAsyncExc``.
+
+Running sync tools serially also gives a quiescent point for ``fork``: between jobs the main thread
+holds no locks of the server's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["DeadlineExceeded", "Interrupted", "SyncRunner"]
+
+log = logging.getLogger("sandbox_runtime.runner")
+
+REARM_SECONDS = 0.2
+
+
+class Interrupted(BaseException):  # noqa: N818 - it is a signal to stop, not an error of the tool
+    """Raised inside sync code whose deadline passed. A BaseException so that ``except
+    Exception`` in user code does not swallow it."""
+
+
+class DeadlineExceeded(Exception):  # noqa: N818 - mirrors asyncio's vocabulary
+    """What a submitted future resolves to when its job hit the deadline (queued or running)."""
+
+
+@dataclass(eq=False)
+class _Job:
+    fn: Callable[..., Any]
+    kwargs: dict[str, Any]
+    deadline: float | None
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+    interrupted: bool = field(default=False)
+
+
+_STOP = object()
+
+
+class SyncRunner:
+    """A single worker for synchronous calls with hard deadlines."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[_Job | object] = queue.SimpleQueue()
+        self._current: _Job | None = None
+        self._thread: threading.Thread | None = None
+        self._use_signals = False
+        self._stopping = False
+
+    # -- event-loop side ---------------------------------------------------------------------
+    def submit(
+        self, fn: Callable[..., Any], kwargs: dict[str, Any], *, deadline: float | None
+    ) -> asyncio.Future[Any]:
+        """Queue ``fn(**kwargs)``; the future resolves to its value or exception.
+
+        A job whose deadline passes while it waits in the queue never starts; it and a job
+        interrupted while running both resolve to :class:`DeadlineExceeded`.
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._queue.put(_Job(fn, kwargs, deadline, loop, future))
+        return future
+
+    @property
+    def is_busy(self) -> bool:
+        """True while a job runs."""
+        return self._current is not None
+
+    # -- worker side -------------------------------------------------------------------------
+    def run_forever(self) -> None:
+        """Serve jobs on the calling thread until :meth:`stop`."""
+        self._thread = threading.current_thread()
+        self._use_signals = self._thread is threading.main_thread()
+        watchdog: threading.Thread | None = None
+        if self._use_signals:
+            signal.signal(signal.SIGALRM, self._on_alarm)
+        else:
+            log.warning(
+                "sync runner is not on the main thread: timeouts interrupt Python code only, "
+                "not blocking calls such as time.sleep",
+            )
+            watchdog = threading.Thread(target=self._watch, name="aenv-watchdog", daemon=True)
+            watchdog.start()
+        while not self._stopping:
+            item = self._queue.get()
+            if item is _STOP:
+                break
+            assert isinstance(item, _Job)
+            self._run(item)
+
+    def stop(self) -> None:
+        """Ask :meth:`run_forever` to return; interrupts the running job, if any."""
+        self._stopping = True
+        self._queue.put(_STOP)
+        job = self._current
+        if job is not None and self._thread is not None:
+            if self._use_signals and threading.current_thread() is self._thread:
+                job.interrupted = True
+                raise Interrupted
+            self._interrupt(job)
+
+    def _run(self, job: _Job) -> None:
+        if job.future.cancelled():
+            return
+        outcome: tuple[bool, Any] | None = None
+        try:
+            try:
+                remaining = None if job.deadline is None else job.deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    outcome = (False, DeadlineExceeded("the deadline passed before it started"))
+                else:
+                    self._current = job
+                    if self._use_signals and remaining is not None:
+                        signal.setitimer(signal.ITIMER_REAL, remaining)
+                    value = job.fn(**job.kwargs)
+                    outcome = (False, _late()) if job.interrupted else (True, value)
+            except Interrupted:
+                outcome = (False, _late())
+            except BaseException as exc:  # SystemExit in a tool must not end the server
+                outcome = (False, _late() if job.interrupted else exc)
+            finally:
+                self._current = None
+                if self._use_signals:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+        except Interrupted:  # the alarm fired in the gap after the call returned
+            if outcome is None:
+                outcome = (False, _late())
+        assert outcome is not None
+        job.loop.call_soon_threadsafe(_resolve, job.future, outcome)
+
+    def _on_alarm(self, signum: int, frame: Any) -> None:
+        job = self._current
+        if job is None:
+            return
+        job.interrupted = True
+        signal.setitimer(signal.ITIMER_REAL, REARM_SECONDS)
+        raise Interrupted
+
+    def _interrupt(self, job: _Job) -> None:
+        thread = self._thread
+        if thread is None or thread.ident is None:
+            return
+        job.interrupted = True
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(thread.ident), ctypes.py_object(Interrupted)
+        )
+
+    def _watch(self) -> None:
+        while not self._stopping:
+            job = self._current
+            if job is not None and job.deadline is not None and time.monotonic() > job.deadline:
+                self._interrupt(job)
+                time.sleep(REARM_SECONDS)
+            else:
+                time.sleep(0.02)
+
+
+def _late() -> DeadlineExceeded:
+    return DeadlineExceeded("interrupted at its deadline")
+
+
+def _resolve(future: asyncio.Future[Any], outcome: tuple[bool, Any]) -> None:
+    if future.done():
+        return
+    ok, value = outcome
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)

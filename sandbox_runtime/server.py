@@ -1,0 +1,189 @@
+"""The runtime process: serve one environment project on one or more loopback sockets.
+
+Threads: the **main thread** runs sync environment code (so that ``SIGALRM`` can interrupt it);
+a **loop thread** runs uvicorn with our raw ASGI app. Uvicorn's 10 Hz housekeeping tick is
+replaced by a wait on a shutdown event, so an idle runtime uses no CPU.
+
+    >>> # doctest: +SKIP
+    >>> server = RuntimeServer(load_project("builtin_envs/mini_terminal"), ports=[8080, 8081])
+    >>> server.run()   # blocks until SIGTERM/SIGINT
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import uvicorn
+
+from sandbox_runtime._dispatch import Dispatcher
+from sandbox_runtime._http import RuntimeApp
+from sandbox_runtime._loader import LoadedProject
+from sandbox_runtime._runner import SyncRunner
+
+__all__ = ["RuntimeServer", "bind_socket"]
+
+log = logging.getLogger("sandbox_runtime.server")
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket (port 0 picks a free one)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(
+            exc.errno, f"cannot listen on {host}:{port} ({exc.strerror}); pick another port"
+        ) from exc
+    sock.listen(1024)
+    sock.set_inheritable(True)
+    return sock
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn without the periodic tick: shutdown is an event, not a polled flag."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._exit_event: asyncio.Event | None = None
+
+    async def main_loop(self) -> None:
+        self._exit_event = asyncio.Event()
+        await self.on_tick(0)  # the one-time header setup uvicorn does on its first tick
+        if not self.should_exit:
+            await self._exit_event.wait()
+
+    def request_exit(self) -> None:
+        self.should_exit = True
+        if self._exit_event is not None:
+            self._exit_event.set()
+
+
+class RuntimeServer:
+    """Serve a loaded project: fast path, seeds' routes and MCP on every socket."""
+
+    def __init__(
+        self,
+        project: LoadedProject,
+        *,
+        host: str = "127.0.0.1",
+        ports: Sequence[int] = (8080, 8081),
+        sockets: Sequence[socket.socket] | None = None,
+        default_timeout: float = 600.0,
+        debug: bool = False,
+        enable_mcp: bool = True,
+    ) -> None:
+        self.project = project
+        self.runner = SyncRunner()
+        self.dispatcher = Dispatcher(
+            project.registry,
+            env_ref=project.config.ref,
+            runner=self.runner,
+            default_timeout=default_timeout,
+            debug=debug,
+        )
+        mcp_app = None
+        if enable_mcp:
+            from sandbox_runtime._mcp import build_mcp_app
+
+            mcp_app = build_mcp_app(self.dispatcher, name=project.config.ref)
+        self.app = RuntimeApp(self.dispatcher, mcp_app=mcp_app)
+        self.sockets = list(sockets) if sockets else [bind_socket(host, port) for port in ports]
+        self._uvicorn: _QuietServer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._stopped = threading.Event()
+
+    @property
+    def addresses(self) -> list[tuple[str, int]]:
+        """``(host, port)`` of every listening socket."""
+        return [sock.getsockname()[:2] for sock in self.sockets]
+
+    def run(self) -> None:
+        """Serve until SIGTERM/SIGINT or :meth:`stop`. Call from the main thread."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+        self._loop_thread = threading.Thread(target=self._serve, name="aenv-http", daemon=True)
+        self._loop_thread.start()
+        log.info(
+            "runtime ready",
+            extra={
+                "env": self.project.config.ref,
+                "listen": ",".join(f"{h}:{p}" for h, p in self.addresses),
+                "tools": len(self.project.registry.tools),
+            },
+        )
+        try:
+            self.runner.run_forever()
+        finally:
+            self._shutdown_http()
+
+    def stop(self) -> None:
+        """Stop serving (thread-safe; idempotent)."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self.runner.stop()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        log.info("runtime stopping", extra={"signal": signal.Signals(signum).name})
+        self.stop()
+
+    def _serve(self) -> None:
+        config = uvicorn.Config(
+            self.app,
+            lifespan="on",
+            log_level="warning",
+            access_log=False,
+            timeout_keep_alive=3600,
+            date_header=False,
+            server_header=False,
+            loop=_loop_setting(),
+            http="httptools",
+        )
+        server = _QuietServer(config)
+        self._uvicorn = server
+
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            await server.serve(sockets=self.sockets)
+
+        try:
+            asyncio.run(main()) if config.loop == "asyncio" else _run_uvloop(main)
+        except BaseException:
+            log.exception("http server failed")
+        finally:
+            self.stop()
+
+    def _shutdown_http(self) -> None:
+        server, loop = self._uvicorn, self._loop
+        if server is not None and loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(server.request_exit)
+            except RuntimeError:
+                pass  # the loop already closed
+        if self._loop_thread is not None:
+            self._loop_thread.join(timeout=5)
+
+
+def _loop_setting() -> str:
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return "asyncio"
+    return "uvloop"
+
+
+def _run_uvloop(main: Any) -> None:
+    import uvloop
+
+    uvloop.run(main())
