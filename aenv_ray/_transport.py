@@ -94,8 +94,11 @@ class InstanceClient:
                     raise self._unreachable(exc) from exc
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.25)
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
-                    aiohttp.ClientPayloadError) as exc:
+            except (
+                aiohttp.ServerDisconnectedError,
+                aiohttp.ClientOSError,
+                aiohttp.ClientPayloadError,
+            ) as exc:
                 raise InstanceBrokenError(
                     f"`{self.env_name}` at {self.base_url} dropped the connection during "
                     f"{method} {path} ({type(exc).__name__}); the instance probably crashed. "

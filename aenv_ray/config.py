@@ -44,7 +44,7 @@ def parse_cpu(value: str | float | int) -> float:
         text = value.strip()
         match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([cCmM]?)", text)
         if not match:
-            raise ConfigurationError(f"cpu `{value}` is not a CPU amount; write e.g. \"2\" or \"2C\"")
+            raise ConfigurationError(f'cpu `{value}` is not a CPU amount; write e.g. "2" or "2C"')
         cores = float(match.group(1)) / (1000 if match.group(2) in ("m", "M") else 1)
     if cores <= 0:
         raise ConfigurationError(f"cpu `{value}` must be positive")
@@ -53,8 +53,14 @@ def parse_cpu(value: str | float | int) -> float:
 
 _MEM_UNITS = {
     "": 1,
-    "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4,
-    "ki": 1024, "mi": 1024**2, "gi": 1024**3, "ti": 1024**4,
+    "k": 1000,
+    "m": 1000**2,
+    "g": 1000**3,
+    "t": 1000**4,
+    "ki": 1024,
+    "mi": 1024**2,
+    "gi": 1024**3,
+    "ti": 1024**4,
 }
 
 
@@ -69,9 +75,7 @@ def parse_memory(value: str | int) -> int:
     else:
         match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kKmMgGtT]?i?)[bB]?", value.strip())
         if not match:
-            raise ConfigurationError(
-                f"memory `{value}` is not a size; write e.g. \"512M\" or \"4G\""
-            )
+            raise ConfigurationError(f'memory `{value}` is not a size; write e.g. "512M" or "4G"')
         unit = match.group(2).lower()
         # "512M" means MiB for container tools users know (docker -m 512m); keep that reading.
         factor = _MEM_UNITS[unit + "i"] if len(unit) == 1 else _MEM_UNITS[unit]
@@ -100,12 +104,12 @@ def parse_duration(value: str | float | int) -> float:
             match = _DURATION.match(text, pos)
             if not match or match.end() == pos:
                 raise ConfigurationError(
-                    f"duration `{value}` is not readable; write e.g. \"30m\", \"1h\" or \"90s\""
+                    f'duration `{value}` is not readable; write e.g. "30m", "1h" or "90s"'
                 )
             seconds += float(match.group(1)) * _SECONDS[match.group(2)]
             pos = match.end()
         if not text:
-            raise ConfigurationError("duration is empty; write e.g. \"30m\"")
+            raise ConfigurationError('duration is empty; write e.g. "30m"')
     if seconds <= 0:
         raise ConfigurationError(f"duration `{value}` must be positive")
     return seconds

@@ -31,6 +31,7 @@ from aenv_ray.errors import (
     ConfigurationError,
     FunctionError,
     FunctionNotFoundError,
+    InstanceBrokenError,
     InstanceClosedError,
     InstanceUnreachableError,
     ProtocolError,
@@ -45,7 +46,7 @@ __all__ = ["Environment"]
 
 log = logging.getLogger("aenv_ray.environment")
 
-_CALL_GRACE = 2.0  # the runtime interrupts at the deadline; give its answer time to arrive
+_CALL_GRACE = 5.0  # the runtime answers by deadline + its STUCK_GRACE (2 s); allow for that
 
 
 def _with_port(url: str, port: int | None) -> str:
@@ -152,7 +153,8 @@ class Environment:
             if self._state == "closed":
                 raise InstanceClosedError(
                     f"`{self.env_name}` was released; create a new Environment",
-                    env_name=self.env_name, instance_id=self.instance_id,
+                    env_name=self.env_name,
+                    instance_id=self.instance_id,
                 )
             base_url = self._resolve_url()
             self._client = InstanceClient(
@@ -186,8 +188,9 @@ class Environment:
 
     async def _wait_until_healthy(self) -> None:
         assert self._client is not None
-        limit = self.startup_timeout or (10.0 if self.instance_id in (None, "local") else
-                                         self.settings.startup_timeout)
+        limit = self.startup_timeout or (
+            10.0 if self.instance_id in (None, "local") else self.settings.startup_timeout
+        )
         deadline = time.monotonic() + limit
         delay, last = 0.02, "no answer yet"
         while True:
@@ -204,13 +207,16 @@ class Environment:
                 raise StartupTimeoutError(
                     f"`{self.env_name}` at {self._client.base_url} did not become healthy within "
                     f"{limit:g} s (last: {last})",
-                    timeout=limit, env_name=self.env_name, instance_id=self.instance_id,
+                    timeout=limit,
+                    env_name=self.env_name,
+                    instance_id=self.instance_id,
                 )
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
 
     async def _read_info(self) -> None:
-        status, info = await self._request("GET", p.FAST_INFO_PATH, timeout=self.timeout)
+        assert self._client is not None
+        status, info = await self._client.request("GET", p.FAST_INFO_PATH, timeout=self.timeout)
         if status != 200 or not isinstance(info, dict) or "ref" not in info:
             raise ProtocolError(f"{self.url}{p.FAST_INFO_PATH} answered HTTP {status}: {info!r}")
         served = str(info["ref"])
@@ -242,7 +248,8 @@ class Environment:
         if self._state == "closed":
             raise InstanceClosedError(
                 f"`{self.env_name}` was released; create a new Environment",
-                env_name=self.env_name, instance_id=self.instance_id,
+                env_name=self.env_name,
+                instance_id=self.instance_id,
             )
         assert self._client is not None
         return self._client
@@ -252,7 +259,14 @@ class Environment:
     ) -> tuple[int, Any]:
         if self._state == "new":
             await self.initialize()
-        return await self._require_client().request(method, path, payload, timeout=timeout)
+        status, data = await self._require_client().request(method, path, payload, timeout=timeout)
+        if status == 503 and isinstance(data, dict) and data.get("error_type") == "instance_broken":
+            raise InstanceBrokenError(
+                f"`{self.env_name}` is broken: {data.get('error')}",
+                env_name=self.env_name,
+                instance_id=self.instance_id,
+            )
+        return status, data
 
     async def list_tools(self) -> list[dict[str, Any]]:
         """Tools as ``{"name": "env@version/tool", "description", "inputSchema"}`` dicts."""
@@ -304,9 +318,15 @@ class Environment:
             accepted = {self.env_name, self._served_ref or self.env_name}
             if env not in accepted and env.split("@")[0] not in accepted:
                 return ToolResult(
-                    content=[{"type": "text", "text": (
-                        f"tool `{name}` belongs to `{env}`, not to `{self.env_name}`; "
-                        f"call it as `{self.env_name}/{tool}` or `{tool}`")}],
+                    content=[
+                        {
+                            "type": "text",
+                            "text": (
+                                f"tool `{name}` belongs to `{env}`, not to `{self.env_name}`; "
+                                f"call it as `{self.env_name}/{tool}` or `{tool}`"
+                            ),
+                        }
+                    ],
                     is_error=True,
                     error_kind=ToolErrorKind.NOT_FOUND,
                 )
@@ -331,7 +351,8 @@ class Environment:
         if arguments is not None and not isinstance(arguments, dict):
             raise ToolArgumentError(
                 f"arguments for `{tool_name}` must be a dict, got {type(arguments).__name__}",
-                tool=tool_name, env_name=self.env_name,
+                tool=tool_name,
+                env_name=self.env_name,
             )
         if self._state == "new":
             await self.initialize()
@@ -365,7 +386,10 @@ class Environment:
         cls = FunctionNotFoundError if status == 404 else FunctionError
         raise cls(
             str(data.get("error") or f"{label} failed"),
-            function=label, error_type=kind, env_name=self.env_name, instance_id=self.instance_id,
+            function=label,
+            error_type=kind,
+            env_name=self.env_name,
+            instance_id=self.instance_id,
         )
 
     async def call_function(
@@ -381,9 +405,7 @@ class Environment:
         self, arguments: dict[str, Any] | None = None, timeout: float | None = None
     ) -> Any:
         """Call the environment's reward; return its value (often a float)."""
-        return await self._call_envelope(
-            "POST", p.REWARD_PATH, "reward", arguments or {}, timeout
-        )
+        return await self._call_envelope("POST", p.REWARD_PATH, "reward", arguments or {}, timeout)
 
     async def check_health(self, timeout: float | None = None) -> dict[str, Any]:
         """The health check's report, e.g. ``{"status": "healthy"}``; unhealthy is not an error
@@ -394,12 +416,14 @@ class Environment:
             raise ProtocolError(f"health answered HTTP {status}: {data!r}")
         if not data["success"]:
             raise FunctionError(
-                str(data.get("error")), function="health", error_type=data.get("error_type"),
-                env_name=self.env_name, instance_id=self.instance_id,
+                str(data.get("error")),
+                function="health",
+                error_type=data.get("error_type"),
+                env_name=self.env_name,
+                instance_id=self.instance_id,
             )
         report = data.get("data")
         return report if isinstance(report, dict) else {"status": str(report)}
 
     def __repr__(self) -> str:
         return f"Environment({self.env_name!r}, state={self._state}, url={self.url!r})"
-

@@ -4,7 +4,7 @@ The tree, by what the caller should do::
 
     AEnvError
     ├── ConfigurationError (ValueError)          fix your settings or arguments
-    │   └── DefinitionError                      fix the environment project (config.json, decorators)
+    │   └── DefinitionError                      fix the project (config.json, decorators)
     ├── EnvironmentNotFoundError (LookupError)   the name@version is unknown; check the spelling
     ├── ToolError                                a tool call failed in the tool's domain
     │   ├── ToolNotFoundError (LookupError)      no such tool; the message suggests the closest

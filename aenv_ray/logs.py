@@ -1,10 +1,10 @@
 """Structured logging: one ``logfmt`` line per event, fields from ``extra=`` included.
 
-    >>> import logging
-    >>> record = logging.LogRecord("x", logging.INFO, __file__, 1, "tool call", None, None)
-    >>> record.tool = "echo"
-    >>> LogfmtFormatter().format(record).split(" ", 1)[1]
-    'level=info logger=x msg="tool call" tool=echo'
+>>> import logging
+>>> record = logging.LogRecord("x", logging.INFO, __file__, 1, "tool call", None, None)
+>>> record.tool = "echo"
+>>> LogfmtFormatter().format(record).split(" ", 1)[1]
+'level=info logger=x msg="tool call" tool=echo'
 """
 
 from __future__ import annotations

@@ -105,7 +105,7 @@ class ToolResult:
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> ToolResult:
-        """Read the fast path's JSON object back (raises ``KeyError``/``ValueError`` if malformed)."""
+        """Read the fast path's JSON object back (``KeyError``/``ValueError`` if malformed)."""
         kind = data.get("error_kind")
         content = data["content"]
         if not isinstance(content, list):

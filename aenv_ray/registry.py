@@ -96,7 +96,9 @@ class Registry:
 
     def __len__(self) -> int:
         return (
-            len(self.tools) + len(self.functions) + (self.reward is not None)
+            len(self.tools)
+            + len(self.functions)
+            + (self.reward is not None)
             + (self.health is not None)
         )
 

@@ -22,7 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("project", help="environment project directory (holds config.json)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument(
-        "--port", type=int, action="append",
+        "--port",
+        type=int,
+        action="append",
         help=f"port to listen on; repeat for several (default {DEFAULT_FUNCTIONS_PORT} and "
         f"{DEFAULT_MCP_PORT})",
     )

@@ -23,15 +23,22 @@ import pydantic_core
 from aenv_ray._signature import format_validation_error
 from aenv_ray.protocol import ToolErrorKind, ToolResult
 from aenv_ray.registry import Kind, Registered, Registry
-from sandbox_runtime._runner import DeadlineExceeded, SyncRunner
+from sandbox_runtime._runner import (
+    DeadlineExceeded,
+    ExitAttemptError,
+    SyncRunner,
+    WorkerStuckError,
+)
 
-__all__ = ["CallFailed", "Dispatcher"]
+__all__ = ["STUCK_GRACE", "CallFailed", "Dispatcher"]
+
+STUCK_GRACE = 2.0  # seconds a sync job may take to stop after its deadline before it is "stuck"
 
 log = logging.getLogger("sandbox_runtime.dispatch")
 
 
 @dataclass
-class CallFailed(Exception):  # noqa: N818 - a result, carried as an exception inside the runtime
+class CallFailed(Exception):
     """A function/reward/health call that did not produce a value. ``status`` is the HTTP code."""
 
     status: int
@@ -88,7 +95,9 @@ class Dispatcher:
         limit = min(limits) if limits else self.default_timeout
         return limit, time.monotonic() + limit
 
-    async def _invoke(self, entry: Registered, kwargs: dict[str, Any], timeout: float | None) -> Any:
+    async def _invoke(
+        self, entry: Registered, kwargs: dict[str, Any], timeout: float | None
+    ) -> Any:
         """Run the function; raise DeadlineExceeded past its deadline."""
         limit, deadline = self._deadline(entry, timeout)
         if entry.is_async:
@@ -99,10 +108,18 @@ class Dispatcher:
                 if time.monotonic() >= deadline - 0.001:
                     raise DeadlineExceeded(f"{limit:g} s") from exc
                 raise
-        return await self.runner.submit(entry.fn, kwargs, deadline=deadline)
+        future = self.runner.submit(entry.fn, kwargs, deadline=deadline)
+        try:
+            return await asyncio.wait_for(
+                asyncio.shield(future), deadline - time.monotonic() + STUCK_GRACE
+            )
+        except TimeoutError:
+            self.runner.mark_stuck(future, entry.name)
+            log.error("sync worker stuck", extra={"function": entry.name})
+            raise DeadlineExceeded("stuck") from None
 
     def _describe_exception(self, exc: BaseException) -> str:
-        text = f"{type(exc).__name__}: {exc}"
+        text = str(exc) if isinstance(exc, ExitAttemptError) else f"{type(exc).__name__}: {exc}"
         if self.debug:
             text += "\n" + "".join(traceback.format_exception(exc))
         return text
@@ -134,21 +151,24 @@ class Dispatcher:
         started = time.perf_counter()
         try:
             value = await self._invoke(entry, kwargs, timeout)
-        except DeadlineExceeded:
+        except WorkerStuckError:
+            raise
+        except DeadlineExceeded as exc:
             limit, _ = self._deadline(entry, timeout)
             log.warning("tool timed out", extra={"tool": name, "timeout": limit})
-            return _error(
-                ToolErrorKind.TIMEOUT,
-                f"tool `{name}` timed out after {limit:g} s and was interrupted",
-            )
-        except Exception as exc:
+            return _error(ToolErrorKind.TIMEOUT, _timeout_message(f"tool `{name}`", limit, exc))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # SystemExit from an async tool must not stop the server
             log.info("tool raised", extra={"tool": name, "error": type(exc).__name__})
             return _error(
                 ToolErrorKind.EXECUTION,
                 f"tool `{name}` raised {self._describe_exception(exc)}",
             )
         finally:
-            log.debug("tool call", extra={"tool": name, "ms": (time.perf_counter() - started) * 1e3})
+            log.debug(
+                "tool call", extra={"tool": name, "ms": (time.perf_counter() - started) * 1e3}
+            )
         if isinstance(value, ToolResult):
             return value
         try:
@@ -156,7 +176,8 @@ class Dispatcher:
         except (TypeError, ValueError, pydantic_core.PydanticSerializationError) as exc:
             return _error(
                 ToolErrorKind.EXECUTION,
-                f"tool `{name}` returned a {type(value).__name__}, which is not JSON ({exc}); "
+                f"tool `{name}` returned a value of type `{type(value).__name__}`, which is not "
+                f"JSON ({exc}); "
                 "return str, dict, list, a pydantic model or None",
             )
         return ToolResult(content=content, is_error=False, structured=structured)
@@ -177,7 +198,9 @@ class Dispatcher:
         entry = self.find_function(kind, name)
         if entry is None:
             if kind is Kind.REWARD:
-                message = f"`{self.env_ref}` registers no reward; decorate one with @register_reward"
+                message = (
+                    f"`{self.env_ref}` registers no reward; decorate one with @register_reward"
+                )
             else:
                 message = _suggest(
                     name or "", list(self.registry.functions), "function", self.env_ref
@@ -187,8 +210,12 @@ class Dispatcher:
         if arguments is None:
             arguments = {}
         if not isinstance(arguments, Mapping):
-            raise CallFailed(400, "invalid_arguments", f"invalid arguments for {label}: "
-                             f"expected a JSON object, got {type(arguments).__name__}")
+            raise CallFailed(
+                400,
+                "invalid_arguments",
+                f"invalid arguments for {label}: "
+                f"expected a JSON object, got {type(arguments).__name__}",
+            )
         try:
             kwargs = entry.signature.validate(arguments)
         except pydantic.ValidationError as exc:
@@ -198,14 +225,18 @@ class Dispatcher:
             raise CallFailed(400, "invalid_arguments", message) from None
         try:
             value = await self._invoke(entry, kwargs, timeout)
-        except DeadlineExceeded:
+        except WorkerStuckError as exc:
+            raise CallFailed(503, "instance_broken", str(exc)) from None
+        except DeadlineExceeded as exc:
             limit, _ = self._deadline(entry, timeout)
+            raise CallFailed(504, "timeout", _timeout_message(label, limit, exc)) from None
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
             raise CallFailed(
-                504, "timeout", f"{label} timed out after {limit:g} s and was interrupted"
-            ) from None
-        except Exception as exc:
-            raise CallFailed(
-                500, type(exc).__name__, f"{label} raised {self._describe_exception(exc)}"
+                500,
+                getattr(exc, "original_type", type(exc).__name__),
+                f"{label} raised {self._describe_exception(exc)}",
             ) from None
         try:
             if isinstance(value, pydantic.BaseModel):
@@ -213,8 +244,19 @@ class Dispatcher:
             return pydantic_core.to_jsonable_python(value)
         except (TypeError, ValueError, pydantic_core.PydanticSerializationError) as exc:
             raise CallFailed(
-                500, "execution", f"{label} returned a {type(value).__name__}, not JSON ({exc})"
+                500,
+                "execution",
+                f"{label} returned a value of type `{type(value).__name__}`, not JSON ({exc})",
             ) from None
+
+
+def _timeout_message(label: str, limit: float, exc: DeadlineExceeded) -> str:
+    if str(exc) == "stuck":
+        return (
+            f"{label} timed out after {limit:g} s and ignored its interruption; the instance "
+            "is broken and should be replaced"
+        )
+    return f"{label} timed out after {limit:g} s and was interrupted"
 
 
 def _error(kind: ToolErrorKind, message: str) -> ToolResult:

@@ -31,6 +31,7 @@ import orjson
 from aenv_ray import protocol as p
 from aenv_ray.registry import Kind
 from sandbox_runtime._dispatch import CallFailed, Dispatcher
+from sandbox_runtime._runner import WorkerStuckError
 
 __all__ = ["RuntimeApp"]
 
@@ -128,7 +129,7 @@ class RuntimeApp:
             elif path == p.FUNCTIONS_LIST_PATH and method == "GET":
                 await _send_json(send, 200, {"success": True, "data": self._list_functions()})
             elif path.startswith(p.FUNCTIONS_PREFIX) and method == "POST":
-                name = path[len(p.FUNCTIONS_PREFIX):]
+                name = path[len(p.FUNCTIONS_PREFIX) :]
                 await self._function(Kind.FUNCTION, name, receive, send)
             else:
                 await _send_json(
@@ -136,10 +137,15 @@ class RuntimeApp:
                 )
         except ConnectionAbortedError:
             return
+        except WorkerStuckError as exc:
+            await _send_json(
+                send, 503, {"success": False, "error": str(exc), "error_type": "instance_broken"}
+            )
         except (ValueError, orjson.JSONDecodeError) as exc:
             await _send_json(
-                send, 400, {"success": False, "error": f"bad request: {exc}",
-                            "error_type": "bad_request"}
+                send,
+                400,
+                {"success": False, "error": f"bad request: {exc}", "error_type": "bad_request"},
             )
 
     async def _fast_call(self, receive: Receive, send: Send) -> None:
@@ -154,9 +160,7 @@ class RuntimeApp:
         )
         await _send_raw(send, orjson.dumps(result.to_wire()))
 
-    async def _function(
-        self, kind: Kind, name: str | None, receive: Receive, send: Send
-    ) -> None:
+    async def _function(self, kind: Kind, name: str | None, receive: Receive, send: Send) -> None:
         arguments = _parse_json(await _read_body(receive))
         try:
             data = await self.dispatcher.call_function(kind, name, arguments)
@@ -170,6 +174,17 @@ class RuntimeApp:
         await _send_json(send, 200, {"success": True, "data": data})
 
     async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
+        stuck = self.dispatcher.runner.stuck_in
+        if stuck is not None:
+            await _send_json(
+                send,
+                503,
+                {
+                    "success": True,
+                    "data": {"status": "unhealthy", "reason": f"stuck in `{stuck}`"},
+                },
+            )
+            return
         if self.dispatcher.registry.health is None:
             await _send_json(send, 200, {"success": True, "data": {"status": "healthy"}})
             return

@@ -79,8 +79,9 @@ def load_project(root: str | Path) -> LoadedProject:
                 raise
             except Exception as exc:
                 del sys.modules[module_name]
-                frames = [f for f in traceback.extract_tb(exc.__traceback__)
-                          if f.filename == str(path)]
+                frames = [
+                    f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(path)
+                ]
                 line = frames[-1].lineno if frames else None
                 where = f"{path}:{line}" if line else str(path)
                 raise DefinitionError(

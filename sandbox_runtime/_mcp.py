@@ -2,7 +2,8 @@
 
 Each registered tool becomes a FastMCP ``Tool`` that carries our input schema and whose ``run``
 calls :meth:`Dispatcher.call_tool`, so an MCP client gets exactly the validation, timeouts and
-error messages of the fast path.
+error messages of the fast path. A middleware answers calls to unknown tools with our
+"did you mean" message instead of FastMCP's generic one.
 """
 
 from __future__ import annotations
@@ -10,14 +11,28 @@ from __future__ import annotations
 from typing import Any
 
 from fastmcp import FastMCP
+from fastmcp.server.middleware import Middleware, MiddlewareContext
 from fastmcp.tools import Tool
 from fastmcp.tools import ToolResult as MCPToolResult
-from pydantic import PrivateAttr
+from mcp.types import ContentBlock
+from pydantic import PrivateAttr, TypeAdapter
 
+from aenv_ray.protocol import ToolResult
 from aenv_ray.registry import Registered
 from sandbox_runtime._dispatch import Dispatcher
+from sandbox_runtime._runner import WorkerStuckError
 
 __all__ = ["build_mcp_app"]
+
+_CONTENT = TypeAdapter(ContentBlock)
+
+
+def _to_mcp(result: ToolResult) -> MCPToolResult:
+    structured = result.structured
+    if structured is not None and not isinstance(structured, dict):
+        structured = {"result": structured}
+    blocks = [_CONTENT.validate_python(item) for item in result.content]
+    return MCPToolResult(content=blocks, structured_content=structured, is_error=result.is_error)
 
 
 class _DispatchedTool(Tool):
@@ -26,15 +41,21 @@ class _DispatchedTool(Tool):
     _dispatcher: Dispatcher = PrivateAttr()
 
     async def run(self, arguments: dict[str, Any]) -> MCPToolResult:
-        result = await self._dispatcher.call_tool(self.name, arguments)
-        structured = result.structured
-        if structured is not None and not isinstance(structured, dict):
-            structured = {"result": structured}
-        return MCPToolResult(
-            content=result.content or [],
-            structured_content=structured,
-            is_error=result.is_error,
-        )
+        try:
+            return _to_mcp(await self._dispatcher.call_tool(self.name, arguments))
+        except WorkerStuckError as exc:
+            return MCPToolResult(content=str(exc), is_error=True)
+
+
+class _UnknownTools(Middleware):
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.dispatcher = dispatcher
+
+    async def on_call_tool(self, context: MiddlewareContext[Any], call_next: Any) -> Any:
+        name = context.message.name
+        if name not in self.dispatcher.registry.tools:
+            return _to_mcp(await self.dispatcher.call_tool(name, context.message.arguments))
+        return await call_next(context)
 
 
 def _tool(entry: Registered, dispatcher: Dispatcher) -> _DispatchedTool:
@@ -50,6 +71,7 @@ def _tool(entry: Registered, dispatcher: Dispatcher) -> _DispatchedTool:
 def build_mcp_app(dispatcher: Dispatcher, *, name: str) -> Any:
     """The ASGI app serving ``/mcp`` for the dispatcher's tools (run its lifespan)."""
     server = FastMCP(name=name)
+    server.add_middleware(_UnknownTools(dispatcher))
     for entry in dispatcher.registry.tools.values():
         server.add_tool(_tool(entry, dispatcher))
     return server.http_app(path="/mcp", stateless_http=True)

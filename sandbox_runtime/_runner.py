@@ -25,20 +25,41 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DeadlineExceeded", "Interrupted", "SyncRunner"]
+__all__ = [
+    "DeadlineExceeded",
+    "ExitAttemptError",
+    "Interrupted",
+    "SyncRunner",
+    "WorkerStuckError",
+]
 
 log = logging.getLogger("sandbox_runtime.runner")
 
 REARM_SECONDS = 0.2
 
 
-class Interrupted(BaseException):  # noqa: N818 - it is a signal to stop, not an error of the tool
+class Interrupted(BaseException):
     """Raised inside sync code whose deadline passed. A BaseException so that ``except
     Exception`` in user code does not swallow it."""
 
 
-class DeadlineExceeded(Exception):  # noqa: N818 - mirrors asyncio's vocabulary
+class DeadlineExceeded(Exception):
     """What a submitted future resolves to when its job hit the deadline (queued or running)."""
+
+
+class ExitAttemptError(Exception):
+    """Sync code raised a BaseException that is not an Exception (``SystemExit``,
+    ``KeyboardInterrupt``): reported as the tool's failure, never allowed to stop the server."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(f"{type(original).__name__}: {original}")
+        self.original_type = type(original).__name__
+
+
+class WorkerStuckError(Exception):
+    """The worker is still inside a job that ignored its interruption: no sync call can run.
+
+    The instance is broken; engines replace it. Cleared if the job ever returns."""
 
 
 @dataclass(eq=False)
@@ -63,6 +84,8 @@ class SyncRunner:
         self._thread: threading.Thread | None = None
         self._use_signals = False
         self._stopping = False
+        self.stuck_in: str | None = None
+        self._stuck_future: asyncio.Future[Any] | None = None
 
     # -- event-loop side ---------------------------------------------------------------------
     def submit(
@@ -73,10 +96,22 @@ class SyncRunner:
         A job whose deadline passes while it waits in the queue never starts; it and a job
         interrupted while running both resolve to :class:`DeadlineExceeded`.
         """
+        if self.stuck_in is not None:
+            raise WorkerStuckError(
+                f"the instance is stuck in `{self.stuck_in}`, which ignored its interruption; "
+                "no further sync call can run. Replace this instance"
+            )
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._queue.put(_Job(fn, kwargs, deadline, loop, future))
         return future
+
+    def mark_stuck(self, future: asyncio.Future[Any], name: str) -> None:
+        """Declare the job behind ``future`` stuck (it overran its deadline and grace)."""
+        if not future.done():
+            self.stuck_in = name
+            self._stuck_future = future
+            future.cancel()
 
     @property
     def is_busy(self) -> bool:
@@ -134,9 +169,14 @@ class SyncRunner:
             except Interrupted:
                 outcome = (False, _late())
             except BaseException as exc:  # SystemExit in a tool must not end the server
-                outcome = (False, _late() if job.interrupted else exc)
+                if job.interrupted:
+                    outcome = (False, _late())
+                else:
+                    outcome = (False, exc if isinstance(exc, Exception) else ExitAttemptError(exc))
             finally:
                 self._current = None
+                if self._stuck_future is job.future:
+                    self.stuck_in, self._stuck_future = None, None
                 if self._use_signals:
                     signal.setitimer(signal.ITIMER_REAL, 0)
         except Interrupted:  # the alarm fired in the gap after the call returned

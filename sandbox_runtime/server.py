@@ -12,6 +12,7 @@ replaced by a wait on a shutdown event, so an idle runtime uses no CPU.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
@@ -143,6 +144,7 @@ class RuntimeServer:
             self.app,
             lifespan="on",
             log_level="warning",
+            log_config=None,
             access_log=False,
             timeout_keep_alive=3600,
             date_header=False,
@@ -167,10 +169,8 @@ class RuntimeServer:
     def _shutdown_http(self) -> None:
         server, loop = self._uvicorn, self._loop
         if server is not None and loop is not None and not loop.is_closed():
-            try:
+            with contextlib.suppress(RuntimeError):  # the loop already closed
                 loop.call_soon_threadsafe(server.request_exit)
-            except RuntimeError:
-                pass  # the loop already closed
         if self._loop_thread is not None:
             self._loop_thread.join(timeout=5)
 

@@ -8,6 +8,7 @@ fresh session in the same working directory.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import select
@@ -48,10 +49,8 @@ class BashSession:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait()
         for stream in (proc.stdin, proc.stdout):
             if stream is not None:
@@ -60,7 +59,8 @@ class BashSession:
     def run(self, command: str, timeout: float) -> tuple[str, int]:
         """Run ``command``; return (output, exit status). Raise CommandTimeout past ``timeout``."""
         proc = self._proc if self._proc and self._proc.poll() is None else self._start()
-        assert proc.stdin is not None and proc.stdout is not None
+        assert proc.stdin is not None
+        assert proc.stdout is not None
         nonce = secrets.token_hex(8)
         marker = f"__AENV_DONE_{nonce}__"
         script = f"{command}\n__aenv_rc=$?; printf '\\n{marker} %s\\n' \"$__aenv_rc\"\n"
@@ -79,7 +79,7 @@ class BashSession:
             if idx >= 0:
                 end = buf.find(b"\n", idx)
                 if end >= 0:
-                    status = int(buf[idx + len(needle):end].strip() or 0)
+                    status = int(buf[idx + len(needle) : end].strip() or 0)
                     out = bytes(buf[:idx])
                     if out.endswith(b"\n"):
                         out = out[:-1]
