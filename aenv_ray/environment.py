@@ -46,8 +46,6 @@ __all__ = ["Environment"]
 
 log = logging.getLogger("aenv_ray.environment")
 
-_CALL_GRACE = 5.0  # the runtime answers by deadline + its STUCK_GRACE (2 s); allow for that
-
 
 def _with_port(url: str, port: int | None) -> str:
     if "://" not in url:
@@ -364,7 +362,7 @@ class Environment:
         limit = float(timeout if timeout is not None else self.timeout)
         payload = {"name": plain, "arguments": arguments or {}, "timeout": limit}
         status, data = await self._request(
-            "POST", p.FAST_CALL_PATH, payload, timeout=limit + _CALL_GRACE
+            "POST", p.FAST_CALL_PATH, payload, timeout=limit + self.settings.call_grace
         )
         if status != 200 or not isinstance(data, dict):
             raise ProtocolError(f"calling `{plain}` answered HTTP {status}: {data!r}")
@@ -377,7 +375,9 @@ class Environment:
         self, method: str, path: str, label: str, arguments: Any, timeout: float | None
     ) -> Any:
         limit = float(timeout if timeout is not None else self.timeout)
-        status, data = await self._request(method, path, arguments, timeout=limit + _CALL_GRACE)
+        status, data = await self._request(
+            method, path, arguments, timeout=limit + self.settings.call_grace
+        )
         if not isinstance(data, dict) or "success" not in data:
             raise ProtocolError(f"{label} answered HTTP {status}: {data!r}")
         if data["success"]:

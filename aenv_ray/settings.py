@@ -38,6 +38,12 @@ class Settings(BaseSettings):
         description="how long a refused connection is retried before the instance is declared "
         "unreachable (seconds); keeps a dead server's error under a couple of seconds",
     )
+    call_grace: float = Field(
+        default=5.0,
+        gt=0,
+        description="how long past a call's timeout the SDK waits for the runtime's own timeout "
+        "answer (the runtime answers by timeout + 2 s even for code that ignores interruption)",
+    )
     functions_port: int = Field(default=8080, description="local mode: functions/health port")
     mcp_port: int = Field(default=8081, description="local mode: MCP port")
     env_path: str = Field(default="", description="colon-separated project directories")
