@@ -70,7 +70,9 @@ def _tool(entry: Registered, dispatcher: Dispatcher) -> _DispatchedTool:
 
 def build_mcp_app(dispatcher: Dispatcher, *, name: str) -> Any:
     """The ASGI app serving ``/mcp`` for the dispatcher's tools (run its lifespan)."""
-    server = FastMCP(name=name)
+    # One schema for every client: the fast path and MCP list the same JSON schema, so FastMCP
+    # must not inline `$defs` on its side only.
+    server = FastMCP(name=name, dereference_schemas=False)
     server.add_middleware(_UnknownTools(dispatcher))
     for entry in dispatcher.registry.tools.values():
         server.add_tool(_tool(entry, dispatcher))

@@ -95,6 +95,6 @@ class BashSession:
             if not chunk:  # the shell exited (e.g. `exit 3`)
                 status = proc.wait()
                 self.close()
-                return bytes(buf).decode(errors="replace").rstrip("\n"), status
+                return bytes(buf).decode(errors="replace"), status
             if len(buf) < MAX_OUTPUT:
                 buf.extend(chunk)

@@ -1,0 +1,113 @@
+"""``aenv``: the command line (a typer app; ``main`` is the console script).
+
+Exit codes, one rule for every command:
+
+- ``0``: done (a server stopped by Ctrl-C or SIGTERM is done too);
+- ``1``: the work failed: any :class:`~aenv_ray.errors.AEnvError` that is not a configuration
+  error (an instance broke, a call timed out), a port already in use;
+- ``2``: the command line or the project must change: an unknown command or option, a missing
+  argument, a bad value, and :class:`~aenv_ray.errors.ConfigurationError` (with its subclass
+  :class:`~aenv_ray.errors.DefinitionError`: a bad ``config.json``, a decorator misuse);
+- ``130``: interrupted before serving; ``aenv test`` exits with its script's code.
+
+Every error is one line on stderr, ``aenv: error: WHAT``; usage errors end with
+``; see 'aenv COMMAND --help'``. ``--help`` works on the app and on every command; a bare
+``aenv`` prints the help.
+
+Layout: a module per command group. Top-level commands on a project live in ``_project.py``
+(``register(app)``); a group such as ``aenv instance ...`` goes in its own module holding a
+``typer.Typer()`` that is mounted here with ``app.add_typer(module.app, name="instance")``.
+Importing this package imports typer only; commands import the runtime when they run.
+
+May import: typer, rich, ``aenv_ray``, ``sandbox_runtime`` (inside commands).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+import typer
+
+from aenv_ray import __version__
+from aenv_ray.cli import _project
+from aenv_ray.cli._common import EXIT_FAILURE, EXIT_USAGE, error_line
+from aenv_ray.errors import AEnvError, ConfigurationError
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="aenv",
+    help="aenv-ray: environments as code for agentic RL. Create, test and serve environments.",
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        print(f"aenv-ray {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", help="print the version and exit", callback=_show_version, is_eager=True
+        ),
+    ] = False,
+) -> None:
+    """aenv-ray: environments as code for agentic RL. Create, test and serve environments."""
+
+
+_project.register(app)
+
+
+def _click_errors() -> tuple[type[BaseException], ...]:
+    # typer >= 0.2x vendors click and roots its errors at TyperException; older typer builds on
+    # click itself, which is then imported already. Catch whichever is in use.
+    found: list[type[BaseException]] = []
+    if hasattr(typer, "TyperException"):
+        found.append(typer.TyperException)
+    click = sys.modules.get("click")
+    if click is not None:
+        found.append(click.ClickException)
+    return tuple(found)
+
+
+def _usage_line(exc: Any) -> str:
+    message = " ".join(exc.format_message().split())
+    if len(message) > 1 and message[0].isupper() and message[1].islower():
+        message = message[0].lower() + message[1:]
+    ctx = getattr(exc, "ctx", None)
+    command = ctx.command_path if ctx is not None else "aenv"
+    return f"{error_line(message)}; see '{command} --help'"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``aenv`` with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
+    command = typer.main.get_command(app)
+    args = list(sys.argv[1:] if argv is None else argv) or ["--help"]
+    try:
+        result = command.main(args=args, prog_name="aenv", standalone_mode=False)
+    except ConfigurationError as exc:
+        print(error_line(str(exc)), file=sys.stderr)
+        return EXIT_USAGE
+    except AEnvError as exc:
+        print(error_line(str(exc)), file=sys.stderr)
+        return EXIT_FAILURE
+    except typer.Abort:
+        print("aenv: aborted", file=sys.stderr)
+        return EXIT_FAILURE
+    except _click_errors() as exc:
+        code = int(getattr(exc, "exit_code", EXIT_FAILURE))
+        if code == EXIT_USAGE:
+            print(_usage_line(exc), file=sys.stderr)
+        else:
+            print(error_line(exc.format_message()), file=sys.stderr)  # type: ignore[attr-defined]
+        return code
+    return result if isinstance(result, int) else 0
