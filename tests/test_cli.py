@@ -168,7 +168,8 @@ def test_init_refuses_an_existing_directory(tmp_path: Path) -> None:
     result = aenv("init", "taken", cwd=tmp_path)
     assert result.returncode == 2
     (line,) = error_lines(result)
-    assert "already exists" in line and "--force" in line
+    assert "already exists" in line
+    assert "--force" in line
     assert list((tmp_path / "taken").iterdir()) == []
 
 
@@ -258,7 +259,7 @@ async def test_default_ports_are_the_seeds_8080_and_8081() -> None:
         wait_healthy("http://127.0.0.1:8080", proc)
         os.environ["DUMMY_INSTANCE_IP"] = "http://localhost"
         try:
-            async with Environment("probe@1.0.0") as env:
+            async with Environment("probe@0.1.0") as env:
                 echoed = await env.call_tool("echo", {"text": "local mode"})
         finally:
             del os.environ["DUMMY_INSTANCE_IP"]
