@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -95,9 +96,9 @@ class RuntimeProcess:
         ]
         if self.debug:
             command.append("--debug")
-        log_dir = Path(os.environ.get("TMPDIR", "/tmp"))
-        self.stderr_path = log_dir / f"aenv-runtime-{self.port}.log"
-        stderr = self.stderr_path.open("wb")
+        fd, name = tempfile.mkstemp(prefix=f"aenv-runtime-{self.port}-", suffix=".log")
+        self.stderr_path = Path(name)
+        stderr = os.fdopen(fd, "wb")
         self.process = subprocess.Popen(
             command,
             stdout=subprocess.DEVNULL,
@@ -108,9 +109,10 @@ class RuntimeProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                tail = self.log_tail()
+                self._remove_log()
                 raise StartupTimeoutError(
-                    f"the runtime for {self.project} exited with {self.process.returncode}: "
-                    f"{self.log_tail()}"
+                    f"the runtime for {self.project} exited with {self.process.returncode}: {tail}"
                 )
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=1) as response:
@@ -118,10 +120,10 @@ class RuntimeProcess:
                         return self
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 time.sleep(0.02)
+        tail = self.log_tail()
         self.stop()
         raise StartupTimeoutError(
-            f"the runtime for {self.project} did not become healthy in {timeout:g} s: "
-            f"{self.log_tail()}",
+            f"the runtime for {self.project} did not become healthy in {timeout:g} s: {tail}",
             timeout=timeout,
         )
 
@@ -138,16 +140,21 @@ class RuntimeProcess:
             self.process.wait()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """SIGTERM, then SIGKILL after ``timeout``. Idempotent."""
+        """SIGTERM, then SIGKILL after ``timeout``; remove the log. Idempotent."""
         process = self.process
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._remove_log()
+
+    def _remove_log(self) -> None:
+        if self.stderr_path is not None:
+            with contextlib.suppress(OSError):
+                self.stderr_path.unlink()
 
     def environment(self, env_name: str | None = None, **kwargs: Any) -> Environment:
         """An :class:`Environment` attached to this runtime."""
@@ -163,6 +170,3 @@ class RuntimeProcess:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-        if self.stderr_path is not None:
-            with contextlib.suppress(OSError):
-                self.stderr_path.unlink()

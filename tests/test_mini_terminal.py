@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from aenv_ray.testing import RuntimeProcess
 
 from .conftest import MINI_TERMINAL
@@ -74,3 +76,6 @@ async def test_each_instance_has_its_own_working_directory() -> None:
             seen = await b.call_tool("execute_command", {"command": "ls"})
     assert dir_a != dir_b
     assert "private.txt" not in seen.structured["output"]
+    # a working directory the instance made for itself goes away with the instance
+    assert not os.path.exists(dir_a)
+    assert not os.path.exists(dir_b)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -17,8 +19,12 @@ def workdir() -> str:
     """The instance's working directory: $AENV_WORKSPACE, else a fresh private directory."""
     global _session
     if _session is None:
-        path = os.environ.get("AENV_WORKSPACE") or tempfile.mkdtemp(prefix="aenv-mini-terminal-")
-        Path(path).mkdir(parents=True, exist_ok=True)
+        path = os.environ.get("AENV_WORKSPACE")
+        if path:
+            Path(path).mkdir(parents=True, exist_ok=True)
+        else:  # a directory of our own: removed when the instance exits
+            path = tempfile.mkdtemp(prefix="aenv-mini-terminal-")
+            atexit.register(shutil.rmtree, path, True)
         _session = BashSession(path)
     return _session.workdir
 
