@@ -14,11 +14,19 @@ rich (CLI only). Must not import at import time: ray, kubernetes, gymnasium.
 """
 
 from aenv_ray.config import EnvConfig
+from aenv_ray.engine import (
+    InstanceInfo,
+    InstanceSpec,
+    InstanceState,
+    SandboxEngine,
+    TerminationReason,
+)
 from aenv_ray.environment import Environment
 from aenv_ray.errors import (
     AEnvError,
     AEnvTimeoutError,
     CallTimeoutError,
+    CapacityError,
     ConfigurationError,
     DefinitionError,
     EnvironmentNotFoundError,
@@ -28,6 +36,7 @@ from aenv_ray.errors import (
     InstanceClosedError,
     InstanceError,
     InstanceExpiredError,
+    InstanceNotFoundError,
     InstanceUnreachableError,
     ProtocolError,
     StartupTimeoutError,
@@ -52,6 +61,7 @@ __all__ = [
     "AEnvError",
     "AEnvTimeoutError",
     "CallTimeoutError",
+    "CapacityError",
     "ConfigurationError",
     "DefinitionError",
     "EnvConfig",
@@ -63,10 +73,16 @@ __all__ = [
     "InstanceClosedError",
     "InstanceError",
     "InstanceExpiredError",
+    "InstanceInfo",
+    "InstanceNotFoundError",
+    "InstanceSpec",
+    "InstanceState",
     "InstanceUnreachableError",
     "ProtocolError",
     "Registry",
+    "SandboxEngine",
     "StartupTimeoutError",
+    "TerminationReason",
     "ToolArgumentError",
     "ToolError",
     "ToolErrorKind",

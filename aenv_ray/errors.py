@@ -17,7 +17,9 @@ The tree, by what the caller should do::
     │   ├── InstanceClosedError                  you released it; create a new one
     │   ├── InstanceBrokenError                  it died under you (cause in __cause__); retryable
     │   ├── InstanceUnreachableError             nothing answers at its address; retryable
-    │   └── InstanceExpiredError                 its TTL ran out; retryable on a fresh instance
+    │   ├── InstanceExpiredError                 its TTL ran out; retryable on a fresh instance
+    │   └── InstanceNotFoundError (LookupError)  the engine has no instance with that id
+    ├── CapacityError                            the engine cannot start more now; retryable
     ├── AEnvTimeoutError (TimeoutError)
     │   ├── CallTimeoutError                     no answer within the call's timeout
     │   └── StartupTimeoutError                  the instance did not become healthy in time
@@ -37,6 +39,7 @@ __all__ = [
     "AEnvError",
     "AEnvTimeoutError",
     "CallTimeoutError",
+    "CapacityError",
     "ConfigurationError",
     "DefinitionError",
     "EnvironmentNotFoundError",
@@ -46,6 +49,7 @@ __all__ = [
     "InstanceClosedError",
     "InstanceError",
     "InstanceExpiredError",
+    "InstanceNotFoundError",
     "InstanceUnreachableError",
     "ProtocolError",
     "StartupTimeoutError",
@@ -202,6 +206,16 @@ class InstanceUnreachableError(InstanceError):
 
 class InstanceExpiredError(InstanceError):
     """The instance's TTL ran out and it was terminated."""
+
+    retryable = True
+
+
+class InstanceNotFoundError(InstanceError, LookupError):
+    """The engine has no instance with that id (never created, or forgotten long ago)."""
+
+
+class CapacityError(AEnvError):
+    """The engine cannot start another instance now (a limit or the host is full)."""
 
     retryable = True
 

@@ -1,7 +1,8 @@
 """``python -m sandbox_runtime PROJECT [--host H] [--port P ...]``: serve one project.
 
 This is what an engine starts inside each instance; ``aenv run`` is the friendly front end.
-Exit codes: 0 stopped by a signal, 2 usage or project error.
+Exit codes, as ``aenv run``: 0 stopped by a signal, 1 cannot serve (a port in use), 2 usage or
+project error.
 """
 
 from __future__ import annotations
@@ -42,9 +43,12 @@ def main(argv: list[str] | None = None) -> int:
             default_timeout=args.default_timeout,
             debug=args.debug,
         )
-    except (AEnvError, OSError) as exc:
+    except AEnvError as exc:
         print(f"sandbox_runtime: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        print(f"sandbox_runtime: error: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     server.run()
     return 0
 

@@ -15,6 +15,7 @@ holds no locks of the server's.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import ctypes
 import logging
 import queue
@@ -75,11 +76,19 @@ class _Job:
 _STOP = object()
 
 
+@dataclass(eq=False)
+class _Call:
+    """A plain callable to run on the worker between jobs (``fork`` uses it)."""
+
+    fn: Callable[[], Any]
+    future: concurrent.futures.Future[Any]
+
+
 class SyncRunner:
     """A single worker for synchronous calls with hard deadlines."""
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[_Job | object] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Job | _Call | object] = queue.SimpleQueue()
         self._current: _Job | None = None
         self._thread: threading.Thread | None = None
         self._use_signals = False
@@ -113,6 +122,15 @@ class SyncRunner:
             self._stuck_future = future
             future.cancel()
 
+    def call_between_jobs(self, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        """Run ``fn()`` on the worker thread when no job runs (from any thread, no loop needed).
+
+        No deadline: ``fn`` is the runtime's own code (``fork``), not the environment's.
+        """
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._queue.put(_Call(fn, future))
+        return future
+
     @property
     def is_busy(self) -> bool:
         """True while a job runs."""
@@ -137,6 +155,12 @@ class SyncRunner:
             item = self._queue.get()
             if item is _STOP:
                 break
+            if isinstance(item, _Call):
+                try:
+                    item.future.set_result(item.fn())
+                except BaseException as exc:  # reported to the caller, never kills the worker
+                    item.future.set_exception(exc)
+                continue
             assert isinstance(item, _Job)
             self._run(item)
 

@@ -117,7 +117,8 @@ def _summary(project: LoadedProject) -> str:
     registry = project.registry
     parts = [f"{len(registry.tools)} tool{'s' if len(registry.tools) != 1 else ''}"]
     if registry.functions:
-        parts.append(f"{len(registry.functions)} functions")
+        count = len(registry.functions)
+        parts.append(f"{count} function{'s' if count != 1 else ''}")
     if registry.reward is not None:
         parts.append("reward")
     if registry.health is not None:

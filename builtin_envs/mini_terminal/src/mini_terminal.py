@@ -29,6 +29,17 @@ def workdir() -> str:
     return _session.workdir
 
 
+def _after_fork_in_child() -> None:
+    # A forked instance keeps the Python state but not the parent's shell process: the next
+    # command starts a new shell in this instance's working directory (its copy of the
+    # parent's workspace). The parent's shell stays the parent's.
+    global _session
+    _session = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 @register_tool
 def execute_command(command: str, timeout: int = 60) -> dict[str, object]:
     """Run a bash command in this instance's terminal and return its output and return code.

@@ -1,0 +1,141 @@
+"""The sandbox engine contract: what creates, tracks and destroys environment instances.
+
+Every engine (the local engine in ``sandbox_runtime.local``, the Kubernetes engine in
+``k8s_backend``) implements :class:`SandboxEngine`; nothing above it (the SDK, pools, EnvHub)
+knows which one runs. Values crossing the boundary are small frozen dataclasses, so engines can
+live in another process (the local engine daemon, EnvHub) behind the same contract.
+
+An instance moves ``PENDING -> RUNNING -> TERMINATED``; a terminated instance keeps its
+:class:`TerminationReason` and a human-readable ``detail`` for as long as the engine remembers it.
+
+    >>> spec = InstanceSpec(env_ref="mini-terminal@1.0.0", ttl=600.0)
+    >>> spec.ttl
+    600.0
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+__all__ = [
+    "DEFAULT_TTL",
+    "InstanceInfo",
+    "InstanceSpec",
+    "InstanceState",
+    "SandboxEngine",
+    "TerminationReason",
+]
+
+DEFAULT_TTL = 30 * 60.0
+"""Seconds an instance lives when neither the caller nor ``deployConfig.ttl`` says otherwise."""
+
+
+class InstanceState(enum.Enum):
+    """Where an instance is in its life."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    TERMINATED = "terminated"
+
+
+class TerminationReason(enum.Enum):
+    """Why an instance stopped."""
+
+    DELETED = "deleted"  # someone asked: release(), delete, or its owner went away
+    EXPIRED = "expired"  # its TTL ran out
+    OUT_OF_MEMORY = "out_of_memory"  # it allocated past its memory limit
+    CRASHED = "crashed"  # its runtime exited or was killed by something else
+    FAILED_TO_START = "failed_to_start"  # it never became healthy
+    OWNER_GONE = "owner_gone"  # the process that created it died
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """What to create: an environment definition and how to run it.
+
+    ``env_ref`` names the definition (``name@version``); ``project`` is its directory when the
+    caller has already resolved it (the local engine needs one of the two). ``ttl`` is seconds
+    (``None``: ``deployConfig.ttl``, else :data:`DEFAULT_TTL`).
+    """
+
+    env_ref: str
+    project: str | None = None
+    ttl: float | None = None
+    environment_variables: Mapping[str, str] = field(default_factory=dict)
+    arguments: Sequence[str] = ()
+    datasource: str | None = None
+    owner: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class InstanceInfo:
+    """What an engine knows about one instance (a snapshot; ask again for news)."""
+
+    id: str
+    env_ref: str
+    state: InstanceState
+    url: str | None = None
+    created_at: float = 0.0  # seconds since the epoch
+    expires_at: float | None = None
+    reason: TerminationReason | None = None
+    detail: str = ""
+    owner: str | None = None
+    parent: str | None = None  # the instance this one was forked from
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def is_running(self) -> bool:
+        """True while the instance serves calls."""
+        return self.state is InstanceState.RUNNING
+
+    def describe_end(self) -> str:
+        """One sentence on why a terminated instance ended, for error messages."""
+        if self.reason is None:
+            return f"instance {self.id} is {self.state.value}"
+        text = f"instance {self.id} ended: {self.reason.value.replace('_', ' ')}"
+        return f"{text} ({self.detail})" if self.detail else text
+
+
+@runtime_checkable
+class SandboxEngine(Protocol):
+    """Creates and tracks isolated instances of environment definitions.
+
+    Every method is async and raises only :class:`~aenv_ray.errors.AEnvError` subclasses:
+    :class:`~aenv_ray.errors.InstanceNotFoundError` for an id the engine never had or forgot,
+    :class:`~aenv_ray.errors.EnvironmentNotFoundError` for an unknown definition,
+    :class:`~aenv_ray.errors.CapacityError` when it cannot start more.
+    """
+
+    name: str
+
+    async def create(self, spec: InstanceSpec, *, timeout: float = 60.0) -> InstanceInfo:
+        """Start an instance and return once it answers calls (state ``RUNNING``)."""
+        ...
+
+    async def get(self, instance_id: str) -> InstanceInfo:
+        """The instance's current state; terminated ones keep their reason."""
+        ...
+
+    async def list(self, *, env_ref: str | None = None) -> list[InstanceInfo]:
+        """Instances this engine knows, newest first, optionally of one definition."""
+        ...
+
+    async def delete(self, instance_id: str) -> InstanceInfo:
+        """Terminate the instance (idempotent) and return its final state."""
+        ...
+
+    async def renew(self, instance_id: str, ttl: float) -> InstanceInfo:
+        """Set the instance to expire ``ttl`` seconds from now."""
+        ...
+
+    async def fork(self, instance_id: str, n: int, *, timeout: float = 60.0) -> list[InstanceInfo]:
+        """``n`` new running instances whose state equals the instance's at this moment."""
+        ...
+
+    async def aclose(self) -> None:
+        """Terminate every instance this engine owns and free its resources. Idempotent."""
+        ...

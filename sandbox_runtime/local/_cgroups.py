@@ -1,0 +1,258 @@
+"""Per-instance cgroups: memory, pids and CPU limits, OOM detection, kill-all; v1 and v2.
+
+The zygote opens the cgroup directories it may write under *before* it leaves the host's mount
+namespace, and keeps them as directory file descriptors: every later operation is relative to
+those (``mkdir``/``open`` with ``dir_fd``), so the sandbox root never needs ``/sys``.
+
+Groups are created under the cgroup the engine already runs in (``/proc/self/cgroup``), named
+``aenv-<owner pid>/<instance id>``, so two engines never collide and a machine's own hierarchy is
+never touched. Where the kernel or the hierarchy refuses, :meth:`Cgroups.detect` returns what it
+could set up and one warning per missing controller; the engine logs them loudly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["Cgroups", "InstanceGroup", "Limits"]
+
+_ROOT = Path("/sys/fs/cgroup")
+_CONTROLLERS = ("memory", "pids", "cpu")
+_CPU_PERIOD = 100_000
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one instance; ``None`` leaves a resource unlimited."""
+
+    memory: int | None = None  # bytes
+    pids: int | None = None
+    cpu: float | None = None  # cores
+
+
+def _own_cgroup(controller: str) -> str | None:
+    """This process's cgroup path for ``controller`` (``""`` key: the v2 unified one)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, names, path = line.split(":", 2)
+        if controller in names.split(","):
+            return path
+    return None
+
+
+def _write(dir_fd: int, path: str, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY, dir_fd=dir_fd)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def _read(dir_fd: int, path: str) -> str:
+    fd = os.open(path, os.O_RDONLY, dir_fd=dir_fd)
+    try:
+        return os.read(fd, 65536).decode(errors="replace")
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class Cgroups:
+    """The writable cgroup directories of one engine (opened once, used through fds)."""
+
+    version: int  # 1 or 2
+    dir_fds: dict[str, int]  # controller ("unified" for v2) -> fd of aenv-<owner>
+    warnings: list[str] = field(default_factory=list)
+    parents: list[tuple[int, str]] = field(default_factory=list)  # (fd of parent, aenv-<owner>)
+
+    @classmethod
+    def detect(cls, owner: str) -> Cgroups:
+        """Open (creating) ``aenv-<owner>`` under this process's cgroups; never raises."""
+        warnings: list[str] = []
+        unified = _ROOT / "cgroup.controllers"
+        if unified.exists():  # a pure v2 machine
+            return cls._detect_v2(_ROOT, owner, warnings)
+        fds: dict[str, int] = {}
+        parents: list[tuple[int, str]] = []
+        for controller in _CONTROLLERS:
+            own = _own_cgroup(controller)
+            base = _ROOT / controller
+            if own is None or not base.is_dir():
+                warnings.append(f"cgroup v1 controller `{controller}` is not mounted")
+                continue
+            group = base / own.lstrip("/") / f"aenv-{owner}"
+            _remove_stale(group.parent)
+            try:
+                group.mkdir(exist_ok=True)
+                parents.append((os.open(group.parent, os.O_RDONLY | os.O_DIRECTORY), group.name))
+                fds[controller] = os.open(group, os.O_RDONLY | os.O_DIRECTORY)
+            except OSError as exc:
+                warnings.append(f"cannot create cgroup {group}: {exc.strerror}")
+        if not fds and (_ROOT / "unified" / "cgroup.controllers").exists():
+            return cls._detect_v2(_ROOT / "unified", owner, warnings)
+        return cls(version=1, dir_fds=fds, warnings=warnings, parents=parents)
+
+    @classmethod
+    def _detect_v2(cls, root: Path, owner: str, warnings: list[str]) -> Cgroups:
+        own = _own_cgroup("") or "/"
+        parent = root / own.lstrip("/")
+        group = parent / f"aenv-{owner}"
+        _remove_stale(parent)
+        try:
+            available = (parent / "cgroup.controllers").read_text().split()
+            missing = [c for c in _CONTROLLERS if c not in available]
+            if missing:
+                warnings.append(f"cgroup v2 controllers not delegated here: {', '.join(missing)}")
+            group.mkdir(exist_ok=True)
+            wanted = " ".join(f"+{c}" for c in _CONTROLLERS if c in available)
+            if wanted:
+                (group / "cgroup.subtree_control").write_text(wanted)
+            fd = os.open(group, os.O_RDONLY | os.O_DIRECTORY)
+            parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as exc:
+            warnings.append(f"cannot use cgroup v2 at {group}: {exc.strerror}")
+            return cls(version=2, dir_fds={}, warnings=warnings)
+        return cls(
+            version=2, dir_fds={"unified": fd}, warnings=warnings, parents=[(parent_fd, group.name)]
+        )
+
+    @property
+    def controllers(self) -> set[str]:
+        """Controllers that work here."""
+        if self.version == 1:
+            return set(self.dir_fds)
+        return set(_CONTROLLERS) if self.dir_fds else set()
+
+    def create(self, name: str, limits: Limits) -> InstanceGroup:
+        """A new group ``name`` with ``limits`` applied (missing controllers are skipped)."""
+        group = InstanceGroup(self, name)
+        for key, fd in self.dir_fds.items():
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, dir_fd=fd)
+            group.dirs[key] = fd
+        if self.version == 1:
+            self._limit_v1(name, limits)
+        elif self.dir_fds:
+            self._limit_v2(name, limits)
+        return group
+
+    def _limit_v1(self, name: str, limits: Limits) -> None:
+        fds = self.dir_fds
+        if limits.memory is not None and "memory" in fds:
+            _write(fds["memory"], f"{name}/memory.limit_in_bytes", str(limits.memory))
+            with contextlib.suppress(OSError):  # no swap accounting on this kernel
+                _write(fds["memory"], f"{name}/memory.memsw.limit_in_bytes", str(limits.memory))
+        if limits.pids is not None and "pids" in fds:
+            _write(fds["pids"], f"{name}/pids.max", str(limits.pids))
+        if limits.cpu is not None and "cpu" in fds:
+            _write(fds["cpu"], f"{name}/cpu.cfs_period_us", str(_CPU_PERIOD))
+            _write(fds["cpu"], f"{name}/cpu.cfs_quota_us", str(int(limits.cpu * _CPU_PERIOD)))
+
+    def _limit_v2(self, name: str, limits: Limits) -> None:
+        fd = self.dir_fds["unified"]
+        if limits.memory is not None:
+            _write(fd, f"{name}/memory.max", str(limits.memory))
+            with contextlib.suppress(OSError):
+                _write(fd, f"{name}/memory.swap.max", "0")
+            with contextlib.suppress(OSError):
+                _write(fd, f"{name}/memory.oom.group", "1")
+        if limits.pids is not None:
+            _write(fd, f"{name}/pids.max", str(limits.pids))
+        if limits.cpu is not None:
+            _write(fd, f"{name}/cpu.max", f"{int(limits.cpu * _CPU_PERIOD)} {_CPU_PERIOD}")
+
+    def close(self) -> None:
+        """Close the directory fds and remove ``aenv-<owner>`` if nothing else uses it."""
+        for fd in self.dir_fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.dir_fds = {}
+        for parent_fd, name in self.parents:
+            with contextlib.suppress(OSError):
+                os.rmdir(name, dir_fd=parent_fd)
+            with contextlib.suppress(OSError):
+                os.close(parent_fd)
+        self.parents = []
+
+
+def _remove_stale(parent: Path) -> None:
+    """Remove ``aenv-<pid>-*`` groups left by engines whose process is gone (when empty)."""
+    with contextlib.suppress(OSError):
+        for group in parent.glob("aenv-*"):
+            pid = group.name.removeprefix("aenv-").split("-", 1)[0]
+            if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+                continue
+            with contextlib.suppress(OSError):
+                for child in group.iterdir():
+                    if child.is_dir():
+                        child.rmdir()
+                group.rmdir()
+
+
+@dataclass
+class InstanceGroup:
+    """One instance's cgroup in every working controller."""
+
+    cgroups: Cgroups
+    name: str
+    dirs: dict[str, int] = field(default_factory=dict)
+
+    def add(self, pid: int) -> None:
+        """Move process ``pid`` (and its future children) into the group."""
+        for fd in self.dirs.values():
+            _write(fd, f"{self.name}/cgroup.procs", str(pid))
+
+    def pids(self) -> set[int]:
+        """Processes in the group (host pids)."""
+        found: set[int] = set()
+        for fd in self.dirs.values():
+            with contextlib.suppress(OSError):
+                found.update(int(p) for p in _read(fd, f"{self.name}/cgroup.procs").split())
+        return found
+
+    def oom_killed(self) -> bool:
+        """True when the kernel killed a process of the group for exceeding its memory."""
+        key = "memory" if self.cgroups.version == 1 else "unified"
+        fd = self.dirs.get(key)
+        if fd is None:
+            return False
+        name = "memory.oom_control" if self.cgroups.version == 1 else "memory.events"
+        try:
+            text = _read(fd, f"{self.name}/{name}")
+        except OSError:
+            return False
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0] == "oom_kill" and int(parts[1]) > 0:
+                return True
+        return False
+
+    def kill(self, attempts: int = 50) -> None:
+        """SIGKILL every process in the group until it is empty (forks racing included)."""
+        fd = self.dirs.get("unified")
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                _write(fd, f"{self.name}/cgroup.kill", "1")
+        for _ in range(attempts):
+            pids = self.pids()
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.002)
+
+    def remove(self) -> None:
+        """Delete the group's directories (its processes must be gone)."""
+        for fd in self.dirs.values():
+            with contextlib.suppress(OSError):
+                os.rmdir(self.name, dir_fd=fd)
+        self.dirs = {}

@@ -1,0 +1,547 @@
+"""``LocalEngine``: the embedded default :class:`~aenv_ray.engine.SandboxEngine`.
+
+Instances are forked from one zygote per environment definition (``zygote.py``), isolated with
+Linux namespaces and cgroups where the host allows it, as plain processes (with a loud warning)
+where it does not. The engine runs its own event loop on a daemon thread, so its async methods
+work from any event loop and any number of ``asyncio.run`` calls in one process.
+
+    >>> # doctest: +SKIP
+    >>> engine = LocalEngine()
+    >>> info = await engine.create(InstanceSpec("mini-terminal@1.0.0", project=path))
+    >>> info.url
+    'http://127.0.0.1:40123'
+    >>> await engine.delete(info.id)
+
+Owner death: the zygotes watch their control socket; when this process dies, even by SIGKILL,
+they kill every instance and exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Coroutine
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+from aenv_ray.config import EnvConfig, parse_cpu, parse_duration, parse_memory
+from aenv_ray.engine import (
+    DEFAULT_TTL,
+    InstanceInfo,
+    InstanceSpec,
+    InstanceState,
+    TerminationReason,
+)
+from aenv_ray.errors import (
+    AEnvError,
+    CapacityError,
+    ConfigurationError,
+    DefinitionError,
+    EnvironmentNotFoundError,
+    InstanceNotFoundError,
+    StartupTimeoutError,
+)
+
+__all__ = ["Isolation", "LocalEngine"]
+
+log = logging.getLogger("sandbox_runtime.local")
+T = TypeVar("T")
+
+_KEEP_TERMINATED = 1000
+_DEFAULT_PIDS = 1024
+_DEFAULT_TMP = 256 << 20
+_DEFAULT_WORKSPACE = 2 << 30
+
+
+class Isolation(enum.Enum):
+    """How instances are separated from the host and from each other."""
+
+    AUTO = "auto"  # namespaces where possible, else plain processes with a warning
+    NAMESPACES = "namespaces"  # namespaces or fail
+    NONE = "none"  # plain processes (for development on machines without namespaces)
+
+
+@dataclass
+class _Record:
+    info: InstanceInfo
+    zygote: _Zygote
+    expiry: asyncio.TimerHandle | None = None
+    workspace: str | None = None  # plain-process mode: a host directory to remove
+
+
+@dataclass
+class _Zygote:
+    root: Path
+    process: subprocess.Popen[bytes]
+    sock: socket.socket
+    isolated: bool
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    waiting: dict[str, asyncio.Future[dict[str, Any]]] = field(default_factory=dict)
+    ready: asyncio.Future[dict[str, Any]] | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+class LocalEngine:
+    """Instances on this machine, forked from warm templates. See the module docstring."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        *,
+        isolation: Isolation | str = Isolation.AUTO,
+        max_instances: int = 4096,
+        default_timeout: float = 600.0,
+    ) -> None:
+        self.isolation = Isolation(isolation)
+        self.max_instances = max_instances
+        self.default_timeout = default_timeout
+        self.owner = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._records: OrderedDict[str, _Record] = OrderedDict()
+        self._zygotes: dict[Path, _Zygote] = {}
+        self._closed = False
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="aenv-engine", daemon=True
+        )
+        self._thread.start()
+        self._isolated = self._decide_isolation()
+
+    # -- isolation -----------------------------------------------------------------------------
+    def _decide_isolation(self) -> bool:
+        from sandbox_runtime.local._sandbox import namespaces_available
+
+        if self.isolation is Isolation.NONE:
+            return False
+        why_not = namespaces_available()
+        if why_not is None:
+            return True
+        if self.isolation is Isolation.NAMESPACES:
+            raise ConfigurationError(
+                f"isolation=namespaces was asked for but {why_not}; run as root on Linux or "
+                "use isolation='none' for plain processes"
+            )
+        log.warning(
+            "INSTANCES ARE NOT ISOLATED: %s. They run as plain processes that can read the "
+            "host's files and network. Use this only with code you trust.",
+            why_not,
+        )
+        return False
+
+    @property
+    def is_isolated(self) -> bool:
+        """True when instances run in their own namespaces."""
+        return self._isolated
+
+    # -- the engine thread ---------------------------------------------------------------------
+    async def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._closed:
+            coro.close()
+            raise ConfigurationError("the local engine is closed; create a new one")
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return await asyncio.wrap_future(future)
+
+    # -- SandboxEngine -------------------------------------------------------------------------
+    async def create(self, spec: InstanceSpec, *, timeout: float = 60.0) -> InstanceInfo:
+        """Fork an instance of ``spec`` from its definition's zygote (started on first use)."""
+        return await self._call(self._create(spec, timeout))
+
+    async def get(self, instance_id: str) -> InstanceInfo:
+        """The instance's current state."""
+        return await self._call(self._get(instance_id))
+
+    async def list(self, *, env_ref: str | None = None) -> list[InstanceInfo]:
+        """Known instances, newest first."""
+        return await self._call(self._list(env_ref))
+
+    async def delete(self, instance_id: str) -> InstanceInfo:
+        """Kill the instance (idempotent)."""
+        return await self._call(self._delete(instance_id, TerminationReason.DELETED, ""))
+
+    async def renew(self, instance_id: str, ttl: float) -> InstanceInfo:
+        """Expire ``ttl`` seconds from now."""
+        return await self._call(self._renew(instance_id, ttl))
+
+    async def fork(self, instance_id: str, n: int, *, timeout: float = 60.0) -> list[InstanceInfo]:
+        """``n`` copies of a running instance (Python state and workspace, copy-on-write)."""
+        return await self._call(self._fork(instance_id, n, timeout))
+
+    async def aclose(self) -> None:
+        """Kill every instance and zygote; stop the engine thread. Idempotent."""
+        if self._closed:
+            return
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop))
+        self._closed = True
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+    def close(self) -> None:
+        """Blocking twin of :meth:`aclose`, for atexit and sync code."""
+        if self._closed:
+            return
+        future = asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
+        with contextlib.suppress(Exception):
+            future.result(timeout=10)
+        self._closed = True
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+    # -- implementation (engine thread) --------------------------------------------------------
+    async def _create(self, spec: InstanceSpec, timeout: float) -> InstanceInfo:
+        if spec.project is None:
+            raise EnvironmentNotFoundError(
+                f"`{spec.env_ref}` has no project directory; resolve it first "
+                "(aenv_ray.resolve_environment) or pass InstanceSpec(project=...)",
+                env_name=spec.env_ref,
+            )
+        running = sum(
+            1 for r in self._records.values() if r.info.state is not InstanceState.TERMINATED
+        )
+        if running >= self.max_instances:
+            raise CapacityError(
+                f"the local engine already runs {running} instances (max_instances="
+                f"{self.max_instances}); release some or raise the limit",
+                env_name=spec.env_ref,
+            )
+        root, config = _load_config(spec.project)
+        deadline = time.monotonic() + timeout
+        zygote = await self._zygote(root, deadline)
+        iid = uuid.uuid4().hex[:12]
+        ttl = _ttl(spec.ttl, config)
+        env = {**config.deploy_config.env, **dict(spec.environment_variables)}
+        message: dict[str, Any] = {
+            "op": "spawn",
+            "id": iid,
+            "env": env,
+            "arguments": list(spec.arguments),
+            "network": config.deploy_config.network,
+            "memory": parse_memory(config.deploy_config.memory),
+            "cpu": parse_cpu(config.deploy_config.cpu),
+            "pids": _DEFAULT_PIDS,
+            "tmp_bytes": _DEFAULT_TMP,
+            "workspace_bytes": _DEFAULT_WORKSPACE,
+            "datasource": spec.datasource,
+        }
+        workspace = None
+        if not zygote.isolated:
+            workspace = tempfile.mkdtemp(prefix=f"aenv-instance-{iid}-")
+            message["workspace"] = workspace
+            if spec.datasource:  # no mount without namespaces: tell the instance where it is
+                env.setdefault("AENV_DATASOURCE", spec.datasource)
+        reply = await self._request(zygote, iid, message, deadline)
+        now = time.time()
+        info = InstanceInfo(
+            id=iid,
+            env_ref=config.ref,
+            state=InstanceState.RUNNING,
+            url=f"http://127.0.0.1:{reply['port']}",
+            created_at=now,
+            expires_at=now + ttl,
+            owner=spec.owner,
+            labels=dict(spec.labels),
+        )
+        record = _Record(info, zygote, workspace=workspace)
+        self._remember(record)
+        self._schedule_expiry(record, ttl)
+        log.info("instance created", extra={"instance": iid, "env": config.ref, "ttl": ttl})
+        return info
+
+    async def _get(self, instance_id: str) -> InstanceInfo:
+        return self._record(instance_id).info
+
+    async def _list(self, env_ref: str | None) -> list[InstanceInfo]:
+        infos = [r.info for r in reversed(self._records.values())]
+        if env_ref is not None:
+            infos = [i for i in infos if i.env_ref == env_ref or i.env_ref.split("@")[0] == env_ref]
+        return infos
+
+    async def _delete(
+        self, instance_id: str, reason: TerminationReason, detail: str
+    ) -> InstanceInfo:
+        record = self._record(instance_id)
+        if record.info.state is InstanceState.TERMINATED:
+            return record.info
+        self._terminate(record, reason, detail)
+        with contextlib.suppress(OSError):
+            _send(record.zygote, {"op": "kill", "id": instance_id})
+        return record.info
+
+    async def _renew(self, instance_id: str, ttl: float) -> InstanceInfo:
+        if ttl <= 0:
+            raise ConfigurationError(f"ttl must be positive seconds, got {ttl!r}")
+        record = self._record(instance_id)
+        if record.info.state is InstanceState.TERMINATED:
+            raise InstanceNotFoundError(
+                f"{record.info.describe_end()}; create a new instance", instance_id=instance_id
+            )
+        record.info = replace(record.info, expires_at=time.time() + ttl)
+        self._schedule_expiry(record, ttl)
+        return record.info
+
+    async def _fork(self, instance_id: str, n: int, timeout: float) -> list[InstanceInfo]:
+        if n < 1:
+            raise ConfigurationError(f"fork needs n >= 1, got {n}")
+        parent = self._record(instance_id)
+        if parent.info.state is not InstanceState.RUNNING:
+            raise InstanceNotFoundError(
+                f"cannot fork: {parent.info.describe_end()}", instance_id=instance_id
+            )
+        zygote = parent.zygote
+        config = EnvConfig.load(zygote.root)
+        ids = [uuid.uuid4().hex[:12] for _ in range(n)]
+        deadline = time.monotonic() + timeout
+        message = {
+            "op": "fork",
+            "id": instance_id,
+            "new_ids": ids,
+            "network": config.deploy_config.network,
+            "memory": parse_memory(config.deploy_config.memory),
+            "cpu": parse_cpu(config.deploy_config.cpu),
+            "pids": _DEFAULT_PIDS,
+        }
+        replies = await self._request_many(zygote, ids, message, deadline)
+        infos = []
+        ttl = max(1.0, (parent.info.expires_at or time.time() + DEFAULT_TTL) - time.time())
+        for child_id in ids:
+            now = time.time()
+            info = replace(
+                parent.info,
+                id=child_id,
+                url=f"http://127.0.0.1:{replies[child_id]['port']}",
+                created_at=now,
+                parent=instance_id,
+            )
+            record = _Record(info, zygote)
+            self._remember(record)
+            self._schedule_expiry(record, ttl)
+            infos.append(info)
+        return infos
+
+    async def _shutdown(self) -> None:
+        for zygote in list(self._zygotes.values()):
+            with contextlib.suppress(OSError):
+                zygote.sock.close()
+            _stop_process(zygote.process)
+        self._zygotes.clear()
+        for record in self._records.values():
+            if record.info.state is not InstanceState.TERMINATED:
+                self._terminate(record, TerminationReason.DELETED, "the engine closed")
+
+    # -- zygotes -------------------------------------------------------------------------------
+    async def _zygote(self, root: Path, deadline: float) -> _Zygote:
+        zygote = self._zygotes.get(root)
+        if zygote is not None and zygote.process.poll() is None:
+            assert zygote.ready is not None
+            await _wait(zygote.ready, deadline, f"the template of {root.name}")
+            return zygote
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        command = [
+            sys.executable,
+            "-m",
+            "sandbox_runtime.local.zygote",
+            str(root),
+            "--control-fd",
+            str(theirs.fileno()),
+            "--isolation",
+            "namespaces" if self._isolated else "none",
+            "--owner",
+            self.owner,
+            "--default-timeout",
+            str(self.default_timeout),
+        ]
+        process = _start_process(command, theirs.fileno())
+        theirs.close()
+        ours.setblocking(False)
+        zygote = _Zygote(root, process, ours, self._isolated)
+        zygote.ready = self._loop.create_future()
+        self._zygotes[root] = zygote
+        self._loop.add_reader(ours.fileno(), self._on_message, zygote)
+        reply = await _wait(zygote.ready, deadline, f"the template of {root.name}")
+        if reply.get("op") == "failed":
+            self._zygotes.pop(root, None)
+            if reply.get("type") in ("DefinitionError", "ConfigurationError"):
+                raise DefinitionError(str(reply.get("message")))
+            raise AEnvError(f"cannot start instances of {root}: {reply.get('message')}")
+        for warning in reply.get("warnings") or []:
+            log.warning("local engine: %s", warning)
+        return zygote
+
+    def _on_message(self, zygote: _Zygote) -> None:
+        while True:
+            try:
+                data = zygote.sock.recv(1 << 16)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self._on_zygote_gone(zygote)
+                return
+            message = json.loads(data)
+            op = message.get("op")
+            if op in ("ready", "failed") and zygote.ready is not None and not zygote.ready.done():
+                zygote.ready.set_result(message)
+            elif op in ("spawned", "error"):
+                waiter = zygote.waiting.pop(str(message.get("id")), None)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(message)
+            elif op == "exited":
+                record = self._records.get(str(message["id"]))
+                if record is not None and record.info.state is not InstanceState.TERMINATED:
+                    reason = TerminationReason(message.get("reason", "crashed"))
+                    self._terminate(record, reason, str(message.get("detail", "")))
+
+    def _on_zygote_gone(self, zygote: _Zygote) -> None:
+        with contextlib.suppress(ValueError, OSError):
+            self._loop.remove_reader(zygote.sock.fileno())
+        if self._zygotes.get(zygote.root) is zygote:
+            del self._zygotes[zygote.root]
+        message = {"op": "error", "message": "the instance template process exited"}
+        if zygote.ready is not None and not zygote.ready.done():
+            zygote.ready.set_result({"op": "failed", "message": "the template process exited"})
+        for waiter in zygote.waiting.values():
+            if not waiter.done():
+                waiter.set_result(message)
+        zygote.waiting.clear()
+        for record in self._records.values():
+            if record.zygote is zygote and record.info.state is not InstanceState.TERMINATED:
+                self._terminate(record, TerminationReason.CRASHED, "its template process exited")
+
+    async def _request(
+        self, zygote: _Zygote, iid: str, message: dict[str, Any], deadline: float
+    ) -> dict[str, Any]:
+        replies = await self._request_many(zygote, [iid], message, deadline)
+        return replies[iid]
+
+    async def _request_many(
+        self, zygote: _Zygote, ids: list[str], message: dict[str, Any], deadline: float
+    ) -> dict[str, dict[str, Any]]:
+        waiters = {iid: self._loop.create_future() for iid in ids}
+        zygote.waiting.update(waiters)
+        if message.get("op") == "fork":  # errors of a fork come back under the parent's id
+            waiters[message["id"]] = zygote.waiting[message["id"]] = self._loop.create_future()
+        _send(zygote, message)
+        replies: dict[str, dict[str, Any]] = {}
+        pending = set(waiters.values())
+        try:
+            while len(replies) < len(ids):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StartupTimeoutError(
+                        f"instances of {zygote.root.name} did not start in time", timeout=left
+                    )
+                done, pending = await asyncio.wait(
+                    pending, timeout=left, return_when=asyncio.FIRST_COMPLETED
+                )
+                for future in done:
+                    reply = future.result()
+                    if reply.get("op") == "error":
+                        why = reply.get("message")
+                        raise AEnvError(f"cannot start an instance of {zygote.root.name}: {why}")
+                    replies[str(reply["id"])] = reply
+        finally:
+            for iid in waiters:
+                zygote.waiting.pop(iid, None)
+        return replies
+
+    # -- records -------------------------------------------------------------------------------
+    def _record(self, instance_id: str) -> _Record:
+        record = self._records.get(instance_id)
+        if record is None:
+            raise InstanceNotFoundError(
+                f"the local engine has no instance `{instance_id}`; `aenv instance list` shows "
+                "the ones it has",
+                instance_id=instance_id,
+            )
+        return record
+
+    def _remember(self, record: _Record) -> None:
+        self._records[record.info.id] = record
+        terminated = [
+            k for k, r in self._records.items() if r.info.state is InstanceState.TERMINATED
+        ]
+        for key in terminated[: max(0, len(terminated) - _KEEP_TERMINATED)]:
+            del self._records[key]
+
+    def _schedule_expiry(self, record: _Record, ttl: float) -> None:
+        if record.expiry is not None:
+            record.expiry.cancel()
+        record.expiry = self._loop.call_later(ttl, self._expire, record.info.id)
+
+    def _expire(self, instance_id: str) -> None:
+        record = self._records.get(instance_id)
+        if record is None or record.info.state is InstanceState.TERMINATED:
+            return
+        log.info("instance expired", extra={"instance": instance_id})
+        self._terminate(record, TerminationReason.EXPIRED, "its TTL ran out")
+        with contextlib.suppress(OSError):
+            _send(record.zygote, {"op": "kill", "id": instance_id})
+
+    def _terminate(self, record: _Record, reason: TerminationReason, detail: str) -> None:
+        record.info = replace(
+            record.info, state=InstanceState.TERMINATED, reason=reason, detail=detail
+        )
+        if record.expiry is not None:
+            record.expiry.cancel()
+            record.expiry = None
+        if record.workspace is not None:
+            shutil.rmtree(record.workspace, ignore_errors=True)
+            record.workspace = None
+
+
+def _load_config(project: str) -> tuple[Path, EnvConfig]:
+    root = Path(project).resolve()
+    return root, EnvConfig.load(root)
+
+
+def _start_process(command: list[str], fd: int) -> subprocess.Popen[bytes]:
+    # a quick fork+exec on the engine's own thread; the zygote's slow start is awaited apart
+    return subprocess.Popen(command, pass_fds=[fd], stdin=subprocess.DEVNULL)
+
+
+def _ttl(requested: float | None, config: EnvConfig) -> float:
+    if requested is not None:
+        if requested <= 0:
+            raise ConfigurationError(f"ttl must be positive seconds, got {requested!r}")
+        return float(requested)
+    if config.deploy_config.ttl is not None:
+        return parse_duration(config.deploy_config.ttl)
+    return DEFAULT_TTL
+
+
+def _send(zygote: _Zygote, message: dict[str, Any]) -> None:
+    zygote.sock.send(json.dumps(message).encode())
+
+
+async def _wait(future: asyncio.Future[T], deadline: float, what: str) -> T:
+    left = deadline - time.monotonic()
+    try:
+        return await asyncio.wait_for(asyncio.shield(future), timeout=max(0.0, left))
+    except TimeoutError as exc:
+        raise StartupTimeoutError(f"{what} did not start in time", timeout=left) from exc
+
+
+def _stop_process(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=3)  # it kills its instances when its control socket closes
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=3)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

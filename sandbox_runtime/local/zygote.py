@@ -1,0 +1,637 @@
+"""The template process of one environment definition: imports once, forks instances fast.
+
+``python -m sandbox_runtime.local.zygote PROJECT --control-fd N [--isolation namespaces|none]``
+
+The engine starts one zygote per definition with one end of a ``SOCK_SEQPACKET`` pair. The zygote
+imports the runtime and the project's modules, builds the template root (``_sandbox.py``), says
+``ready`` and then serves the engine's requests one at a time:
+
+``spawn`` (id, limits, network, environment, arguments, datasource)
+    fork a helper that enters fresh namespaces and forks the instance's pid 1 (an init that
+    reaps), which forks the runtime. The listening socket is bound here, in the host's network
+    namespace, before any of that: the instance answers on the host's loopback while it cannot
+    open a connection anywhere. Answer: ``spawned`` (id, port, pid).
+``fork`` (id, new ids)
+    the instance's runtime forks on its main thread between jobs; each child copies the
+    workspace and /tmp into its own mounts and asks for its cgroup. Answer: ``spawned`` per child.
+``kill`` (id)
+    SIGKILL everything in the instance's cgroup (or its process group). Answer: ``exited``.
+
+Unasked, the zygote reports ``exited`` (id, reason, detail) when an instance's channel closes:
+its runtime died. When the engine's end closes (the owner died, even by SIGKILL), the zygote
+kills every instance and exits; each instance's init also exits when the zygote's end closes, so
+no process outlives its owner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sandbox_runtime._loader import LoadedProject, load_project
+from sandbox_runtime.local._cgroups import Cgroups, InstanceGroup, Limits
+
+__all__ = ["Zygote", "main"]
+
+log = logging.getLogger("sandbox_runtime.zygote")
+
+_MAX_MESSAGE = 1 << 16
+_BASE_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+# -- messages over SOCK_SEQPACKET: one JSON document per datagram, fds alongside ----------------
+def send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    """Send one message (and file descriptors)."""
+    data = json.dumps(message).encode()
+    if fds:
+        socket.send_fds(sock, [data], fds)
+    else:
+        sock.send(data)
+
+
+def receive(sock: socket.socket, max_fds: int = 0) -> tuple[dict[str, Any] | None, list[int]]:
+    """One message and its fds; ``(None, [])`` at end of stream."""
+    if max_fds:
+        data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, max_fds)
+    else:
+        data, fds = sock.recv(_MAX_MESSAGE), []
+    if not data:
+        return None, []
+    return json.loads(data), list(fds)
+
+
+def _receive_with_pid(sock: socket.socket) -> tuple[dict[str, Any] | None, int | None]:
+    """One message and the sender's pid in *our* pid namespace (SO_PASSCRED must be on)."""
+    size = socket.CMSG_SPACE(struct.calcsize("3i"))
+    data, ancillary, _, _ = sock.recvmsg(_MAX_MESSAGE, size)
+    pid = None
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+            pid = struct.unpack("3i", payload[: struct.calcsize("3i")])[0]
+    return (json.loads(data) if data else None), pid
+
+
+def _pair() -> tuple[socket.socket, socket.socket]:
+    return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+
+@dataclass
+class _Instance:
+    id: str
+    port: int
+    channel: socket.socket  # the runtime's end is in the instance; EOF: the runtime is gone
+    group: InstanceGroup | None
+    pid: int | None = None  # host pid of the runtime when known
+    init: socket.socket | None = None  # the instance's init (isolated mode, root instances)
+    killed: bool = False
+    exit_status: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Zygote:
+    """Serve one engine's requests for one environment definition."""
+
+    def __init__(
+        self,
+        control: socket.socket,
+        project: LoadedProject,
+        *,
+        isolated: bool,
+        owner: str,
+        default_timeout: float = 600.0,
+    ) -> None:
+        self.control = control
+        self.project = project
+        self.isolated = isolated
+        self.owner = owner
+        self.default_timeout = default_timeout
+        self.cgroups: Cgroups | None = None
+        self.instances: dict[str, _Instance] = {}
+        self.selector = selectors.DefaultSelector()
+        self.warnings: list[str] = []
+        self.engine_gone = False
+
+    # -- set-up --------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Open cgroups, build the template root (isolated mode), warm the runtime's imports."""
+        import sandbox_runtime._mcp
+        import sandbox_runtime.server  # noqa: F401  (imported now so that instances need not)
+
+        if os.geteuid() == 0:
+            self.cgroups = Cgroups.detect(self.owner)
+            self.warnings.extend(self.cgroups.warnings)
+        else:
+            self.warnings.append("not root: no cgroup limits (memory, pids, CPU) on instances")
+        if self.isolated:
+            from sandbox_runtime.local import _linux, _sandbox
+
+            root = f"/tmp/aenv-root-{os.getpid()}"
+            _sandbox.enter_template_root(root, _sandbox.runtime_paths(self.project.root))
+            _linux.set_child_subreaper()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+    def _tell(self, message: dict[str, Any]) -> None:
+        """Report to the engine; a closed socket means the engine is gone (checked by serve)."""
+        try:
+            send(self.control, message)
+        except OSError:
+            self.engine_gone = True
+
+    # -- the loop ------------------------------------------------------------------------------
+    def serve(self) -> None:
+        """Answer requests until the engine's end closes; then kill everything and return."""
+        self._tell({"op": "ready", "pid": os.getpid(), "warnings": self.warnings})
+        self.selector.register(self.control, selectors.EVENT_READ, None)
+        try:
+            while not self.engine_gone:
+                for key, _ in self.selector.select():
+                    if key.data is None:
+                        message, fds = receive(self.control, max_fds=4)
+                        if message is None:
+                            return
+                        self._handle(message, fds)
+                    else:
+                        self._on_instance_event(key.data, key.fileobj)  # type: ignore[arg-type]
+        finally:
+            for instance in list(self.instances.values()):
+                self._kill(instance)
+                self._forget(instance)
+            if self.cgroups is not None:
+                self.cgroups.close()
+
+    def _handle(self, message: dict[str, Any], fds: list[int]) -> None:
+        op = message.get("op")
+        try:
+            if op == "spawn":
+                self._spawn(message)
+            elif op == "fork":
+                self._fork(message)
+            elif op == "kill":
+                instance = self.instances.get(message["id"])
+                if instance is not None:
+                    self._kill(instance)
+                    self._finish(instance, "deleted", "")
+            else:
+                raise ValueError(f"unknown request {op!r}")
+        except Exception as exc:
+            log.exception("request failed", extra={"op": op})
+            self._tell({"op": "error", "id": message.get("id"), "message": str(exc)})
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    # -- spawn ---------------------------------------------------------------------------------
+    def _spawn(self, message: dict[str, Any]) -> None:
+        iid = str(message["id"])
+        limits = Limits(
+            memory=message.get("memory"), pids=message.get("pids"), cpu=message.get("cpu")
+        )
+        group = self.cgroups.create(f"i-{iid}", limits) if self.cgroups else None
+        listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listen.bind(("127.0.0.1", 0))
+        listen.listen(1024)
+        ours, theirs = _pair()
+        init_ours, init_theirs = _pair() if self.isolated else (None, None)
+        go_read, go_write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child
+            self._in_child(
+                self._helper,
+                message,
+                listen,
+                theirs,
+                init_theirs,
+                go_read,
+                close=[ours, init_ours, go_write],
+            )
+        os.close(go_read)
+        theirs.close()
+        if init_theirs is not None:
+            init_theirs.close()
+        port = listen.getsockname()[1]
+        listen.close()
+        try:
+            if group is not None:
+                group.add(pid)
+            os.write(go_write, b"g")
+        finally:
+            os.close(go_write)
+        instance = _Instance(iid, port, ours, group, init=init_ours)
+        if init_ours is not None:
+            seen: dict[str, dict[str, Any]] = {}
+            while len(seen) < 2:  # the helper's "pid" and the init's "map", in either order
+                reply, _ = receive(init_ours)
+                if reply is None or reply.get("op") not in ("pid", "map"):
+                    os.waitpid(pid, 0)
+                    self._kill(instance)
+                    raise RuntimeError(f"instance {iid} failed to start (set-up said {reply})")
+                seen[str(reply["op"])] = reply
+            os.waitpid(pid, 0)
+            init_pid = int(seen["pid"]["pid"])
+            from sandbox_runtime.local._sandbox import write_id_maps
+
+            write_id_maps(init_pid)
+            send(init_ours, {"op": "mapped"})
+            instance.pid = init_pid
+            self.selector.register(init_ours, selectors.EVENT_READ, ("init", iid))
+        else:
+            instance.pid = pid
+        self.instances[iid] = instance
+        self.selector.register(ours, selectors.EVENT_READ, ("runtime", iid))
+        self._tell({"op": "spawned", "id": iid, "port": port, "pid": instance.pid})
+
+    def _helper(
+        self,
+        message: dict[str, Any],
+        listen: socket.socket,
+        channel: socket.socket,
+        init: socket.socket | None,
+        go_read: int,
+    ) -> None:
+        """Child of the zygote: wait for the cgroup, enter namespaces, fork the instance."""
+        os.read(go_read, 1)
+        os.close(go_read)
+        if init is None:  # plain process: this child is the runtime
+            os.setsid()
+            workspace = Path(message["workspace"])
+            workspace.mkdir(parents=True, exist_ok=True)
+            self._run_runtime(message, listen, channel, workspace=str(workspace))
+            return
+        from sandbox_runtime.local import _sandbox
+
+        _sandbox.enter_instance_namespaces(
+            hostname=f"aenv-{message['id'][:16]}",
+            network=bool(message.get("network")),
+            tmp_bytes=int(message.get("tmp_bytes") or 64 << 20),
+            workspace_bytes=int(message.get("workspace_bytes") or 1 << 30),
+            datasource=message.get("datasource"),
+        )
+        pid = os.fork()
+        if pid == 0:
+            self._instance_init(message, listen, channel, init)
+            os._exit(0)
+        send(init, {"op": "pid", "pid": pid})
+
+    def _instance_init(
+        self,
+        message: dict[str, Any],
+        listen: socket.socket,
+        channel: socket.socket,
+        init: socket.socket,
+    ) -> None:
+        """pid 1 of the instance: become nobody-root, fork the runtime, reap until alone."""
+        from sandbox_runtime.local import _linux, _sandbox
+
+        def wait_for_maps() -> None:
+            send(init, {"op": "map"})
+            reply, _ = receive(init)
+            if reply is None:
+                os._exit(1)
+
+        _sandbox.become_instance_root(wait_for_maps)
+        wake_read, wake_write = os.pipe()
+        os.set_blocking(wake_write, False)
+        signal.set_wakeup_fd(wake_write)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        runtime = os.fork()
+        if runtime == 0:
+            os.close(wake_read)
+            os.close(wake_write)
+            init.close()
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            _linux.set_parent_death_signal(signal.SIGKILL)
+            self._run_runtime(message, listen, channel, workspace="/workspace")
+            os._exit(0)
+        listen.close()
+        channel.close()
+        waiter = selectors.DefaultSelector()
+        waiter.register(init, selectors.EVENT_READ)
+        waiter.register(wake_read, selectors.EVENT_READ)
+        while True:
+            for key, _ in waiter.select():
+                if key.fileobj is init and not init.recv(_MAX_MESSAGE):
+                    os._exit(0)  # the zygote is gone: everything in this pid namespace dies
+                if key.fileobj == wake_read:
+                    os.read(wake_read, 512)
+            while True:
+                try:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    os._exit(0)  # nothing left to serve
+                if pid == 0:
+                    break
+                if pid == runtime:
+                    with contextlib.suppress(OSError):
+                        send(init, {"op": "exit", "status": status})
+
+    def _run_runtime(
+        self, message: dict[str, Any], listen: socket.socket, channel: socket.socket, workspace: str
+    ) -> None:
+        """The instance's runtime: environment, working directory, then serve forever."""
+        from sandbox_runtime.server import RuntimeServer
+
+        os.chdir(workspace)
+        environ = dict(_BASE_ENV)
+        environ.update(
+            HOME=workspace,
+            TMPDIR="/tmp",
+            AENV_WORKSPACE=workspace,
+            AENV_INSTANCE_ID=str(message["id"]),
+        )
+        environ.update({str(k): str(v) for k, v in (message.get("env") or {}).items()})
+        os.environ.clear()
+        os.environ.update(environ)
+        sys.argv = ["sandbox_runtime", *[str(a) for a in message.get("arguments") or []]]
+        server = RuntimeServer(self.project, sockets=[listen], default_timeout=self.default_timeout)
+        _Control(server, channel, self).start()
+        server.run()
+        os._exit(0)
+
+    # -- fork of a running instance ------------------------------------------------------------
+    def _fork(self, message: dict[str, Any]) -> None:
+        parent = self.instances.get(str(message["id"]))
+        if parent is None:
+            raise LookupError(f"no instance {message['id']}")
+        items, fds = [], []
+        for child_id in message["new_ids"]:
+            listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listen.bind(("127.0.0.1", 0))
+            listen.listen(1024)
+            ours, theirs = _pair()
+            ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+            port = listen.getsockname()[1]
+            group = (
+                self.cgroups.create(f"i-{child_id}", self._limits_of(message))
+                if self.cgroups
+                else None
+            )
+            child = _Instance(str(child_id), port, ours, group, extra={"parent": parent.id})
+            items.append({"id": str(child_id), "network": bool(message.get("network"))})
+            fds.extend([listen.fileno(), theirs.fileno()])
+            self.instances[child.id] = child
+            child.extra["_close"] = [listen, theirs]
+        send(parent.channel, {"op": "fork", "items": items}, fds)
+        for child_id in message["new_ids"]:
+            child = self.instances[str(child_id)]
+            for sock in child.extra.pop("_close"):
+                sock.close()
+            hello, pid = _receive_with_pid(child.channel)
+            if hello is None or pid is None:
+                self._forget(child)
+                raise RuntimeError(f"fork {child.id} of {parent.id} failed: {hello}")
+            child.pid = pid
+            if child.group is not None:
+                child.group.add(pid)
+            send(child.channel, {"op": "go"})
+            self.selector.register(child.channel, selectors.EVENT_READ, ("runtime", child.id))
+            self._tell({"op": "spawned", "id": child.id, "port": child.port, "pid": pid})
+
+    @staticmethod
+    def _limits_of(message: dict[str, Any]) -> Limits:
+        return Limits(
+            memory=message.get("memory"), pids=message.get("pids"), cpu=message.get("cpu")
+        )
+
+    # -- deaths --------------------------------------------------------------------------------
+    def _on_instance_event(self, data: tuple[str, str], sock: socket.socket) -> None:
+        kind, iid = data
+        instance = self.instances.get(iid)
+        try:
+            payload = sock.recv(_MAX_MESSAGE)
+        except OSError:
+            payload = b""
+        if payload and instance is not None:
+            message = json.loads(payload)
+            if message.get("op") == "exit":
+                instance.exit_status = int(message["status"])
+            return
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(sock)
+        if kind == "init" or instance is None:
+            return
+        if instance.killed:
+            return
+        reason, detail = "crashed", "its runtime exited"
+        if instance.group is not None and instance.group.oom_killed():
+            reason, detail = "out_of_memory", "killed by the kernel for exceeding its memory limit"
+        self._kill(instance)
+        self._finish(instance, reason, detail)
+
+    def _kill(self, instance: _Instance) -> None:
+        instance.killed = True
+        if instance.group is not None and instance.group.dirs:
+            instance.group.kill()
+        elif instance.pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(instance.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(instance.pid, signal.SIGKILL)
+        self._reap()
+
+    def _finish(self, instance: _Instance, reason: str, detail: str) -> None:
+        self._forget(instance)
+        self._tell({"op": "exited", "id": instance.id, "reason": reason, "detail": detail})
+
+    def _forget(self, instance: _Instance) -> None:
+        self.instances.pop(instance.id, None)
+        for sock in (instance.channel, instance.init):
+            if sock is not None:
+                with contextlib.suppress(KeyError, ValueError):
+                    self.selector.unregister(sock)
+                sock.close()
+        if instance.group is not None:
+            instance.group.kill()
+            instance.group.remove()
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+
+    # -- children ------------------------------------------------------------------------------
+    def _in_child(self, target: Any, *args: Any, close: list[Any]) -> None:
+        """Run ``target(*args)`` in a fresh fork, without the zygote's other descriptors."""
+        code = 1
+        try:
+            for item in close:
+                if isinstance(item, int):
+                    os.close(item)
+                elif item is not None:
+                    item.close()
+            self.selector.close()
+            self.control.close()
+            for instance in self.instances.values():
+                instance.channel.close()
+                if instance.init is not None:
+                    instance.init.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            target(*args)
+            code = 0
+        except BaseException:
+            logging.getLogger("sandbox_runtime.zygote").exception("instance set-up failed")
+        finally:
+            os._exit(code)
+
+
+class _Control(threading.Thread):
+    """In a runtime: read the zygote's requests (``fork``) and run them between jobs."""
+
+    def __init__(self, server: Any, channel: socket.socket, zygote: Zygote) -> None:
+        super().__init__(name="aenv-control", daemon=True)
+        self.server = server
+        self.channel = channel
+        self.zygote = zygote
+
+    def run(self) -> None:
+        while True:
+            try:
+                message, fds = receive(self.channel, max_fds=64)
+            except OSError:
+                return
+            if message is None:
+                return
+            if message.get("op") == "fork":
+                items = message["items"]
+                self.server.runner.call_between_jobs(lambda i=items, f=fds: self._fork(i, f))
+
+    def _fork(self, items: list[dict[str, Any]], fds: list[int]) -> None:
+        """On the runtime's main thread: one child per item, then close the passed fds."""
+        for index, item in enumerate(items):
+            listen_fd, channel_fd = fds[2 * index], fds[2 * index + 1]
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - runs in the child
+                try:
+                    for other in fds:
+                        if other not in (listen_fd, channel_fd):
+                            os.close(other)
+                    self.channel.close()
+                    self._become_fork(item, listen_fd, channel_fd)
+                finally:
+                    os._exit(1)
+        for fd in fds:
+            os.close(fd)
+
+    def _become_fork(self, item: dict[str, Any], listen_fd: int, channel_fd: int) -> None:
+        from sandbox_runtime.server import RuntimeServer
+
+        os.setsid()
+        channel = socket.socket(fileno=channel_fd)
+        listen = socket.socket(fileno=listen_fd)
+        workspace = os.environ.get("AENV_WORKSPACE", os.getcwd())
+        if self.zygote.isolated:
+            _private_copy_of_mounts(network=bool(item.get("network")))
+        else:
+            workspace = _copy_workspace(workspace, item["id"])
+            os.environ["AENV_WORKSPACE"] = workspace
+            os.chdir(workspace)
+        os.environ["AENV_INSTANCE_ID"] = item["id"]
+        send(channel, {"op": "hello", "id": item["id"]})
+        reply, _ = receive(channel)
+        if reply is None:
+            os._exit(1)
+        server = RuntimeServer(
+            self.zygote.project, sockets=[listen], default_timeout=self.zygote.default_timeout
+        )
+        _Control(server, channel, self.zygote).start()
+        server.run()
+        os._exit(0)
+
+
+def _private_copy_of_mounts(*, network: bool) -> None:
+    """In a forked runtime (caps in its user namespace): own mounts of /workspace and /tmp
+    holding copies of the parent's, and its own network namespace."""
+    import shutil
+
+    from sandbox_runtime.local import _linux
+
+    flags = _linux.CLONE_NEWNS | (0 if network else _linux.CLONE_NEWNET)
+    _linux.unshare(flags)
+    if not network:
+        _linux.loopback_up()
+    for path, mode in (("/workspace", "755"), ("/tmp", "1777")):
+        old = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            size = os.statvfs(path)
+            limit = size.f_blocks * size.f_frsize
+            _linux.mount(
+                "tmpfs",
+                path,
+                "tmpfs",
+                _linux.MS_NOSUID | _linux.MS_NODEV,
+                f"mode={mode},size={limit}",
+            )
+            shutil.copytree(f"/proc/self/fd/{old}", path, symlinks=True, dirs_exist_ok=True)
+        finally:
+            os.close(old)
+    os.chdir(os.getcwd())  # re-resolve the working directory on the new mount
+
+
+def _copy_workspace(workspace: str, new_id: str) -> str:
+    import shutil
+
+    target = str(Path(workspace).parent / f"instance-{new_id}")
+    shutil.copytree(workspace, target, symlinks=True)
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m sandbox_runtime.local.zygote``."""
+    from aenv_ray.logs import configure_logging
+
+    parser = argparse.ArgumentParser(prog="python -m sandbox_runtime.local.zygote")
+    parser.add_argument("project")
+    parser.add_argument("--control-fd", type=int, required=True)
+    parser.add_argument("--isolation", choices=["namespaces", "none"], default="namespaces")
+    parser.add_argument("--owner", default=str(os.getppid()))
+    parser.add_argument("--default-timeout", type=float, default=600.0)
+    parser.add_argument("--log-level", default="WARNING")
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level)
+    control = socket.socket(fileno=args.control_fd)
+    try:
+        project = load_project(args.project)
+    except Exception as exc:
+        send(control, {"op": "failed", "message": str(exc), "type": type(exc).__name__})
+        return 2
+    zygote = Zygote(
+        control,
+        project,
+        isolated=args.isolation == "namespaces",
+        owner=args.owner,
+        default_timeout=args.default_timeout,
+    )
+    try:
+        zygote.prepare()
+    except Exception as exc:
+        send(
+            control, {"op": "failed", "message": f"sandbox set-up failed: {exc}", "type": "OSError"}
+        )
+        return 1
+    zygote.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
