@@ -145,6 +145,7 @@ class DeployConfig(_Camel):
     env: dict[str, str] = Field(default_factory=dict)
     ttl: str | float | None = None
     network: bool = False
+    pids: int = Field(default=512, ge=8, le=1 << 22)  # aenv-ray: most processes at once
 
     @field_validator("cpu")
     @classmethod

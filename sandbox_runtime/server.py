@@ -27,7 +27,7 @@ from sandbox_runtime._http import RuntimeApp
 from sandbox_runtime._loader import LoadedProject
 from sandbox_runtime._runner import SyncRunner
 
-__all__ = ["RuntimeServer", "bind_socket"]
+__all__ = ["RuntimeServer", "bind_socket", "warm_imports"]
 
 log = logging.getLogger("sandbox_runtime.server")
 
@@ -49,16 +49,46 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+_LAZY_MODULES = (
+    "anyio._backends._asyncio",
+    "anyio.streams.stapled",
+    "anyio.streams.tls",
+    "concurrent.futures.thread",
+    "encodings.idna",
+    "fastmcp.server.transforms.catalog",
+    "httptools",
+    "uvicorn.lifespan.on",
+    "uvicorn.protocols.http.flow_control",
+    "uvicorn.protocols.http.httptools_impl",
+    "uvloop",
+)
+
+
+def warm_imports() -> None:
+    """Import what the server would import lazily once serving.
+
+    A template process calls this before it forks: a child must never start with a module
+    half-imported by a thread that does not exist in it (its import lock would stay held).
+    """
+    import importlib
+
+    for name in _LAZY_MODULES:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+
+
 class _QuietServer(uvicorn.Server):
     """uvicorn without the periodic tick: shutdown is an event, not a polled flag."""
 
-    def __init__(self, config: uvicorn.Config) -> None:
+    def __init__(self, config: uvicorn.Config, ready: threading.Event) -> None:
         super().__init__(config)
         self._exit_event: asyncio.Event | None = None
+        self._ready = ready
 
     async def main_loop(self) -> None:
         self._exit_event = asyncio.Event()
         await self.on_tick(0)  # the one-time header setup uvicorn does on its first tick
+        self._ready.set()
         if not self.should_exit:
             await self._exit_event.wait()
 
@@ -102,6 +132,7 @@ class RuntimeServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._stopped = threading.Event()
+        self.ready = threading.Event()  # set once the HTTP server serves
 
     @property
     def addresses(self) -> list[tuple[str, int]]:
@@ -151,8 +182,9 @@ class RuntimeServer:
             server_header=False,
             loop=_loop_setting(),
             http="httptools",
+            ws="none",
         )
-        server = _QuietServer(config)
+        server = _QuietServer(config, self.ready)
         self._uvicorn = server
 
         async def main() -> None:

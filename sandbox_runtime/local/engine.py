@@ -62,9 +62,7 @@ log = logging.getLogger("sandbox_runtime.local")
 T = TypeVar("T")
 
 _KEEP_TERMINATED = 1000
-_DEFAULT_PIDS = 1024
-_DEFAULT_TMP = 256 << 20
-_DEFAULT_WORKSPACE = 2 << 30
+_MAX_TMP = 256 << 20
 
 
 class Isolation(enum.Enum):
@@ -114,6 +112,7 @@ class LocalEngine:
         self._records: OrderedDict[str, _Record] = OrderedDict()
         self._zygotes: dict[Path, _Zygote] = {}
         self._closed = False
+        self._tasks: set[asyncio.Task[None]] = set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="aenv-engine", daemon=True
@@ -125,9 +124,8 @@ class LocalEngine:
     def _decide_isolation(self) -> bool:
         from sandbox_runtime.local._sandbox import namespaces_available
 
-        if self.isolation is Isolation.NONE:
-            return False
-        why_not = namespaces_available()
+        why_not = "isolation='none' was asked for" if self.isolation is Isolation.NONE else None
+        why_not = why_not or namespaces_available()
         if why_not is None:
             return True
         if self.isolation is Isolation.NAMESPACES:
@@ -188,6 +186,8 @@ class LocalEngine:
         self._closed = True
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self._loop.close()
 
     def close(self) -> None:
         """Blocking twin of :meth:`aclose`, for atexit and sync code."""
@@ -199,6 +199,8 @@ class LocalEngine:
         self._closed = True
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self._loop.close()
 
     # -- implementation (engine thread) --------------------------------------------------------
     async def _create(self, spec: InstanceSpec, timeout: float) -> InstanceInfo:
@@ -223,17 +225,19 @@ class LocalEngine:
         iid = uuid.uuid4().hex[:12]
         ttl = _ttl(spec.ttl, config)
         env = {**config.deploy_config.env, **dict(spec.environment_variables)}
+        memory = parse_memory(config.deploy_config.memory)
         message: dict[str, Any] = {
             "op": "spawn",
             "id": iid,
             "env": env,
             "arguments": list(spec.arguments),
             "network": config.deploy_config.network,
-            "memory": parse_memory(config.deploy_config.memory),
+            "memory": memory,
             "cpu": parse_cpu(config.deploy_config.cpu),
-            "pids": _DEFAULT_PIDS,
-            "tmp_bytes": _DEFAULT_TMP,
-            "workspace_bytes": _DEFAULT_WORKSPACE,
+            "pids": config.deploy_config.pids,
+            # /tmp and /workspace are tmpfs: their pages count against the memory limit
+            "tmp_bytes": min(_MAX_TMP, memory // 4),
+            "workspace_bytes": memory,
             "datasource": spec.datasource,
         }
         workspace = None
@@ -276,9 +280,23 @@ class LocalEngine:
         if record.info.state is InstanceState.TERMINATED:
             return record.info
         self._terminate(record, reason, detail)
-        with contextlib.suppress(OSError):
-            _send(record.zygote, {"op": "kill", "id": instance_id})
+        await self._kill(record)
         return record.info
+
+    async def _kill(self, record: _Record) -> None:
+        """Have the zygote kill the instance; return once it is dead (or the zygote is)."""
+        zygote = record.zygote
+        if zygote.process.poll() is not None:
+            return
+        done = self._loop.create_future()
+        zygote.waiting[record.info.id] = done
+        try:
+            _send(zygote, {"op": "kill", "id": record.info.id})
+            await asyncio.wait_for(done, timeout=10)
+        except (OSError, TimeoutError):
+            log.warning("instance kill unconfirmed", extra={"instance": record.info.id})
+        finally:
+            zygote.waiting.pop(record.info.id, None)
 
     async def _renew(self, instance_id: str, ttl: float) -> InstanceInfo:
         if ttl <= 0:
@@ -311,7 +329,7 @@ class LocalEngine:
             "network": config.deploy_config.network,
             "memory": parse_memory(config.deploy_config.memory),
             "cpu": parse_cpu(config.deploy_config.cpu),
-            "pids": _DEFAULT_PIDS,
+            "pids": config.deploy_config.pids,
         }
         replies = await self._request_many(zygote, ids, message, deadline)
         infos = []
@@ -400,6 +418,9 @@ class LocalEngine:
                 if waiter is not None and not waiter.done():
                     waiter.set_result(message)
             elif op == "exited":
+                waiter = zygote.waiting.pop(str(message.get("id")), None)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(message)
                 record = self._records.get(str(message["id"]))
                 if record is not None and record.info.state is not InstanceState.TERMINATED:
                     reason = TerminationReason(message.get("reason", "crashed"))
@@ -488,8 +509,9 @@ class LocalEngine:
             return
         log.info("instance expired", extra={"instance": instance_id})
         self._terminate(record, TerminationReason.EXPIRED, "its TTL ran out")
-        with contextlib.suppress(OSError):
-            _send(record.zygote, {"op": "kill", "id": instance_id})
+        task = self._loop.create_task(self._kill(record))
+        self._tasks.add(task)  # owned until done: no fire-and-forget
+        task.add_done_callback(self._tasks.discard)
 
     def _terminate(self, record: _Record, reason: TerminationReason, detail: str) -> None:
         record.info = replace(

@@ -99,7 +99,7 @@ class _Instance:
     channel: socket.socket  # the runtime's end is in the instance; EOF: the runtime is gone
     group: InstanceGroup | None
     pid: int | None = None  # host pid of the runtime when known
-    init: socket.socket | None = None  # the instance's init (isolated mode, root instances)
+    group_root: str = ""  # the instance whose pid namespace this one lives in (itself or a fork's)
     killed: bool = False
     exit_status: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -124,6 +124,10 @@ class Zygote:
         self.default_timeout = default_timeout
         self.cgroups: Cgroups | None = None
         self.instances: dict[str, _Instance] = {}
+        self.inits: dict[str, socket.socket] = {}  # group root id -> channel to its pid 1
+        # each pid 1 sits in a cgroup of its own, so that killing the first instance of a group
+        # (its runtime's cgroup) leaves the pid namespace, and the instance's forks, alive
+        self.init_groups: dict[str, InstanceGroup] = {}
         self.selector = selectors.DefaultSelector()
         self.warnings: list[str] = []
         self.engine_gone = False
@@ -131,8 +135,10 @@ class Zygote:
     # -- set-up --------------------------------------------------------------------------------
     def prepare(self) -> None:
         """Open cgroups, build the template root (isolated mode), warm the runtime's imports."""
-        import sandbox_runtime._mcp
-        import sandbox_runtime.server  # noqa: F401  (imported now so that instances need not)
+        import sandbox_runtime._mcp  # noqa: F401  (imported now so that instances need not)
+        from sandbox_runtime.server import warm_imports
+
+        warm_imports()
 
         if os.geteuid() == 0:
             self.cgroups = Cgroups.detect(self.owner)
@@ -185,7 +191,9 @@ class Zygote:
                 self._fork(message)
             elif op == "kill":
                 instance = self.instances.get(message["id"])
-                if instance is not None:
+                if instance is None:  # gone already: confirm all the same
+                    self._tell({"op": "exited", "id": message["id"], "reason": "deleted"})
+                else:
                     self._kill(instance)
                     self._finish(instance, "deleted", "")
             else:
@@ -233,7 +241,7 @@ class Zygote:
             os.write(go_write, b"g")
         finally:
             os.close(go_write)
-        instance = _Instance(iid, port, ours, group, init=init_ours)
+        instance = _Instance(iid, port, ours, group, group_root=iid)
         if init_ours is not None:
             seen: dict[str, dict[str, Any]] = {}
             while len(seen) < 2:  # the helper's "pid" and the init's "map", in either order
@@ -250,6 +258,7 @@ class Zygote:
             write_id_maps(init_pid)
             send(init_ours, {"op": "mapped"})
             instance.pid = init_pid
+            self.inits[iid] = init_ours
             self.selector.register(init_ours, selectors.EVENT_READ, ("init", iid))
         else:
             instance.pid = pid
@@ -370,6 +379,14 @@ class Zygote:
         parent = self.instances.get(str(message["id"]))
         if parent is None:
             raise LookupError(f"no instance {message['id']}")
+        root = parent.group_root or parent.id
+        if self.cgroups is not None and root in self.inits and root not in self.init_groups:
+            # before the first fork: the group's pid 1 leaves the root instance's cgroup
+            root_instance = self.instances.get(root)
+            if root_instance is not None and root_instance.pid is not None:
+                init_group = self.cgroups.create(f"init-{root}", Limits())
+                init_group.add(root_instance.pid)
+                self.init_groups[root] = init_group
         items, fds = [], []
         for child_id in message["new_ids"]:
             listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -383,7 +400,9 @@ class Zygote:
                 if self.cgroups
                 else None
             )
-            child = _Instance(str(child_id), port, ours, group, extra={"parent": parent.id})
+            child = _Instance(
+                str(child_id), port, ours, group, group_root=parent.group_root or parent.id
+            )
             items.append({"id": str(child_id), "network": bool(message.get("network"))})
             fds.extend([listen.fileno(), theirs.fileno()])
             self.instances[child.id] = child
@@ -452,11 +471,18 @@ class Zygote:
 
     def _forget(self, instance: _Instance) -> None:
         self.instances.pop(instance.id, None)
-        for sock in (instance.channel, instance.init):
-            if sock is not None:
-                with contextlib.suppress(KeyError, ValueError):
-                    self.selector.unregister(sock)
-                sock.close()
+        socks = [instance.channel]
+        root = instance.group_root
+        if root in self.inits and not any(i.group_root == root for i in self.instances.values()):
+            socks.append(self.inits.pop(root))  # its pid 1 exits when this closes
+            init_group = self.init_groups.pop(root, None)
+            if init_group is not None:
+                init_group.kill()
+                init_group.remove()
+        for sock in socks:
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(sock)
+            sock.close()
         if instance.group is not None:
             instance.group.kill()
             instance.group.remove()
@@ -484,8 +510,8 @@ class Zygote:
             self.control.close()
             for instance in self.instances.values():
                 instance.channel.close()
-                if instance.init is not None:
-                    instance.init.close()
+            for init in self.inits.values():
+                init.close()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             target(*args)
             code = 0
@@ -514,6 +540,7 @@ class _Control(threading.Thread):
                 return
             if message.get("op") == "fork":
                 items = message["items"]
+                self.server.ready.wait(30)  # fork a serving runtime, never one still starting
                 self.server.runner.call_between_jobs(lambda i=items, f=fds: self._fork(i, f))
 
     def _fork(self, items: list[dict[str, Any]], fds: list[int]) -> None:

@@ -1,0 +1,373 @@
+"""The local engine: lifecycle, TTL, fork, owner death, and hostile code against the sandbox.
+
+Instances are real: forked from a real zygote into real namespaces (when this machine allows
+them, else the isolation tests skip) and called over loopback through the SDK.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aenv_ray import (
+    Environment,
+    InstanceBrokenError,
+    InstanceNotFoundError,
+    InstanceSpec,
+    InstanceState,
+    InstanceUnreachableError,
+    TerminationReason,
+)
+from builtin_envs import builtin_path
+from sandbox_runtime.local import Isolation, LocalEngine
+from sandbox_runtime.local._sandbox import namespaces_available
+
+HOSTILE = Path(__file__).parent / "envs" / "hostile"
+REPO = Path(__file__).resolve().parent.parent
+TERMINAL = builtin_path("mini-terminal@1.0.0")
+NO_NAMESPACES = namespaces_available()
+needs_namespaces = pytest.mark.skipif(NO_NAMESPACES is not None, reason=str(NO_NAMESPACES))
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[LocalEngine]:
+    engine = LocalEngine(isolation=Isolation.AUTO)
+    yield engine
+    engine.close()
+
+
+def hostile_spec(**kw: Any) -> InstanceSpec:
+    return InstanceSpec("hostile@1.0.0", project=str(HOSTILE), **kw)
+
+
+async def call(url: str | None, tool: str, args: dict[str, Any] | None = None) -> Any:
+    assert url is not None
+    async with Environment.attach(url) as env:
+        result = await env.call_tool(tool, args or {})
+    assert not result.is_error, result.text
+    return result.structured
+
+
+async def wait_for(predicate: Any, what: str, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not await predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def instance(engine: LocalEngine) -> AsyncIterator[Any]:
+    info = await engine.create(hostile_spec())
+    yield info
+    await engine.delete(info.id)
+
+
+# -- lifecycle -------------------------------------------------------------------------------
+
+
+async def test_create_get_list_renew_delete(engine: LocalEngine) -> None:
+    info = await engine.create(hostile_spec(ttl=120, labels={"run": "a"}))
+    assert info.state is InstanceState.RUNNING
+    assert info.env_ref == "hostile@1.0.0"
+    assert info.expires_at is not None
+    assert 119 < info.expires_at - info.created_at <= 120
+    assert await engine.get(info.id) == info
+    assert info.id in [i.id for i in await engine.list(env_ref="hostile")]
+    assert info.id not in [i.id for i in await engine.list(env_ref="mini-terminal@1.0.0")]
+    assert (await call(info.url, "remember", {"key": "k", "value": "v"}))["keys"] == ["k"]
+
+    renewed = await engine.renew(info.id, 3600)
+    assert renewed.expires_at is not None
+    assert renewed.expires_at > info.expires_at + 3000
+
+    async with Environment.attach(info.url or "") as env:
+        ended = await engine.delete(info.id)
+        assert ended.state is InstanceState.TERMINATED
+        assert ended.reason is TerminationReason.DELETED
+        assert await engine.delete(info.id) == ended  # idempotent
+        with pytest.raises((InstanceBrokenError, InstanceUnreachableError)):
+            await env.call_tool("identity", {})
+    with pytest.raises(InstanceNotFoundError, match="no instance `nope`"):
+        await engine.get("nope")
+
+
+async def test_ttl_from_config_then_expiry(engine: LocalEngine) -> None:
+    default = await engine.create(hostile_spec())
+    assert default.expires_at is not None
+    assert abs(default.expires_at - default.created_at - 600) < 1  # deployConfig.ttl "10m"
+    await engine.delete(default.id)
+
+    short = await engine.create(hostile_spec(ttl=0.5))
+    async with Environment.attach(short.url or "") as env:
+
+        async def expired() -> bool:
+            return (await engine.get(short.id)).state is InstanceState.TERMINATED
+
+        await wait_for(expired, "the TTL to expire the instance")
+        ended = await engine.get(short.id)
+        assert ended.reason is TerminationReason.EXPIRED
+        assert "TTL" in ended.describe_end()
+        with pytest.raises((InstanceBrokenError, InstanceUnreachableError)):
+            await env.call_tool("identity", {})
+
+
+async def test_a_crashed_instance_is_a_typed_error_and_reported(engine: LocalEngine) -> None:
+    info = await engine.create(hostile_spec())
+    async with Environment.attach(info.url or "") as env:
+        assert (await env.call_tool("identity", {})).structured["cwd"]
+        with pytest.raises((InstanceBrokenError, InstanceUnreachableError)):
+            await env.call_tool("crash", {})
+        started = time.monotonic()
+        with pytest.raises((InstanceBrokenError, InstanceUnreachableError)):
+            await env.call_tool("identity", {})
+        assert time.monotonic() - started < 10  # typed error at once, not the call timeout
+
+    async def ended() -> bool:
+        return (await engine.get(info.id)).state is InstanceState.TERMINATED
+
+    await wait_for(ended, "the engine to notice the crash")
+    assert (await engine.get(info.id)).reason is TerminationReason.CRASHED
+
+
+async def test_fork_copies_python_state_and_workspace(engine: LocalEngine) -> None:
+    parent = await engine.create(hostile_spec())
+    await call(parent.url, "remember", {"key": "episode", "value": "setup-done"})
+    await call(parent.url, "write_file", {"path": "notes.txt", "text": "from parent"})
+
+    children = await engine.fork(parent.id, 3)
+    assert len({c.id for c in children}) == 3
+    assert all(c.parent == parent.id and c.state is InstanceState.RUNNING for c in children)
+    for index, child in enumerate(children):
+        assert (await call(child.url, "read_file", {"path": "notes.txt"}))["value"] == "from parent"
+        async with Environment.attach(child.url or "") as env:
+            assert await env.call_function("recall", {"key": "episode"}) == "setup-done"
+        await call(child.url, "write_file", {"path": "notes.txt", "text": f"child {index}"})
+        await call(child.url, "remember", {"key": "episode", "value": f"child {index}"})
+    # every copy is its own: the parent and the siblings saw none of those writes
+    assert (await call(parent.url, "read_file", {"path": "notes.txt"}))["value"] == "from parent"
+    async with Environment.attach(parent.url or "") as env:
+        assert await env.call_function("recall", {"key": "episode"}) == "setup-done"
+    for index, child in enumerate(children):
+        assert (await call(child.url, "read_file", {"path": "notes.txt"}))["value"] == (
+            f"child {index}"
+        )
+    # the parent can go first; its forks live on
+    await engine.delete(parent.id)
+    assert (await call(children[0].url, "identity"))["cwd"]
+    for child in children:
+        await engine.delete(child.id)
+
+
+async def test_fork_of_mini_terminal_keeps_files_and_gets_its_own_shell(
+    engine: LocalEngine,
+) -> None:
+    parent = await engine.create(InstanceSpec("mini-terminal@1.0.0", project=str(TERMINAL)))
+    command = {"command": "mkdir -p repo && echo base > repo/file && cat repo/file"}
+    assert (await call(parent.url, "execute_command", command))["output"] == "base\n"
+    (child,) = await engine.fork(parent.id, 1)
+    change = {"command": "echo changed > repo/file && cat repo/file"}
+    assert (await call(child.url, "execute_command", change))["output"] == "changed\n"
+    look = {"command": "cat repo/file"}
+    assert (await call(parent.url, "execute_command", look))["output"] == "base\n"
+    await engine.delete(parent.id)
+    await engine.delete(child.id)
+
+
+# -- owner death -----------------------------------------------------------------------------
+
+_OWNER = """
+import asyncio, sys
+from aenv_ray import InstanceSpec
+from sandbox_runtime.local import LocalEngine
+
+async def main():
+    engine = LocalEngine()
+    infos = [await engine.create(InstanceSpec("hostile@1.0.0", project=sys.argv[1]))
+             for _ in range(2)]
+    await engine.fork(infos[0].id, 1)
+    print(engine.owner, flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+def _processes_of(owner: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if owner.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_instances_die_with_their_owner_even_by_sigkill() -> None:
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _OWNER, str(HOSTILE)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert owner.stdout is not None
+        owner_id = owner.stdout.readline().strip()
+        assert owner_id
+        # the zygote and each instance's processes carry the owner id in their command line
+        assert len(_processes_of(owner_id)) >= 1 + 2 * 2 + 1  # zygote, init+runtime each, a fork
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+        if owner.stdout is not None:
+            owner.stdout.close()
+    deadline = time.monotonic() + 10
+    while _processes_of(owner_id) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _processes_of(owner_id) == []
+
+
+# -- hostile code ----------------------------------------------------------------------------
+
+
+@needs_namespaces
+async def test_host_files_are_unreadable_or_read_only(instance: Any) -> None:
+    url = instance.url
+    shadow = await call(url, "read_file", {"path": "/etc/shadow"})
+    assert shadow["ok"] is False
+    assert "Permission denied" in shadow["error"]
+    home = await call(url, "list_dir", {"path": "/root"})
+    assert not home["ok"] or ".bashrc" not in home["value"]
+    assert not (await call(url, "list_dir", {"path": "/home"}))["ok"]
+    checkout = await call(url, "write_file", {"path": str(REPO / "pwned.txt")})
+    assert checkout["ok"] is False
+    assert not (REPO / "pwned.txt").exists()
+    for target in ("/usr/pwned", "/etc/pwned", "/pwned", "/bin/pwned"):
+        assert (await call(url, "write_file", {"path": target}))["ok"] is False, target
+    assert (await call(url, "write_file", {"path": "/workspace/mine.txt"}))["ok"] is True
+
+
+@needs_namespaces
+async def test_identity_is_its_own(instance: Any) -> None:
+    me = await call(instance.url, "identity")
+    assert me["uid"] == 0  # root inside a user namespace whose root is nobody outside
+    assert me["cwd"] == "/workspace"
+    assert me["hostname"].startswith("aenv-")
+    assert max(me["pids"]) < 100  # its own pid namespace: a handful of processes
+    assert not any(key.startswith(("PYTEST", "HOSTNAME")) for key in me["env"])  # no host env
+
+
+@needs_namespaces
+async def test_other_instances_are_invisible(engine: LocalEngine, instance: Any) -> None:
+    await call(instance.url, "write_file", {"path": "secret.txt", "text": "mine"})
+    other = await engine.create(hostile_spec())
+    try:
+        theirs = await call(other.url, "list_dir", {"path": "/workspace"})
+        assert theirs["value"] == []  # a fresh instance never sees an old one's files
+        mine = await call(instance.url, "identity")
+        seen = await call(other.url, "identity")
+        # separate pid namespaces: each sees only its own init and runtime (and its shell)
+        assert seen["pids"] == mine["pids"]
+        assert len(seen["pids"]) < 5
+        assert seen["env"]["AENV_INSTANCE_ID"] == other.id
+    finally:
+        await engine.delete(other.id)
+
+
+@needs_namespaces
+async def test_no_network_by_default(instance: Any) -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    try:
+        port = server.getsockname()[1]
+        attempt = await call(instance.url, "connect", {"host": "127.0.0.1", "port": port})
+        assert attempt["ok"] is False
+        outside = await call(instance.url, "connect", {"host": "1.1.1.1", "port": 80})
+        assert outside["ok"] is False
+    finally:
+        server.close()
+
+
+@needs_namespaces
+async def test_fork_bomb_stops_at_the_pids_limit(engine: LocalEngine, instance: Any) -> None:
+    result = await call(instance.url, "fork_bomb", {"limit": 5000})
+    assert result["error"] is not None
+    assert "Resource temporarily unavailable" in result["error"]
+    assert result["forked"] < 64  # deployConfig.pids
+    # the instance and the engine go on
+    assert (await call(instance.url, "identity"))["uid"] == 0
+    fresh = await engine.create(hostile_spec())
+    await engine.delete(fresh.id)
+
+
+@needs_namespaces
+async def test_memory_past_the_limit_kills_only_that_instance(engine: LocalEngine) -> None:
+    victim = await engine.create(hostile_spec())
+    bystander = await engine.create(hostile_spec())
+    try:
+        async with Environment.attach(victim.url or "") as env:
+            with pytest.raises((InstanceBrokenError, InstanceUnreachableError)):
+                await env.call_tool("allocate", {"megabytes": 400})  # the limit is 256M
+
+        async def ended() -> bool:
+            return (await engine.get(victim.id)).state is InstanceState.TERMINATED
+
+        await wait_for(ended, "the engine to notice the OOM kill")
+        info = await engine.get(victim.id)
+        assert info.reason is TerminationReason.OUT_OF_MEMORY
+        assert "memory" in info.describe_end()
+        assert (await call(bystander.url, "identity"))["uid"] == 0
+    finally:
+        await engine.delete(bystander.id)
+
+
+@needs_namespaces
+async def test_tmp_is_size_limited(instance: Any) -> None:
+    result = await call(instance.url, "fill_tmp", {"megabytes": 1024})
+    assert result["error"] is not None
+    assert "No space left" in result["error"]
+    assert result["written_mb"] <= 64  # a quarter of the memory limit
+
+
+# -- without namespaces ----------------------------------------------------------------------
+
+
+async def test_plain_process_fallback_works_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("WARNING", logger="sandbox_runtime.local")
+    engine = LocalEngine(isolation=Isolation.NONE)
+    try:
+        assert engine.is_isolated is False
+        assert "NOT ISOLATED" in caplog.text
+        info = await engine.create(hostile_spec())
+        me = await call(info.url, "identity")
+        assert me["cwd"].startswith(("/tmp", os.environ.get("TMPDIR", "/tmp")))
+        assert me["env"]["AENV_INSTANCE_ID"] == info.id
+        await call(info.url, "write_file", {"path": "f.txt", "text": "parent"})
+        (child,) = await engine.fork(info.id, 1)
+        assert (await call(child.url, "read_file", {"path": "f.txt"}))["value"] == "parent"
+        await call(child.url, "write_file", {"path": "f.txt", "text": "child"})
+        assert (await call(info.url, "read_file", {"path": "f.txt"}))["value"] == "parent"
+        await engine.delete(info.id)
+        await engine.delete(child.id)
+    finally:
+        await engine.aclose()
+
+
+def test_unavailable_namespaces_are_a_clear_error_when_required() -> None:
+    if NO_NAMESPACES is None:
+        engine = LocalEngine(isolation=Isolation.NAMESPACES)
+        assert engine.is_isolated
+        engine.close()
+    else:
+        with pytest.raises(Exception, match="isolation=namespaces"):
+            LocalEngine(isolation=Isolation.NAMESPACES)
