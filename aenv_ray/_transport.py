@@ -69,7 +69,13 @@ class InstanceClient:
         return self._session
 
     async def request(
-        self, method: str, path: str, payload: Any = None, *, timeout: float
+        self,
+        method: str,
+        path: str,
+        payload: Any = None,
+        *,
+        timeout: float,
+        headers: dict[str, str] | None = None,
     ) -> tuple[int, Any]:
         """Send one request; return (HTTP status, parsed JSON body)."""
         session = self._get_session()
@@ -83,7 +89,11 @@ class InstanceClient:
         while True:
             try:
                 async with session.request(
-                    method, url, data=body, headers=self.headers, timeout=client_timeout
+                    method,
+                    url,
+                    data=body,
+                    headers={**self.headers, **headers} if headers else self.headers,
+                    timeout=client_timeout,
                 ) as response:
                     raw = await response.read()
                     status = response.status

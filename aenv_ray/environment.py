@@ -109,6 +109,7 @@ class Environment:
         self._init_lock = asyncio.Lock()
         self._tools: list[dict[str, Any]] | None = None
         self._served_ref: str | None = None
+        self._declared: dict[str, Any] = {}  # timeouts the runtime's tools and functions declare
         self._openai_names: OpenAINames | None = None
 
     @classmethod
@@ -142,6 +143,19 @@ class Environment:
     def url(self) -> str | None:
         """Base URL of the instance's runtime, once initialized."""
         return self._client.base_url if self._client else None
+
+    @property
+    def mcp_url(self) -> str | None:
+        """The instance's standard MCP endpoint, for any MCP client (once initialized).
+
+        In local mode (``DUMMY_INSTANCE_IP``) that is the MCP port (``AENV_MCP_PORT``, 8081);
+        elsewhere every port of the runtime serves MCP at ``/mcp``.
+        """
+        if self._client is None:
+            return None
+        if self.instance_id == "local" and self.settings.dummy_instance_ip:
+            return _with_port(self.settings.dummy_instance_ip, self.settings.mcp_port) + p.MCP_PATH
+        return self._client.base_url + p.MCP_PATH
 
     async def initialize(self) -> bool:
         """Get an instance and wait until it is healthy. Idempotent; returns True."""
@@ -186,9 +200,10 @@ class Environment:
 
     async def _wait_until_healthy(self) -> None:
         assert self._client is not None
-        limit = self.startup_timeout or (
-            10.0 if self.instance_id in (None, "local") else self.settings.startup_timeout
-        )
+        # a local server is there or not: 10 s unless AENV_STARTUP_TIMEOUT or the argument says
+        explicit = "startup_timeout" in self.settings.model_fields_set
+        local = self.instance_id in (None, "local") and not explicit
+        limit = self.startup_timeout or (10.0 if local else self.settings.startup_timeout)
         deadline = time.monotonic() + limit
         delay, last = 0.02, "no answer yet"
         while True:
@@ -228,6 +243,8 @@ class Environment:
                 extra={"requested": self.env_name, "served": served},
             )
         self._served_ref = served
+        declared = info.get("timeouts")
+        self._declared = declared if isinstance(declared, dict) else {}
 
     async def release(self) -> None:
         """Give the instance back. Idempotent; later calls raise :class:`InstanceClosedError`."""
@@ -253,11 +270,29 @@ class Environment:
         return self._client
 
     async def _request(
-        self, method: str, path: str, payload: Any = None, *, timeout: float
+        self,
+        method: str,
+        path: str,
+        payload: Any = None,
+        *,
+        timeout: float,
+        headers: dict[str, str] | None = None,
     ) -> tuple[int, Any]:
         if self._state == "new":
             await self.initialize()
-        status, data = await self._require_client().request(method, path, payload, timeout=timeout)
+        attempt = 0
+        while True:
+            try:
+                status, data = await self._require_client().request(
+                    method, path, payload, timeout=timeout, headers=headers
+                )
+                break
+            except InstanceUnreachableError:
+                # only reads are repeated: a call may have run before the connection failed
+                attempt += 1
+                if method != "GET" or attempt > self.max_retries:
+                    raise
+                await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
         if status == 503 and isinstance(data, dict) and data.get("error_type") == "instance_broken":
             raise InstanceBrokenError(
                 f"`{self.env_name}` is broken: {data.get('error')}",
@@ -265,6 +300,19 @@ class Environment:
                 instance_id=self.instance_id,
             )
         return status, data
+
+    def _limit(self, declared: Any, explicit: float | None) -> float:
+        """Seconds a call may run: ``timeout=`` of the call, else what the tool or function
+        declares, else the environment's ``timeout``; never past a declared limit."""
+        own = float(declared) if isinstance(declared, int | float) and declared > 0 else None
+        if explicit is not None:
+            return min(float(explicit), own) if own is not None else float(explicit)
+        return own if own is not None else float(self.timeout)
+
+    @property
+    def _ref(self) -> str:
+        """``name@version`` as the runtime serves it (the name given, before it answered)."""
+        return self._served_ref or self.env_name
 
     async def list_tools(self) -> list[dict[str, Any]]:
         """Tools as ``{"name": "env@version/tool", "description", "inputSchema"}`` dicts."""
@@ -274,7 +322,7 @@ class Environment:
         self._tools = data["tools"]
         return [
             {
-                "name": f"{self.env_name}/{tool['name']}",
+                "name": f"{self._ref}/{tool['name']}",
                 "description": tool.get("description", ""),
                 "inputSchema": tool.get("inputSchema", {"type": "object", "properties": {}}),
             }
@@ -306,8 +354,8 @@ class Environment:
         return to_agents_tools(self, await self.list_openai_tools())
 
     def _names(self) -> OpenAINames:
-        if self._openai_names is None or self._openai_names.env_name != self.env_name:
-            self._openai_names = OpenAINames(self.env_name)
+        if self._openai_names is None or self._openai_names.env_name != self._ref:
+            self._openai_names = OpenAINames(self._ref)
         return self._openai_names
 
     def _plain_tool_name(self, name: str) -> str | ToolResult:
@@ -359,7 +407,7 @@ class Environment:
         plain = self._plain_tool_name(tool_name)
         if isinstance(plain, ToolResult):
             return plain
-        limit = float(timeout if timeout is not None else self.timeout)
+        limit = self._limit(self._declared.get("tools", {}).get(plain), timeout)
         payload = {"name": plain, "arguments": arguments or {}, "timeout": limit}
         status, data = await self._request(
             "POST", p.FAST_CALL_PATH, payload, timeout=limit + self.settings.call_grace
@@ -372,11 +420,21 @@ class Environment:
             raise ProtocolError(f"calling `{plain}` answered a malformed result: {data!r}") from exc
 
     async def _call_envelope(
-        self, method: str, path: str, label: str, arguments: Any, timeout: float | None
+        self,
+        method: str,
+        path: str,
+        label: str,
+        arguments: Any,
+        timeout: float | None,
+        declared: Any = None,
     ) -> Any:
-        limit = float(timeout if timeout is not None else self.timeout)
+        limit = self._limit(declared, timeout)
         status, data = await self._request(
-            method, path, arguments, timeout=limit + self.settings.call_grace
+            method,
+            path,
+            arguments,
+            timeout=limit + self.settings.call_grace,
+            headers={p.TIMEOUT_HEADER.decode(): repr(limit)},
         )
         if not isinstance(data, dict) or "success" not in data:
             raise ProtocolError(f"{label} answered HTTP {status}: {data!r}")
@@ -397,15 +455,26 @@ class Environment:
     ) -> Any:
         """Call a ``@register_function`` helper; return its JSON value or raise
         :class:`FunctionError` (:class:`FunctionNotFoundError` for an unknown name)."""
+        if self._state == "new":
+            await self.initialize()
         return await self._call_envelope(
-            "POST", p.FUNCTIONS_PREFIX + name, f"function `{name}`", arguments or {}, timeout
+            "POST",
+            p.FUNCTIONS_PREFIX + name,
+            f"function `{name}`",
+            arguments or {},
+            timeout,
+            self._declared.get("functions", {}).get(name),
         )
 
     async def call_reward(
         self, arguments: dict[str, Any] | None = None, timeout: float | None = None
     ) -> Any:
         """Call the environment's reward; return its value (often a float)."""
-        return await self._call_envelope("POST", p.REWARD_PATH, "reward", arguments or {}, timeout)
+        if self._state == "new":
+            await self.initialize()
+        return await self._call_envelope(
+            "POST", p.REWARD_PATH, "reward", arguments or {}, timeout, self._declared.get("reward")
+        )
 
     async def check_health(self, timeout: float | None = None) -> dict[str, Any]:
         """The health check's report, e.g. ``{"status": "healthy"}``; unhealthy is not an error

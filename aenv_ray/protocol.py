@@ -30,6 +30,7 @@ __all__ = [
     "HEALTH_PATH",
     "MCP_PATH",
     "REWARD_PATH",
+    "TIMEOUT_HEADER",
     "ToolErrorKind",
     "ToolResult",
 ]
@@ -45,6 +46,8 @@ FUNCTIONS_LIST_PATH = "/functions/list"
 FAST_CALL_PATH = "/aenv/v1/call"
 FAST_TOOLS_PATH = "/aenv/v1/tools"
 FAST_INFO_PATH = "/aenv/v1/info"
+TIMEOUT_HEADER = b"x-aenv-timeout"
+"""Seconds a function, reward or health call may run (their bodies are the arguments)."""
 
 
 class ToolErrorKind(enum.Enum):

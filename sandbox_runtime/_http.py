@@ -94,6 +94,7 @@ class RuntimeApp:
                 "functions": sorted(registry.functions),
                 "reward": registry.reward.name if registry.reward else None,
                 "health": registry.health.name if registry.health else None,
+                "timeouts": _declared_timeouts(registry),
                 "pid": os.getpid(),
             }
         )
@@ -125,12 +126,12 @@ class RuntimeApp:
             elif path == p.HEALTH_PATH and method in ("GET", "POST"):
                 await self._health(scope, receive, send)
             elif path == p.REWARD_PATH and method == "POST":
-                await self._function(Kind.REWARD, None, receive, send)
+                await self._function(Kind.REWARD, None, scope, receive, send)
             elif path == p.FUNCTIONS_LIST_PATH and method == "GET":
                 await _send_json(send, 200, {"success": True, "data": self._list_functions()})
             elif path.startswith(p.FUNCTIONS_PREFIX) and method == "POST":
                 name = path[len(p.FUNCTIONS_PREFIX) :]
-                await self._function(Kind.FUNCTION, name, receive, send)
+                await self._function(Kind.FUNCTION, name, scope, receive, send)
             else:
                 await _send_json(
                     send, 404, {"success": False, "error": f"no route {method} {path}"}
@@ -160,10 +161,14 @@ class RuntimeApp:
         )
         await _send_raw(send, orjson.dumps(result.to_wire()))
 
-    async def _function(self, kind: Kind, name: str | None, receive: Receive, send: Send) -> None:
+    async def _function(
+        self, kind: Kind, name: str | None, scope: Scope, receive: Receive, send: Send
+    ) -> None:
         arguments = _parse_json(await _read_body(receive))
         try:
-            data = await self.dispatcher.call_function(kind, name, arguments)
+            data = await self.dispatcher.call_function(
+                kind, name, arguments, timeout=_timeout_header(scope)
+            )
         except CallFailed as failed:
             await _send_json(
                 send,
@@ -188,12 +193,17 @@ class RuntimeApp:
         if self.dispatcher.registry.health is None:
             await _send_json(send, 200, {"success": True, "data": {"status": "healthy"}})
             return
+        health = self.dispatcher.registry.health
         if scope["method"] == "POST":
             arguments = _parse_json(await _read_body(receive))
-        else:
-            arguments = dict(parse_qsl(scope.get("query_string", b"").decode()))
+        else:  # query parameters the health check takes; others (cache busters) are ignored
+            accepted = set(health.signature.input_schema.get("properties", {}))
+            query = parse_qsl(scope.get("query_string", b"").decode())
+            arguments = {key: value for key, value in query if key in accepted}
         try:
-            value = await self.dispatcher.call_function(Kind.HEALTH, None, arguments)
+            value = await self.dispatcher.call_function(
+                Kind.HEALTH, None, arguments, timeout=_timeout_header(scope)
+            )
         except CallFailed as failed:
             await _send_json(
                 send, 503, {"success": False, "error": failed.message, "error_type": failed.kind}
@@ -230,6 +240,30 @@ class RuntimeApp:
             "reward": reward,
             "health": health,
         }
+
+
+def _declared_timeouts(registry: Any) -> dict[str, Any]:
+    """What each tool and function declares (``timeout=``), for clients to size their waits."""
+    return {
+        "tools": {n: e.timeout for n, e in registry.tools.items() if e.timeout is not None},
+        "functions": {n: e.timeout for n, e in registry.functions.items() if e.timeout is not None},
+        "reward": registry.reward.timeout if registry.reward else None,
+        "health": registry.health.timeout if registry.health else None,
+    }
+
+
+def _timeout_header(scope: Scope) -> float | None:
+    """Seconds from ``X-AEnv-Timeout`` (the routes whose body is the arguments themselves)."""
+    for key, value in scope.get("headers", ()):
+        if key == p.TIMEOUT_HEADER:
+            try:
+                seconds = float(value)
+            except ValueError:
+                raise ValueError(f"{p.TIMEOUT_HEADER.decode()} must be seconds") from None
+            if not seconds > 0 or seconds == float("inf"):
+                raise ValueError(f"{p.TIMEOUT_HEADER.decode()} must be positive seconds")
+            return seconds
+    return None
 
 
 async def _send_raw(send: Send, body: bytes) -> None:

@@ -261,9 +261,11 @@ async def test_default_ports_are_the_seeds_8080_and_8081() -> None:
         try:
             async with Environment("probe@0.1.0") as env:
                 echoed = await env.call_tool("echo", {"text": "local mode"})
+                mcp_url = env.mcp_url
         finally:
             del os.environ["DUMMY_INSTANCE_IP"]
-        async with Client("http://127.0.0.1:8081/mcp") as client:
+        assert mcp_url == "http://localhost:8081/mcp"
+        async with Client(mcp_url) as client:
             via_mcp = await client.call_tool("echo", {"text": "over mcp"})
         code, out, _ = stop(proc)
     assert echoed.text == "local mode"

@@ -373,3 +373,51 @@ def test_bad_constructor_arguments_are_configuration_errors() -> None:
         Environment("")
     with pytest.raises(ConfigurationError, match="duration `soon`"):
         Environment("x@1", ttl="soon")
+
+
+async def test_a_tool_declared_slower_than_the_environment_default_is_not_cut(
+    probe_runtime: RuntimeProcess,
+) -> None:
+    async with probe_runtime.environment(timeout=0.5) as env:
+        slow = await env.call_tool("patient", {"seconds": 1.0})  # declares timeout=5
+        assert slow.text == "waited 1.0"
+        # an explicit call timeout still bounds it, on the server: interrupted, then answered
+        cut = await env.call_tool("patient", {"seconds": 3.0}, timeout=0.3)
+        assert cut.error_kind is ToolErrorKind.TIMEOUT
+        assert "0.3" in cut.text
+        # tools that declare nothing run under the environment's timeout
+        default = await env.call_tool("sleepy", {"seconds": 2.0})
+        assert default.error_kind is ToolErrorKind.TIMEOUT
+
+
+async def test_function_timeouts_are_enforced_by_the_runtime(fresh_probe: RuntimeProcess) -> None:
+    async with fresh_probe.environment() as env:
+        with pytest.raises(FunctionError) as caught:
+            await env.call_function("nap", {"seconds": 30}, timeout=0.3)
+        assert caught.value.error_type == "timeout"
+        assert not isinstance(caught.value, CallTimeoutError)  # the server answered
+        # the runtime stopped the function: the next sync call runs at once
+        assert (await env.call_tool("echo", {"text": "next"}, timeout=2)).text == "next"
+        assert await env.call_function("nap", {"seconds": 0.01}) == 0.01
+
+
+async def test_names_use_the_served_version_when_the_name_had_none(
+    probe_runtime: RuntimeProcess,
+) -> None:
+    async with Environment.attach(probe_runtime.url, "probe") as env:
+        names = [tool["name"] for tool in await env.list_tools()]
+        openai = [tool["function"]["name"] for tool in await env.list_openai_tools()]
+        assert "probe@0.1.0/echo" in names
+        assert "probe_0_1_0__echo" in openai
+        assert (await env.call_tool("probe_0_1_0__echo", {"text": "ok"})).text == "ok"
+
+
+async def test_health_ignores_query_parameters_it_does_not_take(
+    probe_runtime: RuntimeProcess,
+) -> None:
+    import aiohttp
+
+    url = f"{probe_runtime.url}/health?nocache=123"
+    async with aiohttp.ClientSession() as http, http.get(url) as response:
+        assert response.status == 200
+        assert (await response.json())["data"]["status"] == "healthy"

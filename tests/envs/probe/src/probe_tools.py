@@ -154,6 +154,20 @@ def add(a: int, b: int = 1) -> int:
     return a + b
 
 
+@register_tool(timeout=5)
+def patient(seconds: float) -> str:
+    """Sleeps; declares it may take up to 5 s."""
+    time.sleep(seconds)
+    return f"waited {seconds}"
+
+
+@register_function
+def nap(seconds: float) -> float:
+    """time.sleep in a function."""
+    time.sleep(seconds)
+    return seconds
+
+
 @register_function
 def explode() -> None:
     """Raise RuntimeError."""
