@@ -15,7 +15,9 @@ An instance moves ``PENDING -> RUNNING -> TERMINATED``; a terminated instance ke
 
 from __future__ import annotations
 
+import atexit
 import enum
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -27,6 +29,8 @@ __all__ = [
     "InstanceState",
     "SandboxEngine",
     "TerminationReason",
+    "default_engine",
+    "set_default_engine",
 ]
 
 DEFAULT_TTL = 30 * 60.0
@@ -139,3 +143,32 @@ class SandboxEngine(Protocol):
     async def aclose(self) -> None:
         """Terminate every instance this engine owns and free its resources. Idempotent."""
         ...
+
+
+_default_engine: SandboxEngine | None = None
+_default_lock = threading.Lock()
+
+
+def default_engine() -> SandboxEngine:
+    """The process-wide embedded engine: the local engine, created on first use.
+
+    Closed at interpreter exit (its instances with it). Replace it with
+    :func:`set_default_engine`, e.g. to run every ``Environment`` on another engine.
+    """
+    global _default_engine
+    with _default_lock:
+        if _default_engine is None:
+            # the embedded default lives with the runtime; imported only when first needed
+            from sandbox_runtime.local import LocalEngine
+
+            engine = LocalEngine()
+            atexit.register(engine.close)
+            _default_engine = engine
+        return _default_engine
+
+
+def set_default_engine(engine: SandboxEngine | None) -> None:
+    """Use ``engine`` for every ``Environment`` not given one (``None``: back to the local one)."""
+    global _default_engine
+    with _default_lock:
+        _default_engine = engine

@@ -9,7 +9,11 @@ Where the instance comes from:
 
 - ``DUMMY_INSTANCE_IP=http://localhost`` (the seeds' local mode): talk to a server started with
   ``aenv run`` (functions on 8080, MCP on 8081; a URL with an explicit port uses that port);
-- :meth:`Environment.attach`: talk to a runtime at any URL you name.
+- :meth:`Environment.attach`: talk to a runtime at any URL you name;
+- otherwise an engine (default: the embedded local engine) creates an isolated instance of the
+  definition found by name (built-ins, then ``AENV_ENV_PATH``) or given by
+  :meth:`Environment.from_project`; :meth:`Environment.release` deletes it and
+  :meth:`Environment.fork` copies it.
 
 Tool calls go over the runtime's lean fast path; functions, reward and health over the seeds'
 HTTP routes. The constructor keeps the seeds' parameters.
@@ -18,21 +22,34 @@ HTTP routes. The constructor keeps the seeds' parameters.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 from urllib.parse import urlparse, urlunparse
 
 from aenv_ray import protocol as p
+from aenv_ray._resolve import resolve_environment
 from aenv_ray._transport import InstanceClient
 from aenv_ray.config import parse_duration
+from aenv_ray.engine import (
+    InstanceInfo,
+    InstanceSpec,
+    InstanceState,
+    SandboxEngine,
+    TerminationReason,
+    default_engine,
+)
 from aenv_ray.errors import (
+    AEnvError,
     ConfigurationError,
     FunctionError,
     FunctionNotFoundError,
     InstanceBrokenError,
     InstanceClosedError,
+    InstanceExpiredError,
     InstanceUnreachableError,
     ProtocolError,
     StartupTimeoutError,
@@ -63,20 +80,28 @@ class Environment:
     Args:
         env_name: ``"name@version"`` (or ``"name"``).
         datasource: data to mount into the instance (engines that support it).
-        ttl: lifetime, ``"30m"``, ``"1h"`` or seconds; the engine terminates it after.
+        ttl: lifetime, ``"30m"``, ``"1h"`` or seconds; the engine terminates it after
+            (default: ``deployConfig.ttl``, else 30 minutes).
         environment_variables: passed into the instance.
         arguments: passed to the instance's entrypoint.
         aenv_url: control plane URL (remote mode); defaults to ``AENV_SYSTEM_URL``.
         timeout: default per-call timeout in seconds.
         max_retries: attempts for idempotent requests that fail to connect.
         api_key: Bearer key for the control plane; defaults to ``AENV_API_KEY``.
+        engine: the :class:`~aenv_ray.engine.SandboxEngine` that creates the instance when no
+            server is configured (default: the embedded local engine).
+
+    Where the instance comes from, first match wins: :meth:`attach` (a running runtime);
+    ``DUMMY_INSTANCE_IP`` (a server started with ``aenv run``); otherwise an engine creates one
+    from the definition found by name (built-in environments, then ``AENV_ENV_PATH``) or given
+    by :meth:`from_project`, and :meth:`release` deletes it.
     """
 
     def __init__(
         self,
         env_name: str,
         datasource: str = "",
-        ttl: str | float = "30m",
+        ttl: str | float | None = None,
         environment_variables: dict[str, str] | None = None,
         arguments: list[str] | None = None,
         aenv_url: str | None = None,
@@ -87,13 +112,14 @@ class Environment:
         startup_timeout: float | None = None,
         owner: str | None = None,
         settings: Settings | None = None,
+        engine: SandboxEngine | None = None,
     ) -> None:
         if not env_name or not isinstance(env_name, str):
             raise ConfigurationError("env_name must be a non-empty string such as `name@1.0.0`")
         self.settings = settings or get_settings()
         self.env_name = env_name
         self.datasource = datasource
-        self.ttl = parse_duration(ttl)
+        self.ttl = parse_duration(ttl) if ttl is not None else None
         self.environment_variables = dict(environment_variables or {})
         self.arguments = list(arguments or [])
         self.aenv_url = aenv_url or self.settings.system_url
@@ -111,6 +137,9 @@ class Environment:
         self._served_ref: str | None = None
         self._declared: dict[str, Any] = {}  # timeouts the runtime's tools and functions declare
         self._openai_names: OpenAINames | None = None
+        self._engine = engine
+        self._project: Path | None = None
+        self._owned: InstanceInfo | None = None  # an instance this object created, or adopted
 
     @classmethod
     def attach(cls, url: str, env_name: str | None = None, **kwargs: Any) -> Environment:
@@ -120,6 +149,53 @@ class Environment:
         env._attach_url = url
         env._served_ref = None if env_name else ""
         return env
+
+    @classmethod
+    def from_project(cls, project: str | Path, **kwargs: Any) -> Environment:
+        """An Environment whose instance an engine creates from the project directory
+        ``project`` (a ``config.json`` and ``src/``), without looking the name up."""
+        from aenv_ray.config import EnvConfig
+
+        root = Path(project).resolve()
+        env = cls(EnvConfig.load(root).ref, **kwargs)
+        env._project = root
+        return env
+
+    async def fork(self, n: int, *, timeout: float | None = None) -> list[Environment]:
+        """``n`` new environments whose instances equal this one's at this moment: Python
+        state and workspace are copied (copy-on-write). Each is open; release each.
+
+        Only for instances an engine created (not :meth:`attach` or local mode).
+        """
+        if self._state == "new":
+            await self.initialize()
+        if self._owned is None or self._engine is None:
+            raise ConfigurationError(
+                f"`{self.env_name}` was not created by an engine (attach or local mode): it "
+                "cannot be forked; create it with Environment(name) or from_project(path)"
+            )
+        limit = timeout if timeout is not None else self.settings.startup_timeout
+        infos = await self._engine.fork(self._owned.id, n, timeout=limit)
+        children = []
+        for info in infos:
+            child = Environment(
+                self.env_name,
+                timeout=self.timeout,
+                max_retries=self.max_retries,
+                startup_timeout=self.startup_timeout,
+                settings=self.settings,
+                engine=self._engine,
+            )
+            child._owned = info
+            children.append(child)
+        try:
+            for child in children:
+                await child.initialize()
+        except BaseException:
+            for child in children:
+                await child.release()
+            raise
+        return children
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def __aenter__(self) -> Environment:
@@ -168,7 +244,7 @@ class Environment:
                     env_name=self.env_name,
                     instance_id=self.instance_id,
                 )
-            base_url = self._resolve_url()
+            base_url = await self._resolve_url()
             self._client = InstanceClient(
                 base_url,
                 connect_timeout=self.settings.connect_timeout,
@@ -182,20 +258,75 @@ class Environment:
             except BaseException:
                 await self._client.aclose()
                 self._client = None
+                await self._delete_owned()
                 raise
             self._state = "open"
             log.info("environment ready", extra={"env": self.env_name, "url": base_url})
             return True
 
-    def _resolve_url(self) -> str:
+    async def _resolve_url(self) -> str:
         if self._attach_url:
             return _with_port(self._attach_url, None)
+        if self._owned is not None:  # adopted (a fork): the engine made it already
+            self.instance_id = self._owned.id
+            return _with_port(self._owned.url or "", None)
         if self.settings.dummy_instance_ip:
             self.instance_id = "local"
             return _with_port(self.settings.dummy_instance_ip, self.settings.functions_port)
-        raise ConfigurationError(
-            f"no instance source for `{self.env_name}`: set DUMMY_INSTANCE_IP=http://localhost "
-            "to use a server started with `aenv run`, or use Environment.attach(URL)"
+        if self.aenv_url and self._engine is None:
+            raise ConfigurationError(
+                f"`{self.env_name}`: remote mode (AENV_SYSTEM_URL={self.aenv_url}) needs EnvHub, "
+                "which this release does not ship yet; unset AENV_SYSTEM_URL to use the local "
+                "engine, or set DUMMY_INSTANCE_IP for a server started with `aenv run`"
+            )
+        return await self._create_instance()
+
+    async def _create_instance(self) -> str:
+        if self._project is None:
+            ref, project = resolve_environment(self.env_name, self.settings.env_path)
+        else:
+            ref, project = self.env_name, self._project
+        if self._engine is None:
+            self._engine = default_engine()
+        spec = InstanceSpec(
+            env_ref=ref,
+            project=str(project),
+            ttl=self.ttl,
+            environment_variables=self.environment_variables,
+            arguments=tuple(self.arguments),
+            datasource=self.datasource or None,
+            owner=self.owner,
+        )
+        limit = self.startup_timeout or self.settings.startup_timeout
+        self._owned = await self._engine.create(spec, timeout=limit)
+        self.instance_id = self._owned.id
+        return _with_port(self._owned.url or "", None)
+
+    async def _delete_owned(self) -> None:
+        owned, self._owned = self._owned, None
+        if owned is not None and self._engine is not None:
+            with contextlib.suppress(AEnvError):
+                await self._engine.delete(owned.id)
+
+    async def _why_broken(self, exc: InstanceBrokenError) -> AEnvError:
+        """The engine's account of a dead instance, when it has one."""
+        if self._owned is None or self._engine is None:
+            return exc
+        try:
+            info = await self._engine.get(self._owned.id)
+        except AEnvError:
+            return exc
+        if info.state is not InstanceState.TERMINATED:
+            return exc
+        cls = (
+            InstanceExpiredError
+            if info.reason is TerminationReason.EXPIRED
+            else InstanceBrokenError
+        )
+        return cls(
+            f"`{self.env_name}`: {info.describe_end()}; create a new environment",
+            env_name=self.env_name,
+            instance_id=info.id,
         )
 
     async def _wait_until_healthy(self) -> None:
@@ -254,6 +385,7 @@ class Environment:
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
+        await self._delete_owned()
         log.info("environment released", extra={"env": self.env_name})
 
     destroy = release
@@ -287,6 +419,8 @@ class Environment:
                     method, path, payload, timeout=timeout, headers=headers
                 )
                 break
+            except InstanceBrokenError as exc:
+                raise await self._why_broken(exc) from exc
             except InstanceUnreachableError:
                 # only reads are repeated: a call may have run before the connection failed
                 attempt += 1

@@ -14,6 +14,7 @@ from aenv_ray import (
     CallTimeoutError,
     ConfigurationError,
     Environment,
+    EnvironmentNotFoundError,
     FunctionError,
     FunctionNotFoundError,
     InstanceBrokenError,
@@ -351,12 +352,15 @@ async def test_dummy_instance_ip_local_mode(
         assert (await env.call_tool("echo", {"text": "dummy"})).text == "dummy"
 
 
-async def test_no_instance_source_is_a_configuration_error(
+async def test_without_a_server_the_name_must_be_known(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # no DUMMY_INSTANCE_IP and no AENV_SYSTEM_URL: the embedded engine would create the
+    # instance, but `probe` is a test project, neither built in nor on AENV_ENV_PATH
     monkeypatch.delenv("DUMMY_INSTANCE_IP", raising=False)
     monkeypatch.delenv("AENV_SYSTEM_URL", raising=False)
-    with pytest.raises(ConfigurationError, match="DUMMY_INSTANCE_IP"):
+    monkeypatch.delenv("AENV_ENV_PATH", raising=False)
+    with pytest.raises(EnvironmentNotFoundError, match=r"no environment `probe@0\.1\.0`"):
         async with Environment("probe@0.1.0"):
             pass
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 
 from aenv_ray import register_function, register_tool
@@ -62,6 +63,7 @@ def identity() -> dict[str, object]:
         "hostname": socket.gethostname(),
         "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
         "env": dict(os.environ),
+        "argv": sys.argv[1:],
     }
 
 
