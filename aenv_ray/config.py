@@ -9,6 +9,7 @@ are parsed here into numbers by :func:`parse_cpu`, :func:`parse_memory` and :fun
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -46,8 +47,8 @@ def parse_cpu(value: str | float | int) -> float:
         if not match:
             raise ConfigurationError(f'cpu `{value}` is not a CPU amount; write e.g. "2" or "2C"')
         cores = float(match.group(1)) / (1000 if match.group(2) in ("m", "M") else 1)
-    if cores <= 0:
-        raise ConfigurationError(f"cpu `{value}` must be positive")
+    if not (0 < cores < math.inf):  # NaN and infinity (json.loads accepts them) fail here too
+        raise ConfigurationError(f"cpu `{value}` must be a positive, finite number of cores")
     return cores
 
 
@@ -70,6 +71,8 @@ def parse_memory(value: str | int) -> int:
     >>> parse_memory("512M"), parse_memory("1Gi"), parse_memory("2G")
     (536870912, 1073741824, 2147483648)
     """
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ConfigurationError(f'memory `{value}` is not a size; write e.g. "512M" or "4G"')
     if isinstance(value, int):
         size = value
     else:
@@ -110,8 +113,8 @@ def parse_duration(value: str | float | int) -> float:
             pos = match.end()
         if not text:
             raise ConfigurationError('duration is empty; write e.g. "30m"')
-    if seconds <= 0:
-        raise ConfigurationError(f"duration `{value}` must be positive")
+    if not (0 < seconds < math.inf):
+        raise ConfigurationError(f"duration `{value}` must be a positive, finite time")
     return seconds
 
 
@@ -184,7 +187,7 @@ class EnvConfig(_Camel):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not _ENV_NAME.match(value):
+        if not _ENV_NAME.fullmatch(value):
             raise ValueError(
                 "must start with a letter or digit and use only letters, digits, `-` and `_` "
                 "(at most 63)"
@@ -194,7 +197,7 @@ class EnvConfig(_Camel):
     @field_validator("version")
     @classmethod
     def _version(cls, value: str) -> str:
-        if not _VERSION.match(value):
+        if not _VERSION.fullmatch(value):
             raise ValueError("must be a version such as 1.0.0 (letters, digits, `.`, `-`, `_`)")
         return value
 

@@ -125,21 +125,24 @@ class Registry:
         if not callable(fn):
             raise DefinitionError(f"@register_{kind.value} needs a function, got {fn!r}")
         resolved = name or getattr(fn, "__name__", "")
-        if not _NAME.match(resolved):
+        python_name = getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))
+        # errors name the Python function too when name=... renamed it: that is what to look for
+        who = f"`{resolved}`" + (f" (function `{python_name}`)" if name else "")
+        if not _NAME.fullmatch(resolved):
             raise DefinitionError(
-                f"{kind.value} name `{resolved}` at {where} is invalid: use a letter followed by "
+                f"{kind.value} name {who} at {where} is invalid: use a letter followed by "
                 "up to 63 letters, digits, `_` or `-` (no `/`, `@` or spaces)",
                 location=where,
             )
         if kind in (Kind.TOOL, Kind.FUNCTION) and resolved in RESERVED_NAMES:
             raise DefinitionError(
-                f"{kind.value} name `{resolved}` at {where} is reserved by the runtime "
+                f"{kind.value} name {who} at {where} is reserved by the runtime "
                 f"({', '.join(sorted(RESERVED_NAMES))}); pass name=... to rename it",
                 location=where,
             )
         if timeout is not None and not timeout > 0:
             raise DefinitionError(
-                f"{kind.value} `{resolved}` at {where}: timeout must be a positive number of "
+                f"{kind.value} {who} at {where}: timeout must be a positive number of "
                 f"seconds, got {timeout!r}",
                 location=where,
             )
@@ -157,7 +160,7 @@ class Registry:
             existing = self.reward if kind is Kind.REWARD else self.health
             if existing is not None:
                 raise DefinitionError(
-                    f"a second {kind.value} `{resolved}` at {where}; the environment already has "
+                    f"a second {kind.value} {who} at {where}; the environment already has "
                     f"`{existing.name}` at {existing.location}. An environment has one "
                     f"{kind.value}: remove one of them",
                     location=where,
@@ -171,8 +174,9 @@ class Registry:
         if resolved in table:
             first = table[resolved]
             raise DefinitionError(
-                f"{kind.value} `{resolved}` is registered twice: at {first.location} and at "
-                f"{where}; rename one with @register_{kind.value}(name=...)",
+                f"{kind.value} `{resolved}` is registered twice: at {first.location} "
+                f"(function `{first.fn.__qualname__}`) and at {where} (function `{python_name}`); "
+                f"rename one with @register_{kind.value}(name=...)",
                 location=where,
             )
         table[resolved] = entry

@@ -35,6 +35,26 @@ def _module_files(src: Path) -> list[Path]:
     return files
 
 
+def _is_inside(filename: str | None, src: Path) -> bool:
+    if not filename:
+        return False
+    try:
+        return Path(filename).resolve().is_relative_to(src)
+    except (OSError, ValueError):
+        return False
+
+
+def _where(exc: BaseException, path: Path, src: Path) -> str:
+    """``file:line`` where an import failed: the innermost frame inside the project (a sibling
+    the module imported, say), or the line of a syntax error; else the module itself."""
+    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
+        return f"{Path(exc.filename).resolve()}:{exc.lineno}"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if _is_inside(f.filename, src)]
+    if frames and frames[-1].lineno:
+        return f"{Path(frames[-1].filename).resolve()}:{frames[-1].lineno}"
+    return str(path)
+
+
 def load_project(root: str | Path) -> LoadedProject:
     """Import every public module under ``root/src`` (or ``root`` if it has no ``src/``).
 
@@ -53,6 +73,11 @@ def load_project(root: str | Path) -> LoadedProject:
         )
     if str(src) not in sys.path:
         sys.path.insert(0, str(src))
+    # A module of this project imported by an earlier load (the same project loaded twice in
+    # one process) is imported afresh, so that its decorators register into this registry.
+    for name, module in list(sys.modules.items()):
+        if _is_inside(getattr(module, "__file__", None), src):
+            del sys.modules[name]
     registry = Registry()
     with registry.collecting():
         for path in files:
@@ -61,7 +86,7 @@ def load_project(root: str | Path) -> LoadedProject:
             loaded = sys.modules.get(module_name)
             if loaded is not None:
                 if Path(getattr(loaded, "__file__", "") or "").resolve() == path:
-                    continue  # already imported by a sibling: its decorators already ran
+                    continue  # imported by a sibling during this load: its decorators ran
                 raise DefinitionError(
                     f"module {path} is named `{module_name}`, which is already imported from "
                     f"{getattr(loaded, '__file__', 'a built-in module')}; rename the file",
@@ -78,14 +103,10 @@ def load_project(root: str | Path) -> LoadedProject:
                 del sys.modules[module_name]
                 raise
             except Exception as exc:
-                del sys.modules[module_name]
-                frames = [
-                    f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(path)
-                ]
-                line = frames[-1].lineno if frames else None
-                where = f"{path}:{line}" if line else str(path)
+                sys.modules.pop(module_name, None)
+                where = _where(exc, path, src)
                 raise DefinitionError(
-                    f"importing {where} failed: {type(exc).__name__}: {exc}",
+                    f"importing {path} failed at {where}: {type(exc).__name__}: {exc}",
                     location=where,
                 ) from exc
     if not registry.tools and not registry.functions and registry.reward is None:

@@ -325,11 +325,6 @@ def test_second_reward_across_modules(tmp_path: Path) -> None:
         assert part in message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _loader keeps only traceback frames of the module being loaded, so an error in "
-    "a sibling it imports is reported at the importer's `import` line, not where it happened",
-)
 def test_error_in_imported_sibling_names_the_sibling(tmp_path: Path) -> None:
     s = uid()
     root = make_project(
@@ -378,11 +373,6 @@ def test_syntax_error_names_file_and_line_in_message(tmp_path: Path) -> None:
     assert "line 3" in message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: for a SyntaxError the traceback has no frame in the module, so "
-    "DefinitionError.location lacks the line (SyntaxError.lineno is not used)",
-)
 def test_syntax_error_location_has_the_line(tmp_path: Path) -> None:
     s = uid()
     root = make_project(tmp_path / "p", {f"syn_{s}.py": "x = 1\n\ndef f(:\n    pass\n"})
@@ -417,11 +407,6 @@ def test_two_projects_with_the_same_module_name_clash_clearly(tmp_path: Path) ->
     assert str(second / "src" / f"same_{s}.py") in message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a second load_project of the same project in one process skips the modules "
-    "already in sys.modules, so its registry is empty and it fails with 'registers no tool'",
-)
 def test_loading_the_same_project_twice(tmp_path: Path) -> None:
     s = uid()
     root = make_project(tmp_path / "p", {f"twice_{s}.py": TOOL.format(name="again")})
@@ -574,11 +559,6 @@ def test_config_fields_are_read(tmp_path: Path) -> None:
     assert deploy.image_prefix == "reg.example/x"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: config _ENV_NAME/_VERSION use re.match with `$`, which accepts a trailing "
-    "newline in name and version",
-)
 @pytest.mark.parametrize("config", [{"name": "probe\n"}, {"name": "probe", "version": "1.0\n"}])
 def test_trailing_newline_in_name_or_version_is_rejected(
     tmp_path: Path, config: dict[str, Any]
@@ -589,11 +569,6 @@ def test_trailing_newline_in_name_or_version_is_rejected(
         load_project(root)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: json.loads accepts NaN/Infinity and parse_cpu/parse_duration accept them "
-    "(nan <= 0 is False)",
-)
 @pytest.mark.parametrize(
     "deploy",
     ['{"cpu": NaN}', '{"cpu": Infinity}', '{"ttl": NaN}'],

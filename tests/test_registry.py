@@ -730,10 +730,6 @@ def test_invalid_names(reg: Registry, bad: str) -> None:
     assert len(reg) == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: registry _NAME uses re.match with `$`, which accepts a trailing newline",
-)
 def test_name_with_trailing_newline_is_invalid(reg: Registry) -> None:
     def subject() -> str:
         return ""
@@ -826,11 +822,6 @@ def _renamed_duplicate(reg: Registry) -> None:
     register_tool(name="same")(my_tool_impl)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: with name=..., registry errors name the requested name, not the Python "
-    "function (the issue asks for the function to be named)",
-)
 @pytest.mark.parametrize(
     "case", [_renamed_invalid, _renamed_reserved, _renamed_timeout, _renamed_duplicate]
 )
