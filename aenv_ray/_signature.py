@@ -152,7 +152,9 @@ class CallSignature:
             if problem:
                 raise DefinitionError(f"{kind} `{name}` at {where}: {problem}", location=where)
             default = ... if param.default is param.empty else param.default
-            info = Field(default=default, description=arg_docs.get(param.name) or None)
+            doc = arg_docs.get(param.name)
+            # without an `Args:` entry, a description in Annotated[..., Field(...)] stands
+            info = Field(default=default, description=doc) if doc else Field(default=default)
             fields[param.name] = (hints[param.name], info)
         try:
             model = pydantic.create_model(  # type: ignore[call-overload]

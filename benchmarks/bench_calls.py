@@ -1,7 +1,7 @@
 """Call-path benchmark: SDK ``call_tool`` vs the floor (raw aiohttp -> starlette) vs standard MCP.
 
     .venv/bin/python benchmarks/bench_calls.py            # about a minute
-    .venv/bin/python benchmarks/bench_calls.py --quick    # about 15 s
+    .venv/bin/python benchmarks/bench_calls.py --quick    # about 20 s
 
 Every server runs in its own child process on loopback, so its CPU time is read from
 ``/proc/PID/stat`` (utime + stime, all threads) before and after each measurement:
@@ -11,7 +11,8 @@ Every server runs in its own child process on loopback, so its CPU time is read 
 - **runtime**: ``python -m sandbox_runtime benchmarks/envs/echo`` (tools ``echo``, sync, and
   ``async_echo``), called through the SDK (``Environment.attach(url).call_tool``), through a raw
   aiohttp POST to its fast path (to split client from server cost), and through standard MCP with
-  the official ``fastmcp.Client`` (``call_tool_mcp``; one session per client, reused).
+  the official ``fastmcp.Client`` (``call_tool_mcp``), both as one client (one session) shared by
+  all callers and as one client per caller; the MCP target is checked against the faster of the two.
 
 Each scenario runs with 1 and 16 concurrent callers, for a fixed number of calls and under a time
 cap, after a warm-up. Scenarios are interleaved over ``--rounds`` rounds so that a noisy spell on
@@ -27,6 +28,7 @@ import asyncio
 import contextlib
 import gc
 import json
+import math
 import os
 import platform
 import subprocess
@@ -171,7 +173,7 @@ class Scenario:
 
     def percentile(self, q: float) -> float:
         ordered = sorted(self.latencies)
-        index = min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))  # nearest rank
+        index = min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))  # nearest rank
         return ordered[index] * 1e3
 
     def row(self) -> dict[str, Any]:
@@ -337,17 +339,14 @@ def build_scenarios(args: argparse.Namespace) -> list[Scenario]:
         ("sdk", "SDK call_tool, sync echo", "runtime", Clients.sdk, args.calls),
         ("sdk_async", "SDK call_tool, async_echo", "runtime", Clients.sdk_async, args.calls),
         ("mcp", "MCP: fastmcp.Client, 1 session", "runtime", Clients.mcp, args.mcp_calls),
+        (
+            "mcp_each",
+            "MCP: fastmcp.Client per caller",
+            "runtime",
+            Clients.mcp_per_caller,
+            args.mcp_calls,
+        ),
     ]
-    if args.mcp_per_caller:
-        kinds.append(
-            (
-                "mcp_each",
-                "MCP: fastmcp.Client per caller",
-                "runtime",
-                Clients.mcp_per_caller,
-                args.mcp_calls,
-            )
-        )
     return [
         Scenario(key, label, server, callers, calls, make)
         for callers in (1, 16)
@@ -413,7 +412,7 @@ def render(scenarios: list[Scenario], args: argparse.Namespace) -> dict[str, Any
     def get(key: str, callers: int, metric: str) -> float:
         return float(rows[key, callers][metric])
 
-    mcp16 = max(get(key, 16, "calls_per_s") for key in ("mcp", "mcp_each") if (key, 16) in rows)
+    mcp16 = max(get(key, 16, "calls_per_s") for key in ("mcp", "mcp_each"))
     p50_ratio = get("sdk", 1, "p50_ms") / get("floor", 1, "p50_ms")
     server_cpu = max(get("sdk", callers, "server_cpu_ms_per_call") for callers in (1, 16))
     speedup = get("sdk", 16, "calls_per_s") / mcp16
@@ -476,14 +475,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mcp-calls", type=int, default=1500, help="calls per MCP scenario")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (noise)")
     parser.add_argument("--cap", type=float, default=12.0, help="seconds per scenario, at most")
-    parser.add_argument("--quick", action="store_true", help="fewer calls, one round (~15 s)")
+    parser.add_argument("--quick", action="store_true", help="fewer calls, one round (~20 s)")
     parser.add_argument(
         "--loop", choices=["uvloop", "asyncio"], default="uvloop", help="the client's event loop"
-    )
-    parser.add_argument(
-        "--mcp-per-caller",
-        action="store_true",
-        help="also measure 16 fastmcp.Client objects, one per caller",
     )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument("-v", "--verbose", action="store_true", help="report progress")

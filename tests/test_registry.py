@@ -13,13 +13,13 @@ import functools
 import inspect
 import threading
 from collections.abc import Iterator
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import pydantic
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from aenv_ray import (
     DefinitionError,
@@ -450,6 +450,28 @@ def test_descriptions_from_docstring_and_args_section(reg: Registry) -> None:
     assert props["timeout"]["description"] == "seconds before it is interrupted."
     assert "description" not in props["env"]
     assert "the output" not in entry.description
+
+
+def test_annotated_field_descriptions_and_constraints_are_kept(reg: Registry) -> None:
+    @register_tool
+    def pick(
+        count: Annotated[int, Field(description="how many, at least 1", ge=1)],
+        label: Annotated[str, Field(description="overridden by Args")] = "x",
+    ) -> str:
+        """Pick some.
+
+        Args:
+            label: the label to use.
+        """
+        return label * count
+
+    props = reg.tools["pick"].signature.input_schema["properties"]
+    assert props["count"] == {
+        "type": "integer",
+        "minimum": 1,
+        "description": "how many, at least 1",
+    }
+    assert props["label"]["description"] == "the label to use."
 
 
 @pytest.mark.parametrize("header", ["Args:", "Arguments:", "Parameters:", "Params:"])
