@@ -2,11 +2,14 @@
 
 Owns the public SDK (:class:`Environment`, :class:`ToolResult`), the decorators that define an
 environment (:func:`register_tool`, :func:`register_function`, :func:`register_reward`,
-:func:`register_health`), the error tree (:mod:`aenv_ray.errors`), ``config.json`` and wire
-models, settings, structured logging and the ``aenv`` CLI.
+:func:`register_health`), the error tree (:mod:`aenv_ray.errors`), the engine contract
+(:class:`SandboxEngine`), ``config.json`` and wire models, settings, structured logging and the
+``aenv`` CLI.
 
 May import: pydantic, pydantic-settings, aiohttp, orjson, httpx, the mcp/fastmcp clients, typer and
-rich (CLI only). Must not import at import time: ray, kubernetes, gymnasium.
+rich (CLI only); lazily, inside functions: ``sandbox_runtime.local`` (the embedded default engine)
+and ``builtin_envs`` (finding built-ins by name). Must not import at import time: ray, kubernetes,
+gymnasium, the runtime.
 
     >>> import aenv_ray, sys
     >>> any(m in sys.modules for m in ("ray", "kubernetes", "gymnasium"))
