@@ -37,6 +37,7 @@ __all__ = [
     "set_no_new_privs",
     "set_parent_death_signal",
     "sethostname",
+    "setns",
     "umount",
     "unshare",
 ]
@@ -79,6 +80,11 @@ def _b(value: str | None) -> bytes | None:
 def unshare(flags: int) -> None:
     """Move this process into new namespaces (``CLONE_NEW*`` flags)."""
     _check(_libc.unshare(ctypes.c_int(flags)), f"unshare({flags:#x})")
+
+
+def setns(fd: int, nstype: int) -> None:
+    """Join the namespace ``fd`` refers to (``/proc/PID/ns/...``)."""
+    _check(_libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), f"setns({nstype:#x})")
 
 
 def mount(

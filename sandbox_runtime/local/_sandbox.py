@@ -7,10 +7,11 @@ Three steps, in three processes (see ``zygote.py`` for who runs which):
    installation, the virtual environment, the environment project, the packages' sources) and
    empty ``/tmp``, ``/workspace``, ``/data``, ``/proc`` and ``/dev`` (null, zero, random, urandom).
    The host's root stays reachable at ``/.host`` for the next step only.
-2. :func:`enter_instance_namespaces` (a short-lived helper per instance, still host root): new pid,
-   mount, network, ipc and uts namespaces; a size-limited tmpfs on ``/tmp`` and ``/workspace``; the
-   datasource bound read-only on ``/data``; ``/.host`` detached; loopback up (unless the network
-   is allowed: then the host's network namespace is kept).
+2. :func:`enter_instance_namespaces` (the instance's pid 1, forked by the zygote into a new pid
+   namespace, still host root): new mount, network, ipc and uts namespaces; a size-limited tmpfs
+   on ``/tmp`` and ``/workspace``; the datasource bound read-only on ``/data``; ``/.host``
+   detached; loopback up (unless the network is allowed: then the host's network namespace is
+   kept).
 3. :func:`become_instance_root` (the instance's pid 1): ``/proc`` of its own pid namespace, then a
    user namespace whose root is ``nobody`` on the host and a mount namespace owned by it, so every
    mount made so far is locked (cannot be unmounted or made writable from inside).
@@ -116,11 +117,8 @@ def enter_instance_namespaces(
     workspace_bytes: int,
     datasource: str | None,
 ) -> None:
-    """Step 2 (host root, forked from the zygote): namespaces and per-instance mounts.
-
-    The caller's *children* land in the new pid namespace: fork once after this.
-    """
-    flags = L.CLONE_NEWNS | L.CLONE_NEWPID | L.CLONE_NEWIPC | L.CLONE_NEWUTS
+    """Step 2 (pid 1 of a new pid namespace, still host root): namespaces and mounts."""
+    flags = L.CLONE_NEWNS | L.CLONE_NEWIPC | L.CLONE_NEWUTS
     if not network:
         flags |= L.CLONE_NEWNET
     L.unshare(flags)

@@ -291,7 +291,7 @@ class LocalEngine:
         done = self._loop.create_future()
         zygote.waiting[record.info.id] = done
         try:
-            _send(zygote, {"op": "kill", "id": record.info.id})
+            await self._send(zygote, {"op": "kill", "id": record.info.id})
             await asyncio.wait_for(done, timeout=10)
         except (OSError, TimeoutError):
             log.warning("instance kill unconfirmed", extra={"instance": record.info.id})
@@ -455,7 +455,7 @@ class LocalEngine:
         zygote.waiting.update(waiters)
         if message.get("op") == "fork":  # errors of a fork come back under the parent's id
             waiters[message["id"]] = zygote.waiting[message["id"]] = self._loop.create_future()
-        _send(zygote, message)
+        await self._send(zygote, message)
         replies: dict[str, dict[str, Any]] = {}
         pending = set(waiters.values())
         try:
@@ -478,6 +478,15 @@ class LocalEngine:
             for iid in waiters:
                 zygote.waiting.pop(iid, None)
         return replies
+
+    async def _send(self, zygote: _Zygote, message: dict[str, Any]) -> None:
+        """One request to the zygote; waits while its socket buffer is full (many at once).
+
+        One sender at a time: concurrent ``sock_sendall`` calls on one socket replace each
+        other's wake-up, and the loser would wait forever.
+        """
+        async with zygote.lock:
+            await self._loop.sock_sendall(zygote.sock, json.dumps(message).encode())
 
     # -- records -------------------------------------------------------------------------------
     def _record(self, instance_id: str) -> _Record:
@@ -543,10 +552,6 @@ def _ttl(requested: float | None, config: EnvConfig) -> float:
     if config.deploy_config.ttl is not None:
         return parse_duration(config.deploy_config.ttl)
     return DEFAULT_TTL
-
-
-def _send(zygote: _Zygote, message: dict[str, Any]) -> None:
-    zygote.sock.send(json.dumps(message).encode())
 
 
 async def _wait(future: asyncio.Future[T], deadline: float, what: str) -> T:

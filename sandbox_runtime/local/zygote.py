@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -98,9 +99,10 @@ class _Instance:
     port: int
     channel: socket.socket  # the runtime's end is in the instance; EOF: the runtime is gone
     group: InstanceGroup | None
-    pid: int | None = None  # host pid of the runtime when known
+    pid: int | None = None  # host pid of its first process (isolated: its pid 1)
     group_root: str = ""  # the instance whose pid namespace this one lives in (itself or a fork's)
     killed: bool = False
+    starting: bool = False  # isolated: forked, its pid 1 not yet mapped into its user namespace
     exit_status: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -131,6 +133,7 @@ class Zygote:
         self.selector = selectors.DefaultSelector()
         self.warnings: list[str] = []
         self.engine_gone = False
+        self.pid_namespace: int | None = None  # fd: where this process's children belong
 
     # -- set-up --------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -148,10 +151,16 @@ class Zygote:
         if self.isolated:
             from sandbox_runtime.local import _linux, _sandbox
 
+            self.pid_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY)
+
             root = f"/tmp/aenv-root-{os.getpid()}"
             _sandbox.enter_template_root(root, _sandbox.runtime_paths(self.project.root))
             _linux.set_child_subreaper()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        # Everything imported so far lives as long as the template: keep the garbage collector
+        # from walking (and so copying, page by page) those objects in every forked instance.
+        gc.collect()
+        gc.freeze()
 
     def _tell(self, message: dict[str, Any]) -> None:
         """Report to the engine; a closed socket means the engine is gone (checked by serve)."""
@@ -207,6 +216,7 @@ class Zygote:
 
     # -- spawn ---------------------------------------------------------------------------------
     def _spawn(self, message: dict[str, Any]) -> None:
+        """Fork the instance; answer ``spawned`` now (plain) or once its pid 1 is mapped."""
         iid = str(message["id"])
         limits = Limits(
             memory=message.get("memory"), pids=message.get("pids"), cpu=message.get("cpu")
@@ -218,10 +228,10 @@ class Zygote:
         ours, theirs = _pair()
         init_ours, init_theirs = _pair() if self.isolated else (None, None)
         go_read, go_write = os.pipe()
-        pid = os.fork()
+        pid = self._fork_into_new_pid_namespace() if self.isolated else os.fork()
         if pid == 0:  # pragma: no cover - runs in the child
             self._in_child(
-                self._helper,
+                self._first_process,
                 message,
                 listen,
                 theirs,
@@ -241,32 +251,48 @@ class Zygote:
             os.write(go_write, b"g")
         finally:
             os.close(go_write)
-        instance = _Instance(iid, port, ours, group, group_root=iid)
-        if init_ours is not None:
-            seen: dict[str, dict[str, Any]] = {}
-            while len(seen) < 2:  # the helper's "pid" and the init's "map", in either order
-                reply, _ = receive(init_ours)
-                if reply is None or reply.get("op") not in ("pid", "map"):
-                    os.waitpid(pid, 0)
-                    self._kill(instance)
-                    raise RuntimeError(f"instance {iid} failed to start (set-up said {reply})")
-                seen[str(reply["op"])] = reply
-            os.waitpid(pid, 0)
-            init_pid = int(seen["pid"]["pid"])
-            from sandbox_runtime.local._sandbox import write_id_maps
-
-            write_id_maps(init_pid)
-            send(init_ours, {"op": "mapped"})
-            instance.pid = init_pid
-            self.inits[iid] = init_ours
-            self.selector.register(init_ours, selectors.EVENT_READ, ("init", iid))
-        else:
-            instance.pid = pid
+        instance = _Instance(iid, port, ours, group, group_root=iid, pid=pid)
         self.instances[iid] = instance
         self.selector.register(ours, selectors.EVENT_READ, ("runtime", iid))
-        self._tell({"op": "spawned", "id": iid, "port": port, "pid": instance.pid})
+        if init_ours is None:
+            self._tell({"op": "spawned", "id": iid, "port": port, "pid": pid})
+            return
+        # the rest arrives on the init's channel: "map" (then "spawned"), later "exit"
+        instance.starting = True
+        self.inits[iid] = init_ours
+        self.selector.register(init_ours, selectors.EVENT_READ, ("init", iid))
 
-    def _helper(
+    def _fork_into_new_pid_namespace(self) -> int:
+        """``os.fork()`` whose child is pid 1 of a new pid namespace; later forks are not."""
+        from sandbox_runtime.local import _linux
+
+        assert self.pid_namespace is not None
+        _linux.unshare(_linux.CLONE_NEWPID)
+        try:
+            pid = os.fork()
+        except BaseException:
+            _linux.setns(self.pid_namespace, _linux.CLONE_NEWPID)
+            raise
+        if pid != 0:  # the child must not: it lives in the new namespace
+            _linux.setns(self.pid_namespace, _linux.CLONE_NEWPID)
+        return pid
+
+    def _on_init_message(self, iid: str, message: dict[str, Any]) -> None:
+        instance = self.instances.get(iid)
+        if instance is None:
+            return
+        if message.get("op") == "map" and instance.starting:
+            from sandbox_runtime.local._sandbox import write_id_maps
+
+            assert instance.pid is not None
+            write_id_maps(instance.pid)
+            send(self.inits[iid], {"op": "mapped"})
+            instance.starting = False
+            self._tell({"op": "spawned", "id": iid, "port": instance.port, "pid": instance.pid})
+        elif message.get("op") == "exit":
+            instance.exit_status = int(message["status"])
+
+    def _first_process(
         self,
         message: dict[str, Any],
         listen: socket.socket,
@@ -274,7 +300,7 @@ class Zygote:
         init: socket.socket | None,
         go_read: int,
     ) -> None:
-        """Child of the zygote: wait for the cgroup, enter namespaces, fork the instance."""
+        """Child of the zygote: wait for the cgroup; then the runtime (plain) or the init."""
         os.read(go_read, 1)
         os.close(go_read)
         if init is None:  # plain process: this child is the runtime
@@ -292,11 +318,7 @@ class Zygote:
             workspace_bytes=int(message.get("workspace_bytes") or 1 << 30),
             datasource=message.get("datasource"),
         )
-        pid = os.fork()
-        if pid == 0:
-            self._instance_init(message, listen, channel, init)
-            os._exit(0)
-        send(init, {"op": "pid", "pid": pid})
+        self._instance_init(message, listen, channel, init)
 
     def _instance_init(
         self,
@@ -437,14 +459,20 @@ class Zygote:
             payload = sock.recv(_MAX_MESSAGE)
         except OSError:
             payload = b""
-        if payload and instance is not None:
-            message = json.loads(payload)
-            if message.get("op") == "exit":
-                instance.exit_status = int(message["status"])
+        if payload:
+            if kind == "init":
+                self._on_init_message(iid, json.loads(payload))
             return
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(sock)
-        if kind == "init" or instance is None:
+        if instance is None:
+            return
+        if kind == "init":
+            if not instance.starting:
+                return  # a pid 1 whose runtime is gone; the runtime's channel tells
+            self._tell({"op": "error", "id": iid, "message": "its set-up failed (see the log)"})
+            self._kill(instance)
+            self._forget(instance)
             return
         if instance.killed:
             return
