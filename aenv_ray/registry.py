@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import inspect
+import math
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -124,10 +125,11 @@ class Registry:
         where = _location(fn)
         if not callable(fn):
             raise DefinitionError(f"@register_{kind.value} needs a function, got {fn!r}")
-        resolved = name or getattr(fn, "__name__", "")
-        python_name = getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))
+        # an explicit name=... is checked as given: name="" is an invalid name, not "no name"
+        resolved = name if name is not None else getattr(fn, "__name__", "")
+        python_name = _python_name(fn)
         # errors name the Python function too when name=... renamed it: that is what to look for
-        who = f"`{resolved}`" + (f" (function `{python_name}`)" if name else "")
+        who = f"`{resolved}`" + (f" (function `{python_name}`)" if name is not None else "")
         if not _NAME.fullmatch(resolved):
             raise DefinitionError(
                 f"{kind.value} name {who} at {where} is invalid: use a letter followed by "
@@ -140,10 +142,14 @@ class Registry:
                 f"({', '.join(sorted(RESERVED_NAMES))}); pass name=... to rename it",
                 location=where,
             )
-        if timeout is not None and not timeout > 0:
+        if timeout is not None and not (
+            isinstance(timeout, int | float)
+            and not isinstance(timeout, bool)
+            and 0 < timeout < math.inf  # NaN fails here too
+        ):
             raise DefinitionError(
                 f"{kind.value} {who} at {where}: timeout must be a positive number of "
-                f"seconds, got {timeout!r}",
+                f"seconds, got {timeout!r}; write e.g. timeout=30",
                 location=where,
             )
         signature = CallSignature.from_function(fn, kind=kind.value)
@@ -161,8 +167,8 @@ class Registry:
             if existing is not None:
                 raise DefinitionError(
                     f"a second {kind.value} {who} at {where}; the environment already has "
-                    f"`{existing.name}` at {existing.location}. An environment has one "
-                    f"{kind.value}: remove one of them",
+                    f"`{existing.name}` (function `{_python_name(existing.fn)}`) at "
+                    f"{existing.location}. An environment has one {kind.value}: remove one of them",
                     location=where,
                 )
             if kind is Kind.REWARD:
@@ -175,12 +181,17 @@ class Registry:
             first = table[resolved]
             raise DefinitionError(
                 f"{kind.value} `{resolved}` is registered twice: at {first.location} "
-                f"(function `{first.fn.__qualname__}`) and at {where} (function `{python_name}`); "
+                f"(function `{_python_name(first.fn)}`) and at {where} (function `{python_name}`); "
                 f"rename one with @register_{kind.value}(name=...)",
                 location=where,
             )
         table[resolved] = entry
         return entry
+
+
+def _python_name(fn: Any) -> str:
+    """The qualified name of the Python function behind a registration (what to search for)."""
+    return str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn))
 
 
 default_registry = Registry()

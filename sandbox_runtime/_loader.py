@@ -44,15 +44,48 @@ def _is_inside(filename: str | None, src: Path) -> bool:
         return False
 
 
+def _module_name(path: Path, src: Path) -> str:
+    """The name a file under ``src`` has when imported with ``src`` on ``sys.path``."""
+    parts = path.relative_to(src).with_suffix("").parts
+    if parts and parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
 def _where(exc: BaseException, path: Path, src: Path) -> str:
-    """``file:line`` where an import failed: the innermost frame inside the project (a sibling
-    the module imported, say), or the line of a syntax error; else the module itself."""
-    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
+    """``file:line`` where an import failed: the line of a syntax error in a project file, else
+    the innermost traceback frame inside the project (in a sibling the module imported, say),
+    else the module itself."""
+    if (
+        isinstance(exc, SyntaxError)
+        and exc.lineno
+        and exc.filename
+        and _is_inside(exc.filename, src)
+    ):
         return f"{Path(exc.filename).resolve()}:{exc.lineno}"
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if _is_inside(f.filename, src)]
     if frames and frames[-1].lineno:
         return f"{Path(frames[-1].filename).resolve()}:{frames[-1].lineno}"
     return str(path)
+
+
+def _forget_earlier_load(src: Path) -> None:
+    """Drop from ``sys.modules`` the modules an earlier load of this project imported.
+
+    Loading the same project again (tests do; a runtime loads once) must run its decorators
+    again, into the new registry. Only modules imported as project modules (their name is their
+    path under ``src``) are dropped, never a library that merely lives below it.
+    """
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if not _is_inside(file, src):
+            continue
+        try:
+            expected = _module_name(Path(file).resolve(), src)  # type: ignore[arg-type]
+        except ValueError:
+            continue
+        if name == expected:
+            del sys.modules[name]
 
 
 def load_project(root: str | Path) -> LoadedProject:
@@ -64,25 +97,24 @@ def load_project(root: str | Path) -> LoadedProject:
     """
     root = Path(root).resolve()
     config = EnvConfig.load(root)
-    src = root / "src" if (root / "src").is_dir() else root
+    src = (root / "src").resolve() if (root / "src").is_dir() else root
     files = _module_files(src)
     if not files:
         raise ConfigurationError(
             f"{src} holds no Python module; put the module with your @register_tool functions "
             "there (`aenv init NAME` creates an example)"
         )
-    if str(src) not in sys.path:
-        sys.path.insert(0, str(src))
-    # A module of this project imported by an earlier load (the same project loaded twice in
-    # one process) is imported afresh, so that its decorators register into this registry.
-    for name, module in list(sys.modules.items()):
-        if _is_inside(getattr(module, "__file__", None), src):
-            del sys.modules[name]
+    # First on sys.path, even when an earlier load put it further back: a sibling import must
+    # find this project's module, not a same-named one of a project loaded since.
+    while str(src) in sys.path:
+        sys.path.remove(str(src))
+    sys.path.insert(0, str(src))
+    importlib.invalidate_caches()  # files written since the last import are seen
+    _forget_earlier_load(src)
     registry = Registry()
     with registry.collecting():
         for path in files:
-            rel = path.relative_to(src).with_suffix("")
-            module_name = ".".join(rel.parts)
+            module_name = _module_name(path, src)
             loaded = sys.modules.get(module_name)
             if loaded is not None:
                 if Path(getattr(loaded, "__file__", "") or "").resolve() == path:
@@ -100,9 +132,9 @@ def load_project(root: str | Path) -> LoadedProject:
             try:
                 spec.loader.exec_module(module)
             except DefinitionError:
-                del sys.modules[module_name]
+                sys.modules.pop(module_name, None)
                 raise
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:  # sys.exit() at import is a broken project too
                 sys.modules.pop(module_name, None)
                 where = _where(exc, path, src)
                 raise DefinitionError(
