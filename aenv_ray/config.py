@@ -39,6 +39,8 @@ def parse_cpu(value: str | float | int) -> float:
     >>> parse_cpu("2C"), parse_cpu("500m"), parse_cpu(1.5)
     (2.0, 0.5, 1.5)
     """
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ConfigurationError(f'cpu `{value!r}` is not a CPU amount; write e.g. "2" or "2C"')
     if isinstance(value, int | float):
         cores = float(value)
     else:
@@ -72,7 +74,7 @@ def parse_memory(value: str | int) -> int:
     (536870912, 1073741824, 2147483648)
     """
     if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ConfigurationError(f'memory `{value}` is not a size; write e.g. "512M" or "4G"')
+        raise ConfigurationError(f'memory `{value!r}` is not a size; write e.g. "512M" or "4G"')
     if isinstance(value, int):
         size = value
     else:
@@ -88,7 +90,8 @@ def parse_memory(value: str | int) -> int:
     return size
 
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?")
+# one component: a number and its unit; spaces may separate the two, never two components
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(?:\s*(ms|s|m|h|d))?")
 _SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
@@ -98,6 +101,10 @@ def parse_duration(value: str | float | int) -> float:
     >>> parse_duration("1h30m"), parse_duration("90"), parse_duration(2.5)
     (5400.0, 90.0, 2.5)
     """
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ConfigurationError(
+            f'duration `{value!r}` is not a time; write e.g. "30m", "1h" or "90s"'
+        )
     if isinstance(value, int | float):
         seconds = float(value)
     else:
@@ -150,21 +157,22 @@ class DeployConfig(_Camel):
     network: bool = False
     pids: int = Field(default=512, ge=8, le=1 << 22)  # aenv-ray: most processes at once
 
-    @field_validator("cpu")
+    # "before" validators: they see the JSON value, so `true` is not read as 1 core or 1 byte
+    @field_validator("cpu", mode="before")
     @classmethod
-    def _cpu(cls, value: str | float) -> str | float:
+    def _cpu(cls, value: Any) -> Any:
         parse_cpu(value)
         return value
 
-    @field_validator("memory")
+    @field_validator("memory", mode="before")
     @classmethod
-    def _memory(cls, value: str | int) -> str | int:
+    def _memory(cls, value: Any) -> Any:
         parse_memory(value)
         return value
 
-    @field_validator("ttl")
+    @field_validator("ttl", mode="before")
     @classmethod
-    def _ttl(cls, value: str | float | None) -> str | float | None:
+    def _ttl(cls, value: Any) -> Any:
         if value is not None:
             parse_duration(value)
         return value

@@ -20,7 +20,7 @@ import enum
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
     "DEFAULT_TTL",
@@ -30,6 +30,8 @@ __all__ = [
     "SandboxEngine",
     "TerminationReason",
     "default_engine",
+    "info_from_json",
+    "info_to_json",
     "set_default_engine",
 ]
 
@@ -172,3 +174,37 @@ def set_default_engine(engine: SandboxEngine | None) -> None:
     global _default_engine
     with _default_lock:
         _default_engine = engine
+
+
+def info_to_json(info: InstanceInfo) -> dict[str, object]:
+    """An :class:`InstanceInfo` as JSON-able data (for the engine daemon and EnvHub)."""
+    return {
+        "id": info.id,
+        "env_ref": info.env_ref,
+        "state": info.state.value,
+        "url": info.url,
+        "created_at": info.created_at,
+        "expires_at": info.expires_at,
+        "reason": info.reason.value if info.reason else None,
+        "detail": info.detail,
+        "owner": info.owner,
+        "parent": info.parent,
+        "labels": dict(info.labels),
+    }
+
+
+def info_from_json(data: Mapping[str, Any]) -> InstanceInfo:
+    """The inverse of :func:`info_to_json`."""
+    return InstanceInfo(
+        id=str(data["id"]),
+        env_ref=str(data["env_ref"]),
+        state=InstanceState(data["state"]),
+        url=data.get("url"),
+        created_at=float(data.get("created_at") or 0.0),
+        expires_at=data.get("expires_at"),
+        reason=TerminationReason(data["reason"]) if data.get("reason") else None,
+        detail=str(data.get("detail") or ""),
+        owner=data.get("owner"),
+        parent=data.get("parent"),
+        labels=dict(data.get("labels") or {}),
+    )

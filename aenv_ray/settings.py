@@ -47,6 +47,10 @@ class Settings(BaseSettings):
     functions_port: int = Field(default=8080, description="local mode: functions/health port")
     mcp_port: int = Field(default=8081, description="local mode: MCP port")
     env_path: str = Field(default="", description="colon-separated project directories")
+    state_dir: str = Field(
+        default="",
+        description="where `aenv instance` keeps its engine daemon (default: the user state dir)",
+    )
 
 
 def get_settings() -> Settings:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -12,6 +13,9 @@ from aenv_ray.errors import ConfigurationError, DefinitionError
 from aenv_ray.registry import Registry
 
 __all__ = ["LoadedProject", "load_project"]
+
+# The src directories load_project imported from in this process (tests load many projects).
+_LOADED_SOURCES: set[Path] = set()
 
 
 class LoadedProject:
@@ -23,16 +27,26 @@ class LoadedProject:
         self.registry = registry
 
 
-def _module_files(src: Path) -> list[Path]:
-    files = []
-    for path in sorted(src.rglob("*.py")):
+def _python_files(src: Path) -> list[Path]:
+    """Every ``.py`` file under ``src`` outside hidden directories, sorted."""
+    return [
+        path
+        for path in sorted(src.rglob("*.py"))
+        if not any(part.startswith(".") for part in path.relative_to(src).parts)
+    ]
+
+
+def _module_files(files: list[Path], src: Path) -> list[Path]:
+    """The public modules among ``files``: those the loader imports itself."""
+    public = []
+    for path in files:
         rel = path.relative_to(src)
-        if any(part.startswith(("_", ".")) for part in rel.parts):
+        if any(part.startswith("_") for part in rel.parts):
             continue  # private helpers are imported by the modules that need them
         if rel.parts[0] in ("tests", "test") or path.name.startswith("test_"):
             continue
-        files.append(path)
-    return files
+        public.append(path)
+    return public
 
 
 def _is_inside(filename: str | None, src: Path) -> bool:
@@ -76,9 +90,12 @@ def _forget_earlier_load(src: Path) -> None:
     again, into the new registry. Only modules imported as project modules (their name is their
     path under ``src``) are dropped, never a library that merely lives below it.
     """
+    prefix = os.path.join(src, "")
     for name, module in list(sys.modules.items()):
         file = getattr(module, "__file__", None)
-        if not _is_inside(file, src):
+        # a project module's file starts with src as put on sys.path; the string test is cheap,
+        # resolving the path of every module in sys.modules is not
+        if not isinstance(file, str) or not file.startswith(prefix) or not _is_inside(file, src):
             continue
         try:
             expected = _module_name(Path(file).resolve(), src)  # type: ignore[arg-type]
@@ -86,6 +103,24 @@ def _forget_earlier_load(src: Path) -> None:
             continue
         if name == expected:
             del sys.modules[name]
+
+
+def _check_no_foreign_module(files: list[Path], src: Path) -> None:
+    """Refuse a load whose modules (private helpers included) would silently be another
+    project's: one loaded earlier in this process imported a module of the same name."""
+    for path in files:
+        name = _module_name(path, src)
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if file is None or _is_inside(file, src):
+            continue
+        other = next((o for o in sorted(_LOADED_SOURCES) if o != src and _is_inside(file, o)), None)
+        if other is not None:
+            raise DefinitionError(
+                f"module {path} is named `{name}`, which is already imported from {file} "
+                f"(the project in {other}, loaded earlier in this process); an import of "
+                f"`{name}` would get that one: rename the file",
+                location=str(path),
+            )
 
 
 def load_project(root: str | Path) -> LoadedProject:
@@ -98,7 +133,8 @@ def load_project(root: str | Path) -> LoadedProject:
     root = Path(root).resolve()
     config = EnvConfig.load(root)
     src = (root / "src").resolve() if (root / "src").is_dir() else root
-    files = _module_files(src)
+    every_file = _python_files(src)
+    files = _module_files(every_file, src)
     if not files:
         raise ConfigurationError(
             f"{src} holds no Python module; put the module with your @register_tool functions "
@@ -111,6 +147,8 @@ def load_project(root: str | Path) -> LoadedProject:
     sys.path.insert(0, str(src))
     importlib.invalidate_caches()  # files written since the last import are seen
     _forget_earlier_load(src)
+    _check_no_foreign_module(every_file, src)
+    _LOADED_SOURCES.add(src)
     registry = Registry()
     with registry.collecting():
         for path in files:

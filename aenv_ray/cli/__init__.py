@@ -31,7 +31,7 @@ from typing import Annotated, Any
 import typer
 
 from aenv_ray import __version__
-from aenv_ray.cli import _project
+from aenv_ray.cli import _instance, _project
 from aenv_ray.cli._common import EXIT_FAILURE, EXIT_USAGE, error_line
 from aenv_ray.errors import AEnvError, ConfigurationError
 
@@ -65,6 +65,7 @@ def _root(
 
 
 _project.register(app)
+app.add_typer(_instance.app, name="instance")
 
 
 def _click_errors() -> tuple[type[BaseException], ...]:
