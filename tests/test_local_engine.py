@@ -284,6 +284,14 @@ async def test_other_instances_are_invisible(engine: LocalEngine, instance: Any)
 
 
 @needs_namespaces
+async def test_nothing_of_the_engine_leaks_in_as_open_files(instance: Any) -> None:
+    async with Environment.attach(instance.url or "") as env:
+        files = (await env.call_tool("open_files", {})).structured
+    assert isinstance(files, list)
+    assert not [f for f in files if "cgroup" in f or f.startswith(("pid:", "/.host"))], files
+
+
+@needs_namespaces
 async def test_no_network_by_default(instance: Any) -> None:
     server = socket.socket()
     server.bind(("127.0.0.1", 0))

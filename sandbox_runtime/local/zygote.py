@@ -536,6 +536,17 @@ class Zygote:
                     item.close()
             self.selector.close()
             self.control.close()
+            # nothing of the zygote's own reaches an instance: its pid namespace, its cgroups
+            inherited = [self.pid_namespace] if self.pid_namespace is not None else []
+            if self.cgroups is not None:
+                inherited += [
+                    *self.cgroups.dir_fds.values(),
+                    *(fd for fd, _ in self.cgroups.parents),
+                ]
+            for fd in inherited:
+                os.close(fd)
+            self.cgroups = None
+            self.pid_namespace = None
             for instance in self.instances.values():
                 instance.channel.close()
             for init in self.inits.values():

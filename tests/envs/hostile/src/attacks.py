@@ -135,3 +135,15 @@ def recall(key: str) -> object:
 def crash() -> None:
     """The runtime dies on the spot, as a segfault would kill it."""
     os._exit(70)
+
+
+@register_tool
+def open_files() -> list[str]:
+    """What this process's file descriptors point at."""
+    targets = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            targets.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            continue
+    return sorted(targets)
