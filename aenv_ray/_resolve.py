@@ -61,7 +61,7 @@ def resolve_environment(ref: str, env_path: str = "") -> tuple[str, Path]:
             return best, known[best]
     names = sorted(known)
     close = difflib.get_close_matches(ref, names, n=1, cutoff=0.5)
-    hint = f"; did you mean `{close[0]}`?" if close else ""
+    hint = f"; did you mean `{close[0]}`?" if close else "."
     where = "the built-in environments" + (f" and AENV_ENV_PATH={env_path}" if env_path else "")
     listing = ", ".join(f"`{n}`" for n in names) or "none"
     raise EnvironmentNotFoundError(

@@ -78,7 +78,7 @@ def parse_memory(value: str | int) -> int:
     if isinstance(value, int):
         size = value
     else:
-        match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kKmMgGtT]?i?)[bB]?", value.strip())
+        match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*((?:[kKmMgGtT]i?)?)[bB]?", value.strip())
         if not match:
             raise ConfigurationError(f'memory `{value}` is not a size; write e.g. "512M" or "4G"')
         unit = match.group(2).lower()

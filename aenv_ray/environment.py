@@ -136,6 +136,7 @@ class Environment:
         self._tools: list[dict[str, Any]] | None = None
         self._served_ref: str | None = None
         self._declared: dict[str, Any] = {}  # timeouts the runtime's tools and functions declare
+        self._tool_names: set[str] = set()  # from /aenv/v1/info: maps OpenAI names back
         self._openai_names: OpenAINames | None = None
         self._engine = engine
         self._project: Path | None = None
@@ -374,6 +375,8 @@ class Environment:
                 extra={"requested": self.env_name, "served": served},
             )
         self._served_ref = served
+        names = info.get("tools")
+        self._tool_names = {str(n) for n in names} if isinstance(names, list) else set()
         declared = info.get("timeouts")
         self._declared = declared if isinstance(declared, dict) else {}
 
@@ -511,7 +514,7 @@ class Environment:
                     error_kind=ToolErrorKind.NOT_FOUND,
                 )
             return tool
-        known = {t["name"] for t in self._tools} if self._tools else set()
+        known = self._tool_names or ({t["name"] for t in self._tools} if self._tools else set())
         if name in known:
             return name
         return self._names().from_openai(name, known) or name
@@ -536,8 +539,8 @@ class Environment:
             )
         if self._state == "new":
             await self.initialize()
-        if self._tools is None and "/" not in tool_name and "__" in tool_name:
-            await self.list_tools()  # an OpenAI-style name: learn the table to map it back
+        if not self._tool_names and self._tools is None and "/" not in tool_name:
+            await self.list_tools()  # a runtime that did not list its tools in /aenv/v1/info
         plain = self._plain_tool_name(tool_name)
         if isinstance(plain, ToolResult):
             return plain

@@ -11,6 +11,7 @@ import asyncio
 import enum
 import functools
 import inspect
+import math
 import threading
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal, Optional
@@ -812,45 +813,137 @@ def test_non_callable_is_rejected(reg: Registry) -> None:
     assert "@register_tool needs a function" in str(info.value)
 
 
-def _renamed_invalid(reg: Registry) -> None:
+def test_name_given_as_empty_string_is_invalid_not_ignored(reg: Registry) -> None:
+    def subject() -> str:
+        return ""
+
+    with pytest.raises(DefinitionError) as info:
+        register_tool(name="")(subject)
+    _assert_names(info.value, "``", "(function `", "subject`", _where(subject), "is invalid")
+    assert len(reg) == 0
+
+
+@pytest.mark.parametrize("timeout", [math.inf, True, "30", [1], complex(1, 0)])
+def test_timeout_of_the_wrong_kind_is_a_definition_error(reg: Registry, timeout: Any) -> None:
+    # not a TypeError from comparing a str with 0, not an endless limit, not True-as-one-second
+    def slow() -> str:
+        return ""
+
+    with pytest.raises(DefinitionError) as info:
+        register_tool(timeout=timeout)(slow)
+    _assert_names(
+        info.value, "`slow`", _where(slow), "timeout must be a positive number", "timeout=30"
+    )
+    assert len(reg) == 0
+
+
+@pytest.mark.parametrize("timeout", [0.001, 1, 2.5, 86400])
+def test_positive_finite_timeouts_are_kept(reg: Registry, timeout: float) -> None:
+    def quick() -> str:
+        return ""
+
+    assert register_tool(timeout=timeout)(quick) is quick
+    assert reg.tools["quick"].timeout == timeout
+    assert reg.tools["quick"].describe()["timeout"] == timeout
+
+
+# Each case registers `my_tool_impl` under name=... and fails; the error must name the requested
+# name, the Python function by its qualified name, where it is, and what to do.
+Case = tuple[Any, Any, str, str]  # (act, my_tool_impl, requested name, remedy)
+
+
+def _renamed_invalid() -> Case:
     def my_tool_impl() -> str:
         return ""
 
-    register_tool(name="bad/name")(my_tool_impl)
+    act = lambda: register_tool(name="bad/name")(my_tool_impl)  # noqa: E731
+    return act, my_tool_impl, "`bad/name`", "use a letter"
 
 
-def _renamed_reserved(reg: Registry) -> None:
+def _renamed_reserved() -> Case:
     def my_tool_impl() -> str:
         return ""
 
-    register_tool(name="list")(my_tool_impl)
+    act = lambda: register_function(name="list")(my_tool_impl)  # noqa: E731
+    return act, my_tool_impl, "`list`", "pass name="
 
 
-def _renamed_timeout(reg: Registry) -> None:
+def _renamed_timeout() -> Case:
     def my_tool_impl() -> str:
         return ""
 
-    register_tool(name="fine", timeout=0)(my_tool_impl)
+    act = lambda: register_tool(name="fine", timeout=0)(my_tool_impl)  # noqa: E731
+    return act, my_tool_impl, "`fine`", "timeout must be a positive number of seconds"
 
 
-def _renamed_duplicate(reg: Registry) -> None:
+def _renamed_duplicate() -> Case:
     def other_impl() -> str:
         return ""
 
     def my_tool_impl() -> str:
         return ""
 
-    register_tool(name="same")(other_impl)
-    register_tool(name="same")(my_tool_impl)
+    def act() -> None:
+        register_tool(name="same")(other_impl)
+        register_tool(name="same")(my_tool_impl)
+
+    return act, my_tool_impl, "`same`", "rename one with @register_tool(name=...)"
+
+
+def _renamed_second_reward() -> Case:
+    def other_impl() -> float:
+        return 0.0
+
+    def my_tool_impl() -> float:
+        return 1.0
+
+    def act() -> None:
+        register_reward(name="grade")(other_impl)
+        register_reward(name="score")(my_tool_impl)
+
+    return act, my_tool_impl, "`score`", "remove one"
 
 
 @pytest.mark.parametrize(
-    "case", [_renamed_invalid, _renamed_reserved, _renamed_timeout, _renamed_duplicate]
+    "case",
+    [
+        _renamed_invalid,
+        _renamed_reserved,
+        _renamed_timeout,
+        _renamed_duplicate,
+        _renamed_second_reward,
+    ],
 )
 def test_errors_for_renamed_functions_name_the_python_function(reg: Registry, case: Any) -> None:
+    act, fn, requested, remedy = case()
     with pytest.raises(DefinitionError) as info:
-        case(reg)
-    assert "my_tool_impl" in str(info.value)
+        act()
+    qualified = f"{case.__name__}.<locals>.my_tool_impl"
+    where = _where(fn)
+    _assert_names(info.value, requested, f"(function `{qualified}`)", where, remedy)
+    assert info.value.location == where
+
+
+def test_second_reward_names_the_function_behind_the_first_one(reg: Registry) -> None:
+    @register_reward(name="grade")
+    def first_impl() -> float:
+        return 1.0
+
+    def second_impl() -> float:
+        return 0.0
+
+    with pytest.raises(DefinitionError) as info:
+        register_reward(second_impl)
+    _assert_names(info.value, "`grade`", "first_impl`", _where(first_impl), "`second_impl`")
+
+
+def test_errors_without_a_rename_do_not_repeat_the_function(reg: Registry) -> None:
+    def list() -> str:  # reserved, and not renamed
+        return ""
+
+    with pytest.raises(DefinitionError) as info:
+        register_tool(list)
+    assert "(function `" not in str(info.value)
 
 
 # -- return values, end to end through an in-process dispatcher ---------------------------
