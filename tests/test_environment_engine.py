@@ -40,6 +40,14 @@ def settings() -> Settings:
     return Settings(dummy_instance_ip=None, system_url=None, env_path="")
 
 
+async def until_terminated(engine: LocalEngine, instance_id: str | None) -> None:
+    """Wait (10 s at most) until the engine has seen the instance end."""
+    deadline = time.monotonic() + 10
+    while (await engine.get(instance_id or "")).state is not InstanceState.TERMINATED:
+        assert time.monotonic() < deadline, "the engine never noticed"
+        await asyncio.sleep(0.05)
+
+
 def make_project(parent: Path, name: str, version: str, ttl: str | None = None) -> Path:
     root = parent / f"{name}-{version}"
     (root / "src").mkdir(parents=True)
@@ -170,10 +178,7 @@ async def test_a_crashed_instance_says_why(engine: LocalEngine, settings: Settin
     async with Environment.from_project(HOSTILE, engine=engine, settings=settings) as env:
         with pytest.raises(InstanceBrokenError):
             await env.call_tool("crash", {})
-        deadline = time.monotonic() + 10
-        while (await engine.get(env.instance_id or "")).state is not InstanceState.TERMINATED:
-            assert time.monotonic() < deadline, "the engine never noticed"
-            await asyncio.sleep(0.05)
+        await until_terminated(engine, env.instance_id)
         with pytest.raises(InstanceBrokenError, match="crashed"):
             await env.call_tool("identity", {})
 
@@ -182,10 +187,7 @@ async def test_an_expired_instance_is_instance_expired(
     engine: LocalEngine, settings: Settings
 ) -> None:
     async with Environment.from_project(HOSTILE, ttl=0.5, engine=engine, settings=settings) as env:
-        deadline = time.monotonic() + 10
-        while (await engine.get(env.instance_id or "")).state is not InstanceState.TERMINATED:
-            assert time.monotonic() < deadline, "the engine never noticed"
-            await asyncio.sleep(0.05)
+        await until_terminated(engine, env.instance_id)
         with pytest.raises(InstanceExpiredError, match="TTL"):
             await env.call_tool("identity", {})
 
