@@ -423,7 +423,10 @@ class Environment:
                 )
                 break
             except InstanceBrokenError as exc:
-                raise await self._why_broken(exc) from exc
+                explained = await self._why_broken(exc)
+                if explained is exc:
+                    raise
+                raise explained from exc
             except InstanceUnreachableError:
                 # only reads are repeated: a call may have run before the connection failed
                 attempt += 1
