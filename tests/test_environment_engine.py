@@ -202,3 +202,14 @@ def test_the_default_engine_is_one_local_engine() -> None:
     first = default_engine()
     assert first is default_engine()
     assert isinstance(first, LocalEngine)
+
+
+async def test_a_missing_datasource_is_a_configuration_error(
+    engine: LocalEngine, settings: Settings, tmp_path: Path
+) -> None:
+    env = Environment.from_project(
+        HOSTILE, datasource=str(tmp_path / "nowhere"), engine=engine, settings=settings
+    )
+    with pytest.raises(ConfigurationError, match="is not a directory"):
+        await env.initialize()
+    assert env.instance_id is None  # nothing was created

@@ -238,15 +238,23 @@ class LocalEngine:
             # /tmp and /workspace are tmpfs: their pages count against the memory limit
             "tmp_bytes": min(_MAX_TMP, memory // 4),
             "workspace_bytes": memory,
-            "datasource": spec.datasource,
+            "datasource": _datasource(spec.datasource),
         }
         workspace = None
         if not zygote.isolated:
             workspace = tempfile.mkdtemp(prefix=f"aenv-instance-{iid}-")
             message["workspace"] = workspace
-            if spec.datasource:  # no mount without namespaces: tell the instance where it is
-                env.setdefault("AENV_DATASOURCE", spec.datasource)
-        reply = await self._request(zygote, iid, message, deadline)
+            if message["datasource"]:  # no mount without namespaces: say where it is
+                env.setdefault("AENV_DATASOURCE", message["datasource"])
+        try:
+            reply = await self._request(zygote, iid, message, deadline)
+        except BaseException:
+            # it may have started after all (a slow handshake): leave nothing behind
+            with contextlib.suppress(Exception):
+                await self._send(zygote, {"op": "kill", "id": iid})
+            if workspace is not None:
+                shutil.rmtree(workspace, ignore_errors=True)
+            raise
         now = time.time()
         info = InstanceInfo(
             id=iid,
@@ -537,6 +545,18 @@ class LocalEngine:
 def _load_config(project: str) -> tuple[Path, EnvConfig]:
     root = Path(project).resolve()
     return root, EnvConfig.load(root)
+
+
+def _datasource(path: str | None) -> str | None:
+    """An absolute, existing directory (or None): the zygote resolves nothing itself."""
+    if not path:
+        return None
+    absolute = Path(path).expanduser().resolve()
+    if not absolute.is_dir():
+        raise ConfigurationError(
+            f"datasource {path} is not a directory; pass an existing directory to mount at /data"
+        )
+    return str(absolute)
 
 
 def _start_process(command: list[str], fd: int) -> subprocess.Popen[bytes]:
