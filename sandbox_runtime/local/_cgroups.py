@@ -124,13 +124,6 @@ class Cgroups:
             version=2, dir_fds={"unified": fd}, warnings=warnings, parents=[(parent_fd, group.name)]
         )
 
-    @property
-    def controllers(self) -> set[str]:
-        """Controllers that work here."""
-        if self.version == 1:
-            return set(self.dir_fds)
-        return set(_CONTROLLERS) if self.dir_fds else set()
-
     def create(self, name: str, limits: Limits) -> InstanceGroup:
         """A new group ``name`` with ``limits`` applied (missing controllers are skipped)."""
         group = InstanceGroup(self, name)

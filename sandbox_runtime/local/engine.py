@@ -90,7 +90,6 @@ class _Zygote:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     waiting: dict[str, asyncio.Future[dict[str, Any]]] = field(default_factory=dict)
     ready: asyncio.Future[dict[str, Any]] | None = None
-    warnings: list[str] = field(default_factory=list)
 
 
 class LocalEngine:
@@ -225,16 +224,14 @@ class LocalEngine:
         iid = uuid.uuid4().hex[:12]
         ttl = _ttl(spec.ttl, config)
         env = {**config.deploy_config.env, **dict(spec.environment_variables)}
-        memory = parse_memory(config.deploy_config.memory)
+        resources = _resources(config)
+        memory = resources["memory"]
         message: dict[str, Any] = {
             "op": "spawn",
             "id": iid,
             "env": env,
             "arguments": list(spec.arguments),
-            "network": config.deploy_config.network,
-            "memory": memory,
-            "cpu": parse_cpu(config.deploy_config.cpu),
-            "pids": config.deploy_config.pids,
+            **resources,
             # /tmp and /workspace are tmpfs: their pages count against the memory limit
             "tmp_bytes": min(_MAX_TMP, memory // 4),
             "workspace_bytes": memory,
@@ -327,17 +324,14 @@ class LocalEngine:
                 f"cannot fork: {parent.info.describe_end()}", instance_id=instance_id
             )
         zygote = parent.zygote
-        config = EnvConfig.load(zygote.root)
+        _, config = _load_config(str(zygote.root))
         ids = [uuid.uuid4().hex[:12] for _ in range(n)]
         deadline = time.monotonic() + timeout
         message = {
             "op": "fork",
             "id": instance_id,
             "new_ids": ids,
-            "network": config.deploy_config.network,
-            "memory": parse_memory(config.deploy_config.memory),
-            "cpu": parse_cpu(config.deploy_config.cpu),
-            "pids": config.deploy_config.pids,
+            **_resources(config),
         }
         replies = await self._request_many(zygote, ids, message, deadline)
         infos = []
@@ -540,6 +534,17 @@ class LocalEngine:
         if record.workspace is not None:
             shutil.rmtree(record.workspace, ignore_errors=True)
             record.workspace = None
+
+
+def _resources(config: EnvConfig) -> dict[str, Any]:
+    """What an instance of ``config`` may use: network, memory bytes, cores, processes."""
+    deploy = config.deploy_config
+    return {
+        "network": deploy.network,
+        "memory": parse_memory(deploy.memory),
+        "cpu": parse_cpu(deploy.cpu),
+        "pids": deploy.pids,
+    }
 
 
 def _load_config(project: str) -> tuple[Path, EnvConfig]:

@@ -37,7 +37,7 @@ import socket
 import struct
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -103,8 +103,6 @@ class _Instance:
     group_root: str = ""  # the instance whose pid namespace this one lives in (itself or a fork's)
     killed: bool = False
     starting: bool = False  # isolated: forked, its pid 1 not yet mapped into its user namespace
-    exit_status: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Zygote:
@@ -257,7 +255,7 @@ class Zygote:
         if init_ours is None:
             self._tell({"op": "spawned", "id": iid, "port": port, "pid": pid})
             return
-        # the rest arrives on the init's channel: "map" (then "spawned"), later "exit"
+        # the rest arrives on the init's channel: "map", then the zygote answers "spawned"
         instance.starting = True
         self.inits[iid] = init_ours
         self.selector.register(init_ours, selectors.EVENT_READ, ("init", iid))
@@ -289,8 +287,6 @@ class Zygote:
             send(self.inits[iid], {"op": "mapped"})
             instance.starting = False
             self._tell({"op": "spawned", "id": iid, "port": instance.port, "pid": instance.pid})
-        elif message.get("op") == "exit":
-            instance.exit_status = int(message["status"])
 
     def _first_process(
         self,
@@ -364,14 +360,11 @@ class Zygote:
                     os.read(wake_read, 512)
             while True:
                 try:
-                    pid, status = os.waitpid(-1, os.WNOHANG)
+                    pid, _ = os.waitpid(-1, os.WNOHANG)  # reap orphans and the runtime
                 except ChildProcessError:
                     os._exit(0)  # nothing left to serve
                 if pid == 0:
                     break
-                if pid == runtime:
-                    with contextlib.suppress(OSError):
-                        send(init, {"op": "exit", "status": status})
 
     def _run_runtime(
         self, message: dict[str, Any], listen: socket.socket, channel: socket.socket, workspace: str
@@ -409,7 +402,7 @@ class Zygote:
                 init_group = self.cgroups.create(f"init-{root}", Limits())
                 init_group.add(root_instance.pid)
                 self.init_groups[root] = init_group
-        items, fds = [], []
+        items, fds, handed_over = [], [], []
         for child_id in message["new_ids"]:
             listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             listen.bind(("127.0.0.1", 0))
@@ -428,12 +421,12 @@ class Zygote:
             items.append({"id": str(child_id), "network": bool(message.get("network"))})
             fds.extend([listen.fileno(), theirs.fileno()])
             self.instances[child.id] = child
-            child.extra["_close"] = [listen, theirs]
+            handed_over.extend([listen, theirs])
         send(parent.channel, {"op": "fork", "items": items}, fds)
+        for sock in handed_over:  # the runtime has its copies now
+            sock.close()
         for child_id in message["new_ids"]:
             child = self.instances[str(child_id)]
-            for sock in child.extra.pop("_close"):
-                sock.close()
             hello, pid = _receive_with_pid(child.channel)
             if hello is None or pid is None:
                 self._forget(child)
