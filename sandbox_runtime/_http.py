@@ -2,7 +2,9 @@
 
 No framework sits on the hot path: a request to ``/aenv/v1/call`` is read, parsed with orjson,
 dispatched and answered in a handful of function calls (~0.1 ms of server CPU). Everything under
-``/mcp`` is handed to FastMCP's streamable-HTTP app, so standard MCP clients keep working.
+``/mcp`` is handed to FastMCP's streamable-HTTP app, so standard MCP clients keep working. The
+MCP app's lifespan (its session manager) starts with the first MCP request, not with the server:
+an instance that is only called on the fast path never pays for it.
 
 Routes (on every port the runtime listens on):
 
@@ -20,6 +22,8 @@ Routes (on every port the runtime listens on):
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -81,31 +85,35 @@ class RuntimeApp:
     def __init__(self, dispatcher: Dispatcher, *, mcp_app: ASGIApp | None = None) -> None:
         self.dispatcher = dispatcher
         self.mcp_app = mcp_app
+        self._mcp_lifespan = _LazyLifespan(mcp_app) if mcp_app is not None else None
         registry = dispatcher.registry
         self._tools_payload = orjson.dumps(
             {"tools": [entry.describe() for entry in registry.tools.values()]}
         )
-        self._info_payload = orjson.dumps(
-            {
-                "name": dispatcher.env_ref.split("@", 1)[0],
-                "version": dispatcher.env_ref.split("@", 1)[-1],
-                "ref": dispatcher.env_ref,
-                "tools": sorted(registry.tools),
-                "functions": sorted(registry.functions),
-                "reward": registry.reward.name if registry.reward else None,
-                "health": registry.health.name if registry.health else None,
-                "timeouts": _declared_timeouts(registry),
-                "pid": os.getpid(),
-            }
-        )
+        self._info = {
+            "name": dispatcher.env_ref.split("@", 1)[0],
+            "version": dispatcher.env_ref.split("@", 1)[-1],
+            "ref": dispatcher.env_ref,
+            "tools": sorted(registry.tools),
+            "functions": sorted(registry.functions),
+            "reward": registry.reward.name if registry.reward else None,
+            "health": registry.health.name if registry.health else None,
+            "timeouts": _declared_timeouts(registry),
+        }
+        self._info_payload = b""
+        self._info_pid = 0
+
+    def _info_bytes(self) -> bytes:
+        # per process: a template builds this app once and the instances it forks serve it
+        if self._info_pid != os.getpid():
+            self._info_pid = os.getpid()
+            self._info_payload = orjson.dumps({**self._info, "pid": self._info_pid})
+        return self._info_payload
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "lifespan":
-            if self.mcp_app is not None:
-                await self.mcp_app(scope, receive, send)
-                return
-            await _lifespan_noop(receive, send)
+            await _lifespan(receive, send, self._mcp_lifespan)
             return
         if kind != "http":
             return
@@ -115,14 +123,15 @@ class RuntimeApp:
             if path == p.FAST_CALL_PATH and method == "POST":
                 await self._fast_call(receive, send)
             elif path == p.MCP_PATH or path.startswith(p.MCP_PATH + "/"):
-                if self.mcp_app is None:
+                if self.mcp_app is None or self._mcp_lifespan is None:
                     await _send_json(send, 404, {"error": "MCP is not enabled on this runtime"})
                 else:
+                    await self._mcp_lifespan.started()
                     await self.mcp_app(scope, receive, send)
             elif path == p.FAST_TOOLS_PATH and method == "GET":
                 await _send_raw(send, self._tools_payload)
             elif path == p.FAST_INFO_PATH and method == "GET":
-                await _send_raw(send, self._info_payload)
+                await _send_raw(send, self._info_bytes())
             elif path == p.HEALTH_PATH and method in ("GET", "POST"):
                 await self._health(scope, receive, send)
             elif path == p.REWARD_PATH and method == "POST":
@@ -271,11 +280,71 @@ async def _send_raw(send: Send, body: bytes) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-async def _lifespan_noop(receive: Receive, send: Send) -> None:
+async def _lifespan(receive: Receive, send: Send, mcp: _LazyLifespan | None) -> None:
+    """The server's lifespan: nothing to start; at shutdown, stop the MCP app if it started."""
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
+            if mcp is not None:
+                await mcp.shutdown()
             await send({"type": "lifespan.shutdown.complete"})
             return
+
+
+class _LazyLifespan:
+    """Run an ASGI app's lifespan on demand: started by the first caller of :meth:`started`,
+    on the serving loop, and kept running until :meth:`shutdown`."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._startup: asyncio.Future[None] | None = None
+        self._inbox: asyncio.Queue[Message] | None = None
+        self._stopped: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def started(self) -> None:
+        """Return once the app's startup completed (raise if it failed)."""
+        if self._startup is None:
+            loop = asyncio.get_running_loop()
+            self._startup = loop.create_future()
+            self._inbox = asyncio.Queue()
+            self._inbox.put_nowait({"type": "lifespan.startup"})
+            self._stopped = asyncio.Event()
+            scope = {"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}
+            self._task = loop.create_task(self._run(scope))
+        await asyncio.shield(self._startup)
+
+    async def _run(self, scope: Scope) -> None:
+        inbox, startup, stopped = self._inbox, self._startup, self._stopped
+        assert inbox is not None
+        assert startup is not None
+        assert stopped is not None
+
+        async def send(message: Message) -> None:
+            kind = message["type"]
+            if kind == "lifespan.startup.complete" and not startup.done():
+                startup.set_result(None)
+            elif kind == "lifespan.startup.failed" and not startup.done():
+                failure = message.get("message")
+                startup.set_exception(RuntimeError(f"MCP start-up failed: {failure}"))
+            elif kind.startswith("lifespan.shutdown"):
+                stopped.set()
+
+        try:
+            await self.app(scope, inbox.get, send)
+        except Exception as exc:
+            log.exception("MCP lifespan failed")
+            if not startup.done():
+                startup.set_exception(RuntimeError(f"MCP start-up failed: {exc}"))
+        finally:
+            stopped.set()
+
+    async def shutdown(self) -> None:
+        """Ask a started app to shut down and wait (a few seconds at most)."""
+        if self._task is None or self._inbox is None or self._stopped is None:
+            return
+        self._inbox.put_nowait({"type": "lifespan.shutdown"})
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopped.wait(), 5)

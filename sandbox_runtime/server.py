@@ -127,12 +127,36 @@ class RuntimeServer:
 
             mcp_app = build_mcp_app(self.dispatcher, name=project.config.ref)
         self.app = RuntimeApp(self.dispatcher, mcp_app=mcp_app)
-        self.sockets = list(sockets) if sockets else [bind_socket(host, port) for port in ports]
-        self._uvicorn: _QuietServer | None = None
+        self.ready = threading.Event()  # set once the HTTP server serves
+        # ``sockets=[]``: built now, given its sockets later (:meth:`listen_on`); a template
+        # process builds one server this way so that the instances it forks need not
+        self.sockets = (
+            list(sockets) if sockets is not None else [bind_socket(host, port) for port in ports]
+        )
+        config = uvicorn.Config(
+            self.app,
+            lifespan="on",
+            log_level="warning",
+            log_config=None,
+            access_log=False,
+            timeout_keep_alive=3600,
+            date_header=False,
+            server_header=False,
+            loop=_loop_setting(),
+            http="httptools",
+            ws="none",
+        )
+        config.load()  # now: the instances a template forks inherit it loaded
+        self._uvicorn = _QuietServer(config, self.ready)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._stopped = threading.Event()
-        self.ready = threading.Event()  # set once the HTTP server serves
+
+    def listen_on(self, sockets: Sequence[socket.socket]) -> None:
+        """Serve on ``sockets`` (instead of any given before); call before :meth:`run`."""
+        if self._loop_thread is not None:
+            raise RuntimeError("the server runs already: its sockets are fixed")
+        self.sockets = list(sockets)
 
     @property
     def addresses(self) -> list[tuple[str, int]]:
@@ -141,6 +165,8 @@ class RuntimeServer:
 
     def run(self) -> None:
         """Serve until SIGTERM/SIGINT or :meth:`stop`. Call from the main thread."""
+        if not self.sockets:
+            raise RuntimeError("no socket to serve on: pass sockets= or call listen_on() first")
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
@@ -171,28 +197,14 @@ class RuntimeServer:
         self.stop()
 
     def _serve(self) -> None:
-        config = uvicorn.Config(
-            self.app,
-            lifespan="on",
-            log_level="warning",
-            log_config=None,
-            access_log=False,
-            timeout_keep_alive=3600,
-            date_header=False,
-            server_header=False,
-            loop=_loop_setting(),
-            http="httptools",
-            ws="none",
-        )
-        server = _QuietServer(config, self.ready)
-        self._uvicorn = server
+        server = self._uvicorn
 
         async def main() -> None:
             self._loop = asyncio.get_running_loop()
             await server.serve(sockets=self.sockets)
 
         try:
-            asyncio.run(main()) if config.loop == "asyncio" else _run_uvloop(main)
+            asyncio.run(main()) if server.config.loop == "asyncio" else _run_uvloop(main)
         except BaseException:
             log.exception("http server failed")
         finally:

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from aenv_ray import (
@@ -264,6 +265,10 @@ async def test_identity_is_its_own(instance: Any) -> None:
     assert me["hostname"].startswith("aenv-")
     assert max(me["pids"]) < 100  # its own pid namespace: a handful of processes
     assert not any(key.startswith(("PYTEST", "HOSTNAME")) for key in me["env"])  # no host env
+    # the template built the server; the instance's info still names the instance's own process
+    async with httpx.AsyncClient() as http:
+        info = (await http.get(f"{instance.url}/aenv/v1/info")).json()
+    assert info["pid"] == me["pid"]
 
 
 @needs_namespaces

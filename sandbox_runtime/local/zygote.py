@@ -132,6 +132,7 @@ class Zygote:
         self.warnings: list[str] = []
         self.engine_gone = False
         self.pid_namespace: int | None = None  # fd: where this process's children belong
+        self.server: Any = None  # the RuntimeServer every spawned instance starts from
 
     # -- set-up --------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -155,6 +156,11 @@ class Zygote:
             _sandbox.enter_template_root(root, _sandbox.runtime_paths(self.project.root))
             _linux.set_child_subreaper()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        # Built once here (its MCP server, schemas, uvicorn config): an instance only adds its
+        # socket and starts serving, touching (and so copying) far fewer of the template's pages.
+        from sandbox_runtime.server import RuntimeServer
+
+        self.server = RuntimeServer(self.project, sockets=[], default_timeout=self.default_timeout)
         # Everything imported so far lives as long as the template: keep the garbage collector
         # from walking (and so copying, page by page) those objects in every forked instance.
         gc.collect()
@@ -370,8 +376,6 @@ class Zygote:
         self, message: dict[str, Any], listen: socket.socket, channel: socket.socket, workspace: str
     ) -> None:
         """The instance's runtime: environment, working directory, then serve forever."""
-        from sandbox_runtime.server import RuntimeServer
-
         os.chdir(workspace)
         environ = dict(_BASE_ENV)
         environ.update(
@@ -384,7 +388,8 @@ class Zygote:
         os.environ.clear()
         os.environ.update(environ)
         sys.argv = ["sandbox_runtime", *[str(a) for a in message.get("arguments") or []]]
-        server = RuntimeServer(self.project, sockets=[listen], default_timeout=self.default_timeout)
+        server = self.server
+        server.listen_on([listen])
         _Control(server, channel, self).start()
         server.run()
         os._exit(0)

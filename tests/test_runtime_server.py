@@ -1,0 +1,73 @@
+"""RuntimeServer in this process: built before its sockets exist (as a template builds it), the
+MCP app started on demand, and a clean stop whether MCP was used or not."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import fastmcp
+import httpx
+import pytest
+
+from sandbox_runtime._loader import load_project
+from sandbox_runtime.server import RuntimeServer, bind_socket
+
+PROBE = Path(__file__).resolve().parent / "envs" / "probe"
+
+
+@contextmanager
+def serving(server: RuntimeServer) -> Iterator[str]:
+    """Run ``server`` on a thread; yield its base URL; stop it and require the thread to end."""
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    assert server.ready.wait(30), "the server did not start"
+    host, port = server.addresses[0]
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+        thread.join(10)
+        assert not thread.is_alive(), "the server did not stop"
+
+
+def test_a_server_built_without_sockets_refuses_to_run_until_given_some() -> None:
+    server = RuntimeServer(load_project(PROBE), sockets=[])
+    with pytest.raises(RuntimeError, match="listen_on"):
+        server.run()
+
+
+def test_listen_on_serves_the_given_socket_and_is_fixed_once_running() -> None:
+    server = RuntimeServer(load_project(PROBE), sockets=[])
+    listen = bind_socket("127.0.0.1", 0)
+    server.listen_on([listen])
+    with serving(server) as url:
+        assert url.endswith(f":{listen.getsockname()[1]}")
+        info = httpx.get(f"{url}/aenv/v1/info").json()
+        assert info["ref"].startswith("probe@")
+        with socket.socket() as other, pytest.raises(RuntimeError, match="runs already"):
+            server.listen_on([other])
+
+
+async def test_mcp_starts_on_its_first_request_and_the_server_stops_cleanly() -> None:
+    server = RuntimeServer(load_project(PROBE), sockets=[bind_socket("127.0.0.1", 0)])
+    with serving(server) as url:
+        async with httpx.AsyncClient() as http:
+            call = {"name": "echo", "arguments": {"text": "a"}}
+            fast = await http.post(f"{url}/aenv/v1/call", json=call)
+        assert fast.status_code == 200
+        assert not fast.json()["is_error"]
+        async with fastmcp.Client(f"{url}/mcp") as client:  # starts the MCP app now
+            names = {tool.name for tool in await client.list_tools()}
+            result = await client.call_tool("echo", {"text": "b"})
+        assert "echo" in names
+        assert result.data is not None or result.content
+
+
+def test_a_server_whose_mcp_never_started_stops_cleanly() -> None:
+    server = RuntimeServer(load_project(PROBE), sockets=[bind_socket("127.0.0.1", 0)])
+    with serving(server) as url:
+        assert httpx.get(f"{url}/health").status_code == 200
