@@ -31,6 +31,7 @@ from aenv_ray import (
 )
 from builtin_envs import builtin_path
 from sandbox_runtime.local import Isolation, LocalEngine
+from sandbox_runtime.local._init import init_binary
 from sandbox_runtime.local._sandbox import namespaces_available
 
 HOSTILE = Path(__file__).parent / "envs" / "hostile"
@@ -235,6 +236,35 @@ def test_instances_die_with_their_owner_even_by_sigkill() -> None:
     while _processes_of(owner_id) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _processes_of(owner_id) == []
+
+
+@needs_namespaces
+@pytest.mark.parametrize("pid1", ["compiled", "python"])
+async def test_pid_1_reaps_orphans_in_either_form(
+    pid1: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if pid1 == "python":
+        monkeypatch.setenv("AENV_LOCAL_INIT", "python")
+    elif init_binary()[0] is None:
+        pytest.skip(f"no compiled init here: {init_binary()[1]}")
+    engine = LocalEngine()
+    try:
+        info = await engine.create(hostile_spec())
+        table = await call(info.url, "process_table")
+        assert table[0]["pid"] == 1
+        expected = ".aenv-init" if pid1 == "compiled" else "sandbox_runtime.local.zygote"
+        assert expected in table[0]["command"]
+        assert await call(info.url, "orphans", {"count": 3}) == 3
+
+        async def all_reaped() -> bool:
+            rows = await call(info.url, "process_table")
+            return not any(r["state"] == "Z" or "sleep" in r["command"] for r in rows)
+
+        await wait_for(all_reaped, "pid 1 to reap the orphans")
+        await engine.delete(info.id)
+        assert (await engine.get(info.id)).state is InstanceState.TERMINATED
+    finally:
+        engine.close()
 
 
 # -- hostile code ----------------------------------------------------------------------------

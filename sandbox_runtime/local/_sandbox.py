@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -39,6 +40,7 @@ __all__ = [
 ]
 
 HOST = "/.host"
+INIT = "/.aenv-init"
 NOBODY = 65534
 _ROOT_DIRS = ("proc", "dev", "tmp", "workspace", "data", HOST.lstrip("/"))
 _DEVICES = ("null", "zero", "full", "random", "urandom")
@@ -73,8 +75,13 @@ def _mkdirs(root: str, path: str) -> str:
     return target
 
 
-def enter_template_root(root: str, binds: Iterable[Path]) -> None:
-    """Step 1: pivot this process (root, in no sandbox yet) into the template root at ``root``."""
+def enter_template_root(
+    root: str, binds: Iterable[Path], *, init: Path | None = None
+) -> str | None:
+    """Step 1: pivot this process (root, in no sandbox yet) into the template root at ``root``.
+
+    ``init``, the compiled pid 1 of instances, is copied in; returns its path inside (or None).
+    """
     L.unshare(L.CLONE_NEWNS)
     L.mount(None, "/", None, L.MS_REC | L.MS_PRIVATE)
     os.makedirs(root, exist_ok=True)
@@ -90,6 +97,9 @@ def enter_template_root(root: str, binds: Iterable[Path]) -> None:
             L.bind_mount(str(host), _mkdirs(root, str(host)))
     for name in _ROOT_DIRS:
         os.makedirs(f"{root}/{name}", exist_ok=True)
+    if init is not None:
+        shutil.copyfile(init, f"{root}{INIT}")
+        os.chmod(f"{root}{INIT}", 0o555)
     os.chmod(f"{root}/tmp", 0o1777)
     L.mount("tmpfs", f"{root}/dev", "tmpfs", L.MS_NOSUID | L.MS_NOEXEC, "mode=755,size=64k")
     for device in _DEVICES:
@@ -107,6 +117,7 @@ def enter_template_root(root: str, binds: Iterable[Path]) -> None:
         os.rmdir(HOST + root)
     # the root tmpfs itself becomes read-only: nothing new appears at the top level
     L.mount(None, "/", None, L.MS_REMOUNT | L.MS_BIND | L.MS_RDONLY | L.MS_NOSUID | L.MS_NODEV)
+    return INIT if init is not None else None
 
 
 def enter_instance_namespaces(

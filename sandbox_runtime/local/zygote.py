@@ -7,10 +7,13 @@ imports the runtime and the project's modules, builds the template root (``_sand
 ``ready`` and then serves the engine's requests one at a time:
 
 ``spawn`` (id, limits, network, environment, arguments, datasource)
-    fork a helper that enters fresh namespaces and forks the instance's pid 1 (an init that
-    reaps), which forks the runtime. The listening socket is bound here, in the host's network
-    namespace, before any of that: the instance answers on the host's loopback while it cannot
-    open a connection anywhere. Answer: ``spawned`` (id, port, pid).
+    start the instance's pid 1 in a new pid namespace (``init.c``, a small program that reaps
+    and exits when the zygote's end of its socket closes) and fork the runtime into that
+    namespace; the runtime enters its other namespaces and drops to a user namespace whose root
+    is nobody outside. Without the compiled init, a fork of the zygote is pid 1 and forks the
+    runtime. The listening socket is bound here, in the host's network namespace, before any of
+    that: the instance answers on the host's loopback while it cannot open a connection
+    anywhere. Answer: ``spawned`` (id, port, pid).
 ``fork`` (id, new ids)
     the instance's runtime forks on its main thread between jobs; each child copies the
     workspace and /tmp into its own mounts and asks for its cgroup. Answer: ``spawned`` per child.
@@ -99,7 +102,8 @@ class _Instance:
     port: int
     channel: socket.socket  # the runtime's end is in the instance; EOF: the runtime is gone
     group: InstanceGroup | None
-    pid: int | None = None  # host pid of its first process (isolated: its pid 1)
+    pid: int | None = None  # host pid of its runtime (Python pid 1: of that pid 1)
+    init_pid: int | None = None  # host pid of its pid namespace's init (isolated only)
     group_root: str = ""  # the instance whose pid namespace this one lives in (itself or a fork's)
     killed: bool = False
     starting: bool = False  # isolated: forked, its pid 1 not yet mapped into its user namespace
@@ -133,6 +137,7 @@ class Zygote:
         self.engine_gone = False
         self.pid_namespace: int | None = None  # fd: where this process's children belong
         self.server: Any = None  # the RuntimeServer every spawned instance starts from
+        self.init_path: str | None = None  # the compiled init, inside the template root
 
     # -- set-up --------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -152,8 +157,15 @@ class Zygote:
 
             self.pid_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY)
 
+            from sandbox_runtime.local._init import init_binary
+
+            init, why_not = init_binary()
+            if init is None:
+                log.info("instances get a Python pid 1", extra={"reason": why_not})
             root = f"/tmp/aenv-root-{os.getpid()}"
-            _sandbox.enter_template_root(root, _sandbox.runtime_paths(self.project.root))
+            self.init_path = _sandbox.enter_template_root(
+                root, _sandbox.runtime_paths(self.project.root), init=init
+            )
             _linux.set_child_subreaper()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         # Built once here (its MCP server, schemas, uvicorn config): an instance only adds its
@@ -232,16 +244,30 @@ class Zygote:
         ours, theirs = _pair()
         init_ours, init_theirs = _pair() if self.isolated else (None, None)
         go_read, go_write = os.pipe()
-        pid = self._fork_into_new_pid_namespace() if self.isolated else os.fork()
+        init_pid: int | None = None
+        if not self.isolated:
+            mode, pid = "plain", os.fork()
+        elif self.init_path is not None:
+            assert init_theirs is not None
+            mode = "runtime"
+            init_pid, pid = self._start_init_and_fork(self.init_path, init_theirs, iid)
+        else:
+            mode, pid = "init", self._fork_into_new_pid_namespace()
+            init_pid = pid
         if pid == 0:  # pragma: no cover - runs in the child
+            if mode == "runtime":
+                from sandbox_runtime.local import _linux
+
+                _linux.set_parent_death_signal(signal.SIGKILL)
             self._in_child(
                 self._first_process,
+                mode,
                 message,
                 listen,
                 theirs,
-                init_theirs,
+                init_theirs if mode == "init" else None,
                 go_read,
-                close=[ours, init_ours, go_write],
+                close=[ours, init_ours, go_write, *([init_theirs] if mode == "runtime" else [])],
             )
         os.close(go_read)
         theirs.close()
@@ -251,17 +277,19 @@ class Zygote:
         listen.close()
         try:
             if group is not None:
+                if init_pid is not None and init_pid != pid:
+                    group.add(init_pid)
                 group.add(pid)
             os.write(go_write, b"g")
         finally:
             os.close(go_write)
-        instance = _Instance(iid, port, ours, group, group_root=iid, pid=pid)
+        instance = _Instance(iid, port, ours, group, group_root=iid, pid=pid, init_pid=init_pid)
         self.instances[iid] = instance
         self.selector.register(ours, selectors.EVENT_READ, ("runtime", iid))
         if init_ours is None:
             self._tell({"op": "spawned", "id": iid, "port": port, "pid": pid})
             return
-        # the rest arrives on the init's channel: "map", then the zygote answers "spawned"
+        # the rest: "map" (from the runtime, or from a Python pid 1), then "spawned"
         instance.starting = True
         self.inits[iid] = init_ours
         self.selector.register(init_ours, selectors.EVENT_READ, ("init", iid))
@@ -281,7 +309,44 @@ class Zygote:
             _linux.setns(self.pid_namespace, _linux.CLONE_NEWPID)
         return pid
 
-    def _on_init_message(self, iid: str, message: dict[str, Any]) -> None:
+    def _start_init_and_fork(
+        self, init_path: str, channel: socket.socket, iid: str
+    ) -> tuple[int, int]:
+        """Start the compiled init as pid 1 of a new pid namespace, then ``os.fork()`` into it.
+
+        Returns ``(init pid, fork result)``; the init's fd 3 is ``channel``. ``posix_spawn``
+        shares this process's memory until the exec: no copy of the template's page tables.
+        """
+        from sandbox_runtime.local import _linux
+
+        assert self.pid_namespace is not None
+        fd = channel.fileno()
+        spare = os.dup(fd) if fd == 3 else None  # dup2(3, 3) would keep close-on-exec
+        _linux.unshare(_linux.CLONE_NEWPID)
+        pid = -1
+        try:
+            init_pid = os.posix_spawn(
+                init_path,
+                [init_path, "--owner", self.owner, "--instance", iid],  # for ps; unread
+                {},
+                file_actions=[(os.POSIX_SPAWN_DUP2, spare if spare is not None else fd, 3)],
+                setsid=True,
+            )
+            try:
+                pid = os.fork()
+            except BaseException:
+                os.kill(init_pid, signal.SIGKILL)
+                os.waitpid(init_pid, 0)
+                raise
+        finally:
+            if spare is not None:
+                os.close(spare)
+            if pid != 0:  # the child must not: it lives in the new namespace
+                _linux.setns(self.pid_namespace, _linux.CLONE_NEWPID)
+        return init_pid, pid
+
+    def _on_child_message(self, iid: str, message: dict[str, Any], sock: socket.socket) -> None:
+        """``map``: write the asking process's id maps, answer ``mapped``, report ``spawned``."""
         instance = self.instances.get(iid)
         if instance is None:
             return
@@ -290,22 +355,27 @@ class Zygote:
 
             assert instance.pid is not None
             write_id_maps(instance.pid)
-            send(self.inits[iid], {"op": "mapped"})
+            send(sock, {"op": "mapped"})
             instance.starting = False
             self._tell({"op": "spawned", "id": iid, "port": instance.port, "pid": instance.pid})
 
     def _first_process(
         self,
+        mode: str,
         message: dict[str, Any],
         listen: socket.socket,
         channel: socket.socket,
         init: socket.socket | None,
         go_read: int,
     ) -> None:
-        """Child of the zygote: wait for the cgroup; then the runtime (plain) or the init."""
+        """Child of the zygote: wait for the cgroup, then become what ``mode`` says.
+
+        ``plain``: the runtime, not isolated. ``runtime``: the runtime of an isolated instance
+        (the compiled init is its pid 1). ``init``: a Python pid 1 that forks the runtime.
+        """
         os.read(go_read, 1)
         os.close(go_read)
-        if init is None:  # plain process: this child is the runtime
+        if mode == "plain":
             os.setsid()
             workspace = Path(message["workspace"])
             workspace.mkdir(parents=True, exist_ok=True)
@@ -320,7 +390,19 @@ class Zygote:
             workspace_bytes=int(message.get("workspace_bytes") or 1 << 30),
             datasource=message.get("datasource"),
         )
-        self._instance_init(message, listen, channel, init)
+        if mode == "init":
+            assert init is not None
+            self._instance_init(message, listen, channel, init)
+            return
+
+        def wait_for_maps() -> None:
+            send(channel, {"op": "map"})
+            reply, _ = receive(channel)
+            if reply is None:
+                os._exit(1)
+
+        _sandbox.become_instance_root(wait_for_maps)
+        self._run_runtime(message, listen, channel, workspace="/workspace")
 
     def _instance_init(
         self,
@@ -403,9 +485,9 @@ class Zygote:
         if self.cgroups is not None and root in self.inits and root not in self.init_groups:
             # before the first fork: the group's pid 1 leaves the root instance's cgroup
             root_instance = self.instances.get(root)
-            if root_instance is not None and root_instance.pid is not None:
+            if root_instance is not None and root_instance.init_pid is not None:
                 init_group = self.cgroups.create(f"init-{root}", Limits())
-                init_group.add(root_instance.pid)
+                init_group.add(root_instance.init_pid)
                 self.init_groups[root] = init_group
         items, fds, handed_over = [], [], []
         for child_id in message["new_ids"]:
@@ -458,8 +540,7 @@ class Zygote:
         except OSError:
             payload = b""
         if payload:
-            if kind == "init":
-                self._on_init_message(iid, json.loads(payload))
+            self._on_child_message(iid, json.loads(payload), sock)
             return
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(sock)
@@ -487,8 +568,10 @@ class Zygote:
         elif instance.pid is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(instance.pid, signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(instance.pid, signal.SIGKILL)
+            for pid in (instance.pid, instance.init_pid):
+                if pid is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
         self._reap()
 
     def _finish(self, instance: _Instance, reason: str, detail: str) -> None:

@@ -147,3 +147,30 @@ def open_files() -> list[str]:
         except OSError:
             continue
     return sorted(targets)
+
+
+@register_tool
+def orphans(count: int = 3) -> int:
+    """Leave ``count`` short-lived grandchildren behind (their parent shell exits at once)."""
+    import subprocess
+
+    subprocess.run(["sh", "-c", " ".join(["sleep 0.05 &"] * count)], check=True)
+    return count
+
+
+@register_tool
+def process_table() -> list[dict[str, object]]:
+    """Every process this instance can see: pid, state (Z: a zombie nobody reaped), command."""
+    table = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                state = handle.read().rsplit(")", 1)[1].split()[0]
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                command = handle.read().replace(b"\0", b" ").decode().strip()
+        except OSError:
+            continue
+        table.append({"pid": int(entry), "state": state, "command": command})
+    return sorted(table, key=lambda row: int(row["pid"]))  # type: ignore[call-overload]
