@@ -72,6 +72,7 @@ class Cgroups:
     dir_fds: dict[str, int]  # controller ("unified" for v2) -> fd of aenv-<owner>
     warnings: list[str] = field(default_factory=list)
     parents: list[tuple[int, str]] = field(default_factory=list)  # (fd of parent, aenv-<owner>)
+    controllers: frozenset[str] = frozenset()  # v2: those enabled for the instances' groups
 
     @classmethod
     def detect(cls, owner: str) -> Cgroups:
@@ -112,16 +113,20 @@ class Cgroups:
             if missing:
                 warnings.append(f"cgroup v2 controllers not delegated here: {', '.join(missing)}")
             group.mkdir(exist_ok=True)
-            wanted = " ".join(f"+{c}" for c in _CONTROLLERS if c in available)
-            if wanted:
-                (group / "cgroup.subtree_control").write_text(wanted)
+            enabled = frozenset(c for c in _CONTROLLERS if c in available)
+            if enabled:
+                (group / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in enabled))
             fd = os.open(group, os.O_RDONLY | os.O_DIRECTORY)
             parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
         except OSError as exc:
             warnings.append(f"cannot use cgroup v2 at {group}: {exc.strerror}")
             return cls(version=2, dir_fds={}, warnings=warnings)
         return cls(
-            version=2, dir_fds={"unified": fd}, warnings=warnings, parents=[(parent_fd, group.name)]
+            version=2,
+            dir_fds={"unified": fd},
+            warnings=warnings,
+            parents=[(parent_fd, group.name)],
+            controllers=enabled,
         )
 
     def create(self, name: str, limits: Limits) -> InstanceGroup:
@@ -150,16 +155,16 @@ class Cgroups:
             _write(fds["cpu"], f"{name}/cpu.cfs_quota_us", str(int(limits.cpu * _CPU_PERIOD)))
 
     def _limit_v2(self, name: str, limits: Limits) -> None:
-        fd = self.dir_fds["unified"]
-        if limits.memory is not None:
+        fd, enabled = self.dir_fds["unified"], self.controllers
+        if limits.memory is not None and "memory" in enabled:
             _write(fd, f"{name}/memory.max", str(limits.memory))
             with contextlib.suppress(OSError):
                 _write(fd, f"{name}/memory.swap.max", "0")
             with contextlib.suppress(OSError):
                 _write(fd, f"{name}/memory.oom.group", "1")
-        if limits.pids is not None:
+        if limits.pids is not None and "pids" in enabled:
             _write(fd, f"{name}/pids.max", str(limits.pids))
-        if limits.cpu is not None:
+        if limits.cpu is not None and "cpu" in enabled:
             _write(fd, f"{name}/cpu.max", f"{int(limits.cpu * _CPU_PERIOD)} {_CPU_PERIOD}")
 
     def close(self) -> None:
