@@ -3,13 +3,13 @@
     scripts/run                                   # sets up .venv, then runs this
     .venv/bin/python examples/quickstart.py --episodes 8 --concurrency 4
 
-Each episode gets its own instance (a runtime process on free loopback ports, the way
-``aenv run`` serves a project), plays a scripted agent that solves a small shell task through
+Each episode gets its own instance on the embedded local engine (isolated in its own
+namespaces when the machine allows it, forked from a pre-imported template), plays a scripted agent that solves a small shell task through
 the ``execute_command`` tool, asks the environment's reward whether the task was solved, and
 releases the instance. A progress bar follows the tool calls; a summary table ends the run.
 The exit status is 1 when an episode failed.
 
-Later releases run the same job on the local sandbox engine and Ray pools (``aenv rollout``).
+Later releases run the same job on Ray pools (``aenv rollout``).
 """
 
 from __future__ import annotations
@@ -30,9 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
-from aenv_ray import AEnvError, ToolResult  # noqa: E402
-from aenv_ray.testing import RuntimeProcess  # noqa: E402
-from builtin_envs import builtin_path  # noqa: E402
+from aenv_ray import AEnvError, Environment, ToolResult  # noqa: E402
 
 ENV = "mini-terminal@1.0.0"
 
@@ -66,10 +64,8 @@ class Episode:
 async def run_episode(index: int, progress: Progress, task_id: object) -> Episode:
     episode = Episode(index=index, n=10 * (index + 1))
     start = time.perf_counter()
-    runtime = RuntimeProcess(builtin_path(ENV) or "")
     try:
-        await asyncio.to_thread(runtime.start)
-        async with runtime.environment(ENV) as env:
+        async with Environment(ENV) as env:
             for command in script(episode.n):
                 began = time.perf_counter()
                 result: ToolResult = await env.call_tool("execute_command", {"command": command})
@@ -83,7 +79,6 @@ async def run_episode(index: int, progress: Progress, task_id: object) -> Episod
     except AEnvError as exc:
         episode.error = f"{type(exc).__name__}: {exc}"
     finally:
-        await asyncio.to_thread(runtime.stop)
         episode.seconds = time.perf_counter() - start
     return episode
 
