@@ -4,10 +4,11 @@
     .venv/bin/python examples/quickstart.py --episodes 8 --concurrency 4
 
 Each episode gets its own instance on the embedded local engine (isolated in its own
-namespaces when the machine allows it, forked from a pre-imported template), plays a scripted agent that solves a small shell task through
-the ``execute_command`` tool, asks the environment's reward whether the task was solved, and
-releases the instance. A progress bar follows the tool calls; a summary table ends the run.
-The exit status is 1 when an episode failed.
+namespaces when the machine allows it, forked from a pre-imported template), plays a scripted
+agent that solves a small shell task through the ``execute_command`` tool, asks the
+environment's reward whether the task was solved, and releases the instance. A progress bar
+follows the tool calls; a summary table ends the run. The exit status is 1 when an episode
+failed.
 
 Later releases run the same job on Ray pools (``aenv rollout``).
 """
