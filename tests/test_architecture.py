@@ -243,6 +243,12 @@ RULES: dict[str, Rule] = {
     "rollout": Rule(
         may=frozenset({"aenv_ray", "ray", "gymnasium"}), must_not=frozenset({"kubernetes"})
     ),
+    # "May import: ``aenv_ray``, gymnasium, numpy (the arrays of gymnasium's vector API). Must
+    # not import: ray, kubernetes (engines are injected)."
+    "rollout.gym": Rule(
+        may=frozenset({"aenv_ray", "gymnasium", "numpy"}),
+        must_not=frozenset({"ray", "kubernetes"}),
+    ),
     # "May import: ``aenv_ray``'s public API, as a user's project would." (Plus, for a project's
     # modules, their siblings in the project's src/: see _project_siblings.)
     "builtin_envs": Rule(may=frozenset({"aenv_ray"})),
@@ -343,7 +349,7 @@ def _must_not(doc: str) -> set[str]:
 
 
 @pytest.mark.parametrize(
-    "scope", ["aenv_ray", "sandbox_runtime", "sandbox_runtime.local", *PACKAGES[2:]]
+    "scope", ["aenv_ray", "sandbox_runtime", "sandbox_runtime.local", *PACKAGES[2:], "rollout.gym"]
 )
 def test_must_not_lists_match_the_docstrings(scope: str) -> None:
     assert _must_not(_docstring(scope)) == set(RULES[scope].must_not)
