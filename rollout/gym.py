@@ -56,6 +56,7 @@ Must not import: ray, kubernetes (engines are injected).
 
 from __future__ import annotations
 
+import asyncio
 import re
 import string
 from collections.abc import Iterable, Mapping, Sequence
@@ -383,8 +384,6 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], Any, np.ndarray]):
         """Run ``coros`` concurrently; all finish, then the first failure (if any) raises."""
 
         async def together() -> list[Any]:
-            import asyncio
-
             return await asyncio.gather(*coros, return_exceptions=True)
 
         results = self._loop.run(together(), timeout=self._wait)
