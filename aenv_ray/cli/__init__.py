@@ -19,7 +19,7 @@ Layout: a module per command group. Top-level commands on a project live in ``_p
 ``typer.Typer()`` that is mounted here with ``app.add_typer(module.app, name="instance")``.
 Importing this package imports typer only; commands import the runtime when they run.
 
-May import: typer, rich, ``aenv_ray``, ``sandbox_runtime`` (inside commands).
+May import: typer, rich, ``aenv_ray``, ``sandbox_runtime`` and ``rollout`` (inside commands).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Annotated, Any
 import typer
 
 from aenv_ray import __version__
-from aenv_ray.cli import _instance, _project
+from aenv_ray.cli import _instance, _project, _rollout
 from aenv_ray.cli._common import EXIT_FAILURE, EXIT_USAGE, error_line
 from aenv_ray.errors import AEnvError, ConfigurationError
 
@@ -65,6 +65,7 @@ def _root(
 
 
 _project.register(app)
+_rollout.register(app)
 app.add_typer(_instance.app, name="instance")
 
 

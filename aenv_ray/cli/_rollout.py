@@ -1,0 +1,151 @@
+"""``aenv rollout ENV``: batch trajectory synthesis (tasks x policy -> JSONL and Parquet).
+
+A rich progress bar with live throughput and failure counts while it runs, a summary table at
+the end; the exit code is 1 when an episode of this run did not end ``ok``. The work itself is
+:func:`rollout.synthesis.synthesize` (imported when the command runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from aenv_ray.cli._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, die
+
+__all__ = ["register"]
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``aenv rollout`` to ``app``."""
+    app.command("rollout")(rollout_command)
+
+
+def rollout_command(
+    env: Annotated[str, typer.Argument(help="environment NAME[@VERSION]")],
+    episodes: Annotated[int, typer.Option("--episodes", "-n", min=0, help="episodes to run")] = 8,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-c", min=1, help="episodes at a time")
+    ] = 4,
+    out: Annotated[Path, typer.Option("--out", "-o", help="output directory")] = Path("rollouts"),
+    tasks: Annotated[
+        Path | None, typer.Option("--tasks", help="tasks as JSON lines (default: the demo tasks)")
+    ] = None,
+    policy: Annotated[
+        str | None, typer.Option("--policy", help="MODULE:CALLABLE, an async policy")
+    ] = None,
+    base_url: Annotated[
+        str | None, typer.Option("--base-url", help="an OpenAI-compatible endpoint")
+    ] = None,
+    model: Annotated[str | None, typer.Option("--model", help="the model at --base-url")] = None,
+    api_key: Annotated[
+        str | None, typer.Option("--api-key", envvar="OPENAI_API_KEY", help="key for --base-url")
+    ] = None,
+    max_turns: Annotated[int, typer.Option(min=1, help="model turns per episode")] = 20,
+    retries: Annotated[
+        int, typer.Option(min=0, help="retries of an episode after an infrastructure error")
+    ] = 2,
+    episode_timeout: Annotated[
+        float, typer.Option(min=0.001, help="seconds an episode may take")
+    ] = 600.0,
+    retry_failed: Annotated[
+        bool, typer.Option(help="rerun episodes an earlier run recorded as failed")
+    ] = False,
+) -> int:
+    """Run ENV's episodes in parallel and write every trajectory to OUT (resumable)."""
+    from rollout.synthesis import OpenAIPolicy, synthesize
+
+    if policy is not None and base_url is not None:
+        die("give --policy or --base-url, not both", EXIT_USAGE)
+    if base_url is not None and model is None:
+        die("--base-url needs --model", EXIT_USAGE)
+    chosen: Any = policy
+    if base_url is not None:
+        assert model is not None
+        chosen = OpenAIPolicy(base_url, model, api_key=api_key, max_turns=max_turns)
+    console = Console(stderr=True)
+    display = _Display(console, env, episodes)
+    with display.progress:
+        summary = asyncio.run(
+            synthesize(
+                env,
+                episodes=episodes,
+                concurrency=concurrency,
+                out=out,
+                tasks=tasks,
+                policy=chosen,
+                max_retries=retries,
+                episode_timeout=episode_timeout,
+                retry_failed=retry_failed,
+                on_episode=display.episode_done,
+                on_skip=display.skipped,
+            )
+        )
+    console.print(_summary_table(summary, env))
+    console.print(f"trajectories: {summary.out / 'trajectories.jsonl'} and .parquet")
+    return EXIT_OK if summary.ok else EXIT_FAILURE
+
+
+class _Display:
+    """The progress bar: episodes done, episodes/s, tool calls/s, failures so far."""
+
+    def __init__(self, console: Console, env: str, episodes: int) -> None:
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TextColumn("[red]{task.fields[failed]}"),
+            TimeElapsedColumn(),
+            console=console,
+        )
+        self.task = self.progress.add_task(f"{env} episodes", total=episodes, rate="", failed="")
+        self.started = time.perf_counter()
+        self.done = 0
+        self.calls = 0
+        self.failed: dict[str, int] = {}
+
+    def skipped(self, count: int) -> None:
+        if count:
+            self.progress.update(self.task, advance=count, description="episodes (resumed)")
+
+    def episode_done(self, trajectory: Any) -> None:
+        self.done += 1
+        self.calls += len(trajectory.steps)
+        if trajectory.outcome != "ok":
+            self.failed[trajectory.outcome] = self.failed.get(trajectory.outcome, 0) + 1
+        elapsed = max(1e-9, time.perf_counter() - self.started)
+        rate = f"{self.done / elapsed:.1f} ep/s, {self.calls / elapsed:.0f} calls/s"
+        failed = ", ".join(f"{k} {v}" for k, v in sorted(self.failed.items()))
+        self.progress.update(self.task, advance=1, rate=rate, failed=failed)
+
+
+def _summary_table(summary: Any, env: str) -> Table:
+    table = Table(title=f"aenv rollout {env}: {summary.out}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    run = sum(summary.outcomes.values())
+    table.add_row("episodes (this run / skipped)", f"{run} / {summary.skipped}")
+    for outcome, count in sorted(summary.outcomes.items()):
+        table.add_row(f"  {outcome}", str(count))
+    table.add_row("retried on a fresh instance", str(summary.retries))
+    table.add_row("tool calls", str(summary.tool_calls))
+    mean = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
+    table.add_row("mean reward", mean)
+    seconds = max(summary.seconds, 1e-9)
+    table.add_row("wall time", f"{summary.seconds:.1f} s")
+    table.add_row("episodes/s", f"{run / seconds:.2f}")
+    table.add_row("tool calls/s", f"{summary.tool_calls / seconds:.1f}")
+    return table

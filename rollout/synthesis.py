@@ -1,0 +1,646 @@
+"""Batch trajectory synthesis: tasks x policy -> trajectories on disk, resumable.
+
+An *episode* takes one task, gets a fresh instance, runs the policy against it, asks the
+environment's reward and records everything: every tool call with its arguments, result and
+timings, the reward, and how the episode ended (:class:`~rollout.failures.EpisodeOutcome`).
+Infrastructure failures (an instance that broke or could not be reached or created) are retried
+on a fresh instance up to ``max_retries``; every other failure is recorded once, with its
+reason. No episode is lost: each one ends as a line of ``trajectories.jsonl`` (written as it
+finishes), and ``trajectories.parquet`` is rewritten from it at the end. A rerun into the same
+directory skips the episodes already recorded (``retry_failed=True``: all but the failed ones).
+
+    >>> # doctest: +SKIP
+    >>> summary = run_synthesis("mini-terminal@1.0.0", episodes=8, concurrency=4, out="runs/a")
+    >>> summary.outcomes
+    {'ok': 8}
+
+A **policy** is ``async def policy(task: dict, env: AgentEnv) -> str | None``: it calls tools
+through ``env`` (recorded) and may return a final answer. Without one, the environment's scripted
+demo policy is used (built-in environments ship one: ``builtin_envs.demos.<env>``), or an
+:class:`OpenAIPolicy` talks to any OpenAI-compatible chat-completions endpoint.
+
+May import: ``aenv_ray``, ``rollout``, aiohttp (the OpenAI-compatible policy), pyarrow (Parquet
+output); lazily, inside functions: ``builtin_envs`` (demo tasks and policies). Must not import:
+kubernetes (engines are injected).
+
+A **task** is a dict: ``id`` (default: its position), ``prompt`` (what an agent is told),
+``setup`` (optional list of ``{"function": NAME, "arguments": {...}}`` called before the
+policy), ``reward`` (the arguments of the environment's reward; ``None``: no reward call).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from aenv_ray import Environment, ToolResult
+from aenv_ray.errors import (
+    AEnvError,
+    AEnvTimeoutError,
+    ConfigurationError,
+    EnvironmentNotFoundError,
+)
+from rollout.failures import EpisodeOutcome, classify
+
+__all__ = [
+    "AgentEnv",
+    "EnvironmentSource",
+    "Instance",
+    "InstanceSource",
+    "OpenAIPolicy",
+    "Policy",
+    "Step",
+    "SynthesisSummary",
+    "Trajectory",
+    "demo_policy",
+    "load_policy",
+    "load_tasks",
+    "run_synthesis",
+    "synthesize",
+]
+
+log = logging.getLogger("rollout.synthesis")
+
+JSONL = "trajectories.jsonl"
+PARQUET = "trajectories.parquet"
+
+
+# -- records -------------------------------------------------------------------------------------
+@dataclass
+class Step:
+    """One tool call of an episode."""
+
+    tool: str
+    arguments: dict[str, Any]
+    text: str  # the result's text (what an agent reads)
+    is_error: bool
+    started: float  # seconds since the episode started
+    seconds: float
+    structured: Any = None
+
+
+@dataclass
+class Trajectory:
+    """One episode, as written to disk."""
+
+    episode_id: str
+    task_id: str
+    env: str
+    outcome: str  # an EpisodeOutcome value
+    reason: str | None = None
+    reward: float | None = None
+    answer: str | None = None
+    steps: list[Step] = field(default_factory=list)
+    attempts: int = 1
+    instance_id: str | None = None
+    seconds: float = 0.0
+    task: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (steps as dicts)."""
+        return asdict(self)
+
+
+# -- what an episode runs on -------------------------------------------------------------------
+class Instance(Protocol):
+    """The calls an episode makes on its instance."""
+
+    @property
+    def id(self) -> str | None: ...
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult: ...
+
+    async def call_function(self, name: str, arguments: dict[str, Any]) -> Any: ...
+
+    async def call_reward(self, arguments: dict[str, Any]) -> Any: ...
+
+    async def list_tools(self) -> list[dict[str, Any]]: ...
+
+    async def list_openai_tools(self) -> list[dict[str, Any]]: ...
+
+
+class InstanceSource(Protocol):
+    """Hands out fresh instances for episodes and takes them back."""
+
+    async def acquire(self) -> Instance: ...
+
+    async def release(self, instance: Instance, *, broken: bool) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _EnvironmentInstance:
+    def __init__(self, env: Environment, instance_id: str | None) -> None:
+        self.env = env
+        self._id = instance_id
+
+    @property
+    def id(self) -> str | None:
+        return self._id
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        return await self.env.call_tool(name, arguments)
+
+    async def call_function(self, name: str, arguments: dict[str, Any]) -> Any:
+        return await self.env.call_function(name, arguments)
+
+    async def call_reward(self, arguments: dict[str, Any]) -> Any:
+        return await self.env.call_reward(arguments)
+
+    async def list_tools(self) -> list[dict[str, Any]]:
+        return await self.env.list_tools()
+
+    async def list_openai_tools(self) -> list[dict[str, Any]]:
+        return await self.env.list_openai_tools()
+
+
+class EnvironmentSource:
+    """One SDK :class:`~aenv_ray.Environment` per episode: the local engine when no server is
+    configured, the control plane when ``AENV_SYSTEM_URL`` is set."""
+
+    def __init__(self, env_name: str, **environment_kwargs: Any) -> None:
+        self.env_name = env_name
+        self.kwargs = environment_kwargs
+
+    async def acquire(self) -> Instance:
+        env = Environment(self.env_name, **self.kwargs)
+        await env.initialize()
+        return _EnvironmentInstance(env, env.instance_id)
+
+    async def release(self, instance: Instance, *, broken: bool) -> None:
+        assert isinstance(instance, _EnvironmentInstance)
+        with contextlib.suppress(AEnvError):
+            await instance.env.release()
+
+    async def aclose(self) -> None:
+        return None
+
+
+# -- what a policy sees ------------------------------------------------------------------------
+class AgentEnv:
+    """The instance as a policy sees it: every tool call is recorded as a :class:`Step`."""
+
+    def __init__(self, instance: Instance, env_name: str, task: dict[str, Any]) -> None:
+        self.instance = instance
+        self.env_name = env_name
+        self.task = task
+        self.steps: list[Step] = []
+        self._started = time.perf_counter()
+
+    async def list_tools(self) -> list[dict[str, Any]]:
+        """The tools, as ``{"name", "description", "inputSchema"}`` dicts."""
+        return await self.instance.list_tools()
+
+    async def list_openai_tools(self) -> list[dict[str, Any]]:
+        """The tools in OpenAI chat-completions form."""
+        return await self.instance.list_openai_tools()
+
+    async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> ToolResult:
+        """Call a tool; tool-level errors come back as ``is_error`` results (recorded)."""
+        arguments = dict(arguments or {})
+        began = time.perf_counter()
+        result = await self.instance.call_tool(name, arguments)
+        self.steps.append(
+            Step(
+                tool=name,
+                arguments=arguments,
+                text=result.text,
+                is_error=result.is_error,
+                started=round(began - self._started, 6),
+                seconds=round(time.perf_counter() - began, 6),
+                structured=_jsonable(result.structured),
+            )
+        )
+        return result
+
+    async def call_function(self, name: str, arguments: dict[str, Any] | None = None) -> Any:
+        """Call one of the environment's functions (not recorded as a step)."""
+        return await self.instance.call_function(name, dict(arguments or {}))
+
+
+Policy = Callable[[dict[str, Any], AgentEnv], Awaitable[str | None]]
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+    return value
+
+
+# -- policies ----------------------------------------------------------------------------------
+def load_policy(spec: str) -> Policy:
+    """``"package.module:callable"`` -> the callable (a :data:`Policy`)."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ConfigurationError(f"a policy is MODULE:CALLABLE, got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import policy module {module_name!r}: {exc}") from exc
+    policy = getattr(module, attribute, None)
+    if not callable(policy):
+        raise ConfigurationError(f"{module_name} has no callable {attribute!r}")
+    return policy  # type: ignore[no-any-return]
+
+
+def _demo_module(env_name: str) -> Any:
+    from builtin_envs import builtin_path
+
+    path = builtin_path(env_name)
+    if path is None:
+        raise ConfigurationError(
+            f"{env_name} is not a built-in environment, so it has no demo policy or tasks: "
+            "pass --policy MODULE:CALLABLE (or --base-url/--model) and --tasks FILE"
+        )
+    try:
+        return importlib.import_module(f"builtin_envs.demos.{path.name}")
+    except ImportError as exc:
+        raise ConfigurationError(f"{env_name} ships no demo policy ({exc})") from exc
+
+
+def demo_policy(env_name: str) -> Policy:
+    """The scripted demo policy a built-in environment ships (``builtin_envs.demos``)."""
+    return _demo_module(env_name).policy  # type: ignore[no-any-return]
+
+
+def load_tasks(path: str | Path | None, env_name: str) -> list[dict[str, Any]]:
+    """Tasks from a JSON-lines (or JSON list) file, else the built-in environment's demo tasks."""
+    if path is None:
+        tasks = list(_demo_module(env_name).TASKS)
+    else:
+        text = Path(path).read_text()
+        try:
+            if text.lstrip().startswith("["):
+                tasks = json.loads(text)
+            else:
+                tasks = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except json.JSONDecodeError as exc:
+            raise ConfigurationError(f"{path}: not JSON lines or a JSON list: {exc}") from exc
+    if not tasks:
+        raise ConfigurationError(f"no tasks for {env_name}")
+    normalized = []
+    for index, task in enumerate(tasks):
+        if not isinstance(task, dict):
+            raise ConfigurationError(f"task {index} is not an object: {task!r}")
+        normalized.append({**task, "id": str(task.get("id", index))})
+    return normalized
+
+
+class OpenAIPolicy:
+    """An agent over any OpenAI-compatible ``/chat/completions`` endpoint, with tools.
+
+    The task's ``prompt`` is the user message; each tool call the model makes is executed and its
+    result sent back, until the model answers without a tool call (its answer) or ``max_turns``.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        max_turns: int = 20,
+        temperature: float | None = None,
+        system_prompt: str | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.api_key = api_key
+        self.max_turns = max_turns
+        self.temperature = temperature
+        self.system_prompt = system_prompt
+
+    async def __call__(self, task: dict[str, Any], env: AgentEnv) -> str | None:
+        import aiohttp
+
+        tools = await env.list_openai_tools()
+        messages: list[dict[str, Any]] = []
+        if self.system_prompt:
+            messages.append({"role": "system", "content": self.system_prompt})
+        messages.append({"role": "user", "content": str(task.get("prompt", ""))})
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        async with aiohttp.ClientSession(headers=headers) as http:
+            for _ in range(self.max_turns):
+                body: dict[str, Any] = {"model": self.model, "messages": messages, "tools": tools}
+                if self.temperature is not None:
+                    body["temperature"] = self.temperature
+                async with http.post(f"{self.base_url}/chat/completions", json=body) as response:
+                    if response.status != 200:
+                        text = await response.text()
+                        raise PolicyError(f"model endpoint answered {response.status}: {text}")
+                    reply = await response.json()
+                message = reply["choices"][0]["message"]
+                messages.append(message)
+                calls = message.get("tool_calls") or []
+                if not calls:
+                    return str(message.get("content") or "")
+                for call in calls:
+                    function = call["function"]
+                    try:
+                        arguments = json.loads(function.get("arguments") or "{}")
+                    except json.JSONDecodeError:
+                        arguments = None
+                    if not isinstance(arguments, dict):
+                        content = "error: the arguments must be a JSON object"
+                    else:
+                        content = (await env.call_tool(function["name"], arguments)).text
+                    messages.append(
+                        {"role": "tool", "tool_call_id": call.get("id", ""), "content": content}
+                    )
+        return None
+
+
+class PolicyError(Exception):
+    """The policy (the agent) failed: recorded as an agent error, not retried."""
+
+
+class _InfrastructureFailure(Exception):
+    """No instance could be had for a reason that is not an aenv error (retried)."""
+
+
+# -- the job -----------------------------------------------------------------------------------
+@dataclass
+class SynthesisSummary:
+    """What a synthesis run did."""
+
+    out: Path
+    episodes: int  # asked for
+    skipped: int  # already recorded by an earlier run
+    outcomes: dict[str, int]  # this run's episodes by outcome
+    retries: int
+    tool_calls: int
+    seconds: float
+    mean_reward: float | None
+
+    @property
+    def ok(self) -> bool:
+        """Every episode of this run ended ``ok``."""
+        return set(self.outcomes) <= {EpisodeOutcome.OK.value}
+
+
+def _recorded(path: Path) -> dict[str, dict[str, Any]]:
+    """Episodes already in ``trajectories.jsonl`` (a torn last line is ignored)."""
+    done: dict[str, dict[str, Any]] = {}
+    if not path.exists():
+        return done
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            row = json.loads(line)
+            if isinstance(row, dict) and "episode_id" in row:
+                done[str(row["episode_id"])] = row
+    return done
+
+
+def _open_out(directory: Path) -> tuple[Path, dict[str, dict[str, Any]]]:
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory, _recorded(directory / JSONL)
+
+
+def write_parquet(jsonl: Path, target: Path) -> None:
+    """Rewrite ``target`` from every row of ``jsonl`` (steps and task as JSON text columns)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = list(_recorded(jsonl).values())
+    columns: dict[str, list[Any]] = {
+        "episode_id": [r["episode_id"] for r in rows],
+        "task_id": [r["task_id"] for r in rows],
+        "env": [r["env"] for r in rows],
+        "outcome": [r["outcome"] for r in rows],
+        "reason": [r.get("reason") for r in rows],
+        "reward": [r.get("reward") for r in rows],
+        "answer": [r.get("answer") for r in rows],
+        "attempts": [r.get("attempts", 1) for r in rows],
+        "instance_id": [r.get("instance_id") for r in rows],
+        "seconds": [r.get("seconds", 0.0) for r in rows],
+        "num_steps": [len(r.get("steps") or []) for r in rows],
+        "steps": [json.dumps(r.get("steps") or []) for r in rows],
+        "task": [json.dumps(r.get("task") or {}) for r in rows],
+    }
+    schema = pa.schema(
+        [
+            ("episode_id", pa.string()),
+            ("task_id", pa.string()),
+            ("env", pa.string()),
+            ("outcome", pa.string()),
+            ("reason", pa.string()),
+            ("reward", pa.float64()),
+            ("answer", pa.string()),
+            ("attempts", pa.int32()),
+            ("instance_id", pa.string()),
+            ("seconds", pa.float64()),
+            ("num_steps", pa.int32()),
+            ("steps", pa.string()),
+            ("task", pa.string()),
+        ]
+    )
+    table = pa.Table.from_pydict(columns, schema=schema)
+    scratch = target.with_suffix(".parquet.tmp")
+    pq.write_table(table, scratch)
+    scratch.replace(target)
+
+
+async def _run_one(
+    source: InstanceSource,
+    env_name: str,
+    episode_id: str,
+    task: dict[str, Any],
+    policy: Policy,
+    *,
+    max_retries: int,
+    episode_timeout: float | None,
+) -> Trajectory:
+    """One episode, retried on a fresh instance after an infrastructure error."""
+    attempts = 0
+    while True:
+        attempts += 1
+        trajectory = await _attempt(
+            source, env_name, episode_id, task, policy, episode_timeout=episode_timeout
+        )
+        trajectory.attempts = attempts
+        retryable = trajectory.outcome == EpisodeOutcome.INFRASTRUCTURE_ERROR.value
+        if not retryable or attempts > max_retries:
+            return trajectory
+        log.warning(
+            "episode retried on a fresh instance",
+            extra={"episode": episode_id, "attempt": attempts, "reason": trajectory.reason},
+        )
+
+
+async def _attempt(
+    source: InstanceSource,
+    env_name: str,
+    episode_id: str,
+    task: dict[str, Any],
+    policy: Policy,
+    *,
+    episode_timeout: float | None,
+) -> Trajectory:
+    started = time.perf_counter()
+    trajectory = Trajectory(
+        episode_id, str(task["id"]), env_name, EpisodeOutcome.OK.value, task=task
+    )
+    instance: Instance | None = None
+    broken = False
+    agent: AgentEnv | None = None
+    try:
+        async with asyncio.timeout(episode_timeout):
+            try:
+                instance = await source.acquire()
+            except (AEnvError, TimeoutError):
+                raise  # classified below; a ConfigurationError aborts the whole run
+            except Exception as exc:  # the engine or pool itself failed
+                raise _InfrastructureFailure(f"{type(exc).__name__}: {exc}") from exc
+            trajectory.instance_id = instance.id
+            for call in task.get("setup") or []:
+                await instance.call_function(call["function"], call.get("arguments") or {})
+            agent = AgentEnv(instance, env_name, task)
+            try:
+                answer = await policy(task, agent)
+            except (AEnvError, TimeoutError):
+                raise
+            except Exception as exc:  # the policy's own bug or refusal
+                raise PolicyError(f"{type(exc).__name__}: {exc}") from exc
+            trajectory.answer = None if answer is None else str(answer)
+            if task.get("reward") is not None:
+                reward = await instance.call_reward(dict(task["reward"]))
+                trajectory.reward = float(reward)
+    except (ConfigurationError, EnvironmentNotFoundError):
+        raise  # the environment or the task cannot work at all: no episode can
+    except Exception as exc:
+        if isinstance(exc, PolicyError):
+            outcome = EpisodeOutcome.AGENT_ERROR
+        elif isinstance(exc, _InfrastructureFailure):
+            outcome = EpisodeOutcome.INFRASTRUCTURE_ERROR
+        else:
+            outcome = classify(exc)
+        broken = outcome is EpisodeOutcome.INFRASTRUCTURE_ERROR
+        trajectory.outcome = outcome.value
+        trajectory.reason = _reason(exc, episode_timeout)
+    finally:
+        if agent is not None:
+            trajectory.steps = agent.steps
+        if instance is not None:
+            with contextlib.suppress(Exception):
+                await source.release(instance, broken=broken)
+        trajectory.seconds = round(time.perf_counter() - started, 6)
+    return trajectory
+
+
+def _reason(exc: BaseException, episode_timeout: float | None) -> str:
+    if isinstance(exc, TimeoutError) and not isinstance(exc, AEnvTimeoutError):
+        return f"the episode ran past its {episode_timeout} s limit"
+    return f"{type(exc).__name__}: {exc}"
+
+
+ProgressCallback = Callable[[Trajectory], None]
+
+
+async def synthesize(
+    env_name: str,
+    *,
+    episodes: int,
+    out: str | Path,
+    concurrency: int = 8,
+    tasks: Iterable[dict[str, Any]] | str | Path | None = None,
+    policy: Policy | str | None = None,
+    source: InstanceSource | None = None,
+    max_retries: int = 2,
+    episode_timeout: float | None = 600.0,
+    retry_failed: bool = False,
+    on_episode: ProgressCallback | None = None,
+    on_skip: Callable[[int], None] | None = None,
+) -> SynthesisSummary:
+    """Run ``episodes`` episodes (tasks cycled in order), ``concurrency`` at a time, into ``out``.
+
+    Episode ``i`` has the id ``"{i:06d}-{task id}"``; ids already recorded in ``out`` are skipped.
+    """
+    if episodes < 0 or concurrency < 1:
+        raise ConfigurationError("episodes must be >= 0 and concurrency >= 1")
+    task_list = (
+        load_tasks(None if tasks is None else tasks, env_name)
+        if tasks is None or isinstance(tasks, str | Path)
+        else [{**t, "id": str(t.get("id", i))} for i, t in enumerate(tasks)]
+    )
+    chosen: Policy = (
+        demo_policy(env_name)
+        if policy is None
+        else load_policy(policy)
+        if isinstance(policy, str)
+        else policy
+    )
+    directory, recorded = _open_out(Path(out))
+    jsonl = directory / JSONL
+    wanted = [(f"{i:06d}-{task_list[i % len(task_list)]['id']}", i) for i in range(episodes)]
+    todo = [
+        (episode_id, task_list[i % len(task_list)])
+        for episode_id, i in wanted
+        if episode_id not in recorded
+        or (retry_failed and recorded[episode_id].get("outcome") != EpisodeOutcome.OK.value)
+    ]
+    skipped = episodes - len(todo)
+    if on_skip is not None:
+        on_skip(skipped)
+    own_source = source is None
+    instances = source or EnvironmentSource(env_name)
+    limit = asyncio.Semaphore(concurrency)
+    outcomes: Counter[str] = Counter()
+    rewards: list[float] = []
+    totals = {"retries": 0, "tool_calls": 0}
+    started = time.perf_counter()
+
+    with jsonl.open("a") as sink:
+
+        async def one(episode_id: str, task: dict[str, Any]) -> None:
+            async with limit:
+                trajectory = await _run_one(
+                    instances,
+                    env_name,
+                    episode_id,
+                    task,
+                    chosen,
+                    max_retries=max_retries,
+                    episode_timeout=episode_timeout,
+                )
+            sink.write(json.dumps(trajectory.to_json()) + "\n")
+            sink.flush()
+            outcomes[trajectory.outcome] += 1
+            totals["retries"] += trajectory.attempts - 1
+            totals["tool_calls"] += len(trajectory.steps)
+            if trajectory.reward is not None:
+                rewards.append(trajectory.reward)
+            if on_episode is not None:
+                on_episode(trajectory)
+
+        try:
+            await asyncio.gather(*(one(episode_id, task) for episode_id, task in todo))
+        finally:
+            if own_source:
+                await instances.aclose()
+    write_parquet(jsonl, directory / PARQUET)
+    return SynthesisSummary(
+        out=directory,
+        episodes=episodes,
+        skipped=skipped,
+        outcomes=dict(outcomes),
+        retries=totals["retries"],
+        tool_calls=totals["tool_calls"],
+        seconds=time.perf_counter() - started,
+        mean_reward=sum(rewards) / len(rewards) if rewards else None,
+    )
+
+
+def run_synthesis(env_name: str, **kwargs: Any) -> SynthesisSummary:
+    """:func:`synthesize` from synchronous code (its own event loop)."""
+    return asyncio.run(synthesize(env_name, **kwargs))

@@ -1,0 +1,235 @@
+"""Batch trajectory synthesis on real instances of the local engine: the demo job, resume,
+the failure model (agent error, retried infrastructure error, timeout), an OpenAI-compatible
+endpoint as the policy (a real HTTP server on loopback that answers like one), and the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from aiohttp import web
+
+from aenv_ray.errors import EnvironmentNotFoundError
+from rollout.synthesis import AgentEnv, EnvironmentSource, OpenAIPolicy, synthesize
+
+ENVS = Path(__file__).resolve().parent / "envs"
+TERMINAL = "mini-terminal@1.0.0"
+
+
+def rows(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def hostile_on_path(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("AENV_ENV_PATH", str(ENVS))
+    return "hostile@1.0.0"
+
+
+async def test_the_demo_job_records_every_episode_and_a_rerun_skips_them(tmp_path: Path) -> None:
+    summary = await synthesize(TERMINAL, episodes=6, concurrency=3, out=tmp_path)
+    assert summary.outcomes == {"ok": 6}
+    assert summary.skipped == 0
+    recorded = rows(tmp_path)
+    assert sorted(r["episode_id"] for r in recorded) == [
+        "000000-sum-10",
+        "000001-sum-100",
+        "000002-count-lines",
+        "000003-reverse",
+        "000004-tree",
+        "000005-sum-10",
+    ]
+    for row in recorded:
+        assert row["reward"] == 1.0
+        assert row["steps"], row
+        step = row["steps"][0]
+        assert step["tool"] == "execute_command"
+        assert set(step["arguments"]) == {"command"}
+        assert step["seconds"] > 0
+        assert step["is_error"] is False
+    assert summary.tool_calls == sum(len(r["steps"]) for r in recorded)
+    table = pq.read_table(tmp_path / "trajectories.parquet")
+    assert table.num_rows == 6
+    assert set(table.column("outcome").to_pylist()) == {"ok"}
+    assert json.loads(table.column("steps")[0].as_py())[0]["tool"] == "execute_command"
+
+    again = await synthesize(TERMINAL, episodes=8, concurrency=3, out=tmp_path)
+    assert again.skipped == 6
+    assert again.outcomes == {"ok": 2}
+    assert len(rows(tmp_path)) == 8
+    assert pq.read_table(tmp_path / "trajectories.parquet").num_rows == 8
+
+
+async def test_a_failing_policy_is_an_agent_error_recorded_once(tmp_path: Path) -> None:
+    async def clumsy(task: dict[str, Any], env: AgentEnv) -> str:
+        await env.call_tool("execute_command", {"command": "echo about to fail"})
+        raise ValueError("the agent gave up")
+
+    summary = await synthesize(TERMINAL, episodes=2, concurrency=2, out=tmp_path, policy=clumsy)
+    assert summary.outcomes == {"agent_error": 2}
+    assert summary.retries == 0
+    for row in rows(tmp_path):
+        assert row["attempts"] == 1
+        assert "ValueError: the agent gave up" in row["reason"]
+        assert len(row["steps"]) == 1  # what it did before failing is kept
+
+
+async def test_an_instance_that_dies_is_retried_on_a_fresh_one(
+    tmp_path: Path, hostile_on_path: str
+) -> None:
+    seen: list[str | None] = []
+
+    async def dies_once(task: dict[str, Any], env: AgentEnv) -> str:
+        seen.append(env.instance.id)
+        if len(seen) == 1:
+            await env.call_tool("crash")  # the runtime exits: an infrastructure failure
+        return str((await env.call_tool("identity")).structured["uid"])
+
+    summary = await synthesize(
+        hostile_on_path,
+        episodes=1,
+        out=tmp_path,
+        tasks=[{"id": "t"}],
+        policy=dies_once,
+        max_retries=2,
+    )
+    assert summary.outcomes == {"ok": 1}
+    assert summary.retries == 1
+    (row,) = rows(tmp_path)
+    assert row["attempts"] == 2
+    assert len(set(seen)) == 2  # a fresh instance the second time
+
+
+async def test_retries_stop_at_the_limit_and_say_why(tmp_path: Path, hostile_on_path: str) -> None:
+    async def always_dies(task: dict[str, Any], env: AgentEnv) -> None:
+        await env.call_tool("crash")
+
+    summary = await synthesize(
+        hostile_on_path,
+        episodes=1,
+        out=tmp_path,
+        tasks=[{"id": "t"}],
+        policy=always_dies,
+        max_retries=1,
+    )
+    assert summary.outcomes == {"infrastructure_error": 1}
+    (row,) = rows(tmp_path)
+    assert row["attempts"] == 2
+    assert "Instance" in row["reason"]
+
+
+async def test_an_episode_past_its_time_limit_is_a_timeout(tmp_path: Path) -> None:
+    async def slow(task: dict[str, Any], env: AgentEnv) -> None:
+        await env.call_tool("execute_command", {"command": "sleep 30"})
+
+    summary = await synthesize(
+        TERMINAL, episodes=1, out=tmp_path, policy=slow, episode_timeout=0.5, max_retries=0
+    )
+    assert summary.outcomes == {"timeout": 1}
+    (row,) = rows(tmp_path)
+    assert "0.5 s limit" in row["reason"]
+
+
+async def test_an_unknown_environment_stops_the_run(
+    tmp_path: Path,
+) -> None:
+    async def never(task: dict[str, Any], env: AgentEnv) -> None:
+        raise AssertionError("no episode should run")
+
+    with pytest.raises(EnvironmentNotFoundError, match="no-such-env"):
+        await synthesize(
+            "no-such-env@1.0.0", episodes=2, out=tmp_path, tasks=[{"id": "t"}], policy=never
+        )
+
+
+@pytest.fixture
+async def chat_endpoint() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
+    """An OpenAI-compatible endpoint on loopback: asks for one shell command, then answers."""
+    requests: list[dict[str, Any]] = []
+
+    async def completions(request: web.Request) -> web.Response:
+        body = await request.json()
+        requests.append(body)
+        if body["messages"][-1]["role"] == "user":
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call-1",
+                        "type": "function",
+                        "function": {
+                            "name": "execute_command",
+                            "arguments": json.dumps({"command": "echo 55 > answer.txt"}),
+                        },
+                    }
+                ],
+            }
+        else:
+            message = {"role": "assistant", "content": "done"}
+        return web.json_response({"choices": [{"index": 0, "message": message}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield f"http://127.0.0.1:{port}/v1", requests
+    await runner.cleanup()
+
+
+async def test_an_openai_compatible_endpoint_drives_the_episode(
+    tmp_path: Path, chat_endpoint: tuple[str, list[dict[str, Any]]]
+) -> None:
+    url, requests = chat_endpoint
+    policy = OpenAIPolicy(url, "test-model", api_key="k")
+    task = {"id": "sum", "prompt": "sum 1..10", "reward": {"path": "answer.txt", "expected": "55"}}
+    summary = await synthesize(TERMINAL, episodes=1, out=tmp_path, tasks=[task], policy=policy)
+    assert summary.outcomes == {"ok": 1}
+    (row,) = rows(tmp_path)
+    assert row["answer"] == "done"
+    assert row["reward"] == 1.0
+    assert [s["tool"] for s in row["steps"]] == ["execute_command"]
+    first, second = requests
+    assert first["model"] == "test-model"
+    assert first["messages"] == [{"role": "user", "content": "sum 1..10"}]
+    assert any("execute_command" in t["function"]["name"] for t in first["tools"])
+    tool_reply = second["messages"][-1]
+    assert tool_reply["role"] == "tool"
+    assert tool_reply["tool_call_id"] == "call-1"
+    assert '"returncode":0' in tool_reply["content"].replace(" ", "")
+
+
+async def test_an_explicit_source_is_used_and_left_open(tmp_path: Path) -> None:
+    source = EnvironmentSource(TERMINAL, ttl=60)
+    summary = await synthesize(TERMINAL, episodes=2, out=tmp_path, source=source)
+    assert summary.outcomes == {"ok": 2}
+
+
+def test_the_cli_runs_writes_and_reports(tmp_path: Path) -> None:
+    aenv = [sys.executable, "-m", "aenv_ray.cli"]
+    done = subprocess.run(
+        [*aenv, "rollout", TERMINAL, "-n", "3", "-c", "2", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "mean reward" in done.stderr
+    assert len(rows(tmp_path)) == 3
+    both = subprocess.run(
+        [*aenv, "rollout", TERMINAL, "--policy", "m:f", "--base-url", "http://x", "--model", "m"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert both.returncode == 2
+    assert "not both" in both.stderr
