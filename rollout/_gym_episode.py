@@ -2,8 +2,7 @@
 
 An :class:`Episode` turns gym actions into tool calls on one instance at a time and decides
 when the episode ends and what it earned. Where the instances come from is an
-:class:`InstanceSource`: :class:`SDKSource` creates them with :class:`aenv_ray.Environment`;
-a Ray pool can implement the same two methods (an ``ObjectRef`` is awaitable).
+:class:`~rollout.sources.InstanceSource` (:mod:`rollout.sources`).
 """
 
 from __future__ import annotations
@@ -13,29 +12,25 @@ import enum
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import gymnasium.error
 
-from aenv_ray import Environment, ToolResult
+from aenv_ray import ToolResult
 from aenv_ray.errors import AEnvError, ConfigurationError, FunctionError, FunctionNotFoundError
+from rollout.sources import InstanceHandle, InstanceSource
 
 if TYPE_CHECKING:
     from numpy.random import Generator
 
-    from aenv_ray.engine import SandboxEngine
 
 __all__ = [
     "ACTION_SHAPE",
     "Episode",
     "EpisodeConfig",
-    "InstanceHandle",
-    "InstanceSource",
     "InvalidAction",
     "ResetMode",
     "ResetNeededError",
-    "SDKSource",
     "StepResult",
     "Task",
     "ToolCall",
@@ -149,85 +144,6 @@ def parse_action(action: Any) -> ToolCall | InvalidAction:
 def _did_you_mean(word: str, choices: Sequence[str]) -> str:
     close = difflib.get_close_matches(word, choices, n=1)
     return f"; did you mean `{close[0]}`?" if close else ""
-
-
-class InstanceHandle(Protocol):
-    """What an episode needs of one instance (:class:`aenv_ray.Environment` has it)."""
-
-    instance_id: str | None
-
-    async def list_tools(self) -> list[dict[str, Any]]: ...
-
-    async def call_tool(
-        self, tool_name: str, arguments: dict[str, Any] | None = None, timeout: float | None = None
-    ) -> ToolResult: ...
-
-    async def call_function(
-        self, name: str, arguments: dict[str, Any] | None = None, timeout: float | None = None
-    ) -> Any: ...
-
-    async def call_reward(
-        self, arguments: dict[str, Any] | None = None, timeout: float | None = None
-    ) -> Any: ...
-
-
-class InstanceSource(Protocol):
-    """Where an episode's instances come from, and where they go back."""
-
-    @property
-    def label(self) -> str:
-        """Names the environment in messages and thread names."""
-        ...
-
-    async def acquire(self) -> InstanceHandle: ...
-
-    async def release(self, instance: InstanceHandle) -> None: ...
-
-
-@dataclass(frozen=True)
-class SDKSource:
-    """Instances from :class:`aenv_ray.Environment`: by name (``"name@version"``) or, when
-    ``env_name`` names a directory (it contains a path separator), from that project."""
-
-    env_name: str
-    timeout: float | None = None
-    startup_timeout: float | None = None
-    ttl: str | float | None = None
-    environment_variables: Mapping[str, str] | None = None
-    engine: SandboxEngine | None = None
-    owner: str = "rollout.gym"
-
-    @property
-    def label(self) -> str:
-        return self.env_name
-
-    @property
-    def is_project(self) -> bool:
-        return "/" in self.env_name or "\\" in self.env_name
-
-    async def acquire(self) -> Environment:
-        kwargs: dict[str, Any] = {
-            "ttl": self.ttl,
-            "environment_variables": dict(self.environment_variables or {}),
-            "timeout": self.timeout,
-            "startup_timeout": self.startup_timeout,
-            "owner": self.owner,
-            "engine": self.engine,
-        }
-        if self.is_project:
-            env = Environment.from_project(Path(self.env_name), **kwargs)
-        else:
-            env = Environment(self.env_name, **kwargs)
-        try:
-            await env.initialize()
-        except BaseException:
-            await env.release()
-            raise
-        return env
-
-    async def release(self, instance: InstanceHandle) -> None:
-        assert isinstance(instance, Environment)
-        await instance.release()
 
 
 @dataclass(frozen=True)

@@ -75,11 +75,11 @@ from rollout._gym_episode import (
     EpisodeConfig,
     ResetMode,
     ResetNeededError,
-    SDKSource,
     StepResult,
     Task,
 )
 from rollout._gym_loop import LoopThread
+from rollout.sources import SDKSource
 
 if TYPE_CHECKING:
     from aenv_ray.engine import SandboxEngine

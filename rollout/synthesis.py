@@ -25,7 +25,9 @@ kubernetes (engines are injected).
 
 A **task** is a dict: ``id`` (default: its position), ``prompt`` (what an agent is told),
 ``setup`` (optional list of ``{"function": NAME, "arguments": {...}}`` called before the
-policy), ``reward`` (the arguments of the environment's reward; ``None``: no reward call).
+policy), ``reward_arguments`` (the arguments of the environment's reward; absent: no reward
+call); other keys are the policy's own (a scripted policy's solution, say). ``id``, ``prompt``
+and ``reward_arguments`` mean the same in :class:`rollout.gym.Task`.
 """
 
 from __future__ import annotations
@@ -40,9 +42,9 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from aenv_ray import Environment, ToolResult
+from aenv_ray import ToolResult
 from aenv_ray.errors import (
     AEnvError,
     AEnvTimeoutError,
@@ -50,12 +52,10 @@ from aenv_ray.errors import (
     EnvironmentNotFoundError,
 )
 from rollout.failures import EpisodeOutcome, classify
+from rollout.sources import InstanceHandle, InstanceSource, SDKSource
 
 __all__ = [
     "AgentEnv",
-    "EnvironmentSource",
-    "Instance",
-    "InstanceSource",
     "OpenAIPolicy",
     "Policy",
     "Step",
@@ -110,86 +110,11 @@ class Trajectory:
         return asdict(self)
 
 
-# -- what an episode runs on -------------------------------------------------------------------
-class Instance(Protocol):
-    """The calls an episode makes on its instance."""
-
-    @property
-    def id(self) -> str | None: ...
-
-    async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult: ...
-
-    async def call_function(self, name: str, arguments: dict[str, Any]) -> Any: ...
-
-    async def call_reward(self, arguments: dict[str, Any]) -> Any: ...
-
-    async def list_tools(self) -> list[dict[str, Any]]: ...
-
-    async def list_openai_tools(self) -> list[dict[str, Any]]: ...
-
-
-class InstanceSource(Protocol):
-    """Hands out fresh instances for episodes and takes them back."""
-
-    async def acquire(self) -> Instance: ...
-
-    async def release(self, instance: Instance, *, broken: bool) -> None: ...
-
-    async def aclose(self) -> None: ...
-
-
-class _EnvironmentInstance:
-    def __init__(self, env: Environment, instance_id: str | None) -> None:
-        self.env = env
-        self._id = instance_id
-
-    @property
-    def id(self) -> str | None:
-        return self._id
-
-    async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
-        return await self.env.call_tool(name, arguments)
-
-    async def call_function(self, name: str, arguments: dict[str, Any]) -> Any:
-        return await self.env.call_function(name, arguments)
-
-    async def call_reward(self, arguments: dict[str, Any]) -> Any:
-        return await self.env.call_reward(arguments)
-
-    async def list_tools(self) -> list[dict[str, Any]]:
-        return await self.env.list_tools()
-
-    async def list_openai_tools(self) -> list[dict[str, Any]]:
-        return await self.env.list_openai_tools()
-
-
-class EnvironmentSource:
-    """One SDK :class:`~aenv_ray.Environment` per episode: the local engine when no server is
-    configured, the control plane when ``AENV_SYSTEM_URL`` is set."""
-
-    def __init__(self, env_name: str, **environment_kwargs: Any) -> None:
-        self.env_name = env_name
-        self.kwargs = environment_kwargs
-
-    async def acquire(self) -> Instance:
-        env = Environment(self.env_name, **self.kwargs)
-        await env.initialize()
-        return _EnvironmentInstance(env, env.instance_id)
-
-    async def release(self, instance: Instance, *, broken: bool) -> None:
-        assert isinstance(instance, _EnvironmentInstance)
-        with contextlib.suppress(AEnvError):
-            await instance.env.release()
-
-    async def aclose(self) -> None:
-        return None
-
-
 # -- what a policy sees ------------------------------------------------------------------------
 class AgentEnv:
     """The instance as a policy sees it: every tool call is recorded as a :class:`Step`."""
 
-    def __init__(self, instance: Instance, env_name: str, task: dict[str, Any]) -> None:
+    def __init__(self, instance: InstanceHandle, env_name: str, task: dict[str, Any]) -> None:
         self.instance = instance
         self.env_name = env_name
         self.task = task
@@ -491,7 +416,7 @@ async def _attempt(
     trajectory = Trajectory(
         episode_id, str(task["id"]), env_name, EpisodeOutcome.OK.value, task=task
     )
-    instance: Instance | None = None
+    instance: InstanceHandle | None = None
     broken = False
     agent: AgentEnv | None = None
     try:
@@ -502,7 +427,7 @@ async def _attempt(
                 raise  # classified below; a ConfigurationError aborts the whole run
             except Exception as exc:  # the engine or pool itself failed
                 raise _InfrastructureFailure(f"{type(exc).__name__}: {exc}") from exc
-            trajectory.instance_id = instance.id
+            trajectory.instance_id = instance.instance_id
             for call in task.get("setup") or []:
                 await instance.call_function(call["function"], call.get("arguments") or {})
             agent = AgentEnv(instance, env_name, task)
@@ -513,8 +438,8 @@ async def _attempt(
             except Exception as exc:  # the policy's own bug or refusal
                 raise PolicyError(f"{type(exc).__name__}: {exc}") from exc
             trajectory.answer = None if answer is None else str(answer)
-            if task.get("reward") is not None:
-                reward = await instance.call_reward(dict(task["reward"]))
+            if task.get("reward_arguments") is not None:
+                reward = await instance.call_reward(dict(task["reward_arguments"]))
                 trajectory.reward = float(reward)
     except (ConfigurationError, EnvironmentNotFoundError):
         raise  # the environment or the task cannot work at all: no episode can
@@ -592,8 +517,7 @@ async def synthesize(
     skipped = episodes - len(todo)
     if on_skip is not None:
         on_skip(skipped)
-    own_source = source is None
-    instances = source or EnvironmentSource(env_name)
+    instances = source or SDKSource(env_name)
     limit = asyncio.Semaphore(concurrency)
     outcomes: Counter[str] = Counter()
     rewards: list[float] = []
@@ -623,11 +547,7 @@ async def synthesize(
             if on_episode is not None:
                 on_episode(trajectory)
 
-        try:
-            await asyncio.gather(*(one(episode_id, task) for episode_id, task in todo))
-        finally:
-            if own_source:
-                await instances.aclose()
+        await asyncio.gather(*(one(episode_id, task) for episode_id, task in todo))
     write_parquet(jsonl, directory / PARQUET)
     return SynthesisSummary(
         out=directory,

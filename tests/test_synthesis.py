@@ -16,7 +16,8 @@ import pytest
 from aiohttp import web
 
 from aenv_ray.errors import EnvironmentNotFoundError
-from rollout.synthesis import AgentEnv, EnvironmentSource, OpenAIPolicy, synthesize
+from rollout.sources import SDKSource
+from rollout.synthesis import AgentEnv, OpenAIPolicy, synthesize
 
 ENVS = Path(__file__).resolve().parent / "envs"
 TERMINAL = "mini-terminal@1.0.0"
@@ -86,7 +87,7 @@ async def test_an_instance_that_dies_is_retried_on_a_fresh_one(
     seen: list[str | None] = []
 
     async def dies_once(task: dict[str, Any], env: AgentEnv) -> str:
-        seen.append(env.instance.id)
+        seen.append(env.instance.instance_id)
         if len(seen) == 1:
             await env.call_tool("crash")  # the runtime exits: an infrastructure failure
         return str((await env.call_tool("identity")).structured["uid"])
@@ -191,7 +192,8 @@ async def test_an_openai_compatible_endpoint_drives_the_episode(
 ) -> None:
     url, requests = chat_endpoint
     policy = OpenAIPolicy(url, "test-model", api_key="k")
-    task = {"id": "sum", "prompt": "sum 1..10", "reward": {"path": "answer.txt", "expected": "55"}}
+    reward = {"path": "answer.txt", "expected": "55"}
+    task = {"id": "sum", "prompt": "sum 1..10", "reward_arguments": reward}
     summary = await synthesize(TERMINAL, episodes=1, out=tmp_path, tasks=[task], policy=policy)
     assert summary.outcomes == {"ok": 1}
     (row,) = rows(tmp_path)
@@ -209,7 +211,7 @@ async def test_an_openai_compatible_endpoint_drives_the_episode(
 
 
 async def test_an_explicit_source_is_used_and_left_open(tmp_path: Path) -> None:
-    source = EnvironmentSource(TERMINAL, ttl=60)
+    source = SDKSource(TERMINAL, ttl=60)
     summary = await synthesize(TERMINAL, episodes=2, out=tmp_path, source=source)
     assert summary.outcomes == {"ok": 2}
 

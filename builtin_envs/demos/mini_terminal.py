@@ -17,7 +17,7 @@ def _sum_task(n: int) -> dict[str, Any]:
             "awk '{ total += $1 } END { print total }' numbers.txt > answer.txt",
             "cat answer.txt",
         ],
-        "reward": {"path": "answer.txt", "expected": str(n * (n + 1) // 2)},
+        "reward_arguments": {"path": "answer.txt", "expected": str(n * (n + 1) // 2)},
     }
 
 
@@ -32,7 +32,7 @@ TASKS: list[dict[str, Any]] = [
             "printf 'root\\nalice\\nbob\\ncarol\\n' > users.txt",
             "wc -l < users.txt > answer.txt",
         ],
-        "reward": {"path": "answer.txt", "expected": "4"},
+        "reward_arguments": {"path": "answer.txt", "expected": "4"},
     },
     {
         "id": "reverse",
@@ -42,7 +42,7 @@ TASKS: list[dict[str, Any]] = [
             "printf 'one\\ntwo\\nthree\\n' > words.txt",
             "tac words.txt > answer.txt",
         ],
-        "reward": {"path": "answer.txt", "expected": "three\ntwo\none"},
+        "reward_arguments": {"path": "answer.txt", "expected": "three\ntwo\none"},
     },
     {
         "id": "tree",
@@ -52,7 +52,7 @@ TASKS: list[dict[str, Any]] = [
             "mkdir -p src/app && echo \"print('hi')\" > src/app/main.py",
             "find src -type f > answer.txt",
         ],
-        "reward": {"path": "answer.txt", "expected": "src/app/main.py"},
+        "reward_arguments": {"path": "answer.txt", "expected": "src/app/main.py"},
     },
 ]
 

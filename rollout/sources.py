@@ -1,0 +1,110 @@
+"""Where episodes get their instances: the :class:`InstanceSource` contract and its SDK form.
+
+An episode (a gymnasium step loop, a synthesis job) needs a fresh instance, calls it, and gives it
+back. :class:`SDKSource` creates one :class:`aenv_ray.Environment` per acquire (the local engine
+when no server is configured); a Ray pool implements the same contract with leases (an
+``ObjectRef`` is awaitable).
+
+    >>> # doctest: +SKIP
+    >>> source = SDKSource("mini-terminal@1.0.0")
+    >>> env = await source.acquire()
+    >>> await env.call_tool("execute_command", {"command": "ls"})
+    >>> await source.release(env)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from aenv_ray import Environment, ToolResult
+
+if TYPE_CHECKING:
+    from aenv_ray.engine import SandboxEngine
+
+__all__ = ["InstanceHandle", "InstanceSource", "SDKSource"]
+
+
+class InstanceHandle(Protocol):
+    """What an episode needs of one instance (:class:`aenv_ray.Environment` has it)."""
+
+    instance_id: str | None
+
+    async def list_tools(self) -> list[dict[str, Any]]: ...
+
+    async def list_openai_tools(self) -> list[dict[str, Any]]: ...
+
+    async def call_tool(
+        self, tool_name: str, arguments: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> ToolResult: ...
+
+    async def call_function(
+        self, name: str, arguments: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> Any: ...
+
+    async def call_reward(
+        self, arguments: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> Any: ...
+
+
+class InstanceSource(Protocol):
+    """Where an episode's instances come from, and where they go back."""
+
+    @property
+    def label(self) -> str:
+        """Names the environment in messages and thread names."""
+        ...
+
+    async def acquire(self) -> InstanceHandle: ...
+
+    async def release(self, instance: InstanceHandle, *, broken: bool = False) -> None:
+        """Give ``instance`` back (``broken``: it failed, do not reuse it)."""
+        ...
+
+
+@dataclass(frozen=True)
+class SDKSource:
+    """Instances from :class:`aenv_ray.Environment`: by name (``"name@version"``) or, when
+    ``env_name`` names a directory (it contains a path separator), from that project."""
+
+    env_name: str
+    timeout: float | None = None
+    startup_timeout: float | None = None
+    ttl: str | float | None = None
+    environment_variables: Mapping[str, str] | None = None
+    engine: SandboxEngine | None = None
+    owner: str = "rollout"
+
+    @property
+    def label(self) -> str:
+        return self.env_name
+
+    @property
+    def is_project(self) -> bool:
+        return "/" in self.env_name or "\\" in self.env_name
+
+    async def acquire(self) -> Environment:
+        kwargs: dict[str, Any] = {
+            "ttl": self.ttl,
+            "environment_variables": dict(self.environment_variables or {}),
+            "timeout": self.timeout,
+            "startup_timeout": self.startup_timeout,
+            "owner": self.owner,
+            "engine": self.engine,
+        }
+        if self.is_project:
+            env = Environment.from_project(Path(self.env_name), **kwargs)
+        else:
+            env = Environment(self.env_name, **kwargs)
+        try:
+            await env.initialize()
+        except BaseException:
+            await env.release()
+            raise
+        return env
+
+    async def release(self, instance: InstanceHandle, *, broken: bool = False) -> None:
+        assert isinstance(instance, Environment)
+        await instance.release()
