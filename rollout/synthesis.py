@@ -64,6 +64,7 @@ __all__ = [
     "demo_policy",
     "load_policy",
     "load_tasks",
+    "play_episode",
     "run_synthesis",
     "synthesize",
 ]
@@ -238,8 +239,10 @@ class OpenAIPolicy:
         max_turns: int = 20,
         temperature: float | None = None,
         system_prompt: str | None = None,
+        http_client: Any = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.http_client = http_client  # an httpx.AsyncClient to use (AReaL passes one)
         self.model = model
         self.api_key = api_key
         self.max_turns = max_turns
@@ -247,24 +250,19 @@ class OpenAIPolicy:
         self.system_prompt = system_prompt
 
     async def __call__(self, task: dict[str, Any], env: AgentEnv) -> str | None:
-        import aiohttp
-
         tools = await env.list_openai_tools()
         messages: list[dict[str, Any]] = []
         if self.system_prompt:
             messages.append({"role": "system", "content": self.system_prompt})
         messages.append({"role": "user", "content": str(task.get("prompt", ""))})
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        async with aiohttp.ClientSession(headers=headers) as http:
+        async with contextlib.AsyncExitStack() as stack:
+            post = await self._poster(stack, headers)
             for _ in range(self.max_turns):
                 body: dict[str, Any] = {"model": self.model, "messages": messages, "tools": tools}
                 if self.temperature is not None:
                     body["temperature"] = self.temperature
-                async with http.post(f"{self.base_url}/chat/completions", json=body) as response:
-                    if response.status != 200:
-                        text = await response.text()
-                        raise PolicyError(f"model endpoint answered {response.status}: {text}")
-                    reply = await response.json()
+                reply = await post(f"{self.base_url}/chat/completions", body)
                 message = reply["choices"][0]["message"]
                 messages.append(message)
                 calls = message.get("tool_calls") or []
@@ -284,6 +282,35 @@ class OpenAIPolicy:
                         {"role": "tool", "tool_call_id": call.get("id", ""), "content": content}
                     )
         return None
+
+    async def _poster(
+        self, stack: contextlib.AsyncExitStack, headers: dict[str, str]
+    ) -> Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]:
+        """A ``post(url, body) -> reply`` over the given httpx client, or a new aiohttp one."""
+        if self.http_client is not None:
+            client = self.http_client
+
+            async def post_httpx(url: str, body: dict[str, Any]) -> dict[str, Any]:
+                response = await client.post(url, json=body, headers=headers)
+                if response.status_code != 200:
+                    raise PolicyError(
+                        f"model endpoint answered {response.status_code}: {response.text}"
+                    )
+                return response.json()  # type: ignore[no-any-return]
+
+            return post_httpx
+        import aiohttp
+
+        session = await stack.enter_async_context(aiohttp.ClientSession(headers=headers))
+
+        async def post_aiohttp(url: str, body: dict[str, Any]) -> dict[str, Any]:
+            async with session.post(url, json=body) as response:
+                if response.status != 200:
+                    text = await response.text()
+                    raise PolicyError(f"model endpoint answered {response.status}: {text}")
+                return await response.json()  # type: ignore[no-any-return]
+
+        return post_aiohttp
 
 
 class PolicyError(Exception):
@@ -376,7 +403,7 @@ def write_parquet(jsonl: Path, target: Path) -> None:
     scratch.replace(target)
 
 
-async def _run_one(
+async def play_episode(
     source: InstanceSource,
     env_name: str,
     episode_id: str,
@@ -386,7 +413,9 @@ async def _run_one(
     max_retries: int,
     episode_timeout: float | None,
 ) -> Trajectory:
-    """One episode, retried on a fresh instance after an infrastructure error."""
+    """Play one episode of ``task`` with ``policy`` on instances from ``source``; retry it on a
+    fresh instance after an infrastructure error, at most ``max_retries`` times. Never raises
+    for the episode's failure: the :class:`Trajectory` says how it ended."""
     attempts = 0
     while True:
         attempts += 1
@@ -528,7 +557,7 @@ async def synthesize(
 
         async def one(episode_id: str, task: dict[str, Any]) -> None:
             async with limit:
-                trajectory = await _run_one(
+                trajectory = await play_episode(
                     instances,
                     env_name,
                     episode_id,

@@ -1,11 +1,14 @@
-"""Shared fixtures: real runtimes in child processes on loopback."""
+"""Shared fixtures: real runtimes in child processes on loopback; a scripted chat endpoint."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiohttp import web
 
 from aenv_ray.testing import RuntimeProcess
 
@@ -33,3 +36,41 @@ def terminal_runtime() -> Iterator[RuntimeProcess]:
     """The built-in mini-terminal, served once for the session."""
     with RuntimeProcess(MINI_TERMINAL) as runtime:
         yield runtime
+
+
+@pytest.fixture
+async def chat_endpoint() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
+    """An OpenAI-compatible endpoint on loopback: asks for one shell command, then answers."""
+    requests: list[dict[str, Any]] = []
+
+    async def completions(request: web.Request) -> web.Response:
+        body = await request.json()
+        requests.append(body)
+        if body["messages"][-1]["role"] == "user":
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call-1",
+                        "type": "function",
+                        "function": {
+                            "name": "execute_command",
+                            "arguments": json.dumps({"command": "echo 55 > answer.txt"}),
+                        },
+                    }
+                ],
+            }
+        else:
+            message = {"role": "assistant", "content": "done"}
+        return web.json_response({"choices": [{"index": 0, "message": message}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield f"http://127.0.0.1:{port}/v1", requests
+    await runner.cleanup()

@@ -7,13 +7,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from aiohttp import web
 
 from aenv_ray.errors import EnvironmentNotFoundError
 from rollout.sources import SDKSource
@@ -147,44 +145,6 @@ async def test_an_unknown_environment_stops_the_run(
         await synthesize(
             "no-such-env@1.0.0", episodes=2, out=tmp_path, tasks=[{"id": "t"}], policy=never
         )
-
-
-@pytest.fixture
-async def chat_endpoint() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
-    """An OpenAI-compatible endpoint on loopback: asks for one shell command, then answers."""
-    requests: list[dict[str, Any]] = []
-
-    async def completions(request: web.Request) -> web.Response:
-        body = await request.json()
-        requests.append(body)
-        if body["messages"][-1]["role"] == "user":
-            message = {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": "call-1",
-                        "type": "function",
-                        "function": {
-                            "name": "execute_command",
-                            "arguments": json.dumps({"command": "echo 55 > answer.txt"}),
-                        },
-                    }
-                ],
-            }
-        else:
-            message = {"role": "assistant", "content": "done"}
-        return web.json_response({"choices": [{"index": 0, "message": message}]})
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", completions)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield f"http://127.0.0.1:{port}/v1", requests
-    await runner.cleanup()
 
 
 async def test_an_openai_compatible_endpoint_drives_the_episode(

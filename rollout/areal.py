@@ -1,0 +1,115 @@
+"""AReaL: an environment as an AReaL agent workflow (``async def run(data, **extra) -> float``).
+
+AReaL (>= 1.0) takes any object with ``async def run(self, data, **extra_kwargs)`` as an agent
+workflow and calls it with ``base_url``, ``api_key`` and ``http_client`` of its
+OpenAI-compatible proxy, which records the model's tokens and log-probabilities. Its older
+entry point is ``run_agent_return_reward(data) -> float``. :class:`AEnvWorkflow` provides both:
+each call runs one episode on a fresh instance, with the model behind AReaL's proxy as the
+policy (or any :data:`~rollout.synthesis.Policy` you give), and returns the environment's
+reward as a Python ``float`` (AReaL rejects ints).
+
+    >>> # doctest: +SKIP
+    >>> workflow = AEnvWorkflow("mini-terminal@1.0.0", model="default", max_turns=10)
+    >>> reward = await workflow.run(
+    ...     {"prompt": "Write 42 into out.txt",
+    ...      "reward_arguments": {"path": "out.txt", "expected": "42"}},
+    ...     base_url=proxy_url, api_key=session_key, http_client=client)
+
+``data`` is a task (see :mod:`rollout.synthesis`: ``prompt``, ``reward_arguments``, ``setup``).
+An episode whose instance failed is retried on a fresh one; if it still fails,
+:class:`EpisodeFailedError` is raised rather than a made-up reward (an infrastructure failure is
+not the agent's score). An agent error or a timeout scores ``0.0``.
+
+May import: ``aenv_ray``, ``rollout``. Must not import: kubernetes.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from aenv_ray.errors import AEnvError
+from rollout.failures import EpisodeOutcome
+from rollout.sources import InstanceSource, SDKSource
+from rollout.synthesis import OpenAIPolicy, Policy, Trajectory, play_episode
+
+__all__ = ["AEnvWorkflow", "EpisodeFailedError"]
+
+
+class EpisodeFailedError(AEnvError):
+    """The episode could not be played (its instances kept failing): there is no reward."""
+
+
+class AEnvWorkflow:
+    """One episode per :meth:`run`; see the module docstring."""
+
+    def __init__(
+        self,
+        env_name: str,
+        *,
+        model: str = "default",
+        policy: Policy | None = None,
+        max_turns: int = 20,
+        temperature: float | None = None,
+        system_prompt: str | None = None,
+        source: InstanceSource | None = None,
+        max_retries: int = 2,
+        episode_timeout: float | None = 600.0,
+        base_url: str | None = None,
+        api_key: str | None = None,
+    ) -> None:
+        self.env_name = env_name
+        self.model = model
+        self.policy = policy
+        self.max_turns = max_turns
+        self.temperature = temperature
+        self.system_prompt = system_prompt
+        self.source = source or SDKSource(env_name)
+        self.max_retries = max_retries
+        self.episode_timeout = episode_timeout
+        self.base_url = base_url  # for run_agent_return_reward, which gets no proxy address
+        self.api_key = api_key
+        self.last_trajectory: Trajectory | None = None
+        self._count = itertools.count()
+
+    async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
+        """Play one episode of task ``data``; return its reward as a ``float``."""
+        policy = self.policy or self._model_policy(extra_kwargs)
+        task = {**data, "id": str(data.get("id", data.get("query_id", next(self._count))))}
+        trajectory = await play_episode(
+            self.source,
+            self.env_name,
+            f"areal-{task['id']}",
+            task,
+            policy,
+            max_retries=self.max_retries,
+            episode_timeout=self.episode_timeout,
+        )
+        self.last_trajectory = trajectory
+        if trajectory.outcome == EpisodeOutcome.INFRASTRUCTURE_ERROR.value:
+            raise EpisodeFailedError(
+                f"episode {trajectory.episode_id} of {self.env_name} failed after "
+                f"{trajectory.attempts} attempts: {trajectory.reason}"
+            )
+        return float(trajectory.reward or 0.0)
+
+    async def run_agent_return_reward(self, data: dict[str, Any]) -> float:
+        """AReaL's older entry point: :meth:`run` with the ``base_url``/``api_key`` given here."""
+        return await self.run(data, base_url=self.base_url, api_key=self.api_key)
+
+    def _model_policy(self, extra: dict[str, Any]) -> Policy:
+        base_url = extra.get("base_url") or self.base_url
+        if not base_url:
+            raise AEnvError(
+                "no model to play the episode: AReaL passes base_url= to run(); "
+                "give AEnvWorkflow(base_url=...) or policy= to call it yourself"
+            )
+        return OpenAIPolicy(
+            str(base_url),
+            self.model,
+            api_key=extra.get("api_key") or self.api_key,
+            max_turns=self.max_turns,
+            temperature=self.temperature,
+            system_prompt=self.system_prompt,
+            http_client=extra.get("http_client"),
+        )

@@ -1,0 +1,192 @@
+"""RLlib: an environment's instances as an RLlib environment, through a numeric view of text.
+
+RLlib's episodes treat a ``str`` observation as a sequence and split it into characters, and its
+models need arrays. :class:`NumericToolEnv` wraps :class:`rollout.gym.ToolEnv` so that
+observations and actions are fixed-length integer arrays: UTF-8 bytes (:class:`ByteCodec`, the
+default) or token ids of any tokenizer (:class:`TokenCodec`): a ``Box`` observation and a
+``MultiDiscrete`` action (one choice per position). An action array is decoded to
+text and handed to the text environment (a JSON tool call, see :mod:`rollout.gym`); what does
+not decode to a valid action is the agent's error, answered as an observation.
+
+    >>> # doctest: +SKIP
+    >>> from ray.rllib.algorithms.ppo import PPOConfig
+    >>> import rollout.rllib
+    >>> name = rollout.rllib.register("mini-terminal@1.0.0", max_observation_len=2048)
+    >>> config = PPOConfig().environment(name, env_config={"max_steps": 20})
+
+:func:`register` calls ``ray.tune.register_env(name, creator)``; the creator merges RLlib's
+``env_config`` into the options of :func:`rollout.gym.make_env`. Needs ``ray[rllib]``
+(``pip install aenv-ray[rllib]``), which pins gymnasium 1.2.2.
+
+May import: ``aenv_ray``, ``rollout``, gymnasium, numpy; lazily, inside functions: ray.tune.
+Must not import: kubernetes (engines are injected).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+
+from rollout.gym import ToolEnv, make_env
+
+__all__ = ["ByteCodec", "Codec", "NumericToolEnv", "TokenCodec", "register", "rllib_name"]
+
+
+class Codec(Protocol):
+    """Text <-> a fixed-length integer array (``pad`` fills the tail)."""
+
+    high: int  # the largest value an element takes
+    dtype: Any
+    pad: int
+
+    def encode(self, text: str, length: int) -> np.ndarray: ...
+
+    def decode(self, array: np.ndarray) -> str: ...
+
+
+@dataclass(frozen=True)
+class ByteCodec:
+    """UTF-8 bytes, zero-padded; longer text keeps its head (a cut character is dropped)."""
+
+    high: int = 255
+    dtype: Any = np.uint8
+    pad: int = 0
+
+    def encode(self, text: str, length: int) -> np.ndarray:
+        data = text.encode("utf-8")[:length]
+        array = np.zeros(length, dtype=self.dtype)
+        array[: len(data)] = np.frombuffer(data, dtype=np.uint8)
+        return array
+
+    def decode(self, array: np.ndarray) -> str:
+        data = np.asarray(array, dtype=np.uint8).tobytes().rstrip(b"\0")
+        return data.decode("utf-8", errors="ignore")
+
+
+@dataclass(frozen=True)
+class TokenCodec:
+    """Token ids of a tokenizer: ``encode(text) -> ids``, ``decode(ids) -> text``, with
+    ``vocab_size`` ids and ``pad_id`` for the tail (e.g. a Hugging Face tokenizer's)."""
+
+    tokenize: Callable[[str], Sequence[int]]
+    detokenize: Callable[[Sequence[int]], str]
+    vocab_size: int
+    pad_id: int = 0
+    dtype: Any = np.int64
+
+    @property
+    def high(self) -> int:
+        return self.vocab_size - 1
+
+    @property
+    def pad(self) -> int:
+        return self.pad_id
+
+    def encode(self, text: str, length: int) -> np.ndarray:
+        ids = list(self.tokenize(text))[:length]
+        array = np.full(length, self.pad_id, dtype=self.dtype)
+        array[: len(ids)] = ids
+        return array
+
+    def decode(self, array: np.ndarray) -> str:
+        ids = [int(i) for i in np.asarray(array).tolist()]
+        while ids and ids[-1] == self.pad_id:
+            ids.pop()
+        return self.detokenize(ids)
+
+
+class NumericToolEnv(gymnasium.Env[np.ndarray, np.ndarray]):
+    """A :class:`~rollout.gym.ToolEnv` whose observations and actions are integer arrays."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+
+    def __init__(
+        self,
+        env: ToolEnv,
+        *,
+        codec: Codec | None = None,
+        max_observation_len: int = 4096,
+        max_action_len: int = 1024,
+    ) -> None:
+        if max_observation_len < 1 or max_action_len < 1:
+            raise ValueError("max_observation_len and max_action_len must be >= 1")
+        self.env = env
+        self.codec: Codec = codec or ByteCodec()
+        self.max_observation_len = max_observation_len
+        self.max_action_len = max_action_len
+        high, dtype = self.codec.high, self.codec.dtype
+        self.observation_space = spaces.Box(0, high, (max_observation_len,), dtype=dtype)
+        # one categorical choice per position: what a policy over bytes or tokens emits
+        self.action_space = spaces.MultiDiscrete(np.full(max_action_len, high + 1, dtype=np.int64))
+
+    def encode_action(self, action: str | dict[str, Any]) -> np.ndarray:
+        """The array that decodes to ``action`` (a JSON tool call, or its dict)."""
+        import json
+
+        text = action if isinstance(action, str) else json.dumps(action)
+        return self.codec.encode(text, self.max_action_len)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        text, info = self.env.reset(seed=seed, options=options)
+        return self._observe(text), {**info, "text": text}
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        text, reward, terminated, truncated, info = self.env.step(self.codec.decode(action))
+        return self._observe(text), float(reward), terminated, truncated, {**info, "text": text}
+
+    def _observe(self, text: str) -> np.ndarray:
+        return self.codec.encode(text, self.max_observation_len)
+
+    def close(self) -> None:
+        self.env.close()
+        super().close()
+
+
+def rllib_name(env_name: str) -> str:
+    """The name :func:`register` uses for ``env_name``: ``aenv-NAME-VERSION``."""
+    return "aenv-" + env_name.replace("@", "-").replace("/", "-")
+
+
+def register(
+    env_name: str,
+    *,
+    name: str | None = None,
+    codec: Codec | None = None,
+    max_observation_len: int = 4096,
+    max_action_len: int = 1024,
+    **make_env_options: Any,
+) -> str:
+    """Register ``env_name`` with ``ray.tune.register_env``; return the registered name.
+
+    RLlib calls the creator with its ``env_config`` (an ``EnvContext``, a dict): those keys
+    override ``make_env_options`` (``tasks``, ``max_steps``, ...).
+    """
+    from ray.tune.registry import register_env
+
+    registered = name or rllib_name(env_name)
+
+    def one(options: dict[str, Any]) -> NumericToolEnv:
+        return NumericToolEnv(
+            make_env(env_name, **options),
+            codec=codec,
+            max_observation_len=max_observation_len,
+            max_action_len=max_action_len,
+        )
+
+    def creator(env_config: dict[str, Any] | None = None) -> gymnasium.Env[Any, Any] | Any:
+        options = {**make_env_options, **dict(env_config or {})}
+        num_envs = options.pop("num_envs", None)  # RLlib's vector entry point asks for N
+        if num_envs is None:
+            return one(options)
+        return gymnasium.vector.SyncVectorEnv([lambda: one(options)] * int(num_envs))
+
+    register_env(registered, creator)
+    return registered
