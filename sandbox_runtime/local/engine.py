@@ -565,8 +565,10 @@ def _datasource(path: str | None) -> str | None:
 
 
 def _start_process(command: list[str], fd: int) -> subprocess.Popen[bytes]:
-    # a quick fork+exec on the engine's own thread; the zygote's slow start is awaited apart
-    return subprocess.Popen(command, pass_fds=[fd], stdin=subprocess.DEVNULL)
+    # a quick fork+exec on the engine's own thread; the zygote's slow start is awaited apart.
+    # In "/": ``-m`` puts the working directory on sys.path, and the instances' view of the host
+    # holds sys.path (the user's home directory, were it started there)
+    return subprocess.Popen(command, pass_fds=[fd], stdin=subprocess.DEVNULL, cwd="/")
 
 
 def _ttl(requested: float | None, config: EnvConfig) -> float:
