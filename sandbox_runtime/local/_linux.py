@@ -98,10 +98,16 @@ def mount(
 
 
 def bind_mount(source: str, target: str, *, read_only: bool = True) -> None:
-    """Bind ``source`` (recursively) on ``target``; remount read-only, nosuid, nodev if asked."""
+    """Bind ``source`` (recursively) on ``target``; remount read-only, nosuid, nodev if asked.
+
+    A ``noexec`` of the source is kept: inside a user namespace the kernel refuses a remount
+    that would drop it (the flag is locked).
+    """
     mount(source, target, None, MS_BIND | MS_REC)
     if read_only:
-        mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        kept = MS_NOEXEC if os.statvfs(target).f_flag & os.ST_NOEXEC else 0
+        flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | kept
+        mount(None, target, None, flags)
 
 
 def umount(target: str) -> None:

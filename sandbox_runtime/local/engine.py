@@ -1,9 +1,10 @@
 """``LocalEngine``: the embedded default :class:`~aenv_ray.engine.SandboxEngine`.
 
 Instances are forked from one zygote per environment definition (``zygote.py``), isolated with
-Linux namespaces and cgroups where the host allows it, as plain processes (with a loud warning)
-where it does not. The engine runs its own event loop on a daemon thread, so its async methods
-work from any event loop and any number of ``asyncio.run`` calls in one process.
+Linux namespaces where the host allows it (as root, or through unprivileged user namespaces) and
+limited by cgroups as root, as plain processes (with a loud warning) where it does not. The
+engine runs its own event loop on a daemon thread, so its async methods work from any event loop
+and any number of ``asyncio.run`` calls in one process.
 
     >>> # doctest: +SKIP
     >>> engine = LocalEngine()
@@ -129,8 +130,9 @@ class LocalEngine:
             return True
         if self.isolation is Isolation.NAMESPACES:
             raise ConfigurationError(
-                f"isolation=namespaces was asked for but {why_not}; run as root on Linux or "
-                "use isolation='none' for plain processes"
+                f"isolation=namespaces was asked for but {why_not}; run as root, or as a user "
+                "on a Linux kernel that allows unprivileged user namespaces, or use "
+                "isolation='none' for plain processes"
             )
         log.warning(
             "INSTANCES ARE NOT ISOLATED: %s. They run as plain processes that can read the "

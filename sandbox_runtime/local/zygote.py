@@ -4,7 +4,11 @@
 
 The engine starts one zygote per definition with one end of a ``SOCK_SEQPACKET`` pair. The zygote
 imports the runtime and the project's modules, builds the template root (``_sandbox.py``), says
-``ready`` and then serves the engine's requests one at a time:
+``ready`` and then serves the engine's requests one at a time. Started by root it is
+*privileged*: instances' roots are nobody outside and cgroups limit them. Started by another user
+(isolated all the same), it first enters a user namespace of its own and becomes pid 1 of a pid
+namespace owned by it (``_sandbox.enter_own_user_namespace``; the process the engine started
+only waits for it): instances' roots are that user outside, and there are no cgroup limits.
 
 ``spawn`` (id, limits, network, environment, arguments, datasource)
     start the instance's pid 1 in a new pid namespace (``init.c``, a small program that reaps
@@ -102,8 +106,8 @@ class _Instance:
     port: int
     channel: socket.socket  # the runtime's end is in the instance; EOF: the runtime is gone
     group: InstanceGroup | None
-    pid: int | None = None  # host pid of its runtime (Python pid 1: of that pid 1)
-    init_pid: int | None = None  # host pid of its pid namespace's init (isolated only)
+    pid: int | None = None  # pid of its runtime (Python pid 1: of that pid 1), in our namespace
+    init_pid: int | None = None  # pid of its pid namespace's init (isolated only)
     group_root: str = ""  # the instance whose pid namespace this one lives in (itself or a fork's)
     killed: bool = False
     starting: bool = False  # isolated: forked, its pid 1 not yet mapped into its user namespace
@@ -118,12 +122,14 @@ class Zygote:
         project: LoadedProject,
         *,
         isolated: bool,
+        privileged: bool,
         owner: str,
         default_timeout: float = 600.0,
     ) -> None:
         self.control = control
         self.project = project
         self.isolated = isolated
+        self.privileged = privileged  # really root (decided before any user namespace)
         self.owner = owner
         self.default_timeout = default_timeout
         self.cgroups: Cgroups | None = None
@@ -147,11 +153,14 @@ class Zygote:
 
         warm_imports()
 
-        if os.geteuid() == 0:
+        if self.privileged:
             self.cgroups = Cgroups.detect(self.owner)
             self.warnings.extend(self.cgroups.warnings)
         else:
-            self.warnings.append("not root: no cgroup limits (memory, pids, CPU) on instances")
+            self.warnings.append(
+                "NO RESOURCE LIMITS: not root, so instances get no cgroup limits; deployConfig "
+                "memory, cpu and pids are not enforced (an instance can exhaust this machine)"
+            )
         if self.isolated:
             from sandbox_runtime.local import _linux, _sandbox
 
@@ -162,9 +171,8 @@ class Zygote:
             init, why_not = init_binary()
             if init is None:
                 log.info("instances get a Python pid 1", extra={"reason": why_not})
-            root = f"/tmp/aenv-root-{os.getpid()}"
             self.init_path = _sandbox.enter_template_root(
-                root, _sandbox.runtime_paths(self.project.root), init=init
+                _sandbox.runtime_paths(self.project.root), init=init
             )
             _linux.set_child_subreaper()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -345,6 +353,12 @@ class Zygote:
                 _linux.setns(self.pid_namespace, _linux.CLONE_NEWPID)
         return init_pid, pid
 
+    @property
+    def _instance_root(self) -> int:
+        from sandbox_runtime.local._sandbox import instance_root
+
+        return instance_root(self.privileged)
+
     def _on_child_message(self, iid: str, message: dict[str, Any], sock: socket.socket) -> None:
         """``map``: write the asking process's id maps, answer ``mapped``, report ``spawned``."""
         instance = self.instances.get(iid)
@@ -354,7 +368,7 @@ class Zygote:
             from sandbox_runtime.local._sandbox import write_id_maps
 
             assert instance.pid is not None
-            write_id_maps(instance.pid)
+            write_id_maps(instance.pid, self._instance_root)
             send(sock, {"op": "mapped"})
             instance.starting = False
             self._tell({"op": "spawned", "id": iid, "port": instance.port, "pid": instance.pid})
@@ -389,6 +403,7 @@ class Zygote:
             tmp_bytes=int(message.get("tmp_bytes") or 64 << 20),
             workspace_bytes=int(message.get("workspace_bytes") or 1 << 30),
             datasource=message.get("datasource"),
+            root_uid=self._instance_root,
         )
         if mode == "init":
             assert init is not None
@@ -402,6 +417,7 @@ class Zygote:
                 os._exit(1)
 
         _sandbox.become_instance_root(wait_for_maps)
+        os.setsid()  # without cgroups, its process group is how it is killed
         self._run_runtime(message, listen, channel, workspace="/workspace")
 
     def _instance_init(
@@ -433,6 +449,7 @@ class Zygote:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             _linux.set_parent_death_signal(signal.SIGKILL)
+            os.setsid()  # without cgroups, its process group is how it is killed
             self._run_runtime(message, listen, channel, workspace="/workspace")
             os._exit(0)
         listen.close()
@@ -442,8 +459,13 @@ class Zygote:
         waiter.register(wake_read, selectors.EVENT_READ)
         while True:
             for key, _ in waiter.select():
-                if key.fileobj is init and not init.recv(_MAX_MESSAGE):
-                    os._exit(0)  # the zygote is gone: everything in this pid namespace dies
+                if key.fileobj is init:
+                    request = init.recv(_MAX_MESSAGE)
+                    if not request:
+                        os._exit(0)  # the zygote is gone: everything in this pid namespace dies
+                    if json.loads(request).get("op") == "kill-runtime":  # its forks live on
+                        with contextlib.suppress(ProcessLookupError):
+                            os.killpg(runtime, signal.SIGKILL)
                 if key.fileobj == wake_read:
                     os.read(wake_read, 512)
             while True:
@@ -562,16 +584,28 @@ class Zygote:
         self._finish(instance, reason, detail)
 
     def _kill(self, instance: _Instance) -> None:
+        """SIGKILL the instance: its cgroup; without one, its runtime's process group, and its
+        pid namespace's init (which ends the namespace) unless forks of it still live there."""
         instance.killed = True
         if instance.group is not None and instance.group.dirs:
             instance.group.kill()
         elif instance.pid is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(instance.pid, signal.SIGKILL)
-            for pid in (instance.pid, instance.init_pid):
-                if pid is not None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
+            shared = any(
+                other.group_root == instance.group_root and not other.killed
+                for other in self.instances.values()
+            )
+            if shared and instance.pid == instance.init_pid:
+                # a Python pid 1 forked this runtime and alone knows its pid
+                with contextlib.suppress(OSError):
+                    send(self.inits[instance.group_root], {"op": "kill-runtime"})
+            else:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(instance.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(instance.pid, signal.SIGKILL)
+            if instance.init_pid is not None and not shared:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(instance.init_pid, signal.SIGKILL)
         self._reap()
 
     def _finish(self, instance: _Instance, reason: str, detail: str) -> None:
@@ -756,6 +790,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
+    isolated = args.isolation == "namespaces"
+    privileged = os.geteuid() == 0  # before any user namespace: inside one, everyone is root
+    if isolated and not privileged:
+        from sandbox_runtime.local._sandbox import enter_own_user_namespace
+
+        try:
+            enter_own_user_namespace()  # returns in the pid 1 of a pid namespace of our own
+        except OSError as exc:
+            with socket.socket(fileno=args.control_fd) as control:
+                message = f"sandbox set-up failed: {exc}"
+                send(control, {"op": "failed", "message": message, "type": "OSError"})
+            return 1
     control = socket.socket(fileno=args.control_fd)
     try:
         project = load_project(args.project)
@@ -765,7 +811,8 @@ def main(argv: list[str] | None = None) -> int:
     zygote = Zygote(
         control,
         project,
-        isolated=args.isolation == "namespaces",
+        isolated=isolated,
+        privileged=privileged,
         owner=args.owner,
         default_timeout=args.default_timeout,
     )
