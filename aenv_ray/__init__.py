@@ -26,6 +26,7 @@ from aenv_ray.engine import (
 )
 from aenv_ray.environment import Environment
 from aenv_ray.errors import (
+    AcquireTimeoutError,
     AEnvError,
     AEnvTimeoutError,
     CallTimeoutError,
@@ -41,6 +42,7 @@ from aenv_ray.errors import (
     InstanceExpiredError,
     InstanceNotFoundError,
     InstanceUnreachableError,
+    LeaseLostError,
     ProtocolError,
     StartupTimeoutError,
     ToolArgumentError,
@@ -63,6 +65,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AEnvError",
     "AEnvTimeoutError",
+    "AcquireTimeoutError",
     "CallTimeoutError",
     "CapacityError",
     "ConfigurationError",
@@ -81,6 +84,7 @@ __all__ = [
     "InstanceSpec",
     "InstanceState",
     "InstanceUnreachableError",
+    "LeaseLostError",
     "ProtocolError",
     "Registry",
     "SandboxEngine",

@@ -18,9 +18,11 @@ The tree, by what the caller should do::
     │   ├── InstanceBrokenError                  it died under you (cause in __cause__); retryable
     │   ├── InstanceUnreachableError             nothing answers at its address; retryable
     │   ├── InstanceExpiredError                 its TTL ran out; retryable on a fresh instance
-    │   └── InstanceNotFoundError (LookupError)  the engine has no instance with that id
+    │   ├── InstanceNotFoundError (LookupError)  the engine has no instance with that id
+    │   └── LeaseLostError                       a pool took your lease back; retryable on a new one
     ├── CapacityError                            the engine cannot start more now; retryable
     ├── AEnvTimeoutError (TimeoutError)
+    │   ├── AcquireTimeoutError                  no pooled instance became free in time; retryable
     │   ├── CallTimeoutError                     no answer within the call's timeout
     │   └── StartupTimeoutError                  the instance did not become healthy in time
     └── ProtocolError                            the server answered something we cannot read
@@ -38,6 +40,7 @@ from typing import Any, ClassVar
 __all__ = [
     "AEnvError",
     "AEnvTimeoutError",
+    "AcquireTimeoutError",
     "CallTimeoutError",
     "CapacityError",
     "ConfigurationError",
@@ -51,6 +54,7 @@ __all__ = [
     "InstanceExpiredError",
     "InstanceNotFoundError",
     "InstanceUnreachableError",
+    "LeaseLostError",
     "ProtocolError",
     "StartupTimeoutError",
     "ToolArgumentError",
@@ -156,6 +160,11 @@ class ToolTimeoutError(ToolError, AEnvTimeoutError):
         self.timeout = timeout
 
 
+class AcquireTimeoutError(AEnvTimeoutError):
+    """No instance of a pool became free within ``acquire(timeout=...)``; try again later or
+    grow the pool."""
+
+
 class CallTimeoutError(AEnvTimeoutError):
     """The instance did not answer a call within the call's timeout."""
 
@@ -212,6 +221,13 @@ class InstanceExpiredError(InstanceError):
 
 class InstanceNotFoundError(InstanceError, LookupError):
     """The engine has no instance with that id (never created, or forgotten long ago)."""
+
+
+class LeaseLostError(InstanceError):
+    """A pool no longer holds your lease: its pool actor died, or the pool reclaimed it (idle
+    past the pool's lease timeout, its owner died, the pool closed). Acquire a new one."""
+
+    retryable = True
 
 
 class CapacityError(AEnvError):

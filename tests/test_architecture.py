@@ -238,10 +238,13 @@ RULES: dict[str, Rule] = {
     "k8s_backend": Rule(
         may=frozenset({"aenv_ray", "kubernetes"}), must_not=frozenset({"ray", "gymnasium"})
     ),
-    # "May import: ``aenv_ray``, ray, gymnasium. Must not import: kubernetes (engines are
-    # injected)."
+    # "May import: ``aenv_ray``, ray, gymnasium; lazily, inside functions:
+    # ``sandbox_runtime.local`` (``engine="local"``: the local engine each pool actor runs).
+    # Must not import: kubernetes (engines are injected)."
     "rollout": Rule(
-        may=frozenset({"aenv_ray", "ray", "gymnasium"}), must_not=frozenset({"kubernetes"})
+        may=frozenset({"aenv_ray", "ray", "gymnasium"}),
+        lazy=frozenset({"sandbox_runtime.local"}),
+        must_not=frozenset({"kubernetes"}),
     ),
     # "May import: ``aenv_ray``, gymnasium, numpy (the arrays of gymnasium's vector API). Must
     # not import: ray, kubernetes (engines are injected)."

@@ -235,11 +235,13 @@ def test_a_chained_error_pickles_without_losing_its_own_data() -> None:
 
 RETRYABLE = {
     "AEnvTimeoutError",
+    "AcquireTimeoutError",
     "CallTimeoutError",
     "CapacityError",
     "InstanceBrokenError",
     "InstanceExpiredError",
     "InstanceUnreachableError",
+    "LeaseLostError",
     "StartupTimeoutError",
 }
 

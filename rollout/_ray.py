@@ -1,0 +1,125 @@
+"""Ray at the edges: a loopback-only local cluster, bounded waits, Ray errors translated once.
+
+Local Ray must not advertise the machine's address: :func:`init_local` starts it on 127.0.0.1
+without the dashboard. :func:`get` is the library's only way to wait on a Ray object: it always
+has a timeout and turns Ray's failures into the :mod:`aenv_ray.errors` tree.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any, TypeVar, overload
+
+import ray
+import ray.exceptions as rex
+
+from aenv_ray.errors import AEnvError, AEnvTimeoutError, LeaseLostError
+
+__all__ = [
+    "DEFAULT_GET_TIMEOUT",
+    "alive_nodes",
+    "ensure_ray",
+    "get",
+    "init_local",
+    "loopback_only",
+    "translate",
+]
+
+log = logging.getLogger("rollout.ray")
+T = TypeVar("T")
+
+DEFAULT_GET_TIMEOUT = 120.0
+"""Seconds :func:`get` waits when not told otherwise: finite, as every wait in this library."""
+
+_ACTOR_GONE = (rex.RayActorError, rex.ActorUnavailableError)
+_INFRA = (rex.WorkerCrashedError, rex.ObjectLostError, rex.NodeDiedError, rex.OwnerDiedError)
+
+
+def init_local(num_cpus: int | None = None, **kwargs: Any) -> None:
+    """Start a local Ray on loopback only, without the dashboard (or join one: ``address=``).
+
+    ``num_cpus`` and further keyword arguments go to :func:`ray.init`; ``include_dashboard``
+    can be turned back on. Does nothing if Ray is already initialized.
+    """
+    if ray.is_initialized():
+        return
+    loopback_only()
+    kwargs.setdefault("include_dashboard", False)
+    kwargs.setdefault("_node_ip_address", "127.0.0.1")
+    kwargs.setdefault("log_to_driver", False)
+    kwargs.setdefault("configure_logging", False)
+    ray.init(num_cpus=num_cpus, **kwargs)
+    log.info("local ray started", extra={"num_cpus": num_cpus, "address": "127.0.0.1"})
+
+
+def loopback_only() -> None:
+    """Make this process and the Ray processes it starts resolve their address to 127.0.0.1.
+
+    Ray reads ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` when it is imported; for this process,
+    already past that, the constant it was read into is set as well. Without this Ray
+    advertises the machine's address, and ``ray.init(address="127.0.0.1:PORT")`` is turned
+    into that address too.
+    """
+    from ray._private import ray_constants  # read by Ray's address resolution at each call
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def ensure_ray() -> None:
+    """Initialize Ray on loopback (:func:`init_local`) unless it already runs here."""
+    if not ray.is_initialized():
+        init_local()
+
+
+def alive_nodes() -> list[str]:
+    """Node ids (hex) of the cluster's alive nodes, the head first."""
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    nodes.sort(key=lambda n: not n.get("IsHead", False))  # head first; stable otherwise
+    return [str(n["NodeID"]) for n in nodes]
+
+
+def translate(exc: BaseException, *, what: str = "a pool call") -> BaseException:
+    """The :mod:`aenv_ray.errors` view of an exception from :func:`ray.get`.
+
+    An aenv-ray error raised inside a pool actor comes back as itself (not Ray's wrapper); a
+    dead or unreachable pool actor is :class:`~aenv_ray.errors.LeaseLostError`; Ray's get
+    timeout is :class:`~aenv_ray.errors.AEnvTimeoutError`. Anything else is returned as is.
+    """
+    if isinstance(exc, rex.RayTaskError) and isinstance(exc.cause, BaseException):
+        return exc.cause
+    if isinstance(exc, _ACTOR_GONE):
+        return LeaseLostError(
+            f"{what} failed: the pool actor that owns the instance is gone ({type(exc).__name__})"
+            "; its leases are lost, acquire a new one"
+        )
+    if isinstance(exc, _INFRA):
+        return LeaseLostError(f"{what} failed: Ray lost a process or node ({type(exc).__name__})")
+    if isinstance(exc, rex.GetTimeoutError):
+        return AEnvTimeoutError(f"{what} did not finish in time: {exc}")
+    return exc
+
+
+@overload
+def get(refs: ray.ObjectRef, *, timeout: float = ..., what: str = ...) -> Any: ...
+@overload
+def get(refs: Sequence[ray.ObjectRef], *, timeout: float = ..., what: str = ...) -> list[Any]: ...
+def get(
+    refs: ray.ObjectRef | Sequence[ray.ObjectRef],
+    *,
+    timeout: float = DEFAULT_GET_TIMEOUT,
+    what: str = "a pool call",
+) -> Any:
+    """:func:`ray.get` with a finite ``timeout`` and errors translated (:func:`translate`).
+
+    A timeout raises :class:`~aenv_ray.errors.AEnvTimeoutError`; the objects stay computable.
+    """
+    try:
+        return ray.get(refs, timeout=timeout)  # type: ignore[arg-type]
+    except (rex.RayError, AEnvError) as exc:
+        translated = translate(exc, what=what)
+        if translated is exc:
+            raise
+        raise translated from exc

@@ -1,0 +1,357 @@
+"""``RolloutPool``: warm instances on every Ray node, leased as futures.
+
+    from rollout import RolloutPool, get
+
+    with RolloutPool("mini-terminal@1.0.0", size=8) as pool:
+        lease = pool.acquire(timeout=10)
+        ref = lease.call_tool("execute_command", {"command": "echo hi"})
+        print(get(ref, timeout=30).text)
+        lease.release()
+
+The pool starts one pool actor per alive Ray node (or per bundle of ``placement_group``), each
+owning its share of ``size`` warm instances on its own engine. ``acquire`` is one actor round
+trip when an instance is free. A pool actor found dead is replaced by a fresh one on the same
+node; leases it held are lost (:class:`~aenv_ray.errors.LeaseLostError`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import ray
+import ray.exceptions as rex
+from ray.util.scheduling_strategies import (
+    NodeAffinitySchedulingStrategy,
+    PlacementGroupSchedulingStrategy,
+)
+
+from aenv_ray.errors import AcquireTimeoutError, ConfigurationError, LeaseLostError
+from rollout._actor import limiter_actor, pool_actor_class
+from rollout._ray import alive_nodes, ensure_ray, get, translate
+from rollout.lease import Lease, current_owner
+from rollout.metrics import PoolStats
+from rollout.spec import EngineFactory, PoolSpec
+from rollout.stepping import StepBatch
+
+__all__ = ["RolloutPool"]
+
+log = logging.getLogger("rollout.pool")
+
+_CONTROL_TIMEOUT = 30.0  # seconds for control calls (report, fork, close) unless told
+_WAIT_SLICE = 0.5  # a waiting acquire asks one actor for at most this long, then looks again
+
+
+class RolloutPool:
+    """A pool of ``size`` warm instances of ``env_name`` spread over Ray nodes.
+
+    Args:
+        env_name: ``name@version`` (or ``name``); with ``project=`` it may be omitted.
+        size: warm instances in total, split evenly across pool actors.
+        engine: ``"local"`` (a local engine per pool actor) or a picklable zero-argument
+            callable returning a :class:`~aenv_ray.SandboxEngine`.
+        project: a project directory instead of a name.
+        ttl, environment_variables, arguments, datasource: as for :class:`aenv_ray.Environment`.
+        call_timeout: default per-call timeout of the instances (``AENV_TIMEOUT`` if None).
+        lease_timeout: seconds a lease may go without a call before the pool takes it back.
+        placement_group: one pool actor per bundle of this placement group instead of per node.
+        creation_rate, creation_burst: the creation-rate limit shared by every pool of the
+            Ray namespace (set by the first pool; instances per second, at most at once).
+        ready_timeout: wait this long for the pool to be warm (0: return at once).
+        name: the pool's name in logs and metrics.
+    """
+
+    def __init__(
+        self,
+        env_name: str | None = None,
+        size: int = 1,
+        *,
+        engine: str | EngineFactory = "local",
+        project: str | Path | None = None,
+        ttl: str | float | None = None,
+        environment_variables: Mapping[str, str] | None = None,
+        arguments: Sequence[str] = (),
+        datasource: str = "",
+        call_timeout: float | None = None,
+        startup_timeout: float = 60.0,
+        lease_timeout: float = 600.0,
+        placement_group: Any = None,
+        creation_rate: float = 50.0,
+        creation_burst: int = 16,
+        ready_timeout: float = 120.0,
+        name: str | None = None,
+    ) -> None:
+        if size < 1:
+            raise ConfigurationError(f"a pool needs size >= 1, got {size}")
+        if env_name is None and project is None:
+            raise ConfigurationError("name an environment (`name@version`) or pass project=")
+        if project is not None:
+            from aenv_ray.config import EnvConfig
+
+            project = str(Path(project).resolve())
+            env_name = env_name or EnvConfig.load(project).ref
+        else:
+            from aenv_ray._resolve import resolve_environment  # fail here, not in every actor
+
+            assert env_name is not None
+            resolve_environment(env_name, _env_path())
+        assert env_name is not None
+        ensure_ray()
+        self.spec = PoolSpec(
+            env_name=env_name,
+            name=name or f"{env_name.split('@')[0]}-{uuid.uuid4().hex[:6]}",
+            project=project,
+            engine=engine,
+            ttl=PoolSpec.parse_ttl(ttl),
+            environment_variables=dict(environment_variables or {}),
+            arguments=tuple(arguments),
+            datasource=datasource,
+            call_timeout=call_timeout,
+            startup_timeout=startup_timeout,
+            lease_timeout=lease_timeout,
+        )
+        self.size = size
+        self._strategies = _placements(placement_group)
+        n = len(self._strategies)
+        self._sizes = [size // n + (1 if i < size % n else 0) for i in range(n)]
+        self._rate, self._burst = creation_rate, creation_burst
+        self._limiter = limiter_actor(creation_rate, creation_burst)
+        self._cls = pool_actor_class()
+        self._started: dict[int, ray.ObjectRef] = {}
+        self._actors = [self._start_actor(i) for i in range(n)]
+        self._idle_hint = [0] * n
+        self._rotation = itertools.count()
+        self._replaced = 0
+        self._closed = False
+        log.info(
+            "pool starting",
+            extra={"pool": self.spec.name, "env": env_name, "size": size, "actors": n},
+        )
+        if ready_timeout > 0:
+            self.wait_ready(timeout=ready_timeout)
+
+    def _start_actor(self, index: int) -> Any:
+        actor = self._cls.options(scheduling_strategy=self._strategies[index]).remote(
+            self.spec, self._sizes[index], self._limiter, self._rate, self._burst
+        )
+        self._started[index] = actor.start.remote()  # warming starts now; checked by wait_ready
+        return actor
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    @property
+    def actors(self) -> list[Any]:
+        """The pool actors' handles (for inspection and fault-injection tests)."""
+        return list(self._actors)
+
+    def wait_ready(self, *, timeout: float = 120.0) -> int:
+        """Wait until every pool actor holds its share warm; returns the idle count.
+
+        Raises :class:`~aenv_ray.errors.AEnvTimeoutError` if that takes longer than ``timeout``.
+        """
+        refs = [a.start.remote(wait=timeout) for a in self._actors]
+        what = f"warming pool `{self.name}`"
+        idle = get(refs, timeout=timeout + _CONTROL_TIMEOUT, what=what)
+        get(list(self._started.values()), timeout=_CONTROL_TIMEOUT, what=what)
+        self._started.clear()
+        self._idle_hint = [int(n) for n in idle]
+        return sum(self._idle_hint)
+
+    @property
+    def name(self) -> str:
+        """The pool's name (logs, metrics)."""
+        return self.spec.name
+
+    def close(self, *, timeout: float = _CONTROL_TIMEOUT) -> int:
+        """Delete every instance and stop every pool actor. Idempotent.
+
+        Returns how many instances were deleted. Outstanding leases end
+        (:class:`~aenv_ray.errors.LeaseLostError`).
+        """
+        if self._closed:
+            return 0
+        self._closed = True
+        refs = [a.close.remote() for a in self._actors]
+        deleted = 0
+        for actor, ref in zip(self._actors, refs, strict=True):
+            try:
+                deleted += int(get(ref, timeout=timeout, what="closing a pool actor"))
+            except (LeaseLostError, TimeoutError) as exc:
+                log.warning("pool actor did not close cleanly", extra={"error": str(exc)})
+            ray.kill(actor, no_restart=True)  # its engine's instances die with its process
+        log.info("pool closed", extra={"pool": self.name, "deleted": deleted})
+        return deleted
+
+    def __enter__(self) -> RolloutPool:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigurationError(f"pool `{self.name}` is closed; create a new RolloutPool")
+
+    # -- leases ----------------------------------------------------------------------------------
+    def acquire(self, *, timeout: float = 60.0, attempt: int = 0) -> Lease:
+        """Lease a warm instance; wait up to ``timeout`` s for one to be free.
+
+        One actor round trip when the actor with the most idle instances has one. Raises
+        :class:`~aenv_ray.errors.AcquireTimeoutError` when none became free in time.
+        ``attempt`` > 0 marks a retry in the pool's counters.
+        """
+        self._check_open()
+        owner = current_owner()
+        deadline = time.monotonic() + timeout
+        while True:
+            order = self._order()
+            for index in order:  # a free instance anywhere, without waiting
+                lease = self._try(index, owner, 0.0, attempt)
+                if lease is not None:
+                    return lease
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AcquireTimeoutError(
+                    f"no instance of pool `{self.name}` ({self.size} instances) became free "
+                    f"within {timeout:g} s; release leases or grow the pool",
+                    timeout=timeout,
+                    env_name=self.spec.env_name,
+                )
+            slice_ = min(left, _WAIT_SLICE) if len(order) > 1 else left
+            lease = self._try(order[0], owner, slice_, attempt)
+            if lease is not None:
+                return lease
+
+    def _order(self) -> list[int]:
+        n = len(self._actors)
+        start = next(self._rotation) % n
+        rotated = [(start + i) % n for i in range(n)]
+        return sorted(rotated, key=lambda i: -self._idle_hint[i])
+
+    def _try(self, index: int, owner: Any, wait: float, attempt: int) -> Lease | None:
+        actor = self._actors[index]
+        try:
+            grant = ray.get(
+                actor.acquire.remote(owner, wait, attempt), timeout=wait + _CONTROL_TIMEOUT
+            )
+        except rex.RayTaskError as exc:
+            raise translate(exc, what="acquire") from exc
+        except (rex.RayActorError, rex.GetTimeoutError) as exc:
+            self._replace(index, actor, exc)
+            return None
+        self._idle_hint[index] = grant.idle
+        return Lease(grant.lease, actor) if grant.lease is not None else None
+
+    def _replace(self, index: int, actor: Any, exc: BaseException) -> None:
+        if self._actors[index] is not actor or isinstance(exc, rex.ActorUnavailableError):
+            return  # replaced already, or restarting (Ray brings it back itself)
+        if isinstance(exc, rex.GetTimeoutError):
+            log.warning("pool actor slow to answer", extra={"pool": self.name, "actor": index})
+            return
+        log.warning(
+            "pool actor died; replacing it",
+            extra={"pool": self.name, "actor": index, "error": type(exc).__name__},
+        )
+        self._actors[index] = self._start_actor(index)
+        self._idle_hint[index] = 0
+        self._replaced += 1
+
+    def heal(self, *, timeout: float = _CONTROL_TIMEOUT) -> int:
+        """Ping every pool actor and replace the dead ones; returns how many were replaced."""
+        before = self._replaced
+        actors = list(self._actors)
+        refs = [a.ping.remote() for a in actors]
+        for index, (actor, ref) in enumerate(zip(actors, refs, strict=True)):
+            try:
+                self._idle_hint[index] = int(ray.get(ref, timeout=timeout))
+            except (rex.RayActorError, rex.GetTimeoutError) as exc:
+                self._replace(index, actor, exc)
+        return self._replaced - before
+
+    def fork(self, lease: Lease, n: int, *, timeout: float = _CONTROL_TIMEOUT) -> list[Lease]:
+        """``n`` new leases on copies of ``lease``'s instance (state and files), same actor."""
+        self._check_open()
+        ref = lease.actor.fork.remote(lease.lease_id, n, current_owner(), timeout)
+        infos = get(ref, timeout=timeout + _CONTROL_TIMEOUT, what=f"forking {lease.lease_id}")
+        return [Lease(info, lease.actor) for info in infos]
+
+    # -- batched stepping ------------------------------------------------------------------------
+    def step_many(
+        self,
+        steps: Sequence[tuple[Lease, str, dict[str, Any] | None]],
+        *,
+        timeout: float | None = None,
+    ) -> StepBatch:
+        """Send many tool calls, one Ray call per pool actor; results come back as they finish.
+
+        ``steps`` holds ``(lease, tool, arguments)``; ``timeout`` is each call's limit. See
+        :class:`~rollout.stepping.StepBatch` for taking the first K.
+        """
+        groups: dict[Any, list[tuple[int, str, str, dict[str, Any] | None, float | None]]] = {}
+        for index, (lease, tool, arguments) in enumerate(steps):
+            groups.setdefault(lease.actor, []).append(
+                (index, lease.lease_id, tool, arguments, timeout)
+            )
+        submitted = []
+        for actor, items in groups.items():
+            generator = actor.step_many.options(num_returns="streaming").remote(items)
+            submitted.append((generator, {i: (lid, tool) for i, lid, tool, _, _ in items}))
+        return StepBatch(submitted)
+
+    @staticmethod
+    def wait(
+        refs: Sequence[ray.ObjectRef], *, num_returns: int = 1, timeout: float
+    ) -> tuple[list[ray.ObjectRef], list[ray.ObjectRef]]:
+        """:func:`ray.wait` over lease calls' refs with a required ``timeout``: (ready, pending)."""
+        refs = list(refs)
+        if not refs:
+            return [], []
+        ready, pending = ray.wait(refs, num_returns=min(num_returns, len(refs)), timeout=timeout)
+        return list(ready), list(pending)
+
+    # -- stats -----------------------------------------------------------------------------------
+    def stats(self, *, timeout: float = _CONTROL_TIMEOUT) -> PoolStats:
+        """Latency per phase (p50/p99) and counters, summed over the live pool actors."""
+        self._check_open()
+        actors = list(self._actors)
+        refs = [a.report.remote() for a in actors]
+        reports = []
+        for index, (actor, ref) in enumerate(zip(actors, refs, strict=True)):
+            try:
+                reports.append(ray.get(ref, timeout=timeout))
+            except (rex.RayActorError, rex.GetTimeoutError) as exc:
+                self._replace(index, actor, exc)
+        return PoolStats.merge(reports, actor_restarts=self._replaced)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"RolloutPool({self.spec.env_name!r}, size={self.size}, {state}, name={self.name!r})"
+
+
+def _placements(placement_group: Any) -> list[Any]:
+    """One scheduling strategy per pool actor: each bundle, or each alive node."""
+    if placement_group is not None:
+        return [
+            PlacementGroupSchedulingStrategy(placement_group, placement_group_bundle_index=i)
+            for i in range(placement_group.bundle_count)
+        ]
+    nodes = alive_nodes()
+    if not nodes:
+        raise ConfigurationError("the Ray cluster has no alive node")
+    return [NodeAffinitySchedulingStrategy(node, soft=False) for node in nodes]
+
+
+def _env_path() -> str:
+    from aenv_ray.settings import get_settings
+
+    return get_settings().env_path

@@ -1,0 +1,88 @@
+"""``PoolSpec``: what a pool's instances are and how they are kept, a small picklable value.
+
+Every pool actor receives the same spec; it builds its engine (``engine="local"``: one
+:class:`~sandbox_runtime.local.LocalEngine` per actor process) and opens each instance as an
+:class:`~aenv_ray.Environment` on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from aenv_ray import Environment
+from aenv_ray.config import parse_duration
+from aenv_ray.engine import SandboxEngine
+from aenv_ray.errors import ConfigurationError
+
+__all__ = ["EngineFactory", "PoolSpec"]
+
+EngineFactory = Callable[[], SandboxEngine]
+"""A picklable zero-argument callable that builds an engine in the pool actor's process."""
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """The instances of one pool: an environment and how to run and keep them.
+
+    ``env_name`` is ``name@version`` (found by name in each actor: built-ins, then
+    ``AENV_ENV_PATH``) unless ``project`` gives the project directory. ``lease_timeout`` is how
+    long a lease may sit without a call before the pool takes it back.
+    """
+
+    env_name: str
+    name: str
+    project: str | None = None
+    engine: str | EngineFactory = "local"
+    ttl: float | None = None
+    environment_variables: Mapping[str, str] = field(default_factory=dict)
+    arguments: Sequence[str] = ()
+    datasource: str = ""
+    call_timeout: float | None = None
+    startup_timeout: float = 60.0
+    lease_timeout: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.lease_timeout <= 0 or self.startup_timeout <= 0:
+            raise ConfigurationError(
+                f"pool `{self.name}`: lease_timeout and startup_timeout must be positive seconds"
+            )
+        if not isinstance(self.engine, str) and not callable(self.engine):
+            raise ConfigurationError(
+                f"pool `{self.name}`: engine must be 'local' or a zero-argument engine factory"
+            )
+        if isinstance(self.engine, str) and self.engine != "local":
+            raise ConfigurationError(
+                f"pool `{self.name}`: unknown engine {self.engine!r}; use 'local' or pass a "
+                "zero-argument callable that returns a SandboxEngine"
+            )
+
+    @staticmethod
+    def parse_ttl(ttl: str | float | None) -> float | None:
+        """``"30m"``, ``"1h"`` or seconds, as seconds."""
+        return parse_duration(ttl) if ttl is not None else None
+
+    def make_engine(self) -> SandboxEngine:
+        """The engine of one pool actor."""
+        if callable(self.engine):
+            return self.engine()
+        # the embedded local engine, imported only where instances are made
+        from sandbox_runtime.local import LocalEngine
+
+        return LocalEngine()
+
+    def environment(self, engine: SandboxEngine | None) -> Environment:
+        """A new (not yet initialized) :class:`~aenv_ray.Environment` for one instance."""
+        kwargs = {
+            "ttl": self.ttl,
+            "environment_variables": dict(self.environment_variables),
+            "arguments": list(self.arguments),
+            "datasource": self.datasource,
+            "timeout": self.call_timeout,
+            "startup_timeout": self.startup_timeout,
+            "owner": f"rollout:{self.name}",
+            "engine": engine,
+        }
+        if self.project is not None:
+            return Environment.from_project(self.project, **kwargs)
+        return Environment(self.env_name, **kwargs)

@@ -1,0 +1,434 @@
+"""RolloutPool on a real Ray (one node, then two on loopback) with real local-engine instances.
+
+The probe environment (``tests/envs/probe``) gives tools that echo, fail, sleep and crash their
+instance; the built-in mini-terminal gives files to check fork with. Instance processes are
+counted from ``/proc`` by the engine owner (the pool actor's pid) each of them names on its
+command line, so a leak shows whatever the pool itself believes.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+import ray.exceptions as rex
+
+import rollout
+from aenv_ray import (
+    AcquireTimeoutError,
+    FunctionError,
+    FunctionNotFoundError,
+    InstanceBrokenError,
+    InstanceClosedError,
+    LeaseLostError,
+    ToolArgumentError,
+    ToolErrorKind,
+    ToolResult,
+)
+from rollout import EpisodeOutcome, Lease, RolloutPool, classify, run_episode
+from rollout._limiter import TokenBucket
+from rollout.metrics import LatencyHistogram
+
+PROBE = Path(__file__).resolve().parent / "envs" / "probe"
+T = 60.0  # generous bound on every wait: a loaded 2-core box is slow, never wrong
+
+pytestmark = pytest.mark.timeout(300)
+
+
+# -- Ray, one node or two, on loopback --------------------------------------------------------
+
+
+class _Ray:
+    """Which Ray this module runs on; switching shuts the other down."""
+
+    mode: str | None = None
+    cluster: Any = None
+
+    @classmethod
+    def use(cls, mode: str) -> None:
+        if cls.mode == mode and ray.is_initialized():
+            return
+        cls.shutdown()
+        if mode == "local":
+            rollout.init_local(num_cpus=2)
+        else:
+            from ray.cluster_utils import Cluster
+
+            rollout._ray.loopback_only()
+            node = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False}
+            cls.cluster = Cluster(initialize_head=True, head_node_args=node)
+            cls.cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+            cls.cluster.wait_for_nodes()
+            rollout.init_local(address=cls.cluster.address)
+        cls.mode = mode
+
+    @classmethod
+    def shutdown(cls) -> None:
+        if ray.is_initialized():
+            ray.shutdown()
+        if cls.cluster is not None:
+            cls.cluster.shutdown()
+            cls.cluster = None
+        cls.mode = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ray_teardown() -> Iterator[None]:
+    yield
+    _Ray.shutdown()
+
+
+@pytest.fixture
+def local_ray() -> None:
+    _Ray.use("local")
+
+
+def actor_pids(pool: RolloutPool) -> set[int]:
+    """Process ids of the pool's actors (each runs the local engine of its instances)."""
+    calls = [a.__ray_call__.remote(lambda self: os.getpid()) for a in pool.actors]
+    return set(ray.get(calls, timeout=T))
+
+
+def engine_processes(pids: set[int]) -> int:
+    """Zygotes, instance inits and runtimes of engines living in ``pids`` (counted from /proc,
+    by the ``--owner PID-...`` every one of them carries), whatever the pool believes."""
+    owners = [f"--owner\0{pid}-".encode() for pid in pids]
+    found = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        found += any(owner in cmdline for owner in owners)
+    return found
+
+
+def wait_until(predicate: Any, *, timeout: float = T) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+def probe_pool(size: int = 2, **kwargs: Any) -> RolloutPool:
+    return RolloutPool(project=PROBE, size=size, **kwargs)
+
+
+# -- plain logic, no Ray -----------------------------------------------------------------------
+
+
+def test_token_bucket_grants_in_batches_at_the_rate() -> None:
+    now = [0.0]
+    bucket = TokenBucket(rate=10.0, burst=4, clock=lambda: now[0])
+    assert bucket.take(10) == (4, 0.1)  # the burst at once, then one every 0.1 s
+    assert bucket.take(1)[0] == 0
+    now[0] = 0.25
+    assert bucket.take(10)[0] == 2
+    now[0] = 100.0
+    assert bucket.take(10)[0] == 4  # never more than the burst
+
+
+def test_latency_histograms_merge_exactly() -> None:
+    a, b = LatencyHistogram(), LatencyHistogram()
+    for ms in range(1, 51):
+        a.observe(ms / 1000)
+    for ms in range(51, 101):
+        b.observe(ms / 1000)
+    merged = LatencyHistogram.from_dict(a.to_dict())
+    merged.merge(b)
+    assert merged.count == 100
+    assert merged.quantile(0.5) == pytest.approx(0.050, rel=0.05)
+    assert merged.quantile(0.99) == pytest.approx(0.099, rel=0.05)
+    assert LatencyHistogram().quantile(0.5) == 0.0
+
+
+def test_classify_sorts_failures_into_outcomes() -> None:
+    from aenv_ray.errors import (
+        CallTimeoutError,
+        CapacityError,
+        InstanceExpiredError,
+        StartupTimeoutError,
+    )
+
+    assert classify(None) is EpisodeOutcome.OK
+    for exc in (
+        InstanceBrokenError("x"),
+        InstanceExpiredError("x"),
+        LeaseLostError("x"),
+        CapacityError("x"),
+        StartupTimeoutError("x"),
+        AcquireTimeoutError("x"),
+        rex.ActorDiedError(),
+    ):
+        assert classify(exc) is EpisodeOutcome.INFRASTRUCTURE_ERROR, exc
+    for exc in (CallTimeoutError("x"), TimeoutError(), rex.GetTimeoutError()):
+        assert classify(exc) is EpisodeOutcome.TIMEOUT, exc
+    for exc in (ToolArgumentError("x"), FunctionError("x"), InstanceClosedError("x"), KeyError()):
+        assert classify(exc) is EpisodeOutcome.AGENT_ERROR, exc
+
+
+# -- one node ----------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("local_ray")
+def test_acquire_call_release_and_typed_errors_through_futures() -> None:
+    with probe_pool(size=2) as pool:
+        pids = actor_pids(pool)
+        lease = pool.acquire(timeout=T)
+        assert lease.env_name == "probe@0.1.0"
+        result = ray.get(lease.call_tool("echo", {"text": "hi"}), timeout=T)
+        assert isinstance(result, ToolResult)
+        assert result.text == "hi"
+        tools = rollout.get(lease.list_tools(), timeout=T)
+        assert "probe@0.1.0/echo" in {t["name"] for t in tools}
+        assert rollout.get(lease.call_reward({"answer": "42"}), timeout=T) == 1.0
+        assert rollout.get(lease.call_function("add", {"a": 2, "b": 3}), timeout=T) == 5
+
+        # what the agent can react to is a result, as in the SDK
+        unknown = rollout.get(lease.call_tool("ecko", {"text": "x"}), timeout=T)
+        assert unknown.error_kind is ToolErrorKind.NOT_FOUND
+        invalid = rollout.get(lease.call_tool("echo", {"text": 3}), timeout=T)
+        assert invalid.error_kind is ToolErrorKind.INVALID_ARGUMENTS
+
+        # exceptions keep their type through ray.get (Ray's dual class) and rollout.get (itself)
+        with pytest.raises(ToolArgumentError) as info:
+            ray.get(lease.call_tool("echo", ["not", "a", "dict"]), timeout=T)  # type: ignore[arg-type]
+        assert isinstance(info.value, rex.RayTaskError)
+        with pytest.raises(FunctionNotFoundError) as found:
+            rollout.get(lease.call_function("ad", {}), timeout=T)
+        assert type(found.value) is FunctionNotFoundError
+        assert found.value.function == "function `ad`"
+        with pytest.raises(FunctionError):
+            rollout.get(lease.call_function("explode"), timeout=T)
+
+        # a broken instance: typed, retryable, counted
+        with pytest.raises(InstanceBrokenError) as broken:
+            rollout.get(lease.call_tool("crash"), timeout=T)
+        assert broken.value.retryable
+        assert classify(broken.value) is EpisodeOutcome.INFRASTRUCTURE_ERROR
+        assert rollout.get(lease.release(), timeout=T) is True
+        assert rollout.get(lease.release(), timeout=T) is False  # idempotent
+        with pytest.raises(InstanceClosedError):
+            rollout.get(lease.call_tool("echo", {"text": "late"}), timeout=T)
+
+        stats = pool.stats()
+        assert stats.counters["broken"] == 1
+        assert stats.counters["acquired"] == 1
+        assert stats.phases["tool_call"].count >= 4
+        assert stats.phases["tool_call"].p99 >= stats.phases["tool_call"].p50 > 0
+        assert stats.phases["acquire"].count == 1
+        assert stats.phases["create"].count >= 2
+        assert stats.phases["reward"].count == 1
+        assert stats.phases["first_call"].count == 1
+        wait_until(lambda: pool.stats().idle == 2)  # the broken one was replaced
+        assert engine_processes(pids) > 0
+    assert engine_processes(pids) == 0
+
+
+@pytest.mark.usefixtures("local_ray")
+def test_leases_pickle_and_work_inside_ray_tasks() -> None:
+    @ray.remote(num_cpus=0)
+    def episode(lease: Lease, text: str) -> str:
+        result = rollout.get(lease.call_tool("echo", {"text": text}), timeout=T)
+        return str(result.text)
+
+    with probe_pool(size=2) as pool:
+        pids = actor_pids(pool)
+        leases = [pool.acquire(timeout=T) for _ in range(2)]
+        assert pickle.loads(pickle.dumps(leases[0])).lease_id == leases[0].lease_id
+        refs = [episode.remote(lease, f"t{i}") for i, lease in enumerate(leases)]
+        assert ray.get(refs, timeout=T) == ["t0", "t1"]
+        with pytest.raises(AcquireTimeoutError):
+            pool.acquire(timeout=0.2)  # both are leased
+        for lease in leases:
+            lease.release()
+        assert pool.acquire(timeout=T).lease_id not in {lease.lease_id for lease in leases}
+    assert engine_processes(pids) == 0
+
+
+@pytest.mark.usefixtures("local_ray")
+def test_batched_stepping_hands_out_the_first_k_and_stragglers_later() -> None:
+    with probe_pool(size=4) as pool:
+        pids = actor_pids(pool)
+        leases = [pool.acquire(timeout=T) for _ in range(4)]
+        steps: list[tuple[Lease, str, Any]] = [
+            (leases[0], "sleepy", {"seconds": 2.0}),  # the straggler
+            (leases[1], "echo", {"text": "a"}),
+            (leases[2], "echo", {"text": "b"}),
+            (leases[3], "async_echo", {"text": "c", "times": 2}),
+            (leases[1], "echo", "not a dict"),  # fails: failure is data in a batch
+        ]
+        batch = pool.step_many(steps)
+        assert batch.total == 5
+        first = batch.wait(num_returns=4, timeout=T)
+        assert sorted(s.index for s in first) == [1, 2, 3, 4]
+        by_index = {s.index: s for s in first}
+        assert by_index[1].unwrap().text == "a"
+        assert by_index[3].unwrap().text == "cc"
+        assert not by_index[4].ok
+        with pytest.raises(ToolArgumentError):
+            by_index[4].unwrap()
+        assert batch.pending == 1
+        [last] = batch.results(timeout=T)
+        assert last.index == 0
+        assert last.unwrap().text == "slept 2.0"
+        assert batch.wait(1, timeout=0.01) == []
+
+        # the same with plain refs: the first K of many lease calls
+        refs = [lease.call_tool("echo", {"text": str(i)}) for i, lease in enumerate(leases[1:])]
+        refs.append(leases[0].call_tool("sleepy", {"seconds": 2.0}))
+        ready, pending = pool.wait(refs, num_returns=3, timeout=T)
+        assert len(ready) == 3
+        assert pending == [refs[-1]]
+        assert rollout.get(pending[0], timeout=T).text == "slept 2.0"
+    assert engine_processes(pids) == 0
+
+
+@pytest.mark.usefixtures("local_ray")
+def test_fork_copies_the_leased_instance() -> None:
+    pool = RolloutPool("mini-terminal@1.0.0", size=1)
+    pids = actor_pids(pool)
+    try:
+        lease = pool.acquire(timeout=T)
+        command = {"command": "echo 7 > state.txt"}
+        rollout.get(lease.call_tool("execute_command", command), timeout=T)
+        forks = pool.fork(lease, 2)
+        assert len({f.instance_id for f in forks} | {lease.instance_id}) == 3
+        lease.release()
+        for fork in forks:
+            out = rollout.get(
+                fork.call_tool("execute_command", {"command": "cat state.txt"}), timeout=T
+            )
+            assert out.structured["output"] == "7\n"
+            assert (
+                rollout.get(fork.call_reward({"path": "state.txt", "expected": "7"}), timeout=T)
+                == 1.0
+            )
+        for fork in forks:
+            rollout.get(fork.release(), timeout=T)
+        assert pool.stats().leased == 0
+    finally:
+        assert pool.close() >= 1
+    assert engine_processes(pids) == 0
+
+
+@pytest.mark.usefixtures("local_ray")
+def test_a_killed_pool_actor_loses_its_leases_and_is_replaced() -> None:
+    with probe_pool(size=2) as pool:
+        pids = actor_pids(pool)
+        lease = pool.acquire(timeout=T)
+        running = lease.call_tool("sleepy", {"seconds": 5.0})  # mid-episode
+        [old] = pool.actors
+        ray.kill(old)
+        with pytest.raises(LeaseLostError) as lost:
+            rollout.get(running, timeout=T)
+        assert classify(lost.value) is EpisodeOutcome.INFRASTRUCTURE_ERROR
+        with pytest.raises(rex.RayActorError):  # plain ray.get shows Ray's own error
+            ray.get(lease.call_tool("echo", {"text": "x"}), timeout=T)
+        # the dead actor's instances die with its engine
+        wait_until(lambda: engine_processes(pids) == 0)
+
+        fresh = pool.acquire(timeout=T)  # finds the actor dead, replaces it, leases from the new
+        assert pool.actors[0] != old
+        pids |= actor_pids(pool)
+        assert rollout.get(fresh.call_tool("echo", {"text": "again"}), timeout=T).text == "again"
+        assert pool.stats().actor_restarts == 1
+    assert engine_processes(pids) == 0
+
+
+@pytest.mark.usefixtures("local_ray")
+def test_episodes_survive_an_instance_killed_mid_episode() -> None:
+    attempts: list[str] = []
+
+    def episode(lease: Lease) -> float:
+        attempts.append(lease.instance_id)
+        rollout.get(lease.call_tool("echo", {"text": "step 1"}), timeout=T)
+        if len(attempts) == 1:
+            rollout.get(lease.call_tool("crash"), timeout=T)  # the instance dies under us
+        return float(rollout.get(lease.call_reward({"answer": "42"}), timeout=T))
+
+    def agent_bug(lease: Lease) -> float:
+        raise KeyError("the policy's own bug")
+
+    with probe_pool(size=2) as pool:
+        pids = actor_pids(pool)
+        result = run_episode(pool, episode, max_attempts=3)
+        assert result.outcome is EpisodeOutcome.OK
+        assert result.value == 1.0
+        assert result.attempts == 2
+        assert len(set(attempts)) == 2  # retried on a fresh instance
+
+        failed = run_episode(pool, agent_bug)
+        assert failed.outcome is EpisodeOutcome.AGENT_ERROR
+        assert failed.attempts == 1
+        assert "KeyError" in failed.reason
+
+        def always_broken(lease: Lease) -> float:
+            raise InstanceBrokenError("simulated")
+
+        gave_up = run_episode(pool, always_broken, max_attempts=2)
+        assert gave_up.outcome is EpisodeOutcome.INFRASTRUCTURE_ERROR
+        assert gave_up.attempts == 2
+
+        stats = pool.stats()
+        assert stats.counters["retried"] == 2
+        assert stats.counters["broken"] == 1
+        wait_until(lambda: pool.stats().leased == 0)
+    assert engine_processes(pids) == 0
+
+
+@pytest.mark.usefixtures("local_ray")
+def test_idle_leases_are_reclaimed() -> None:
+    with probe_pool(size=1, lease_timeout=0.3) as pool:
+        pids = actor_pids(pool)
+        lease = pool.acquire(timeout=T)
+        wait_until(lambda: pool.stats().counters["reclaimed"] == 1)
+        with pytest.raises(LeaseLostError, match="idle"):
+            rollout.get(lease.call_tool("echo", {"text": "too late"}), timeout=T)
+        assert pool.acquire(timeout=T).instance_id != lease.instance_id
+    assert engine_processes(pids) == 0
+
+
+@pytest.mark.usefixtures("local_ray")
+def test_close_deletes_everything_even_with_leases_out() -> None:
+    pool = probe_pool(size=3)
+    pids = actor_pids(pool)
+    lease = pool.acquire(timeout=T)
+    assert engine_processes(pids) > 0
+    assert pool.close() == 3
+    assert pool.close() == 0  # idempotent
+    assert engine_processes(pids) == 0
+    with pytest.raises(rex.RayActorError):
+        ray.get(lease.call_tool("echo", {"text": "x"}), timeout=T)
+
+
+# -- two nodes ---------------------------------------------------------------------------------
+
+
+def test_a_pool_spreads_over_both_nodes_of_a_cluster() -> None:
+    _Ray.use("cluster")
+    nodes = rollout._ray.alive_nodes()
+    assert len(nodes) == 2
+    with probe_pool(size=4) as pool:
+        pids = actor_pids(pool)
+        assert len(pool.actors) == 2
+        where = ray.get([a.node_id.remote() for a in pool.actors], timeout=T)
+        assert sorted(where) == sorted(nodes)
+        leases = [pool.acquire(timeout=T) for _ in range(4)]
+        assert {lease.actor for lease in leases} == set(pool.actors)
+        batch = pool.step_many(
+            [(lease, "echo", {"text": str(i)}) for i, lease in enumerate(leases)]
+        )
+        assert [s.unwrap().text for s in batch.results(timeout=T)] == ["0", "1", "2", "3"]
+        stats = pool.stats()
+        assert (stats.actors, stats.leased, stats.counters["created"]) == (2, 4, 4)
+    assert engine_processes(pids) == 0
