@@ -200,13 +200,13 @@ RULES: dict[str, Rule] = {
     ),
     # "May import: the standard library only."
     "aenv_ray.errors": Rule(may=frozenset(), own=False),
-    # "May import: typer, rich, ``aenv_ray``, ``sandbox_runtime`` (inside commands)." The CLI is
-    # part of aenv_ray, so aenv_ray's own allowances hold there too.
+    # "May import: typer, rich, ``aenv_ray``, ``sandbox_runtime`` and ``rollout`` (inside
+    # commands)." The CLI is part of aenv_ray, so aenv_ray's own allowances hold there too.
     "aenv_ray.cli": Rule(
         may=frozenset(
             {"typer", "rich", "pydantic", "pydantic_settings", "aiohttp", "orjson", "httpx"}
         ),
-        lazy=frozenset({"sandbox_runtime", "builtin_envs"}),
+        lazy=frozenset({"sandbox_runtime", "builtin_envs", "rollout"}),
         must_not=frozenset({"ray", "kubernetes", "gymnasium", "sandbox_runtime"}),
         at_import_time=True,
     ),
@@ -221,10 +221,11 @@ RULES: dict[str, Rule] = {
         may=frozenset({"aenv_ray", "fastmcp", "starlette", "uvicorn", "orjson"}),
         must_not=frozenset({"ray", "kubernetes", "envhub", "rollout"}),
     ),
-    # "May import: ``aenv_ray`` (engine contract, config, errors), ``sandbox_runtime``; Linux
-    # system calls through ctypes. Must not import: ray, kubernetes, envhub, rollout."
+    # "May import: ``aenv_ray`` (engine contract, config, errors), ``sandbox_runtime``,
+    # platformdirs (where the compiled init is cached); Linux system calls through ctypes. Must
+    # not import: ray, kubernetes, envhub, rollout."
     "sandbox_runtime.local": Rule(
-        may=frozenset({"aenv_ray", "sandbox_runtime"}),
+        may=frozenset({"aenv_ray", "sandbox_runtime", "platformdirs"}),
         must_not=frozenset({"ray", "kubernetes", "envhub", "rollout"}),
     ),
     # "May import: ``aenv_ray``, starlette/uvicorn, redis (optional). Must not import: ray,
@@ -251,6 +252,25 @@ RULES: dict[str, Rule] = {
     "rollout.gym": Rule(
         may=frozenset({"aenv_ray", "gymnasium", "numpy"}),
         must_not=frozenset({"ray", "kubernetes"}),
+    ),
+    # "May import: ``aenv_ray``, ``rollout``, aiohttp (the OpenAI-compatible policy), pyarrow
+    # (Parquet output); lazily, inside functions: ``builtin_envs`` (demo tasks and policies).
+    # Must not import: kubernetes (engines are injected)."
+    "rollout.synthesis": Rule(
+        may=frozenset({"aenv_ray", "rollout", "aiohttp", "pyarrow"}),
+        lazy=frozenset({"builtin_envs"}),
+        must_not=frozenset({"kubernetes"}),
+    ),
+    # "May import: ``aenv_ray``, ``rollout``, gymnasium, numpy; lazily, inside functions:
+    # ray.tune. Must not import: kubernetes (engines are injected)."
+    "rollout.rllib": Rule(
+        may=frozenset({"aenv_ray", "rollout", "gymnasium", "numpy"}),
+        lazy=frozenset({"ray.tune"}),
+        must_not=frozenset({"kubernetes"}),
+    ),
+    # "May import: ``aenv_ray``, ``rollout``. Must not import: kubernetes."
+    "rollout.areal": Rule(
+        may=frozenset({"aenv_ray", "rollout"}), must_not=frozenset({"kubernetes"})
     ),
     # "May import: ``aenv_ray``'s public API, as a user's project would." (Plus, for a project's
     # modules, their siblings in the project's src/: see _project_siblings.)
