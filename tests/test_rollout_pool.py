@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,7 +62,16 @@ class _Ray:
             from ray.cluster_utils import Cluster
 
             rollout._ray.loopback_only()
-            node = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False}
+            # a port of its own: Ray's default 6379 may belong to another cluster on this machine
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+            node = {
+                "num_cpus": 1,
+                "node_ip_address": "127.0.0.1",
+                "include_dashboard": False,
+                "gcs_server_port": port,
+            }
             cls.cluster = Cluster(initialize_head=True, head_node_args=node)
             cls.cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
             cls.cluster.wait_for_nodes()
