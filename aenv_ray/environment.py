@@ -55,7 +55,7 @@ from aenv_ray.errors import (
     StartupTimeoutError,
     ToolArgumentError,
 )
-from aenv_ray.openai_tools import OpenAINames, to_agents_tools
+from aenv_ray.openai_tools import OpenAINames, to_agents_tools, to_openai_tools
 from aenv_ray.protocol import ToolErrorKind, ToolResult
 from aenv_ray.settings import Settings, get_settings
 
@@ -475,19 +475,7 @@ class Environment:
         Names match ``^[a-zA-Z0-9_-]{1,64}$`` (``mini-terminal_1_0_0__execute_command``);
         :meth:`call_tool` accepts them as they are.
         """
-        tools = await self.list_tools()
-        names = self._names()
-        return [
-            {
-                "type": "function",
-                "function": {
-                    "name": names.to_openai(tool["name"].split("/", 1)[1]),
-                    "description": tool["description"],
-                    "parameters": tool["inputSchema"],
-                },
-            }
-            for tool in tools
-        ]
+        return to_openai_tools(self._ref, await self.list_tools())
 
     async def list_agents_tools(self) -> list[Any]:
         """Tools as OpenAI Agents SDK ``FunctionTool``s (needs ``pip install openai-agents``)."""

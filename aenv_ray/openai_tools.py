@@ -23,7 +23,7 @@ import orjson
 if TYPE_CHECKING:
     from aenv_ray.environment import Environment
 
-__all__ = ["OPENAI_NAME", "OpenAINames", "to_agents_tools"]
+__all__ = ["OPENAI_NAME", "OpenAINames", "to_agents_tools", "to_openai_tools"]
 
 OPENAI_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _UNSAFE = re.compile(r"[^a-zA-Z0-9_-]")
@@ -50,6 +50,24 @@ class OpenAINames:
             if self.to_openai(tool) == name:
                 return tool
         return None
+
+
+def to_openai_tools(env_ref: str, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tool specs (``{"name": "env@ver/tool" or "tool", "description", "inputSchema"}``) as
+    Chat Completions ``{"type": "function", "function": {...}}`` dicts of ``env_ref``."""
+    names = OpenAINames(env_ref)
+    prefix = f"{env_ref}/"
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": names.to_openai(tool["name"].removeprefix(prefix)),
+                "description": tool.get("description", ""),
+                "parameters": tool.get("inputSchema", {"type": "object", "properties": {}}),
+            },
+        }
+        for tool in tools
+    ]
 
 
 def to_agents_tools(env: Environment, openai_tools: list[dict[str, Any]]) -> list[Any]:

@@ -2,8 +2,8 @@
 
 An episode (a gymnasium step loop, a synthesis job) needs a fresh instance, calls it, and gives it
 back. :class:`SDKSource` creates one :class:`aenv_ray.Environment` per acquire (the local engine
-when no server is configured); a Ray pool implements the same contract with leases (an
-``ObjectRef`` is awaitable).
+when no server is configured); :class:`PoolSource` leases warm instances of a Ray
+:class:`~rollout.pool.RolloutPool` and awaits each call's ``ObjectRef``.
 
     >>> # doctest: +SKIP
     >>> source = SDKSource("mini-terminal@1.0.0")
@@ -24,7 +24,7 @@ from aenv_ray import Environment, ToolResult
 if TYPE_CHECKING:
     from aenv_ray.engine import SandboxEngine
 
-__all__ = ["InstanceHandle", "InstanceSource", "SDKSource"]
+__all__ = ["InstanceHandle", "InstanceSource", "PoolSource", "SDKSource"]
 
 
 class InstanceHandle(Protocol):
@@ -108,3 +108,62 @@ class SDKSource:
     async def release(self, instance: InstanceHandle, *, broken: bool = False) -> None:
         assert isinstance(instance, Environment)
         await instance.release()
+
+
+class _LeaseHandle:
+    """A :class:`~rollout.lease.Lease` as an :class:`InstanceHandle`: each call awaits its
+    ``ObjectRef`` (typed errors arrive as Ray's dual exceptions, ``isinstance`` of both)."""
+
+    def __init__(self, lease: Any) -> None:
+        self.lease = lease
+        self.instance_id: str | None = lease.instance_id
+
+    async def list_tools(self) -> list[dict[str, Any]]:
+        return await self.lease.list_tools()  # type: ignore[no-any-return]
+
+    async def list_openai_tools(self) -> list[dict[str, Any]]:
+        from aenv_ray.openai_tools import to_openai_tools
+
+        return to_openai_tools(self.lease.env_name, await self.list_tools())
+
+    async def call_tool(
+        self, tool_name: str, arguments: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> ToolResult:
+        return await self.lease.call_tool(tool_name, arguments, timeout=timeout)  # type: ignore[no-any-return]
+
+    async def call_function(
+        self, name: str, arguments: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> Any:
+        return await self.lease.call_function(name, arguments, timeout=timeout)
+
+    async def call_reward(
+        self, arguments: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> Any:
+        return await self.lease.call_reward(arguments, timeout=timeout)
+
+
+@dataclass
+class PoolSource:
+    """Leases of a :class:`~rollout.pool.RolloutPool`: warm instances on Ray, every call a
+    future. A released instance is deleted and the pool warms a fresh one, so every episode
+    gets a fresh instance."""
+
+    pool: Any  # rollout.pool.RolloutPool
+    acquire_timeout: float = 120.0
+    release_timeout: float = 30.0
+
+    @property
+    def label(self) -> str:
+        return str(self.pool.spec.env_name)
+
+    async def acquire(self) -> InstanceHandle:
+        import asyncio
+
+        lease = await asyncio.to_thread(self.pool.acquire, timeout=self.acquire_timeout)
+        return _LeaseHandle(lease)
+
+    async def release(self, instance: InstanceHandle, *, broken: bool = False) -> None:
+        import asyncio
+
+        assert isinstance(instance, _LeaseHandle)
+        await asyncio.wait_for(instance.lease.release(), self.release_timeout)

@@ -179,7 +179,7 @@ async def test_an_explicit_source_is_used_and_left_open(tmp_path: Path) -> None:
 def test_the_cli_runs_writes_and_reports(tmp_path: Path) -> None:
     aenv = [sys.executable, "-m", "aenv_ray.cli"]
     done = subprocess.run(
-        [*aenv, "rollout", TERMINAL, "-n", "3", "-c", "2", "--out", str(tmp_path)],
+        [*aenv, "rollout", TERMINAL, "-n", "3", "-c", "2", "--no-ray", "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -195,3 +195,23 @@ def test_the_cli_runs_writes_and_reports(tmp_path: Path) -> None:
     )
     assert both.returncode == 2
     assert "not both" in both.stderr
+
+
+def test_the_cli_runs_on_a_ray_pool_by_default_and_resumes(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "aenv_ray.cli", "rollout", TERMINAL, "-c", "2"]
+    first = subprocess.run(
+        [*command, "-n", "4", "--out", str(tmp_path)], capture_output=True, text=True, timeout=240
+    )
+    assert first.returncode == 0, first.stderr
+    recorded = rows(tmp_path)
+    assert [r["outcome"] for r in recorded] == ["ok"] * 4
+    assert all(r["instance_id"] for r in recorded)
+    assert len({r["instance_id"] for r in recorded}) == 4  # a fresh instance per episode
+    again = subprocess.run(
+        [*command, "-n", "5", "--no-ray", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 0, again.stderr
+    assert len(rows(tmp_path)) == 5  # the 4 recorded episodes were skipped

@@ -8,6 +8,7 @@ the end; the exit code is 1 when an episode of this run did not end ``ok``. The 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -63,6 +64,14 @@ def rollout_command(
     retry_failed: Annotated[
         bool, typer.Option(help="rerun episodes an earlier run recorded as failed")
     ] = False,
+    use_ray: Annotated[
+        bool,
+        typer.Option(
+            "--ray/--no-ray",
+            help="lease warm instances from a Ray pool (a local Ray unless one is running), "
+            "or create one instance per episode in this process",
+        ),
+    ] = True,
 ) -> int:
     """Run ENV's episodes in parallel and write every trajectory to OUT (resumable)."""
     from rollout.synthesis import OpenAIPolicy, synthesize
@@ -76,26 +85,41 @@ def rollout_command(
         assert model is not None
         chosen = OpenAIPolicy(base_url, model, api_key=api_key, max_turns=max_turns)
     console = Console(stderr=True)
-    display = _Display(console, env, episodes)
-    with display.progress:
-        summary = asyncio.run(
-            synthesize(
-                env,
-                episodes=episodes,
-                concurrency=concurrency,
-                out=out,
-                tasks=tasks,
-                policy=chosen,
-                max_retries=retries,
-                episode_timeout=episode_timeout,
-                retry_failed=retry_failed,
-                on_episode=display.episode_done,
-                on_skip=display.skipped,
+    with contextlib.ExitStack() as stack:
+        source = _ray_source(stack, console, env, concurrency) if use_ray else None
+        display = _Display(console, env, episodes)
+        with display.progress:
+            summary = asyncio.run(
+                synthesize(
+                    env,
+                    episodes=episodes,
+                    concurrency=concurrency,
+                    out=out,
+                    tasks=tasks,
+                    policy=chosen,
+                    source=source,
+                    max_retries=retries,
+                    episode_timeout=episode_timeout,
+                    retry_failed=retry_failed,
+                    on_episode=display.episode_done,
+                    on_skip=display.skipped,
+                )
             )
-        )
     console.print(_summary_table(summary, env))
     console.print(f"trajectories: {summary.out / 'trajectories.jsonl'} and .parquet")
     return EXIT_OK if summary.ok else EXIT_FAILURE
+
+
+def _ray_source(stack: contextlib.ExitStack, console: Console, env: str, size: int) -> Any:
+    """A warm :class:`rollout.RolloutPool` of ``size`` instances, closed with ``stack``."""
+    from rollout import RolloutPool
+    from rollout.sources import PoolSource
+
+    with console.status(f"starting a Ray pool of {size} warm {env} instances"):
+        where: dict[str, Any] = {"project": env} if "/" in env else {"env_name": env}
+        pool = RolloutPool(size=size, **where)
+    stack.callback(pool.close)
+    return PoolSource(pool)
 
 
 class _Display:
