@@ -79,7 +79,7 @@ from rollout._gym_episode import (
     Task,
 )
 from rollout._gym_loop import LoopThread
-from rollout.sources import SDKSource
+from rollout.sources import InstanceSource, SDKSource
 
 if TYPE_CHECKING:
     from aenv_ray.engine import SandboxEngine
@@ -210,10 +210,14 @@ def _build(
     ttl: str | float | None = None,
     environment_variables: Mapping[str, str] | None = None,
     engine: SandboxEngine | None = None,
-) -> tuple[SDKSource, EpisodeConfig, float]:
+    source: InstanceSource | None = None,
+) -> tuple[InstanceSource, EpisodeConfig, float]:
     """The options of :func:`make_env`, checked: the instance source, the episode protocol's
     knobs and the backstop for one reset or step (the SDK bounds each call; this their sum)."""
-    source = SDKSource(str(env_name), timeout, startup_timeout, ttl, environment_variables, engine)
+    if source is None:
+        source = SDKSource(
+            str(env_name), timeout, startup_timeout, ttl, environment_variables, engine
+        )
     config = EpisodeConfig(
         tuple(Task.coerce(t) for t in tasks), max_steps, submit_tool, ResetMode(reset_mode)
     )
@@ -272,7 +276,9 @@ class ToolEnv(gymnasium.Env[str, Any]):
 def make_env(env_name: str, **kwargs: Any) -> ToolEnv:
     """A :class:`ToolEnv` over ``env_name`` (``"name@version"``, ``"name"``, or a project
     directory's path). Keywords: ``tasks``, ``max_steps``, ``submit_tool``, ``reset_mode``,
-    ``timeout``, ``startup_timeout``, ``ttl``, ``environment_variables``, ``engine``.
+    ``timeout``, ``startup_timeout``, ``ttl``, ``environment_variables``, ``engine``, and
+    ``source``: where instances come from (default: an ``SDKSource``; a
+    ``rollout.sources.PoolSource(pool)`` leases them from a Ray pool).
 
     Its ``spec`` lets ``spec.make()`` build another like it (gymnasium's checker does).
     """

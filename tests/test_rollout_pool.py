@@ -421,6 +421,35 @@ def test_close_deletes_everything_even_with_leases_out() -> None:
         ray.get(lease.call_tool("echo", {"text": "x"}), timeout=T)
 
 
+@pytest.mark.usefixtures("local_ray")
+def test_a_vector_env_over_a_pool_matches_sync_vector_env() -> None:
+    import gymnasium
+    from gymnasium.utils.env_checker import data_equivalence
+
+    from rollout.gym import make_env, make_vector_env
+    from rollout.sources import PoolSource
+
+    n = 2
+    tasks = [
+        {"prompt": "say 42", "reward_arguments": {"answer": "42"}},
+        {"prompt": "say 7", "reward_arguments": {"answer": "7"}},
+    ]
+    options: dict[str, Any] = {"tasks": tasks, "max_steps": 2}
+    with RolloutPool(project=PROBE, size=n, ready_timeout=T) as pool:
+        ours = make_vector_env(str(PROBE), num_envs=n, source=PoolSource(pool), **options)
+        sync = gymnasium.vector.SyncVectorEnv([lambda: make_env(str(PROBE), **options)] * n)
+        echo = {"tool": "echo", "arguments": {"text": "x"}}
+        try:
+            assert data_equivalence(ours.reset(seed=4), sync.reset(seed=4), exact=True)
+            for actions in ([echo, "not json"], [echo, echo], [{"tool": "nope"}, echo]):
+                a, b = ours.step(tuple(actions)), sync.step(tuple(actions))
+                assert data_equivalence(a, b, exact=True), (actions, a, b)
+            assert pool.stats().counters["created"] >= n  # the pool's instances served it
+        finally:
+            ours.close()
+            sync.close()
+
+
 # -- two nodes ---------------------------------------------------------------------------------
 
 
