@@ -16,6 +16,7 @@ gymnasium, the runtime.
     False
 """
 
+from aenv_ray._resolve import available_environments
 from aenv_ray.config import EnvConfig
 from aenv_ray.engine import (
     InstanceInfo,
@@ -98,6 +99,7 @@ __all__ = [
     "ToolResult",
     "ToolTimeoutError",
     "__version__",
+    "available_environments",
     "register_function",
     "register_health",
     "register_reward",

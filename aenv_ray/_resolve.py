@@ -31,9 +31,20 @@ def _read_ref(config: Path) -> str | None:
         return None
 
 
-def available_environments(env_path: str = "") -> dict[str, Path]:
-    """``{"name@version": project_dir}``: built-ins, then ``env_path`` (earlier wins)."""
+def available_environments(env_path: str | None = None) -> dict[str, Path]:
+    """``{"name@version": project_dir}`` of every environment ``Environment(name)`` can start
+    without a server: the built-ins, then the projects on ``env_path`` (default: the
+    ``AENV_ENV_PATH`` setting), an earlier one winning a name both have.
+
+        >>> "mini-terminal@1.0.0" in available_environments("")
+        True
+    """
     from builtin_envs import builtin_refs
+
+    if env_path is None:
+        from aenv_ray.settings import get_settings
+
+        env_path = get_settings().env_path
 
     found: dict[str, Path] = dict(builtin_refs())
     for entry in filter(None, env_path.split(os.pathsep)):

@@ -173,12 +173,11 @@ def env_ref(env_id: str) -> str:
 
 def register_envs(refs: Iterable[str] | None = None) -> list[str]:
     """Register ``aenv/...`` ids for ``refs`` (default: the built-ins and ``AENV_ENV_PATH``,
-    each as ``aenv/name:version`` and ``aenv/name``); return the ids added now."""
+    each as ``aenv/NAME.VERSION`` and ``aenv/NAME``); return the ids added now."""
     if refs is None:
-        from aenv_ray._resolve import available_environments  # no public listing yet
-        from aenv_ray.settings import get_settings
+        from aenv_ray import available_environments
 
-        found = list(available_environments(get_settings().env_path))
+        found = list(available_environments())
         refs = [*found, *dict.fromkeys(ref.split("@", 1)[0] for ref in found)]
     added = []
     for ref in refs:
