@@ -36,6 +36,7 @@ MAX_BODY = 1 << 30
 _IDEMPOTENT = frozenset({"GET", "HEAD"})
 _HEAD, _LENGTH, _CHUNKED, _UNTIL_CLOSE, _IDLE = range(5)
 _HEX = frozenset(b"0123456789abcdefABCDEF")
+_HEADS_KEPT = 64  # distinct response heads remembered per client, parsed
 _SMALL = 16 * 1024  # bodies up to this size are joined to the head: one write, one syscall
 
 
@@ -72,8 +73,9 @@ def _expire(waiter: asyncio.Future[tuple[int, bytes]], timeout: float) -> None:
 class _Connection(asyncio.Protocol):
     """One TCP (or TLS) connection; serves one request at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, heads: dict[bytes, tuple[int, bool, int, int]]) -> None:
         self.transport: asyncio.Transport | None = None
+        self._heads = heads  # parsed heads, shared by a client's connections
         self.closed = False
         self.reused = False
         self.idle_since = 0.0
@@ -210,38 +212,12 @@ class _Connection(asyncio.Protocol):
         return False
 
     def _head(self, head: bytes, body_at: int) -> None:
-        lines = head.split(b"\r\n")
-        version, _, rest = lines[0].partition(b" ")
-        code = rest[:3]
-        if (
-            version not in (b"HTTP/1.1", b"HTTP/1.0")
-            or len(code) != 3
-            or not code.isdigit()
-            or rest[3:4] not in (b"", b" ")
-        ):
-            raise BadResponse(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
-        status = int(code)
-        keep = version == b"HTTP/1.1"
-        length: int | None = None
-        coded: bytes | None = None
-        for line in lines[1:]:
-            name, sep, value = line.partition(b":")
-            if not sep or not name or name[-1:] in b" \t":
-                raise BadResponse(f"a malformed header line: {line[:80]!r}")
-            name = name.lower()
-            if name == b"content-length":
-                value = value.strip()
-                if not value.isdigit() or (length is not None and int(value) != length):
-                    raise BadResponse(f"a bad Content-Length: {value[:40]!r}")
-                length = int(value)
-            elif name == b"transfer-encoding":
-                coded = value.strip().lower()
-            elif name == b"connection":
-                tokens = {t.strip() for t in value.lower().split(b",")}
-                if b"close" in tokens:
-                    keep = False
-                elif b"keep-alive" in tokens:
-                    keep = True
+        parsed = self._heads.get(head)
+        if parsed is None:  # a server sends the same few heads again and again
+            parsed = _parse_head(head)
+            if len(self._heads) < _HEADS_KEPT:
+                self._heads[head] = parsed
+        status, keep, framing, length = parsed
         self._status = status
         self._pos = body_at
         if 100 <= status < 200 and status != 101:
@@ -249,12 +225,9 @@ class _Connection(asyncio.Protocol):
         self._keep = keep
         if self._no_body or status in (101, 204, 304):
             self._state, self._end = _LENGTH, body_at
-        elif coded is not None:  # Transfer-Encoding wins over Content-Length
-            if coded.rsplit(b",", 1)[-1].strip() == b"chunked":
-                self._state, self._chunks, self._size = _CHUNKED, [], 0
-            else:
-                self._state, self._keep = _UNTIL_CLOSE, False
-        elif length is not None:
+        elif framing == _CHUNKED:
+            self._state, self._chunks, self._size = _CHUNKED, [], 0
+        elif framing == _LENGTH:
             if length > MAX_BODY:
                 raise BadResponse(f"a response body of {length} bytes, over {MAX_BODY}")
             self._state, self._end = _LENGTH, body_at + length
@@ -300,6 +273,50 @@ class _Connection(asyncio.Protocol):
         return False
 
 
+def _parse_head(head: bytes) -> tuple[int, bool, int, int]:
+    """``(status, keep-alive, framing, length)`` of a response head (status line and headers,
+    without the final CRLF CRLF); framing is ``_LENGTH`` (``length`` bytes), ``_CHUNKED`` or
+    ``_UNTIL_CLOSE``."""
+    lines = head.split(b"\r\n")
+    version, _, rest = lines[0].partition(b" ")
+    code = rest[:3]
+    if (
+        version not in (b"HTTP/1.1", b"HTTP/1.0")
+        or len(code) != 3
+        or not code.isdigit()
+        or rest[3:4] not in (b"", b" ")
+    ):
+        raise BadResponse(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
+    keep = version == b"HTTP/1.1"
+    length: int | None = None
+    coded: bytes | None = None
+    for line in lines[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep or not name or name[-1:] in b" \t":
+            raise BadResponse(f"a malformed header line: {line[:80]!r}")
+        name = name.lower()
+        if name == b"content-length":
+            value = value.strip()
+            if not value.isdigit() or (length is not None and int(value) != length):
+                raise BadResponse(f"a bad Content-Length: {value[:40]!r}")
+            length = int(value)
+        elif name == b"transfer-encoding":
+            coded = value.strip().lower()
+        elif name == b"connection":
+            tokens = {t.strip() for t in value.lower().split(b",")}
+            if b"close" in tokens:
+                keep = False
+            elif b"keep-alive" in tokens:
+                keep = True
+    if coded is not None:  # Transfer-Encoding wins over Content-Length
+        if coded.rsplit(b",", 1)[-1].strip() == b"chunked":
+            return int(code), keep, _CHUNKED, 0
+        return int(code), False, _UNTIL_CLOSE, 0
+    if length is not None:
+        return int(code), keep, _LENGTH, length
+    return int(code), False, _UNTIL_CLOSE, 0
+
+
 class WireClient:
     """HTTP/1.1 requests to one origin (``http://host:port`` or ``https://...``) over a pool
     of keep-alive connections, opened as needed and kept up to ``max_idle`` while idle.
@@ -336,6 +353,7 @@ class WireClient:
         _check_headers(fixed)
         self._fixed = "".join(f"{k}: {v}\r\n" for k, v in fixed.items())
         self._lines: dict[tuple[str, str], bytes] = {}
+        self._heads: dict[bytes, tuple[int, bool, int, int]] = {}
         self._idle: list[_Connection] = []
         self._busy: set[_Connection] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -427,7 +445,7 @@ class WireClient:
         try:
             async with asyncio.timeout(limit):
                 _, conn = await loop.create_connection(
-                    _Connection,
+                    lambda: _Connection(self._heads),
                     self.host,
                     self.port,
                     ssl=self._ssl,
