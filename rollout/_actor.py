@@ -66,10 +66,12 @@ class PoolActor(InstancePool):
         """The Ray node this actor runs on (hex)."""
         return str(ray.get_runtime_context().get_node_id())
 
-    async def acquire(self, owner: Owner, wait: float = 0.0, attempt: int = 0) -> Grant:
+    async def acquire(
+        self, owner: Owner, wait: float = 0.0, attempt: int = 0, extra: int = 0
+    ) -> Grant:
         if self._maintainer is None:  # a restarted actor warms itself on first use
             await self.start()
-        return await super().acquire(owner, wait, attempt)
+        return await super().acquire(owner, wait, attempt, extra)
 
 
 class CreationLimiter(TokenBucket):

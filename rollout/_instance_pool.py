@@ -57,10 +57,12 @@ _FORGET_AFTER = 10_000  # ended leases remembered, for precise errors
 
 @dataclass(frozen=True)
 class Grant:
-    """The answer to :meth:`InstancePool.acquire`: a lease or none, and how many stay idle."""
+    """The answer to :meth:`InstancePool.acquire`: a lease or none, how many stay idle, and
+    the extra leases a prefetching caller asked for (granted from idle surplus only)."""
 
     lease: LeaseInfo | None
     idle: int
+    extra: tuple[LeaseInfo, ...] = ()
 
 
 @dataclass(eq=False)
@@ -170,10 +172,14 @@ class InstancePool:
         return len(self._idle)
 
     # -- leases ----------------------------------------------------------------------------------
-    async def acquire(self, owner: Owner, wait: float = 0.0, attempt: int = 0) -> Grant:
+    async def acquire(
+        self, owner: Owner, wait: float = 0.0, attempt: int = 0, extra: int = 0
+    ) -> Grant:
         """Lease an idle instance, waiting up to ``wait`` seconds for one to become free.
 
         ``attempt`` > 0 counts a retry (an episode run again after an infrastructure error).
+        ``extra``: lease up to that many more at once, from at most half of the instances left
+        idle (a prefetching driver hands them out without a round trip).
         """
         self._check_open()
         started = time.perf_counter()
@@ -194,8 +200,14 @@ class InstancePool:
         lease = self._lease(slot, owner)
         if attempt:
             self.counters["retried"] += 1
+        more: list[LeaseInfo] = []
+        for _ in range(min(extra, len(self._idle) // 2)):
+            spare = self._pop_idle()
+            if spare is None:
+                break
+            more.append(self._lease(spare, owner))
         self.phases[Phase.ACQUIRE].observe(time.perf_counter() - started)
-        return Grant(lease, len(self._idle))
+        return Grant(lease, len(self._idle), tuple(more))
 
     def _lease(self, slot: _Slot, owner: Owner) -> LeaseInfo:
         lease_id = uuid.uuid4().hex[:16]

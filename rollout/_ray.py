@@ -38,13 +38,18 @@ _INFRA = (rex.WorkerCrashedError, rex.ObjectLostError, rex.NodeDiedError, rex.Ow
 
 
 def init_local(num_cpus: int | None = None, **kwargs: Any) -> None:
-    """Start a local Ray on loopback only, without the dashboard (or join one: ``address=``).
+    """Start a local Ray on loopback only, without the dashboard (or join one: ``address=``,
+    or the ``RAY_ADDRESS`` environment variable).
 
-    ``num_cpus`` and further keyword arguments go to :func:`ray.init`; ``include_dashboard``
-    can be turned back on. Does nothing if Ray is already initialized.
+    A new local Ray is started even when another runs on this machine (Ray's own ``ray.init()``
+    would join the last one started there). ``num_cpus`` and further keyword arguments go to
+    :func:`ray.init`; ``include_dashboard`` can be turned back on. Does nothing if Ray is
+    already initialized.
     """
     if ray.is_initialized():
         return
+    if not os.environ.get("RAY_ADDRESS"):
+        kwargs.setdefault("address", "local")
     loopback_only()
     kwargs.setdefault("include_dashboard", False)
     kwargs.setdefault("_node_ip_address", "127.0.0.1")

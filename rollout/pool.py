@@ -16,6 +16,7 @@ node; leases it held are lost (:class:`~aenv_ray.errors.LeaseLostError`).
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import time
@@ -35,7 +36,7 @@ from ray.util.scheduling_strategies import (
 from aenv_ray.errors import AcquireTimeoutError, ConfigurationError, LeaseLostError
 from rollout._actor import limiter_actor, pool_actor_class
 from rollout._ray import alive_nodes, ensure_ray, get, translate
-from rollout.lease import Lease, current_owner
+from rollout.lease import Lease, LeaseInfo, current_owner
 from rollout.metrics import PoolStats
 from rollout.spec import EngineFactory, PoolSpec
 from rollout.stepping import StepBatch
@@ -64,6 +65,11 @@ class RolloutPool:
         creation_rate, creation_burst: the creation-rate limit shared by every pool of the
             Ray namespace (set by the first pool; instances per second, at most at once).
         ready_timeout: wait this long for the pool to be warm (0: return at once).
+        prefetch: lease up to this many extra instances on each actor round trip (from at
+            most half of an actor's idle ones) and hand them out from the driver, without a
+            round trip, on later ``acquire`` calls (0: every acquire asks an actor). Prefetched
+            leases belong to this driver; unused ones go back on ``close()`` or past half the
+            lease timeout.
         name: the pool's name in logs and metrics.
     """
 
@@ -86,9 +92,12 @@ class RolloutPool:
         creation_burst: int = 16,
         ready_timeout: float = 120.0,
         name: str | None = None,
+        prefetch: int = 0,
     ) -> None:
         if size < 1:
             raise ConfigurationError(f"a pool needs size >= 1, got {size}")
+        if prefetch < 0:
+            raise ConfigurationError(f"prefetch must be >= 0, got {prefetch}")
         if env_name is None and project is None:
             raise ConfigurationError("name an environment (`name@version`) or pass project=")
         if project is not None:
@@ -129,6 +138,9 @@ class RolloutPool:
         self._rotation = itertools.count()
         self._replaced = 0
         self._closed = False
+        self.prefetch = prefetch
+        # leases granted ahead of time: (actor index, actor, lease, when granted)
+        self._stash: collections.deque[tuple[int, Any, LeaseInfo, float]] = collections.deque()
         log.info(
             "pool starting",
             extra={"pool": self.spec.name, "env": env_name, "size": size, "actors": n},
@@ -176,6 +188,7 @@ class RolloutPool:
         if self._closed:
             return 0
         self._closed = True
+        self._stash.clear()  # the actors' close ends those leases with the rest
         refs = [a.close.remote() for a in self._actors]
         deleted = 0
         for actor, ref in zip(self._actors, refs, strict=True):
@@ -211,6 +224,9 @@ class RolloutPool:
         ``attempt`` > 0 marks a retry in the pool's counters.
         """
         self._check_open()
+        stashed = self._from_stash()
+        if stashed is not None:
+            return stashed
         owner = current_owner()
         deadline = time.monotonic() + timeout
         while True:
@@ -238,11 +254,23 @@ class RolloutPool:
         rotated = [(start + i) % n for i in range(n)]
         return sorted(rotated, key=lambda i: -self._idle_hint[i])
 
+    def _from_stash(self) -> Lease | None:
+        """A prefetched lease still fresh and of a live actor (stale ones go back)."""
+        fresh_for = self.spec.lease_timeout / 2
+        while self._stash:
+            index, actor, info, granted = self._stash.popleft()
+            if self._actors[index] is actor and time.monotonic() - granted < fresh_for:
+                return Lease(info, actor)
+            if self._actors[index] is actor:
+                actor.release.remote(info.lease_id)  # unused too long: give it back
+        return None
+
     def _try(self, index: int, owner: Any, wait: float, attempt: int) -> Lease | None:
         actor = self._actors[index]
         try:
             grant = ray.get(
-                actor.acquire.remote(owner, wait, attempt), timeout=wait + _CONTROL_TIMEOUT
+                actor.acquire.remote(owner, wait, attempt, self.prefetch),
+                timeout=wait + _CONTROL_TIMEOUT,
             )
         except rex.RayTaskError as exc:
             raise translate(exc, what="acquire") from exc
@@ -250,6 +278,8 @@ class RolloutPool:
             self._replace(index, actor, exc)
             return None
         self._idle_hint[index] = grant.idle
+        now = time.monotonic()
+        self._stash.extend((index, actor, info, now) for info in grant.extra)
         return Lease(grant.lease, actor) if grant.lease is not None else None
 
     def _replace(self, index: int, actor: Any, exc: BaseException) -> None:

@@ -422,6 +422,31 @@ def test_close_deletes_everything_even_with_leases_out() -> None:
 
 
 @pytest.mark.usefixtures("local_ray")
+def test_prefetched_leases_are_handed_out_without_asking_and_go_back_when_stale() -> None:
+    with probe_pool(size=4, prefetch=3, lease_timeout=2.0) as pool:
+        first = pool.acquire(timeout=T)
+        assert pool.stats().leased == 2  # one extra: half of the three left idle
+        second = pool.acquire(timeout=T)  # from the driver's stash: no new lease on the actor
+        assert pool.stats().leased == 2
+        assert second.lease_id != first.lease_id
+        for lease in (first, second):
+            assert rollout.get(lease.call_tool("echo", {"text": "p"}), timeout=T).text == "p"
+            lease.release()
+        pool.wait_ready(timeout=T)
+        third = pool.acquire(timeout=T)  # again one extra, stashed
+        assert pool.stats().leased == 2
+        time.sleep(1.2)  # past half the lease timeout: the stashed one is stale
+        fourth = pool.acquire(timeout=T)  # asks the actor; the stale lease goes back
+        assert rollout.get(fourth.call_tool("echo", {"text": "q"}), timeout=T).text == "q"
+        deadline = time.monotonic() + T
+        while pool.stats().counters["released"] < 3:
+            assert time.monotonic() < deadline, "the stale prefetched lease never went back"
+            time.sleep(0.05)
+        for lease in (third, fourth):
+            lease.release()
+
+
+@pytest.mark.usefixtures("local_ray")
 def test_a_vector_env_over_a_pool_matches_sync_vector_env() -> None:
     import gymnasium
     from gymnasium.utils.env_checker import data_equivalence
