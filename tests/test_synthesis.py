@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from aenv_ray.errors import EnvironmentNotFoundError
+from aenv_ray.errors import ConfigurationError, EnvironmentNotFoundError
 from rollout.sources import SDKSource
 from rollout.synthesis import AgentEnv, OpenAIPolicy, synthesize
 
@@ -215,3 +215,30 @@ def test_the_cli_runs_on_a_ray_pool_by_default_and_resumes(tmp_path: Path) -> No
     )
     assert again.returncode == 0, again.stderr
     assert len(rows(tmp_path)) == 5  # the 4 recorded episodes were skipped
+
+
+def test_policies_load_by_module_and_name_and_bad_ones_say_why() -> None:
+    from builtin_envs.demos import mini_terminal
+    from rollout.synthesis import load_policy
+
+    assert load_policy("builtin_envs.demos.mini_terminal:policy") is mini_terminal.policy
+    with pytest.raises(ConfigurationError, match="MODULE:CALLABLE"):
+        load_policy("no_colon_here")
+    with pytest.raises(ConfigurationError, match="cannot import"):
+        load_policy("no.such.module:f")
+    with pytest.raises(ConfigurationError, match="no callable"):
+        load_policy("builtin_envs.demos.mini_terminal:TASKS_MISSING")
+
+
+def test_task_files_are_read_and_bad_ones_say_where(tmp_path: Path) -> None:
+    from rollout.synthesis import load_tasks
+
+    good = tmp_path / "tasks.jsonl"
+    good.write_text('{"id": "a", "prompt": "p"}\n\n{"prompt": "q"}\n')
+    assert [t["id"] for t in load_tasks(good, TERMINAL)] == ["a", "1"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n")
+    with pytest.raises(ConfigurationError, match=r"bad\.jsonl"):
+        load_tasks(bad, TERMINAL)
+    with pytest.raises(ConfigurationError, match="no demo"):
+        load_tasks(None, "hostile@1.0.0")
