@@ -1,6 +1,6 @@
 """HTTP to one instance's runtime, on the lean keep-alive client of :mod:`aenv_ray._wire`
-(~0.03 ms of client CPU per call, vs ~0.25 ms for aiohttp and ~1 ms for httpx), with every
-transport failure translated once into aenv-ray's error tree.
+(~0.06 ms of client CPU per tool call with 16 in flight, system calls included; aiohttp took
+~0.17 ms, httpx ~1 ms), with every transport failure translated once into aenv-ray's error tree.
 
 - nothing listening: retried with backoff within ``reconnect_window``, then
   :class:`InstanceUnreachableError` (or :class:`InstanceBrokenError` once it had answered);
