@@ -1,14 +1,15 @@
 """The Ray edge: ``InstancePool`` and the creation-rate limiter as actors.
 
 :class:`PoolActor` is :class:`~rollout._instance_pool.InstancePool` with its Ray wiring (tokens
-from the shared limiter actor, the GCS job table for dead owners, Ray metrics); the logic stays
-in the plain class. Both actors reserve no CPU: the work happens in the instances.
+from the shared limiter actor, the GCS job and actor tables for dead owners, Ray metrics); the
+logic stays in the plain class. Both actors reserve no CPU: the work happens in the instances.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any
 
 import ray
@@ -26,12 +27,43 @@ log = logging.getLogger("rollout.pool.actor")
 _TOKEN_TIMEOUT = 10.0
 
 
-async def _dead_jobs() -> set[str]:
-    """Ids of ended jobs, from the GCS job table (no dashboard needed)."""
-    from ray._private import state  # the job table has no public accessor without the dashboard
+async def _dead_owners(owners: list[Owner]) -> dict[Owner, str]:
+    """Which lease owners are gone, and why: their job ended (the GCS job table), their actor
+    died (the actor table), or their process on this node exited. A task that ended without
+    releasing, in a worker that lives on, is not seen here: the lease's idle timeout is."""
+    # the GCS tables have no public accessor without the dashboard
+    from ray._private import state
 
-    jobs = await asyncio.to_thread(state.jobs)
-    return {str(job["JobID"]) for job in jobs if job.get("IsDead")}
+    here = ray.get_runtime_context().get_node_id()
+
+    def look() -> dict[Owner, str]:
+        ended = {str(job["JobID"]) for job in state.jobs() if job.get("IsDead")}
+        gone: dict[Owner, str] = {}
+        for owner in owners:
+            if owner.job_id in ended:
+                gone[owner] = f"its owner's job {owner.job_id} ended"
+            elif owner.actor_id and _actor_dead(state, owner.actor_id):
+                gone[owner] = f"its owner, actor {owner.actor_id}, died"
+            elif owner.node_id == here and owner.pid and not _process_alive(owner.pid):
+                gone[owner] = f"its owner's process {owner.pid} exited"
+        return gone
+
+    return await asyncio.to_thread(look)
+
+
+def _actor_dead(state: Any, actor_id: str) -> bool:
+    info = state.actors(actor_id=actor_id)
+    return bool(info) and info.get("State") == "DEAD"
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class PoolActor(InstancePool):
@@ -49,7 +81,7 @@ class PoolActor(InstancePool):
             spec,
             size,
             take_tokens=self._take_tokens_from_limiter,
-            dead_jobs=_dead_jobs,
+            dead_owners=_dead_owners,
             on_report=self._metrics.publish if self._metrics is not None else None,
         )
 

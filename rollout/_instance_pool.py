@@ -47,11 +47,11 @@ log = logging.getLogger("rollout.pool.actor")
 TokenSource = Callable[[int], Awaitable[tuple[int, float]]]
 """``take(n) -> (granted, seconds until more)``: the creation-rate limit."""
 
-DeadJobs = Callable[[], Awaitable[set[str]]]
-"""Job ids (hex) that have ended, for reclaiming leases of dead owners."""
+DeadOwners = Callable[[list[Owner]], Awaitable[dict[Owner, str]]]
+"""Which of these lease owners are gone, each with why: for reclaiming their leases."""
 
 _TICK = 0.25  # seconds between maintenance rounds (sooner when something changed)
-_OWNER_CHECK = 2.0  # seconds between looks at the job table
+_OWNER_CHECK = 2.0  # seconds between looks at the owners (job and actor tables, processes)
 _FORGET_AFTER = 10_000  # ended leases remembered, for precise errors
 
 
@@ -90,14 +90,14 @@ class InstancePool:
         *,
         engine: SandboxEngine | None = None,
         take_tokens: TokenSource | None = None,
-        dead_jobs: DeadJobs | None = None,
+        dead_owners: DeadOwners | None = None,
         on_report: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.spec = spec
         self.size = size
         self._engine = engine
         self._take_tokens = take_tokens
-        self._dead_jobs = dead_jobs
+        self._dead_owners = dead_owners
         self._on_report = on_report
         self._slots: dict[str, _Slot] = {}  # instance id -> slot
         self._idle: deque[_Slot] = deque()
@@ -469,21 +469,22 @@ class InstancePool:
             self._kick()
 
     async def _reclaim(self) -> None:
-        """Take back leases idle past ``lease_timeout`` and leases of jobs that ended."""
+        """Take back leases idle past ``lease_timeout`` and leases whose owner is gone."""
         now = time.monotonic()
-        dead_jobs: set[str] = set()
+        gone: dict[Owner, str] = {}
         if (
-            self._dead_jobs is not None
+            self._dead_owners is not None
             and self._leases
             and now - self._last_owner_check > _OWNER_CHECK
         ):
             self._last_owner_check = now
+            owners = list({s.owner for s in self._leases.values() if s.owner is not None})
             with contextlib.suppress(Exception):
-                dead_jobs = await self._dead_jobs()
+                gone = await self._dead_owners(owners)
         for slot in list(self._leases.values()):
             idle = now - slot.last_used
-            if slot.owner is not None and slot.owner.job_id in dead_jobs:
-                why = f"its owner's job {slot.owner.job_id} ended"
+            if slot.owner is not None and slot.owner in gone:
+                why = gone[slot.owner]
             elif idle > self.spec.lease_timeout:
                 why = f"it was idle {idle:.0f} s (lease_timeout={self.spec.lease_timeout:g} s)"
             else:

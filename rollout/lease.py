@@ -26,11 +26,13 @@ __all__ = ["Lease", "LeaseInfo", "Owner", "current_owner"]
 
 @dataclass(frozen=True)
 class Owner:
-    """Who holds a lease: the Ray job, and the actor or process, that acquired it."""
+    """Who holds a lease: the Ray job, and the actor or process (on which node), that
+    acquired it."""
 
     job_id: str
     actor_id: str | None = None
     pid: int = 0
+    node_id: str = ""
 
 
 _owner: tuple[int, Owner] | None = None
@@ -43,7 +45,8 @@ def current_owner() -> Owner:
     if _owner is None or _owner[0] != pid:
         context = ray.get_runtime_context()
         actor = context.get_actor_id()
-        _owner = (pid, Owner(job_id=context.get_job_id(), actor_id=actor, pid=pid))
+        owner = Owner(context.get_job_id(), actor, pid, context.get_node_id())
+        _owner = (pid, owner)
     return _owner[1]
 
 

@@ -409,6 +409,24 @@ def test_idle_leases_are_reclaimed() -> None:
 
 
 @pytest.mark.usefixtures("local_ray")
+def test_leases_of_an_owner_that_died_are_reclaimed_without_waiting_for_the_timeout() -> None:
+    @ray.remote(num_cpus=0)
+    class Holder:
+        def take(self, pool: RolloutPool) -> str:
+            self.lease = pool.acquire(timeout=T)
+            return str(self.lease.lease_id)
+
+    with probe_pool(size=1, lease_timeout=600) as pool:
+        holder = Holder.remote()  # type: ignore[attr-defined]
+        ray.get(holder.take.remote(pool), timeout=T)
+        assert pool.stats().leased == 1
+        ray.kill(holder)  # an owner (an actor) dies holding its lease
+        wait_until(lambda: pool.stats().counters["reclaimed"] == 1)
+        fresh = pool.acquire(timeout=T)  # the instance came back to the pool, renewed
+        assert rollout.get(fresh.call_tool("echo", {"text": "mine"}), timeout=T).text == "mine"
+
+
+@pytest.mark.usefixtures("local_ray")
 def test_close_deletes_everything_even_with_leases_out() -> None:
     pool = probe_pool(size=3)
     pids = actor_pids(pool)
