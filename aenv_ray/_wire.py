@@ -23,6 +23,7 @@ translate into its own error types.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 from urllib.parse import quote, urlsplit
 
@@ -414,8 +415,9 @@ class WireClient:
 
     # -- connections ---------------------------------------------------------------------------
     def _rebind(self, loop: asyncio.AbstractEventLoop) -> None:
-        for conn in self._idle:
-            conn.abort()
+        for conn in self._idle:  # they belong to the previous loop, which may be closed
+            with contextlib.suppress(RuntimeError):
+                conn.abort()
         self._idle.clear()
         self._loop = loop
 

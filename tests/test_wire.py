@@ -473,3 +473,19 @@ async def test_an_environment_attached_to_a_raw_server_reads_its_info() -> None:
         assert env.env_name == "raw@1.0.0"
         assert (await env.call_tool("echo", {"text": "hi"})).text == "hi"
         assert server.connections == 1
+
+
+def test_a_client_moves_to_a_new_event_loop(probe_runtime: RuntimeProcess) -> None:
+    client = InstanceClient(probe_runtime.url, connect_timeout=2, reconnect_window=0.2)
+    expected = (200, {"success": True, "data": {"status": "healthy"}})
+    first, second = asyncio.new_event_loop(), asyncio.new_event_loop()
+    try:
+        health = client.request("GET", "/health", timeout=5)
+        assert first.run_until_complete(health) == expected
+        # the first loop's connection is closed and a new one opened on the second loop
+        assert second.run_until_complete(client.request("GET", "/health", timeout=5)) == expected
+        second.run_until_complete(client.aclose())
+    finally:
+        for loop in (first, second):
+            loop.run_until_complete(asyncio.sleep(0.01))  # let closed transports finish
+            loop.close()
