@@ -1,7 +1,7 @@
 """``InstancePool``: the logic of one pool actor, a plain async class (Ray wraps it at the edge).
 
 It owns a share of a :class:`~rollout.pool.RolloutPool`'s warm instances, each an open
-:class:`~aenv_ray.Environment` on this process's engine (one HTTP client (connection pool) per instance):
+:class:`~aenv_ray.Environment` on this process's engine (one pooled HTTP client per instance):
 
 - **warm**: a maintenance task tops the pool up to ``size`` (tokens from the shared creation-rate
   limit), renews idle instances before their TTL runs out and replaces dead or expired ones;
