@@ -33,6 +33,7 @@ from builtin_envs import builtin_path
 from sandbox_runtime.local import Isolation, LocalEngine
 from sandbox_runtime.local._init import init_binary
 from sandbox_runtime.local._sandbox import namespaces_available
+from tests._processes import processes_of
 
 HOSTILE = Path(__file__).parent / "envs" / "hostile"
 REPO = Path(__file__).resolve().parent.parent
@@ -204,19 +205,6 @@ asyncio.run(main())
 """
 
 
-def _processes_of(owner: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if owner.encode() in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
 def test_instances_die_with_their_owner_even_by_sigkill() -> None:
     owner = subprocess.Popen(
         [sys.executable, "-c", _OWNER, str(HOSTILE)], stdout=subprocess.PIPE, text=True
@@ -226,16 +214,16 @@ def test_instances_die_with_their_owner_even_by_sigkill() -> None:
         owner_id = owner.stdout.readline().strip()
         assert owner_id
         # the zygote and each instance's processes carry the owner id in their command line
-        assert len(_processes_of(owner_id)) >= 1 + 2 * 2 + 1  # zygote, init+runtime each, a fork
+        assert len(processes_of(owner_id)) >= 1 + 2 * 2 + 1  # zygote, init+runtime each, a fork
     finally:
         owner.send_signal(signal.SIGKILL)
         owner.wait()
         if owner.stdout is not None:
             owner.stdout.close()
     deadline = time.monotonic() + 10
-    while _processes_of(owner_id) and time.monotonic() < deadline:
+    while processes_of(owner_id) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _processes_of(owner_id) == []
+    assert processes_of(owner_id) == []
 
 
 @needs_namespaces

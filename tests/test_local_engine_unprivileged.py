@@ -29,6 +29,8 @@ from typing import Any
 
 import pytest
 
+from tests._processes import processes_of
+
 REPO = Path(__file__).resolve().parent.parent
 HOSTILE = REPO / "tests" / "envs" / "hostile"
 NOBODY = 65534
@@ -119,19 +121,6 @@ asyncio.run(main())
 """
 
 
-def _processes_of(owner: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if owner.encode() in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
 def _unprivileged(home: Path) -> tuple[list[str], dict[str, str]] | str:
     """The command prefix and environment that run Python unprivileged, or why there is none."""
     env = {
@@ -219,7 +208,7 @@ def attacked(unprivileged: tuple[list[str], dict[str, str]]) -> dict[str, Any]:
             if line:
                 results: dict[str, Any] = json.loads(line)
                 owners = [r["owner"] for r in results.values()]
-                alive = {o: len(_processes_of(o)) for o in owners}
+                alive = {o: len(processes_of(o)) for o in owners}
         finally:
             owner.send_signal(signal.SIGKILL)  # the owner dies, by SIGKILL
             owner.wait()
@@ -228,9 +217,9 @@ def attacked(unprivileged: tuple[list[str], dict[str, str]]) -> dict[str, Any]:
     if not line:
         pytest.fail(f"the unprivileged script failed:\n{stderr[-3000:]}")
     deadline = time.monotonic() + 10
-    while any(_processes_of(o) for o in owners) and time.monotonic() < deadline:
+    while any(processes_of(o) for o in owners) and time.monotonic() < deadline:
         time.sleep(0.05)
-    results["owner_death"] = {"alive": alive, "left": {o: _processes_of(o) for o in owners}}
+    results["owner_death"] = {"alive": alive, "left": {o: processes_of(o) for o in owners}}
     results["stderr"] = stderr
     return results
 
