@@ -154,7 +154,7 @@ def run(nodes: int, args: argparse.Namespace, rows: list[tuple[str, ...]], figur
     with ray_on(nodes):
         noop = Noop.remote()
         ray.get(noop.call_tool.remote(), timeout=T)
-        with RolloutPool(project=ECHO_ENV, size=args.size, creation_rate=200.0) as pool:
+        with RolloutPool(project=ECHO_ENV, size=args.size, creation_rate=200.0, prefetch=0) as pool:
             leases = [pool.acquire(timeout=T) for _ in range(args.leases)]
             for lease in leases:
                 rollout.get(lease.call_tool(TOOL, ARGS), timeout=T)
@@ -199,7 +199,12 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=16, help="pool size")
     parser.add_argument("--leases", type=int, default=8, help="leases the calls go to")
     parser.add_argument("--acquires", type=int, default=200)
-    parser.add_argument("--prefetch", type=int, default=4, help="of the second acquire figure")
+    parser.add_argument(
+        "--prefetch",
+        type=lambda v: v if v == "auto" else int(v),
+        default="auto",
+        help="of the second acquire figure (the first asks an actor every time)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.calls, args.seconds, args.acquires = 1000, 2.0, 100
@@ -227,7 +232,8 @@ def main() -> None:
     b1, b2 = figures[(1, "batched")], figures[(2, "batched")]
     met = "met" if max(b1, b2) >= TARGET_BATCHED else "missed"
     print(f"| batched calls/s | {b1:,.0f} | {b2:,.0f} | >= {TARGET_BATCHED:,.0f} | {met} |")
-    for key, label in (("acquire", "acquire"), ("acquire-prefetch", "acquire, prefetch")):
+    acquires = (("acquire", "acquire, prefetch 0"), ("acquire-prefetch", "acquire, prefetch"))
+    for key, label in acquires:
         for n in (1, 2):
             p50, p99 = figures[(n, key)]
             what = f"{label} {args.prefetch}" if key != "acquire" else label

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import ray
 import ray.exceptions as rex
@@ -69,7 +69,9 @@ class RolloutPool:
             most half of an actor's idle ones) and hand them out from the driver, without a
             round trip, on later ``acquire`` calls (0: every acquire asks an actor). Prefetched
             leases belong to this driver; unused ones go back on ``close()`` or past half the
-            lease timeout.
+            lease timeout. ``"auto"`` (the default): none on a process's first acquire (a task
+            that leases once keeps nothing back), then up to 4, and at most an eighth of the
+            pool per actor.
         name: the pool's name in logs and metrics.
     """
 
@@ -92,12 +94,12 @@ class RolloutPool:
         creation_burst: int = 16,
         ready_timeout: float = 120.0,
         name: str | None = None,
-        prefetch: int = 0,
+        prefetch: int | Literal["auto"] = "auto",
     ) -> None:
         if size < 1:
             raise ConfigurationError(f"a pool needs size >= 1, got {size}")
-        if prefetch < 0:
-            raise ConfigurationError(f"prefetch must be >= 0, got {prefetch}")
+        if prefetch != "auto" and (not isinstance(prefetch, int) or prefetch < 0):
+            raise ConfigurationError(f"prefetch must be an int >= 0 or 'auto', got {prefetch!r}")
         if env_name is None and project is None:
             raise ConfigurationError("name an environment (`name@version`) or pass project=")
         if project is not None:
@@ -139,6 +141,7 @@ class RolloutPool:
         self._replaced = 0
         self._closed = False
         self.prefetch = prefetch
+        self._acquired = 0  # acquires by this process (``prefetch="auto"`` starts after one)
         # leases granted ahead of time: (actor index, actor, lease, when granted)
         self._stash: collections.deque[tuple[int, Any, LeaseInfo, float]] = collections.deque()
         log.info(
@@ -226,6 +229,7 @@ class RolloutPool:
         self._check_open()
         stashed = self._from_stash()
         if stashed is not None:
+            self._acquired += 1
             return stashed
         owner = current_owner()
         deadline = time.monotonic() + timeout
@@ -234,6 +238,7 @@ class RolloutPool:
             for index in order:  # a free instance anywhere, without waiting
                 lease = self._try(index, owner, 0.0, attempt)
                 if lease is not None:
+                    self._acquired += 1
                     return lease
             left = deadline - time.monotonic()
             if left <= 0:
@@ -246,6 +251,7 @@ class RolloutPool:
             slice_ = min(left, _WAIT_SLICE) if len(order) > 1 else left
             lease = self._try(order[0], owner, slice_, attempt)
             if lease is not None:
+                self._acquired += 1
                 return lease
 
     def _order(self) -> list[int]:
@@ -253,6 +259,21 @@ class RolloutPool:
         start = next(self._rotation) % n
         rotated = [(start + i) % n for i in range(n)]
         return sorted(rotated, key=lambda i: -self._idle_hint[i])
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a pool sent to a task or actor: its prefetched leases are this process's, not theirs
+        state = dict(self.__dict__)
+        state["_stash"] = collections.deque()
+        state["_acquired"] = 0
+        return state
+
+    def _extra(self) -> int:
+        """How many extra leases to ask for on this round trip."""
+        if self.prefetch != "auto":
+            return int(self.prefetch)
+        if self._acquired == 0:
+            return 0
+        return min(4, self.size // (8 * len(self._actors)))
 
     def _from_stash(self) -> Lease | None:
         """A prefetched lease still fresh and of a live actor (stale ones go back)."""
@@ -269,7 +290,7 @@ class RolloutPool:
         actor = self._actors[index]
         try:
             grant = ray.get(
-                actor.acquire.remote(owner, wait, attempt, self.prefetch),
+                actor.acquire.remote(owner, wait, attempt, self._extra()),
                 timeout=wait + _CONTROL_TIMEOUT,
             )
         except rex.RayTaskError as exc:
