@@ -70,8 +70,8 @@ class RolloutPool:
             round trip, on later ``acquire`` calls (0: every acquire asks an actor). Prefetched
             leases belong to this driver; unused ones go back on ``close()`` or past half the
             lease timeout. ``"auto"`` (the default): none on a process's first acquire (a task
-            that leases once keeps nothing back), then up to 4, and at most an eighth of the
-            pool per actor.
+            that leases once keeps nothing back), then up to 4 (a quarter of an actor's share of
+            the pool, at least 1).
         name: the pool's name in logs and metrics.
     """
 
@@ -273,7 +273,7 @@ class RolloutPool:
             return int(self.prefetch)
         if self._acquired == 0:
             return 0
-        return min(4, self.size // (8 * len(self._actors)))
+        return min(4, max(1, self.size // (4 * len(self._actors))))
 
     def _from_stash(self) -> Lease | None:
         """A prefetched lease still fresh and of a live actor (stale ones go back)."""
