@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -142,6 +143,7 @@ class RolloutPool:
         self._closed = False
         self.prefetch = prefetch
         self._acquired = 0  # acquires by this process (``prefetch="auto"`` starts after one)
+        self._replacing = threading.Lock()
         # leases granted ahead of time: (actor index, actor, lease, when granted)
         self._stash: collections.deque[tuple[int, Any, LeaseInfo, float]] = collections.deque()
         log.info(
@@ -265,7 +267,12 @@ class RolloutPool:
         state = dict(self.__dict__)
         state["_stash"] = collections.deque()
         state["_acquired"] = 0
+        del state["_replacing"]
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._replacing = threading.Lock()
 
     def _extra(self) -> int:
         """How many extra leases to ask for on this round trip."""
@@ -304,18 +311,19 @@ class RolloutPool:
         return Lease(grant.lease, actor) if grant.lease is not None else None
 
     def _replace(self, index: int, actor: Any, exc: BaseException) -> None:
-        if self._actors[index] is not actor or isinstance(exc, rex.ActorUnavailableError):
-            return  # replaced already, or restarting (Ray brings it back itself)
         if isinstance(exc, rex.GetTimeoutError):
             log.warning("pool actor slow to answer", extra={"pool": self.name, "actor": index})
             return
-        log.warning(
-            "pool actor died; replacing it",
-            extra={"pool": self.name, "actor": index, "error": type(exc).__name__},
-        )
-        self._actors[index] = self._start_actor(index)
-        self._idle_hint[index] = 0
-        self._replaced += 1
+        with self._replacing:  # threads acquiring at once (PoolSource) find it dead together
+            if self._actors[index] is not actor or isinstance(exc, rex.ActorUnavailableError):
+                return  # replaced already, or restarting (Ray brings it back itself)
+            log.warning(
+                "pool actor died; replacing it",
+                extra={"pool": self.name, "actor": index, "error": type(exc).__name__},
+            )
+            self._actors[index] = self._start_actor(index)
+            self._idle_hint[index] = 0
+            self._replaced += 1
 
     def heal(self, *, timeout: float = _CONTROL_TIMEOUT) -> int:
         """Ping every pool actor and replace the dead ones; returns how many were replaced."""
