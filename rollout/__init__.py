@@ -14,13 +14,48 @@ May import: ``aenv_ray``, ray, gymnasium; lazily, inside functions: ``sandbox_ru
 (engines are injected).
 """
 
-from rollout._ray import get, init_local
-from rollout.failures import EpisodeOutcome, EpisodeResult, classify, run_episode
-from rollout.lease import Lease, LeaseInfo
-from rollout.metrics import PhaseSummary, PoolStats
-from rollout.pool import RolloutPool
-from rollout.spec import PoolSpec
-from rollout.stepping import StepBatch, StepResult
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rollout._ray import get, init_local
+    from rollout.failures import EpisodeOutcome, EpisodeResult, classify, run_episode
+    from rollout.lease import Lease, LeaseInfo
+    from rollout.metrics import PhaseSummary, PoolStats
+    from rollout.pool import RolloutPool
+    from rollout.spec import PoolSpec
+    from rollout.stepping import StepBatch, StepResult
+
+# Imported on first use, so that ``import rollout.gym`` (or any submodule that needs no pool)
+# does not pay for Ray's import.
+_LAZY = {
+    "get": "rollout._ray",
+    "init_local": "rollout._ray",
+    "EpisodeOutcome": "rollout.failures",
+    "EpisodeResult": "rollout.failures",
+    "classify": "rollout.failures",
+    "run_episode": "rollout.failures",
+    "Lease": "rollout.lease",
+    "LeaseInfo": "rollout.lease",
+    "PhaseSummary": "rollout.metrics",
+    "PoolStats": "rollout.metrics",
+    "RolloutPool": "rollout.pool",
+    "PoolSpec": "rollout.spec",
+    "StepBatch": "rollout.stepping",
+    "StepResult": "rollout.stepping",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rollout' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "EpisodeOutcome",

@@ -518,10 +518,20 @@ def _modules_with_all() -> list[Path]:
 
 
 def _top_level_names(tree: ast.Module) -> set[str]:
+    """Names the module defines; with a module ``__getattr__`` (PEP 562, lazy attributes), the
+    names its ``if TYPE_CHECKING:`` block imports count too (the import test checks they resolve).
+    """
     names: set[str] = set()
+    lazy = any(
+        isinstance(node, ast.FunctionDef) and node.name == "__getattr__" for node in tree.body
+    )
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             names.add(node.name)
+        elif lazy and isinstance(node, ast.If) and _is_type_checking(node.test):
+            for inner in node.body:
+                if isinstance(inner, ast.Import | ast.ImportFrom):
+                    names |= {(a.asname or a.name).split(".")[0] for a in inner.names}
         elif isinstance(node, ast.Import | ast.ImportFrom):
             names |= {(a.asname or a.name).split(".")[0] for a in node.names}
         elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):

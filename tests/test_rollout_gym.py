@@ -343,3 +343,13 @@ def test_close_releases_every_instance_and_thread() -> None:
     assert not gym_threads()
     with pytest.raises(InstanceClosedError):
         env.reset()
+
+
+def test_the_gym_wrappers_do_not_import_ray() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, rollout.gym; print('ray' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
