@@ -36,6 +36,7 @@ from aenv_ray import (
 from rollout import EpisodeOutcome, Lease, RolloutPool, classify, run_episode
 from rollout._limiter import TokenBucket
 from rollout.metrics import LatencyHistogram
+from tests._processes import processes_of
 
 PROBE = Path(__file__).resolve().parent / "envs" / "probe"
 T = 60.0  # generous bound on every wait: a loaded 2-core box is slow, never wrong
@@ -109,18 +110,10 @@ def actor_pids(pool: RolloutPool) -> set[int]:
 def engine_processes(pids: set[int]) -> int:
     """Zygotes, instance inits and runtimes of engines living in ``pids`` (counted from /proc,
     by the ``--owner PID-...`` every one of them carries), whatever the pool believes."""
-    owners = [f"--owner\0{pid}-".encode() for pid in pids]
-    found = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        found += any(owner in cmdline for owner in owners)
-    return found
+    found: set[int] = set()
+    for pid in pids:
+        found.update(processes_of(f"--owner\0{pid}-"))
+    return len(found)
 
 
 def wait_until(predicate: Any, *, timeout: float = T) -> None:
