@@ -21,6 +21,15 @@ The tree, by what the caller should do::
     │   ├── InstanceNotFoundError (LookupError)  the engine has no instance with that id
     │   └── LeaseLostError                       a pool took your lease back; retryable on a new one
     ├── CapacityError                            the engine cannot start more now; retryable
+    ├── RegistryError                            EnvHub refused a registry operation
+    │   ├── VersionConflictError                 that name@version is published (or was): bump it
+    │   ├── ArtifactError (ValueError)           an upload is corrupt or not a bundle; rebuild it
+    │   │   └── ArtifactTooLargeError            an upload is over the hub's size limit
+    │   └── ServiceNotFoundError (LookupError)   no service with that id (for your key)
+    ├── AuthenticationError                      no API key, or a wrong or revoked one (HTTP 401)
+    ├── PermissionDeniedError                    the key may not do that (HTTP 403)
+    ├── HubUnreachableError                      nothing answers at AENV_SYSTEM_URL; retryable
+    ├── StoreError                               the hub's store failed (SQLite file, Redis)
     ├── AEnvTimeoutError (TimeoutError)
     │   ├── AcquireTimeoutError                  no pooled instance became free in time; retryable
     │   ├── CallTimeoutError                     no answer within the call's timeout
@@ -41,6 +50,9 @@ __all__ = [
     "AEnvError",
     "AEnvTimeoutError",
     "AcquireTimeoutError",
+    "ArtifactError",
+    "ArtifactTooLargeError",
+    "AuthenticationError",
     "CallTimeoutError",
     "CapacityError",
     "ConfigurationError",
@@ -48,6 +60,7 @@ __all__ = [
     "EnvironmentNotFoundError",
     "FunctionError",
     "FunctionNotFoundError",
+    "HubUnreachableError",
     "InstanceBrokenError",
     "InstanceClosedError",
     "InstanceError",
@@ -55,13 +68,18 @@ __all__ = [
     "InstanceNotFoundError",
     "InstanceUnreachableError",
     "LeaseLostError",
+    "PermissionDeniedError",
     "ProtocolError",
+    "RegistryError",
+    "ServiceNotFoundError",
     "StartupTimeoutError",
+    "StoreError",
     "ToolArgumentError",
     "ToolError",
     "ToolExecutionError",
     "ToolNotFoundError",
     "ToolTimeoutError",
+    "VersionConflictError",
 ]
 
 
@@ -234,6 +252,47 @@ class CapacityError(AEnvError):
     """The engine cannot start another instance now (a limit or the host is full)."""
 
     retryable = True
+
+
+class RegistryError(AEnvError):
+    """EnvHub refused a registry or control-plane operation."""
+
+
+class VersionConflictError(RegistryError):
+    """That ``name@version`` is already published (or was, and was deleted): published versions
+    are immutable and never reused. Bump the version in config.json and push again."""
+
+
+class ArtifactError(RegistryError, ValueError):
+    """An uploaded bundle is corrupt: its digest does not match, it is not a bundle made by
+    ``aenv build``, or its config.json is invalid. Rebuild it with ``aenv build``."""
+
+
+class ArtifactTooLargeError(ArtifactError):
+    """An upload is larger than the hub accepts (``aenv serve --max-bundle``)."""
+
+
+class ServiceNotFoundError(RegistryError, LookupError):
+    """No service with that id (for this API key's tenant)."""
+
+
+class AuthenticationError(AEnvError):
+    """The hub wants an API key: none was sent, or it is unknown or revoked. Set
+    ``AENV_API_KEY`` or ``aenv config set api-key KEY``."""
+
+
+class PermissionDeniedError(AEnvError):
+    """The API key is valid but may not do this (e.g. publish a name another tenant owns)."""
+
+
+class HubUnreachableError(AEnvError):
+    """Nothing answers at the control plane's URL (``AENV_SYSTEM_URL``)."""
+
+    retryable = True
+
+
+class StoreError(AEnvError):
+    """The hub's store failed: the SQLite file cannot be opened or Redis does not answer."""
 
 
 class ProtocolError(AEnvError):

@@ -31,7 +31,7 @@ from typing import Annotated, Any
 import typer
 
 from aenv_ray import __version__
-from aenv_ray.cli import _instance, _project, _rollout
+from aenv_ray.cli import _build, _instance, _project, _rollout
 from aenv_ray.cli._common import EXIT_FAILURE, EXIT_USAGE, error_line
 from aenv_ray.errors import AEnvError, ConfigurationError
 
@@ -66,6 +66,7 @@ def _root(
 
 _project.register(app)
 _rollout.register(app)
+_build.register(app)
 app.add_typer(_instance.app, name="instance")
 
 
