@@ -27,6 +27,7 @@ May import: the standard library, ``aenv_ray.errors``; ``redis`` inside ``envhub
 
 from __future__ import annotations
 
+import builtins
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import unquote, urlparse
@@ -83,7 +84,7 @@ class Store(Protocol):
         """Remove the blob; True if it existed."""
         ...
 
-    async def list_blobs(self) -> list[str]:
+    async def list_blobs(self) -> builtins.list[str]:  # `list` is a method here
         """The digests of every stored blob, sorted."""
         ...
 

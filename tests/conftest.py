@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,7 @@ import pytest
 from aiohttp import web
 
 from aenv_ray.testing import RuntimeProcess
+from tests._redis import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = Path(__file__).resolve().parent / "envs" / "probe"
@@ -74,3 +77,18 @@ async def chat_endpoint() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     yield f"http://127.0.0.1:{port}/v1", requests
     await runner.cleanup()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A real redis-server on loopback for the session (its data in a temporary directory)."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not on PATH (scripts/setup installs it): no Redis store tests")
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """The session's Redis with a key prefix of the test's own, so tests never see each other."""
+    return f"{redis_server.url}?prefix=test-{uuid.uuid4().hex}:"
