@@ -7,8 +7,8 @@ environment (:func:`register_tool`, :func:`register_function`, :func:`register_r
 ``aenv`` CLI.
 
 May import: pydantic, pydantic-settings, aiohttp, orjson, httpx, the mcp/fastmcp clients, typer and
-rich (CLI only); lazily, inside functions: ``sandbox_runtime.local`` (the embedded default engine)
-and ``builtin_envs`` (finding built-ins by name). Must not import at import time: ray, kubernetes,
+rich (CLI only); lazily, inside functions: ``sandbox_runtime.local`` (the embedded default engine),
+``builtin_envs`` (finding built-ins by name) and platformdirs (where the settings file lives). Must not import at import time: ray, kubernetes,
 gymnasium, the runtime.
 
     >>> import aenv_ray, sys

@@ -10,6 +10,10 @@ Where the instance comes from:
 - ``DUMMY_INSTANCE_IP=http://localhost`` (the seeds' local mode): talk to a server started with
   ``aenv run`` (functions on 8080, MCP on 8081; a URL with an explicit port uses that port);
 - :meth:`Environment.attach`: talk to a runtime at any URL you name;
+- ``AENV_SYSTEM_URL=http://hub:8000`` (or ``aenv_url=``; the key in ``AENV_API_KEY`` or
+  ``api_key=``): remote mode, an EnvHub (``aenv serve``) creates the instance from its registry;
+  calls go straight to the instance's runtime when this process can reach it, else through the
+  hub (``AENV_HUB_ROUTE=auto|direct|proxy``);
 - otherwise an engine (default: the embedded local engine) creates an isolated instance of the
   definition found by name (built-ins, then ``AENV_ENV_PATH``) or given by
   :meth:`Environment.from_project`; :meth:`Environment.release` deletes it and
@@ -92,7 +96,8 @@ class Environment:
             server is configured (default: the embedded local engine).
 
     Where the instance comes from, first match wins: :meth:`attach` (a running runtime);
-    ``DUMMY_INSTANCE_IP`` (a server started with ``aenv run``); otherwise an engine creates one
+    ``DUMMY_INSTANCE_IP`` (a server started with ``aenv run``); ``aenv_url`` /
+    ``AENV_SYSTEM_URL`` (an EnvHub creates it); otherwise an engine creates one
     from the definition found by name (built-in environments, then ``AENV_ENV_PATH``) or given
     by :meth:`from_project`, and :meth:`release` deletes it.
     """
@@ -141,6 +146,8 @@ class Environment:
         self._engine = engine
         self._project: Path | None = None
         self._owned: InstanceInfo | None = None  # an instance this object created, or adopted
+        self._own_engine = False  # a hub client made for this object, closed on release
+        self._headers: dict[str, str] = {}  # sent with every runtime call (the hub's key)
 
     @classmethod
     def attach(cls, url: str, env_name: str | None = None, **kwargs: Any) -> Environment:
@@ -245,11 +252,16 @@ class Environment:
                     env_name=self.env_name,
                     instance_id=self.instance_id,
                 )
-            base_url = await self._resolve_url()
+            try:
+                base_url = await self._resolve_url()
+            except BaseException:
+                await self._delete_owned()
+                raise
             self._client = InstanceClient(
                 base_url,
                 connect_timeout=self.settings.connect_timeout,
                 reconnect_window=self.settings.reconnect_window,
+                headers=self._headers,
                 env_name=self.env_name,
                 instance_id=self.instance_id,
             )
@@ -270,20 +282,28 @@ class Environment:
             return _with_port(self._attach_url, None)
         if self._owned is not None:  # adopted (a fork): the engine made it already
             self.instance_id = self._owned.id
+            from aenv_ray.hub import RemoteEngine
+
+            if isinstance(self._engine, RemoteEngine):
+                return await self._remote_route(self._owned)
             return _with_port(self._owned.url or "", None)
         if self.settings.dummy_instance_ip:
             self.instance_id = "local"
             return _with_port(self.settings.dummy_instance_ip, self.settings.functions_port)
-        if self.aenv_url and self._engine is None:
-            raise ConfigurationError(
-                f"`{self.env_name}`: remote mode (AENV_SYSTEM_URL={self.aenv_url}) needs EnvHub, "
-                "which this release does not ship yet; unset AENV_SYSTEM_URL to use the local "
-                "engine, or set DUMMY_INSTANCE_IP for a server started with `aenv run`"
-            )
+        if self.aenv_url and self._engine is None and self._project is None:
+            from aenv_ray.hub import HubClient, RemoteEngine
+
+            self._engine = RemoteEngine(HubClient(self.aenv_url, api_key=self.api_key))
+            self._own_engine = True
         return await self._create_instance()
 
     async def _create_instance(self) -> str:
-        if self._project is None:
+        from aenv_ray.hub import RemoteEngine
+
+        remote = isinstance(self._engine, RemoteEngine)
+        if remote:  # the hub resolves the name (its registry, then its built-ins)
+            ref, project = self.env_name, None
+        elif self._project is None:
             ref, project = resolve_environment(self.env_name, self.settings.env_path)
         else:
             ref, project = self.env_name, self._project
@@ -291,7 +311,7 @@ class Environment:
             self._engine = default_engine()
         spec = InstanceSpec(
             env_ref=ref,
-            project=str(project),
+            project=str(project) if project is not None else None,
             ttl=self.ttl,
             environment_variables=self.environment_variables,
             arguments=tuple(self.arguments),
@@ -301,13 +321,38 @@ class Environment:
         limit = self.startup_timeout or self.settings.startup_timeout
         self._owned = await self._engine.create(spec, timeout=limit)
         self.instance_id = self._owned.id
+        if remote:
+            return await self._remote_route(self._owned)
         return _with_port(self._owned.url or "", None)
+
+    async def _remote_route(self, info: InstanceInfo) -> str:
+        """The runtime's own address when this process can reach it (no hop through the hub
+        on the hot path), else the hub's proxy for it (``AENV_HUB_ROUTE`` forces either)."""
+        from aenv_ray.hub import RemoteEngine, reachable
+
+        assert isinstance(self._engine, RemoteEngine)
+        route = self.settings.hub_route
+        direct = _with_port(info.url or "", None) if info.url else None
+        if direct and (
+            route == "direct"
+            or (route == "auto" and await reachable(direct, timeout=self.settings.connect_timeout))
+        ):
+            return direct
+        proxy = self._engine.proxy_urls.get(info.id)
+        if proxy is None:
+            raise ProtocolError(f"the hub gave no proxy address for instance {info.id}")
+        self._headers = self._engine.client.headers
+        log.info("calls go through the hub", extra={"instance": info.id, "proxy": proxy})
+        return proxy
 
     async def _delete_owned(self) -> None:
         owned, self._owned = self._owned, None
         if owned is not None and self._engine is not None:
             with contextlib.suppress(AEnvError):
                 await self._engine.delete(owned.id)
+        if self._own_engine and self._engine is not None:
+            self._own_engine = False
+            await self._engine.aclose()
 
     async def _why_broken(self, exc: InstanceBrokenError) -> AEnvError:
         """The engine's account of a dead instance, when it has one."""

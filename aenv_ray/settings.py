@@ -1,7 +1,8 @@
 """The one settings tree. Only this module reads ``os.environ``.
 
 Variables use the ``AENV_`` prefix (``AENV_SYSTEM_URL``, ``AENV_API_KEY``, ``AENV_TIMEOUT``, ...);
-``DUMMY_INSTANCE_IP`` is read as well, for compatibility with the seeds' local mode.
+``DUMMY_INSTANCE_IP`` is read as well, for compatibility with the seeds' local mode. Below the
+variables comes the user's settings file that ``aenv config set`` writes (:func:`config_file`).
 
     >>> Settings(system_url="http://hub:8000").system_url
     'http://hub:8000'
@@ -9,10 +10,30 @@ Variables use the ``AENV_`` prefix (``AENV_SYSTEM_URL``, ``AENV_API_KEY``, ``AEN
 
 from __future__ import annotations
 
-from pydantic import AliasChoices, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+import os
+from pathlib import Path
+from typing import Literal
 
-__all__ = ["Settings", "get_settings"]
+from pydantic import AliasChoices, Field
+from pydantic_settings import (
+    BaseSettings,
+    JsonConfigSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+__all__ = ["Settings", "config_file", "get_settings"]
+
+
+def config_file() -> Path:
+    """The user's settings file (``aenv config``): ``AENV_CONFIG_FILE``, else
+    ``<user config dir>/aenv-ray/config.json``. Environment variables win over it."""
+    configured = os.environ.get("AENV_CONFIG_FILE")
+    if configured:
+        return Path(configured)
+    import platformdirs
+
+    return Path(platformdirs.user_config_dir("aenv-ray")) / "config.json"
 
 
 class Settings(BaseSettings):
@@ -47,10 +68,30 @@ class Settings(BaseSettings):
     functions_port: int = Field(default=8080, description="local mode: functions/health port")
     mcp_port: int = Field(default=8081, description="local mode: MCP port")
     env_path: str = Field(default="", description="colon-separated project directories")
+    hub_route: Literal["auto", "direct", "proxy"] = Field(
+        default="auto",
+        description="remote mode: call instances directly (auto: when reachable) or through "
+        "the hub's proxy",
+    )
     state_dir: str = Field(
         default="",
         description="where `aenv instance` keeps its engine daemon (default: the user state dir)",
     )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Arguments, then ``AENV_*`` variables, then the ``aenv config`` file."""
+        path = config_file()
+        if not path.is_file():
+            return init_settings, env_settings
+        return init_settings, env_settings, JsonConfigSettingsSource(settings_cls, json_file=path)
 
 
 def get_settings() -> Settings:

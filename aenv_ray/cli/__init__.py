@@ -19,7 +19,8 @@ Layout: a module per command group. Top-level commands on a project live in ``_p
 ``typer.Typer()`` that is mounted here with ``app.add_typer(module.app, name="instance")``.
 Importing this package imports typer only; commands import the runtime when they run.
 
-May import: typer, rich, ``aenv_ray``, ``sandbox_runtime`` and ``rollout`` (inside commands).
+May import: typer, rich, ``aenv_ray``, ``sandbox_runtime``, ``rollout`` and ``envhub`` (the hub and
+its bundles; all inside commands).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Annotated, Any
 import typer
 
 from aenv_ray import __version__
-from aenv_ray.cli import _build, _instance, _project, _rollout
+from aenv_ray.cli import _build, _hub, _instance, _project, _rollout, _serve, _service
 from aenv_ray.cli._common import EXIT_FAILURE, EXIT_USAGE, error_line
 from aenv_ray.errors import AEnvError, ConfigurationError
 
@@ -67,7 +68,10 @@ def _root(
 _project.register(app)
 _rollout.register(app)
 _build.register(app)
+_serve.register(app)
+_hub.register(app)
 app.add_typer(_instance.app, name="instance")
+app.add_typer(_service.app, name="service")
 
 
 def _click_errors() -> tuple[type[BaseException], ...]:

@@ -1,9 +1,11 @@
-"""``aenv instance create|list|get|delete|renew``: instances on this machine's local engine.
+"""``aenv instance create|list|get|delete|renew``: instances on a hub or this machine.
 
-The commands talk to a local engine daemon (``sandbox_runtime.local.daemon``) over a Unix socket
-in the state directory (``AENV_STATE_DIR``, else the user's state directory), starting it on first
-use, so instances live on between commands; they die with the daemon, which exits after ten
-minutes without a running instance.
+With a hub configured (``AENV_SYSTEM_URL`` or ``aenv config set url``) the commands talk to it:
+its instances belong to your key's tenant. Otherwise they talk to a local engine daemon
+(``sandbox_runtime.local.daemon``) over a Unix socket in the state directory
+(``AENV_STATE_DIR``, else the user's state directory), starting it on first use, so instances
+live on between commands; they die with the daemon, which exits after ten minutes without a
+running instance.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ import typer
 
 from aenv_ray.cli._common import EXIT_FAILURE, EXIT_USAGE, die
 
-__all__ = ["app"]
+__all__ = ["app", "pairs"]
 
 app = typer.Typer(
-    help="Create, list, inspect and delete instances on this machine's local engine.",
+    help="Create, list, inspect and delete instances (on the hub when one is configured, "
+    "else on this machine's local engine).",
     no_args_is_help=True,
 )
 
@@ -55,8 +58,28 @@ def _start_daemon(state: Path) -> None:
     log.close()
 
 
+async def _hub_request(url: str, method: str, path: str, body: Any) -> Any:
+    from aenv_ray.errors import ConfigurationError
+    from aenv_ray.hub import HubClient
+    from aenv_ray.settings import get_settings
+
+    async with HubClient(url, api_key=get_settings().api_key) as client:
+        try:
+            return await client.request(method, path, json=body)
+        except (ConfigurationError, LookupError) as exc:
+            die(str(exc), EXIT_USAGE)
+
+
 async def _request(method: str, path: str, body: Any = None) -> Any:
     import aiohttp
+
+    from aenv_ray.settings import get_settings
+
+    hub = get_settings().system_url
+    if hub:
+        if method == "GET" and path.split("?")[0] == "/v1/instances":  # --all filters here
+            path += ("&" if "?" in path else "?") + "all=true"
+        return await _hub_request(hub, method, path, body)
 
     state = _state_dir()
     started = False
@@ -86,6 +109,15 @@ async def _request(method: str, path: str, body: Any = None) -> Any:
             await asyncio.sleep(0.05)
 
 
+def _datasource(given: str | None) -> str | None:
+    """A local path for the local engine; as given (under the hub's datasource root) for a hub."""
+    from aenv_ray.settings import get_settings
+
+    if not given or get_settings().system_url:
+        return given
+    return str(Path(given).resolve())
+
+
 def _call(method: str, path: str, body: Any = None) -> Any:
     return asyncio.run(_request(method, path, body))
 
@@ -111,7 +143,7 @@ def _show(info: dict[str, Any], as_json: bool) -> None:
         print(f"ended    {info['reason']}{detail}")
 
 
-def _pairs(values: list[str], option: str) -> dict[str, str]:
+def pairs(values: list[str], option: str) -> dict[str, str]:
     out = {}
     for item in values:
         key, sep, value = item.partition("=")
@@ -134,16 +166,19 @@ def create(
         list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE, repeatable")
     ] = None,
     arg: Annotated[list[str] | None, typer.Option("--arg", help="argument, repeatable")] = None,
-    datasource: Annotated[str | None, typer.Option(help="directory mounted at /data")] = None,
+    datasource: Annotated[
+        str | None,
+        typer.Option(help="directory mounted at /data (on a hub: under its --datasource-root)"),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Create an instance; print its id and URL."""
     body = {
         "env": env,
         "ttl": ttl,
-        "environment_variables": _pairs(env_var or [], "--env"),
+        "environment_variables": pairs(env_var or [], "--env"),
         "arguments": arg or [],
-        "datasource": str(Path(datasource).resolve()) if datasource else None,
+        "datasource": _datasource(datasource),
     }
     _show(_call("POST", "/v1/instances", body), as_json)
 

@@ -1,0 +1,326 @@
+"""Registry commands against a hub: ``aenv push|pull|list|get|deprecate|delete``, and
+``aenv config`` (the hub's URL and key for every command and for the SDK).
+
+The hub is ``AENV_SYSTEM_URL`` (``aenv config set url URL``) and the key ``AENV_API_KEY``
+(``aenv config set api-key KEY``); the variables win over the file. Every hub error comes back
+as its :mod:`aenv_ray.errors` class and leaves through ``aenv``'s one-line error rule.
+
+May import: typer, rich, ``aenv_ray``; inside commands: ``envhub.bundle``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from aenv_ray.cli._common import EXIT_USAGE, die
+from aenv_ray.errors import VersionConflictError
+
+__all__ = ["config_app", "hub_call", "register"]
+
+T = TypeVar("T")
+
+config_app = typer.Typer(
+    help="Show and set the hub's URL and API key (used by every command and the SDK).",
+    no_args_is_help=True,
+)
+
+JsonOption = Annotated[bool, typer.Option("--json", help="print JSON")]
+_KEYS = {"url": "system_url", "api-key": "api_key"}
+
+
+def hub_call(work: Callable[[Any], Awaitable[T]]) -> T:
+    """Run ``work(client)`` against the configured hub; exit 2 when none is configured."""
+    from aenv_ray.hub import HubClient
+    from aenv_ray.settings import get_settings
+
+    settings = get_settings()
+    if not settings.system_url:
+        die(
+            "no hub configured: set AENV_SYSTEM_URL or run `aenv config set url "
+            "http://HOST:PORT` (start one with `aenv serve`)",
+            EXIT_USAGE,
+        )
+
+    async def main() -> T:
+        async with HubClient(settings.system_url or "", api_key=settings.api_key) as client:
+            return await work(client)
+
+    return asyncio.run(main())
+
+
+def _ref(ref: str) -> tuple[str, str]:
+    name, _, version = ref.partition("@")
+    if not name:
+        raise typer.BadParameter(f"`{ref}` is not NAME or NAME@VERSION")
+    return name, version or "latest"
+
+
+def _when(seconds: float | None) -> str:
+    return datetime.fromtimestamp(seconds).strftime("%Y-%m-%d %H:%M") if seconds else "-"
+
+
+def push(
+    path: Annotated[
+        Path,
+        typer.Argument(
+            help="a project directory (built first) or a bundle written by `aenv build`",
+            metavar="PROJECT|BUNDLE",
+            exists=True,
+        ),
+    ] = Path("."),
+    as_json: JsonOption = False,
+) -> None:
+    """Publish a project (or a built bundle) to the hub as its name@version."""
+    if path.is_dir():
+        from envhub.bundle import build_bundle
+
+        bundle = build_bundle(path)
+        data, digest, ref = bundle.data, bundle.digest, bundle.config.ref
+    else:
+        from aenv_ray.hub import digest_of
+        from envhub.bundle import inspect_bundle
+
+        data = path.read_bytes()
+        info = inspect_bundle(data, max_size=max(len(data), 1))
+        digest, ref = digest_of(data), info.config.ref
+
+    async def work(client: Any) -> dict[str, Any]:
+        result: dict[str, Any] = await client.push(data, digest=digest)
+        return result
+
+    try:
+        record = hub_call(work)
+    except VersionConflictError as exc:
+        if getattr(exc, "existing_digest", None) == digest:
+            print(f"{ref} is already published with this bundle ({digest}); nothing to do")
+            return
+        raise
+    if as_json:
+        print(json.dumps(record, indent=2))
+        return
+    print(f"published {record['ref']}  {record['digest']}  {record['size']} bytes")
+
+
+def pull(
+    ref: Annotated[str, typer.Argument(metavar="NAME[@VERSION]")],
+    dest: Annotated[
+        Path | None, typer.Option(help="directory to unpack into (default: ./NAME-VERSION)")
+    ] = None,
+) -> None:
+    """Download a version's bundle (its digest checked) and unpack it as a project."""
+    from envhub.bundle import extract_bundle
+
+    name, version = _ref(ref)
+
+    async def work(client: Any) -> tuple[dict[str, Any], bytes]:
+        result: tuple[dict[str, Any], bytes] = await client.pull(name, version)
+        return result
+
+    record, data = hub_call(work)
+    target = dest or Path(f"{record['name']}-{record['version']}")
+    extract_bundle(data, target)
+    print(f"pulled {record['ref']} ({record['digest']}) into {target}")
+
+
+def list_envs(
+    search: Annotated[str, typer.Option("--search", "-s", help="in names and descriptions")] = "",
+    tag: Annotated[list[str] | None, typer.Option("--tag", "-t", help="repeatable")] = None,
+    all_: Annotated[bool, typer.Option("--all", "-a", help="include deprecated")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """List the hub's environments (one line per name, its latest version)."""
+
+    async def work(client: Any) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = await client.search(search, tags=tag, deprecated=all_)
+        return result
+
+    found = hub_call(work)
+    if as_json:
+        print(json.dumps(found, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None)
+    for column in ("NAME", "LATEST", "VERSIONS", "TAGS", "DESCRIPTION"):
+        table.add_column(column)
+    for env in found:
+        table.add_row(
+            env["name"],
+            env["latest"],
+            str(len(env["versions"])),
+            ",".join(env["tags"]),
+            env["description"][:60],
+        )
+    Console().print(table)
+
+
+def get(
+    ref: Annotated[str, typer.Argument(metavar="NAME[@VERSION]")],
+    as_json: JsonOption = False,
+) -> None:
+    """Show a version (NAME@VERSION) or every version of a name (NAME)."""
+    name, version = ref.partition("@")[0], ref.partition("@")[2]
+
+    async def work(client: Any) -> Any:
+        if version:
+            return await client.get_version(name, version)
+        return await client.versions(name)
+
+    result = hub_call(work)
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    for record in [result] if version else result:
+        state = " (deprecated: " + (record["deprecation"] or "no reason given") + ")"
+        print(
+            f"{record['ref']}{state if record['deprecated'] else ''}\n"
+            f"  digest     {record['digest']}  ({record['size']} bytes)\n"
+            f"  published  {_when(record['published_at'])} by {record['publisher']}\n"
+            f"  tags       {', '.join(record['tags']) or '-'}\n"
+            f"  about      {record['description'] or '-'}"
+        )
+
+
+def deprecate(
+    ref: Annotated[str, typer.Argument(metavar="NAME@VERSION")],
+    message: Annotated[str, typer.Option(help="why, and what to use instead")] = "",
+    undo: Annotated[bool, typer.Option("--undo", help="undeprecate")] = False,
+) -> None:
+    """Deprecate a version: still usable by NAME@VERSION, skipped by NAME alone and listings."""
+    name, version = _ref(ref)
+
+    async def work(client: Any) -> dict[str, Any]:
+        result: dict[str, Any] = await client.deprecate(
+            name, version, message=message, deprecated=not undo
+        )
+        return result
+
+    record = hub_call(work)
+    print(f"{record['ref']} is {'deprecated' if record['deprecated'] else 'current again'}")
+
+
+def delete(
+    ref: Annotated[str, typer.Argument(metavar="NAME@VERSION")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] = False,
+) -> None:
+    """Delete a version from the registry; its number can never be published again."""
+    name, version = _ref(ref)
+    if version == "latest":
+        raise typer.BadParameter("name the version to delete: NAME@VERSION")
+    if not yes:
+        typer.confirm(f"delete {name}@{version} for good?", abort=True)
+
+    async def work(client: Any) -> dict[str, Any]:
+        result: dict[str, Any] = await client.delete_version(name, version)
+        return result
+
+    record = hub_call(work)
+    print(f"deleted {record['ref']}")
+
+
+# -- aenv config ---------------------------------------------------------------------------------
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        die(f"{path} is not valid JSON ({exc}); fix or delete it", EXIT_USAGE)
+    return data if isinstance(data, dict) else {}
+
+
+def _write_config(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds a key
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        json.dump(data, out, indent=2)
+    tmp.replace(path)
+
+
+def _key_name(key: str) -> str:
+    if key not in _KEYS:
+        raise typer.BadParameter(f"`{key}`: use one of {', '.join(_KEYS)}", param_hint="KEY")
+    return _KEYS[key]
+
+
+@config_app.command("show")
+def config_show(as_json: JsonOption = False) -> None:
+    """Show the hub URL and key in use, and where each comes from (the key masked)."""
+    from aenv_ray.settings import config_file, get_settings
+
+    path = config_file()
+    stored = _read_config(path)
+    settings = get_settings()
+    rows = {}
+    for key, field in _KEYS.items():
+        value = getattr(settings, field)
+        variable = f"AENV_{field.upper()}"
+        source = variable if os.environ.get(variable) else ("file" if field in stored else "unset")
+        shown = value
+        if field == "api_key" and value:
+            shown = value[:17] + "…" if len(value) > 17 else "***"
+        rows[key] = {"value": shown, "source": source}
+    if as_json:
+        print(json.dumps({"file": str(path), **rows}, indent=2))
+        return
+    for key, row in rows.items():
+        print(f"{key:8} {row['value'] or '-'}  ({row['source']})")
+    print(f"file     {path}")
+
+
+@config_app.command("set")
+def config_set(
+    key: Annotated[str, typer.Argument(metavar="KEY", help="url or api-key")],
+    value: Annotated[str, typer.Argument(metavar="VALUE")],
+) -> None:
+    """Set the hub URL (``url``) or API key (``api-key``) in the settings file."""
+    from aenv_ray.settings import config_file
+
+    field = _key_name(key)
+    if field == "system_url" and "://" not in value:
+        raise typer.BadParameter(f"`{value}` is not a URL; write e.g. http://127.0.0.1:8000")
+    path = config_file()
+    data = _read_config(path)
+    data[field] = value.rstrip("/") if field == "system_url" else value
+    _write_config(path, data)
+    print(f"{key} set in {path}")
+    variable = f"AENV_{field.upper()}"
+    if os.environ.get(variable):
+        print(f"note: {variable} is set in this shell and wins over the file", file=sys.stderr)
+
+
+@config_app.command("unset")
+def config_unset(key: Annotated[str, typer.Argument(metavar="KEY", help="url or api-key")]) -> None:
+    """Remove the hub URL or API key from the settings file."""
+    from aenv_ray.settings import config_file
+
+    field = _key_name(key)
+    path = config_file()
+    data = _read_config(path)
+    data.pop(field, None)
+    _write_config(path, data)
+    print(f"{key} unset in {path}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the registry commands and the ``config`` group to ``app``."""
+    app.command("push")(push)
+    app.command("pull")(pull)
+    app.command("list")(list_envs)
+    app.command("get")(get)
+    app.command("deprecate")(deprecate)
+    app.command("delete")(delete)
+    app.add_typer(config_app, name="config")

@@ -1,0 +1,236 @@
+"""``aenv serve`` (the hub) and ``aenv keys create|list|revoke`` (its API keys).
+
+Keys are managed on the hub's machine, straight in its store (``--store``, the same URL the
+hub uses): whoever can write the store is the hub's administrator. The hub's code (FastAPI,
+uvicorn, the stores) is imported inside the commands only.
+
+May import: typer, ``aenv_ray``; inside commands: ``envhub``, ``sandbox_runtime.local``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+__all__ = ["keys_app", "register"]
+
+keys_app = typer.Typer(
+    help="Create, list and revoke the hub's API keys (run on the hub's machine).",
+    no_args_is_help=True,
+)
+
+StoreOption = Annotated[
+    str | None,
+    typer.Option(
+        "--store",
+        help="sqlite:///path/hub.db or redis://host:6379/0 (default: the user data dir's hub.db)",
+        envvar="AENV_HUB_STORE",
+    ),
+]
+
+
+def _size(text: str) -> int:
+    match = re.fullmatch(r"(\d+)\s*([kKmMgG]?)[bB]?", text.strip())
+    if not match:
+        raise typer.BadParameter(
+            f"`{text}` is not a size; write e.g. 64M", param_hint="--max-bundle"
+        )
+    return int(match.group(1)) * 1024 ** " KMG".index((match.group(2) or " ").upper())
+
+
+def _data_dir(given: Path | None) -> Path:
+    if given is not None:
+        return given.resolve()
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("aenv-ray")) / "hub"
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port (0: a free one)")] = 8000,
+    store: StoreOption = None,
+    auth: Annotated[
+        bool, typer.Option("--auth/--no-auth", help="require API keys (--no-auth: loopback only)")
+    ] = True,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(help="unpacked bundles, service storage, the engine's state"),
+    ] = None,
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="local: the local engine in its own daemon (instances outlive a hub restart); "
+            "inprocess: in this process (instances end with it)"
+        ),
+    ] = "local",
+    max_bundle: Annotated[str, typer.Option(help="largest bundle accepted, e.g. 64M")] = "64M",
+    datasource_root: Annotated[
+        Path | None, typer.Option(help="instances may mount directories under this as /data")
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning, error")] = "info",
+) -> None:
+    """Serve EnvHub: the registry and the control plane, with its OpenAPI document at /docs."""
+    from aenv_ray.logs import configure_logging
+    from envhub.app import HubOptions
+    from envhub.server import check_exposure
+    from envhub.server import serve as run_hub
+    from envhub.store import default_store_url
+
+    check_exposure(host, auth)
+    configure_logging(log_level.upper())
+    root = _data_dir(data_dir)
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if engine == "local":
+        from sandbox_runtime.local.client import DaemonEngine
+
+        sandbox: Any = DaemonEngine(root / "engine")
+    elif engine == "inprocess":
+        from sandbox_runtime.local import LocalEngine
+
+        sandbox = LocalEngine()
+    else:
+        raise typer.BadParameter(f"`{engine}`: use local or inprocess", param_hint="--engine")
+    options = HubOptions(
+        auth=auth,
+        data_dir=root,
+        max_bundle=_size(max_bundle),
+        datasource_root=datasource_root.resolve() if datasource_root else None,
+    )
+    store_url = store or default_store_url()
+
+    def ready(url: str) -> None:
+        mode = "on" if auth else "off (loopback only)"
+        print(
+            f"EnvHub on {url} (store {_safe(store_url)}, engine {engine}, auth {mode}); "
+            f"API documented at {url}/docs",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    async def main() -> None:
+        if auth:
+            await _warn_without_keys(store_url)
+        try:
+            await run_hub(
+                host=host,
+                port=port,
+                store_url=store_url,
+                engine=sandbox,
+                options=options,
+                on_ready=ready,
+                log_level="warning" if log_level.lower() == "info" else log_level.lower(),
+            )
+        finally:
+            await sandbox.aclose()  # the daemon engine's instances live on; in-process ones end
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
+
+
+def _safe(url: str) -> str:
+    return re.sub(r"//[^@/]*@", "//***@", url)
+
+
+async def _warn_without_keys(store_url: str) -> None:
+    from envhub.keys import list_keys
+    from envhub.store import open_store
+
+    store = await open_store(store_url)
+    try:
+        if not any(k.active for k in await list_keys(store)):
+            print(
+                "envhub: no API key exists yet, so every request will get 401; create one with "
+                f"`aenv keys create --tenant NAME --store {_safe(store_url)}`",
+                file=sys.stderr,
+            )
+    finally:
+        await store.aclose()
+
+
+async def _with_store(store_url: str | None, work: Any) -> Any:
+    from envhub.store import open_store
+
+    store = await open_store(store_url)
+    try:
+        return await work(store)
+    finally:
+        await store.aclose()
+
+
+@keys_app.command("create")
+def keys_create(
+    tenant: Annotated[str, typer.Option(help="who owns what the key creates")],
+    name: Annotated[str, typer.Option(help="a note: whose key, what for")] = "",
+    store: StoreOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """Create an API key; the key is printed once, only its hash is stored."""
+    from envhub.keys import create_key
+
+    async def work(s: Any) -> Any:
+        return await create_key(s, tenant=tenant, name=name)
+
+    record, secret = asyncio.run(_with_store(store, work))
+    if as_json:
+        print(json.dumps({**record.public(), "key": secret}, indent=2))
+        return
+    print(secret)
+    print(
+        f"key {record.id} for tenant {record.tenant}: shown once; use it as AENV_API_KEY or "
+        "`aenv config set api-key KEY`",
+        file=sys.stderr,
+    )
+
+
+@keys_app.command("list")
+def keys_list(
+    store: StoreOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """List the keys (never their secrets)."""
+    from envhub.keys import list_keys
+
+    keys = asyncio.run(_with_store(store, list_keys))
+    if as_json:
+        print(json.dumps([k.public() for k in keys], indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None)
+    for column in ("ID", "TENANT", "NAME", "CREATED", "STATE"):
+        table.add_column(column)
+    for key in keys:
+        created = datetime.fromtimestamp(key.created_at).strftime("%Y-%m-%d %H:%M")
+        table.add_row(key.id, key.tenant, key.name, created, "active" if key.active else "revoked")
+    Console().print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key_id: Annotated[str, typer.Argument(metavar="ID", help="the key's id (`aenv keys list`)")],
+    store: StoreOption = None,
+) -> None:
+    """Revoke a key: requests with it get 401 from now on, on every hub sharing the store."""
+    from envhub.keys import revoke_key
+
+    async def work(s: Any) -> Any:
+        return await revoke_key(s, key_id)
+
+    key = asyncio.run(_with_store(store, work))
+    print(f"revoked key {key.id} (tenant {key.tenant})")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``serve`` and the ``keys`` group to ``app``."""
+    app.command("serve")(serve)
+    app.add_typer(keys_app, name="keys")

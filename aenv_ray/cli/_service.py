@@ -1,0 +1,146 @@
+"""``aenv service create|list|get|update|delete``: long-running services on a hub.
+
+A service keeps REPLICAS instances of a definition running, without TTL, optionally with
+persistent storage at ``/storage``; it needs a hub (``AENV_SYSTEM_URL``).
+
+May import: typer, rich, ``aenv_ray``.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Annotated, Any
+
+import typer
+
+from aenv_ray.cli._hub import hub_call
+from aenv_ray.cli._instance import pairs
+
+__all__ = ["app"]
+
+app = typer.Typer(
+    help="Create, scale, inspect and delete long-running services on the hub.",
+    no_args_is_help=True,
+)
+
+JsonOption = Annotated[bool, typer.Option("--json", help="print JSON")]
+EnvVars = Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE, repeatable")]
+
+
+def _show(service: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(service, indent=2))
+        return
+    print(f"id        {service['id']}")
+    print(f"name      {service['name']}")
+    print(f"env       {service['env_ref']}")
+    print(f"replicas  {service['ready']}/{service['replicas']} ready")
+    print(f"storage   {service.get('storage') or '-'}")
+    print(f"address   {service.get('address') or '-'}")
+    for endpoint in service.get("endpoints", []):
+        print(f"endpoint  {endpoint}")
+
+
+@app.command()
+def create(
+    env: Annotated[str, typer.Argument(metavar="NAME[@VERSION]")],
+    replicas: Annotated[int, typer.Option(min=0, max=64, help="instances kept running")] = 1,
+    name: Annotated[str | None, typer.Option(help="a display name (default: the env's)")] = None,
+    storage: Annotated[
+        bool, typer.Option("--storage/--no-storage", help="persistent storage at /storage")
+    ] = False,
+    env_var: EnvVars = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Create a service; answers once its replicas serve."""
+    variables = pairs(env_var or [], "--env")
+
+    async def work(client: Any) -> dict[str, Any]:
+        result: dict[str, Any] = await client.create_service(
+            env, name=name, replicas=replicas, storage=storage, environment_variables=variables
+        )
+        return result
+
+    _show(hub_call(work), as_json)
+
+
+@app.command("list")
+def list_services(as_json: JsonOption = False) -> None:
+    """List your services."""
+
+    async def work(client: Any) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = await client.list_services()
+        return result
+
+    services = hub_call(work)
+    if as_json:
+        print(json.dumps(services, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None)
+    for column in ("ID", "NAME", "ENV", "READY", "STORAGE", "CREATED"):
+        table.add_column(column)
+    for svc in services:
+        created = datetime.fromtimestamp(svc["created_at"]).strftime("%Y-%m-%d %H:%M")
+        table.add_row(
+            svc["id"],
+            svc["name"],
+            svc["env_ref"],
+            f"{svc['ready']}/{svc['replicas']}",
+            "yes" if svc.get("storage") else "-",
+            created,
+        )
+    Console().print(table)
+
+
+@app.command()
+def get(
+    service_id: Annotated[str, typer.Argument(metavar="ID")], as_json: JsonOption = False
+) -> None:
+    """Show a service and its replicas."""
+
+    async def work(client: Any) -> dict[str, Any]:
+        result: dict[str, Any] = await client.get_service(service_id)
+        return result
+
+    _show(hub_call(work), as_json)
+
+
+@app.command()
+def update(
+    service_id: Annotated[str, typer.Argument(metavar="ID")],
+    replicas: Annotated[int | None, typer.Option(min=0, max=64, help="scale to")] = None,
+    env: Annotated[str | None, typer.Option(help="move to NAME@VERSION")] = None,
+    env_var: EnvVars = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Scale a service, or move it to another version or variables (replaced new-first)."""
+    variables = pairs(env_var, "--env") if env_var is not None else None
+
+    async def work(client: Any) -> dict[str, Any]:
+        result: dict[str, Any] = await client.update_service(
+            service_id, replicas=replicas, env=env, environment_variables=variables
+        )
+        return result
+
+    _show(hub_call(work), as_json)
+
+
+@app.command()
+def delete(
+    service_id: Annotated[str, typer.Argument(metavar="ID")],
+    keep_storage: Annotated[
+        bool, typer.Option("--keep-storage", help="leave its storage directory on the hub")
+    ] = False,
+) -> None:
+    """Delete a service and its replicas (and its storage unless --keep-storage)."""
+
+    async def work(client: Any) -> dict[str, Any]:
+        result: dict[str, Any] = await client.delete_service(service_id, keep_storage=keep_storage)
+        return result
+
+    hub_call(work)
+    print(f"deleted service {service_id}")

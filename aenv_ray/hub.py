@@ -1,0 +1,428 @@
+"""The client of an EnvHub server (``aenv serve``): registry, instances, services.
+
+:class:`HubClient` speaks the hub's HTTP API and turns each error back into the
+:mod:`aenv_ray.errors` class the server raised; :class:`RemoteEngine` is a
+:class:`~aenv_ray.engine.SandboxEngine` over it, which is how ``Environment("name@ver")`` runs
+in remote mode (``AENV_SYSTEM_URL`` or ``aenv_url=``).
+
+    async with HubClient("http://hub:8000", api_key="aenv_...") as hub:
+        print(await hub.search(tags=["terminal"]))
+        info = await hub.create_instance("mini-terminal@1.0.0", ttl="10m")
+        await hub.delete_instance(info["id"])
+
+Nothing is pooled across event loops: a client belongs to the loop that first uses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlparse
+
+import aiohttp
+import orjson
+
+from aenv_ray import errors
+from aenv_ray.engine import InstanceInfo, InstanceSpec, info_from_json
+from aenv_ray.errors import (
+    AEnvError,
+    ArtifactError,
+    ConfigurationError,
+    HubUnreachableError,
+    ProtocolError,
+)
+
+__all__ = ["DIGEST_HEADER", "HubClient", "RemoteEngine", "digest_of", "reachable"]
+
+DIGEST_HEADER = "X-Aenv-Digest"
+
+
+def digest_of(data: bytes) -> str:
+    """``"sha256:<hex>"`` of ``data``: how bundles are addressed."""
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _error_class(name: str, status: int) -> type[AEnvError]:
+    cls = getattr(errors, name, None)
+    if isinstance(cls, type) and issubclass(cls, AEnvError):
+        return cls
+    return ConfigurationError if status == 400 else AEnvError
+
+
+class HubClient:
+    """An async client of one hub. Use as ``async with`` or call :meth:`aclose`.
+
+    Args:
+        url: the hub's base URL, e.g. ``http://127.0.0.1:8000``.
+        api_key: sent as ``Authorization: Bearer KEY`` (omit for a ``--no-auth`` hub).
+        timeout: seconds for one request (creating an instance waits for it to start).
+    """
+
+    def __init__(self, url: str, *, api_key: str | None = None, timeout: float = 300.0) -> None:
+        if not url or "://" not in url:
+            raise ConfigurationError(
+                f"hub URL `{url}` is not a URL; write e.g. http://127.0.0.1:8000 "
+                "(AENV_SYSTEM_URL, `aenv config set url`)"
+            )
+        self.url = url.rstrip("/")
+        self.api_key = api_key
+        self.timeout = timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> HubClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connections. Idempotent."""
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The headers every request carries (the key, when there is one)."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                headers=self.headers,
+                timeout=aiohttp.ClientTimeout(total=self.timeout, sock_connect=10),
+            )
+        return self._session
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        data: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        params: Mapping[str, Any] | None = None,
+        raw: bool = False,
+    ) -> Any:
+        """One request; the parsed JSON answer (``raw``: ``(bytes, headers)``), or the error
+        the hub raised, re-raised as its :mod:`aenv_ray.errors` class."""
+        session = self._get_session()
+        url = self.url + path
+        body = orjson.dumps(json) if json is not None else data
+        send_headers = dict(headers or {})
+        if json is not None:
+            send_headers["Content-Type"] = "application/json"
+        try:
+            async with session.request(
+                method, url, data=body, headers=send_headers, params=_params(params)
+            ) as reply:
+                payload = await reply.read()
+                if reply.status < 400:
+                    if raw:
+                        return payload, dict(reply.headers)
+                    return orjson.loads(payload) if payload else None
+                raise self._error(reply.status, payload, method, path)
+        except aiohttp.ClientConnectionError as exc:
+            raise HubUnreachableError(
+                f"nothing answers at {self.url} ({type(exc).__name__}: {exc}); start the hub "
+                "with `aenv serve`, or fix AENV_SYSTEM_URL / `aenv config set url URL`"
+            ) from exc
+        except TimeoutError as exc:
+            raise HubUnreachableError(
+                f"{self.url} did not answer {method} {path} within {self.timeout:g} s"
+            ) from exc
+
+    def _error(self, status: int, payload: bytes, method: str, path: str) -> AEnvError:
+        try:
+            detail = orjson.loads(payload)["error"]
+            name, message = str(detail["type"]), str(detail["message"])
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return ProtocolError(
+                f"{method} {self.url}{path} answered HTTP {status} with {payload[:120]!r}; "
+                "is this an EnvHub (`aenv serve`)?"
+            )
+        error = _error_class(name, status)(message)
+        if "existing_digest" in detail:
+            error.existing_digest = detail["existing_digest"]  # type: ignore[attr-defined]
+        return error
+
+    # -- meta ------------------------------------------------------------------------------------
+    async def health(self) -> dict[str, Any]:
+        """The hub's liveness answer (no key needed)."""
+        result: dict[str, Any] = await self.request("GET", "/v1/health")
+        return result
+
+    async def whoami(self) -> dict[str, Any]:
+        """``{"tenant", "key_id"}`` of this client's key."""
+        result: dict[str, Any] = await self.request("GET", "/v1/whoami")
+        return result
+
+    # -- registry --------------------------------------------------------------------------------
+    async def push(self, data: bytes, *, digest: str | None = None) -> dict[str, Any]:
+        """Publish a bundle; the version's record. The digest travels along and is checked."""
+        digest = digest or digest_of(data)
+        result: dict[str, Any] = await self.request(
+            "POST",
+            "/v1/envs",
+            data=data,
+            headers={"Content-Type": "application/gzip", DIGEST_HEADER: digest},
+        )
+        return result
+
+    async def search(
+        self, query: str = "", *, tags: list[str] | None = None, deprecated: bool = False
+    ) -> list[dict[str, Any]]:
+        """One summary per name matching ``query`` and every tag."""
+        params = {"q": query, "tag": tags or [], "deprecated": deprecated}
+        result = await self.request("GET", "/v1/envs", params=params)
+        return list(result["environments"])
+
+    async def versions(self, name: str) -> list[dict[str, Any]]:
+        """Every version of ``name``, oldest first."""
+        return list((await self.request("GET", f"/v1/envs/{name}"))["versions"])
+
+    async def get_version(self, name: str, version: str = "latest") -> dict[str, Any]:
+        """One version's record."""
+        result: dict[str, Any] = await self.request("GET", f"/v1/envs/{name}/{version}")
+        return result
+
+    async def pull(self, name: str, version: str = "latest") -> tuple[dict[str, Any], bytes]:
+        """A version's record and its bundle, whose digest is checked."""
+        record = await self.get_version(name, version)
+        data, _ = await self.request("GET", f"/v1/envs/{name}/{record['version']}/bundle", raw=True)
+        if digest_of(data) != record["digest"]:
+            raise ArtifactError(
+                f"the bundle of `{record['ref']}` arrived corrupted (digest {digest_of(data)}, "
+                f"expected {record['digest']}); pull again"
+            )
+        return record, data
+
+    async def tags(self) -> dict[str, int]:
+        """Every tag and how many names carry it."""
+        return dict((await self.request("GET", "/v1/tags"))["tags"])
+
+    async def deprecate(
+        self, name: str, version: str, *, message: str = "", deprecated: bool = True
+    ) -> dict[str, Any]:
+        """Deprecate a version (``deprecated=False``: undo)."""
+        body = {"deprecated": deprecated, "message": message}
+        result: dict[str, Any] = await self.request(
+            "PATCH", f"/v1/envs/{name}/{version}", json=body
+        )
+        return result
+
+    async def delete_version(self, name: str, version: str) -> dict[str, Any]:
+        """Delete a version (its number is never reused)."""
+        result: dict[str, Any] = await self.request("DELETE", f"/v1/envs/{name}/{version}")
+        return result
+
+    # -- instances -------------------------------------------------------------------------------
+    async def create_instance(
+        self,
+        env: str,
+        *,
+        ttl: str | float | None = None,
+        environment_variables: Mapping[str, str] | None = None,
+        arguments: list[str] | None = None,
+        datasource: str | None = None,
+        owner: str | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """Start an instance; its record once it serves calls."""
+        body = {
+            "env": env,
+            "ttl": ttl,
+            "environment_variables": dict(environment_variables or {}),
+            "arguments": list(arguments or []),
+            "datasource": datasource,
+            "owner": owner,
+            "labels": dict(labels or {}),
+        }
+        result: dict[str, Any] = await self.request("POST", "/v1/instances", json=body)
+        return result
+
+    async def list_instances(
+        self, *, env: str | None = None, include_terminated: bool = False
+    ) -> list[dict[str, Any]]:
+        """This key's instances, newest first."""
+        params = {"env": env, "all": include_terminated}
+        return list((await self.request("GET", "/v1/instances", params=params))["instances"])
+
+    async def get_instance(self, instance_id: str) -> dict[str, Any]:
+        """One instance."""
+        result: dict[str, Any] = await self.request("GET", f"/v1/instances/{instance_id}")
+        return result
+
+    async def delete_instance(self, instance_id: str) -> dict[str, Any]:
+        """Terminate an instance."""
+        result: dict[str, Any] = await self.request("DELETE", f"/v1/instances/{instance_id}")
+        return result
+
+    async def renew_instance(self, instance_id: str, ttl: str | float) -> dict[str, Any]:
+        """Expire ``ttl`` from now."""
+        result: dict[str, Any] = await self.request(
+            "POST", f"/v1/instances/{instance_id}/renew", json={"ttl": ttl}
+        )
+        return result
+
+    async def fork_instance(self, instance_id: str, n: int) -> list[dict[str, Any]]:
+        """``n`` copies of a running instance."""
+        result = await self.request("POST", f"/v1/instances/{instance_id}/fork", json={"n": n})
+        return list(result["instances"])
+
+    # -- services --------------------------------------------------------------------------------
+    async def create_service(
+        self,
+        env: str,
+        *,
+        name: str | None = None,
+        replicas: int = 1,
+        storage: bool = False,
+        environment_variables: Mapping[str, str] | None = None,
+        arguments: list[str] | None = None,
+    ) -> dict[str, Any]:
+        """Start a service of ``replicas`` instances."""
+        body = {
+            "env": env,
+            "name": name,
+            "replicas": replicas,
+            "storage": storage,
+            "environment_variables": dict(environment_variables or {}),
+            "arguments": list(arguments or []),
+        }
+        result: dict[str, Any] = await self.request("POST", "/v1/services", json=body)
+        return result
+
+    async def list_services(self) -> list[dict[str, Any]]:
+        """This key's services."""
+        return list((await self.request("GET", "/v1/services"))["services"])
+
+    async def get_service(self, service_id: str) -> dict[str, Any]:
+        """One service and its replicas."""
+        result: dict[str, Any] = await self.request("GET", f"/v1/services/{service_id}")
+        return result
+
+    async def update_service(
+        self,
+        service_id: str,
+        *,
+        replicas: int | None = None,
+        env: str | None = None,
+        environment_variables: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """Scale a service or move it to another version or variables."""
+        body: dict[str, Any] = {}
+        if replicas is not None:
+            body["replicas"] = replicas
+        if env is not None:
+            body["env"] = env
+        if environment_variables is not None:
+            body["environment_variables"] = dict(environment_variables)
+        result: dict[str, Any] = await self.request(
+            "PATCH", f"/v1/services/{service_id}", json=body
+        )
+        return result
+
+    async def delete_service(
+        self, service_id: str, *, keep_storage: bool = False
+    ) -> dict[str, Any]:
+        """Stop a service (its storage too unless ``keep_storage``)."""
+        result: dict[str, Any] = await self.request(
+            "DELETE", f"/v1/services/{service_id}", params={"keep_storage": keep_storage}
+        )
+        return result
+
+
+def _params(params: Mapping[str, Any] | None) -> list[tuple[str, str]] | None:
+    if params is None:
+        return None
+    out = []
+    for key, value in params.items():
+        values = value if isinstance(value, list) else [value]
+        for item in values:
+            if item is None or item == "":
+                continue
+            out.append((key, str(item).lower() if isinstance(item, bool) else str(item)))
+    return out
+
+
+class RemoteEngine:
+    """A :class:`~aenv_ray.engine.SandboxEngine` whose instances a hub creates.
+
+    The definition is resolved by the hub (its registry, then its built-ins), so specs name
+    ``env_ref`` only; ``project`` and ``storage`` are the hub's business and are ignored.
+    """
+
+    name = "envhub"
+
+    def __init__(self, client: HubClient) -> None:
+        self.client = client
+        self.proxy_urls: dict[str, str] = {}  # instance id -> the hub's proxy for it
+
+    def _info(self, doc: Mapping[str, Any]) -> InstanceInfo:
+        if doc.get("proxy_url"):
+            self.proxy_urls[str(doc["id"])] = str(doc["proxy_url"])
+        return info_from_json(doc)
+
+    async def create(self, spec: InstanceSpec, *, timeout: float = 60.0) -> InstanceInfo:
+        """Ask the hub for an instance of ``spec.env_ref``."""
+        doc = await self.client.create_instance(
+            spec.env_ref,
+            ttl=spec.ttl,
+            environment_variables=spec.environment_variables,
+            arguments=list(spec.arguments),
+            datasource=spec.datasource,
+            owner=spec.owner,
+            labels=spec.labels,
+        )
+        return self._info(doc)
+
+    async def get(self, instance_id: str) -> InstanceInfo:
+        """The instance's state, as the hub knows it."""
+        return self._info(await self.client.get_instance(instance_id))
+
+    async def list(self, *, env_ref: str | None = None) -> list[InstanceInfo]:
+        """This key's live instances."""
+        return [self._info(d) for d in await self.client.list_instances(env=env_ref)]
+
+    async def delete(self, instance_id: str) -> InstanceInfo:
+        """Terminate the instance."""
+        return self._info(await self.client.delete_instance(instance_id))
+
+    async def renew(self, instance_id: str, ttl: float) -> InstanceInfo:
+        """Expire ``ttl`` seconds from now."""
+        return self._info(await self.client.renew_instance(instance_id, ttl))
+
+    async def fork(self, instance_id: str, n: int, *, timeout: float = 60.0) -> list[InstanceInfo]:
+        """``n`` copies, made by the hub's engine."""
+        return [self._info(d) for d in await self.client.fork_instance(instance_id, n)]
+
+    async def aclose(self) -> None:
+        """Close the client (instances live on at the hub until released or expired)."""
+        await self.client.aclose()
+
+
+async def reachable(url: str, *, timeout: float = 1.0) -> bool:
+    """True when a TCP connection to ``url``'s host and port opens within ``timeout``."""
+    parsed = urlparse(url)
+    if not parsed.hostname:
+        return False
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(parsed.hostname, port), timeout)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True

@@ -1,0 +1,302 @@
+"""The registry of environment definitions: publish, look up, search, deprecate, delete.
+
+A version is published once, from a bundle made by ``aenv build`` (see :mod:`envhub.bundle`),
+and never changes: its record holds the bundle's digest (in ``digest`` and in the config's
+``artifacts``), and publishing the same ``name@version`` again is a
+:class:`~aenv_ray.errors.VersionConflictError`, even after it was deleted (deletion leaves a
+tombstone; versions are never reused). A name belongs to the tenant that first published it.
+
+Publishing is crash-safe: the bundle is stored first (content-addressed, marked as an upload in
+progress), then the version record is created in one atomic step; a crash in between leaves an
+unreferenced blob, which :meth:`Registry.collect_garbage` removes, never a partial version.
+
+May import: the standard library, ``aenv_ray``, ``envhub`` (store, bundle).
+"""
+
+from __future__ import annotations
+
+import difflib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aenv_ray._resolve import _version_key
+from aenv_ray.errors import (
+    EnvironmentNotFoundError,
+    PermissionDeniedError,
+    VersionConflictError,
+)
+from envhub.keys import Caller
+from envhub.store import Document, Store
+
+__all__ = ["DEFAULT_MAX_BUNDLE", "Registry", "split_ref"]
+
+DEFAULT_MAX_BUNDLE = 64 * 1024 * 1024
+"""Bytes a bundle may have (``aenv serve --max-bundle``)."""
+
+VERSIONS = "versions"
+NAMES = "names"
+UPLOADS = "uploads"
+_STALE_UPLOAD = 3600.0  # an upload marker older than this belonged to a crashed push
+
+
+def split_ref(ref: str) -> tuple[str, str | None]:
+    """``"name@1.0"`` -> ``("name", "1.0")``; ``"name"`` -> ``("name", None)``."""
+    name, sep, version = ref.partition("@")
+    return name, (version or None) if sep else None
+
+
+@dataclass
+class Registry:
+    """The registry's operations over a :class:`~envhub.store.Store`."""
+
+    store: Store
+    max_bundle: int = DEFAULT_MAX_BUNDLE
+
+    # -- publishing ----------------------------------------------------------------------------
+    async def publish(
+        self, caller: Caller, data: bytes, *, expected_digest: str | None = None
+    ) -> Document:
+        """Check ``data`` (a bundle), then publish it as its config's ``name@version``.
+
+        Raises :class:`~aenv_ray.errors.ArtifactError` (corrupt), ``ArtifactTooLargeError``,
+        :class:`~aenv_ray.errors.PermissionDeniedError` (another tenant's name) and
+        :class:`~aenv_ray.errors.VersionConflictError` (already published, or deleted).
+        """
+        from envhub.bundle import inspect_bundle
+
+        info = inspect_bundle(data, max_size=self.max_bundle, expected_digest=expected_digest)
+        config = info.config
+        ref = config.ref
+        await self._claim_name(caller, config.name)
+        existing = await self.store.get(VERSIONS, ref)
+        if existing is not None:
+            raise self._conflict(existing, info.digest)
+        now = time.time()
+        await self.store.put(UPLOADS, info.digest, {"started_at": now, "ref": ref})
+        try:
+            await self.store.put_blob(info.digest, data)
+            artifacts = [a for a in config.artifacts if a.get("type") != "bundle"]
+            artifacts.append({"type": "bundle", "digest": info.digest, "size": info.size})
+            raw = config.model_dump(by_alias=True)
+            raw["artifacts"] = artifacts
+            record: Document = {
+                "name": config.name,
+                "version": config.version,
+                "ref": ref,
+                "digest": info.digest,
+                "size": info.size,
+                "files": list(info.files),
+                "description": config.description,
+                "tags": list(config.tags),
+                "config": raw,
+                "publisher": caller.tenant,
+                "published_at": now,
+                "deprecated": False,
+                "deprecation": "",
+                "deleted": False,
+            }
+            if not await self.store.create(VERSIONS, ref, record):
+                winner = await self.store.get(VERSIONS, ref) or {}
+                raise self._conflict(winner, info.digest)
+        finally:
+            await self.store.delete(UPLOADS, info.digest)
+        return record
+
+    async def _claim_name(self, caller: Caller, name: str) -> None:
+        if await self.store.create(NAMES, name, {"tenant": caller.tenant, "at": time.time()}):
+            return
+        owner = (await self.store.get(NAMES, name) or {}).get("tenant")
+        if owner != caller.tenant:
+            raise PermissionDeniedError(
+                f"environment `{name}` belongs to tenant `{owner}`; you are `{caller.tenant}`. "
+                "Publish under another name, or use a key of that tenant"
+            )
+
+    @staticmethod
+    def _conflict(existing: Document, digest: str) -> VersionConflictError:
+        ref = existing.get("ref", "?")
+        if existing.get("deleted"):
+            message = (
+                f"`{ref}` was published and deleted; versions are never reused. Bump "
+                "`version` in config.json and push again"
+            )
+        elif existing.get("digest") == digest:
+            message = f"`{ref}` is already published with this very bundle ({digest})"
+        else:
+            message = (
+                f"`{ref}` is already published (digest {existing.get('digest')}; yours is "
+                f"{digest}); published versions are immutable. Bump `version` in config.json "
+                "and push again"
+            )
+        error = VersionConflictError(message, env_name=ref)
+        error.existing_digest = existing.get("digest")  # type: ignore[attr-defined]
+        return error
+
+    # -- reading -------------------------------------------------------------------------------
+    async def versions(self, name: str, *, include_deleted: bool = False) -> list[Document]:
+        """Every version of ``name``, oldest first (by version order)."""
+        found = [
+            doc
+            for doc in (await self.store.list(VERSIONS)).values()
+            if doc["name"] == name and (include_deleted or not doc.get("deleted"))
+        ]
+        return sorted(found, key=lambda d: _version_key(d["version"]))
+
+    async def get(self, name: str, version: str | None = None) -> Document:
+        """One version (``None`` or ``"latest"``: the highest not deprecated, else the highest).
+
+        Raises :class:`~aenv_ray.errors.EnvironmentNotFoundError` naming what exists.
+        """
+        if version in (None, "latest"):
+            versions = await self.versions(name)
+            if not versions:
+                raise await self._not_found(name)
+            current = [v for v in versions if not v.get("deprecated")]
+            return (current or versions)[-1]
+        doc = await self.store.get(VERSIONS, f"{name}@{version}")
+        if doc is None or doc.get("deleted"):
+            raise await self._not_found(f"{name}@{version}", deleted=bool(doc))
+        return doc
+
+    async def _not_found(self, ref: str, *, deleted: bool = False) -> EnvironmentNotFoundError:
+        if deleted:
+            return EnvironmentNotFoundError(
+                f"`{ref}` was deleted from the registry; use another version "
+                f"(`aenv get {split_ref(ref)[0]}`)",
+                env_name=ref,
+            )
+        docs = [d for d in (await self.store.list(VERSIONS)).values() if not d.get("deleted")]
+        name = split_ref(ref)[0]
+        same = sorted((d["ref"] for d in docs if d["name"] == name), key=_ref_key)
+        if same:
+            hint = f"; published versions: {', '.join(same)}"
+        else:
+            close = difflib.get_close_matches(name, sorted({d["name"] for d in docs}), n=1)
+            hint = f"; did you mean `{close[0]}`?" if close else "; push it with `aenv push`"
+        return EnvironmentNotFoundError(f"no `{ref}` in the registry{hint}", env_name=ref)
+
+    async def search(
+        self,
+        query: str = "",
+        *,
+        tags: list[str] | None = None,
+        include_deprecated: bool = False,
+    ) -> list[dict[str, Any]]:
+        """One summary per name whose name or description contains ``query`` (case-blind) and
+        whose latest version has every tag in ``tags``; sorted by name."""
+        by_name: dict[str, list[Document]] = {}
+        for doc in (await self.store.list(VERSIONS)).values():
+            if not doc.get("deleted"):
+                by_name.setdefault(doc["name"], []).append(doc)
+        wanted = {t.lower() for t in tags or []}
+        needle = query.lower()
+        out = []
+        for name, docs in sorted(by_name.items()):
+            docs.sort(key=lambda d: _version_key(d["version"]))
+            current = [d for d in docs if not d.get("deprecated")]
+            if not current and not include_deprecated:
+                continue
+            latest = (current or docs)[-1]
+            if (
+                needle
+                and needle not in name.lower()
+                and needle not in latest["description"].lower()
+            ):
+                continue
+            if not wanted <= {t.lower() for t in latest["tags"]}:
+                continue
+            out.append(
+                {
+                    "name": name,
+                    "latest": latest["version"],
+                    "description": latest["description"],
+                    "tags": latest["tags"],
+                    "publisher": latest["publisher"],
+                    "versions": [
+                        d["version"] for d in docs if include_deprecated or not d["deprecated"]
+                    ],
+                }
+            )
+        return out
+
+    async def tags(self) -> dict[str, int]:
+        """How many names carry each tag (on their latest version)."""
+        counts: dict[str, int] = {}
+        for summary in await self.search():
+            for tag in summary["tags"]:
+                counts[tag] = counts.get(tag, 0) + 1
+        return dict(sorted(counts.items()))
+
+    async def bundle(self, name: str, version: str | None) -> tuple[Document, bytes]:
+        """A version's record and its bundle's bytes."""
+        doc = await self.get(name, version)
+        data = await self.store.get_blob(doc["digest"])
+        if data is None:
+            raise EnvironmentNotFoundError(
+                f"`{doc['ref']}`'s bundle {doc['digest']} is missing from the store; push the "
+                "version's bundle again under a new version",
+                env_name=doc["ref"],
+            )
+        return doc, data
+
+    # -- changing ------------------------------------------------------------------------------
+    async def deprecate(
+        self, caller: Caller, name: str, version: str, *, deprecated: bool, message: str = ""
+    ) -> Document:
+        """Mark a version deprecated (still pullable and creatable, skipped by ``name`` alone and
+        by listings) or not."""
+        doc = await self.get(name, version)
+        self._check_owner(caller, doc)
+        doc = {**doc, "deprecated": deprecated, "deprecation": message if deprecated else ""}
+        await self.store.put(VERSIONS, doc["ref"], doc)
+        return doc
+
+    async def delete(self, caller: Caller, name: str, version: str) -> Document:
+        """Delete a version: its record becomes a tombstone (the number is never reused) and its
+        bundle is removed unless another version has the same digest."""
+        doc = await self.get(name, version)
+        self._check_owner(caller, doc)
+        tombstone = {**doc, "deleted": True, "deleted_at": time.time()}
+        await self.store.put(VERSIONS, doc["ref"], tombstone)
+        others = [
+            d
+            for d in (await self.store.list(VERSIONS)).values()
+            if d["digest"] == doc["digest"] and not d.get("deleted")
+        ]
+        if not others:
+            await self.store.delete_blob(doc["digest"])
+        return tombstone
+
+    @staticmethod
+    def _check_owner(caller: Caller, doc: Document) -> None:
+        if doc["publisher"] != caller.tenant:
+            raise PermissionDeniedError(
+                f"`{doc['ref']}` was published by tenant `{doc['publisher']}`; only that tenant "
+                "may deprecate or delete it"
+            )
+
+    async def collect_garbage(self) -> list[str]:
+        """Remove blobs no version references (left by pushes that crashed); return their
+        digests. Uploads in progress (marked less than an hour ago) are kept."""
+        live = {
+            d["digest"] for d in (await self.store.list(VERSIONS)).values() if not d.get("deleted")
+        }
+        now = time.time()
+        uploads = await self.store.list(UPLOADS)
+        pending = set()
+        for digest, marker in uploads.items():
+            if now - float(marker.get("started_at", 0)) < _STALE_UPLOAD:
+                pending.add(digest)
+            else:
+                await self.store.delete(UPLOADS, digest)
+        removed = []
+        for digest in await self.store.list_blobs():
+            if digest not in live and digest not in pending:
+                await self.store.delete_blob(digest)
+                removed.append(digest)
+        return removed
+
+
+def _ref_key(ref: str) -> tuple[tuple[int, int | str], ...]:
+    return _version_key(split_ref(ref)[1] or "")

@@ -1,0 +1,97 @@
+"""Running a hub: open the store, build the app over an engine, serve it with uvicorn.
+
+``aenv serve`` calls :func:`serve`; tests call it in a subprocess (``python -m envhub``) or
+build the app with :func:`envhub.app.create_app` directly.
+
+May import: the standard library, ``aenv_ray``, ``envhub``, uvicorn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import socket
+from collections.abc import Callable
+
+import uvicorn
+
+from aenv_ray.engine import SandboxEngine
+from aenv_ray.errors import ConfigurationError
+from envhub.app import HubOptions, create_app
+from envhub.store import open_store
+
+__all__ = ["check_exposure", "is_loopback", "serve"]
+
+log = logging.getLogger("envhub.server")
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (``127.0.0.1``, ``::1``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(host: str, auth: bool) -> None:
+    """Refuse to serve without auth anywhere but loopback: anyone on the network could run code."""
+    if not auth and not is_loopback(host):
+        raise ConfigurationError(
+            f"--no-auth on {host} would let anyone who reaches it start instances and publish "
+            "code; serve on 127.0.0.1 or keep auth on (create keys with `aenv keys create`)"
+        )
+
+
+async def serve(
+    *,
+    host: str,
+    port: int,
+    store_url: str | None,
+    engine: SandboxEngine,
+    options: HubOptions,
+    on_ready: Callable[[str], None] | None = None,
+    log_level: str = "warning",
+) -> None:
+    """Serve the hub until SIGINT/SIGTERM. ``port=0`` picks a free one; ``on_ready`` gets the
+    URL once the socket listens and the control plane has synced with the engine."""
+    check_exposure(host, options.auth)
+    store = await open_store(store_url)
+    app = create_app(store, engine, options)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        await store.aclose()
+        raise ConfigurationError(
+            f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port"
+        ) from exc
+    bound = sock.getsockname()[1]
+    config = uvicorn.Config(
+        app, log_level=log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=5
+    )
+    server = uvicorn.Server(config)
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{bound}"
+
+    async def announce() -> None:
+        while not server.started:
+            if server.should_exit:
+                return
+            await asyncio.sleep(0.02)
+        if on_ready is not None:
+            on_ready(url)
+
+    watcher = asyncio.create_task(announce())
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        watcher.cancel()
+        sock.close()
+    if not server.started:
+        log.error("the hub did not start; see the log above")
