@@ -528,6 +528,9 @@ def test_find_image_builder_takes_the_first_of_docker_podman_buildah(
 FAKE_BUILDER = """\
 #!{python}
 import json, os, sys
+if sys.argv[1:] == ["info"]:  # aenv build asks whether the builder works here
+    print({info!r}, file=sys.stderr)
+    sys.exit({info_code})
 context = sys.argv[-1]
 record = {{"argv": sys.argv[1:], "context": sorted(os.listdir(context))}}
 with open({record!r}, "w") as out:
@@ -538,9 +541,37 @@ sys.exit({code})
 """
 
 
-def fake_builder(bin_dir: Path, record: Path, *, code: int = 0, last: str = "done") -> Path:
-    text = FAKE_BUILDER.format(python=sys.executable, record=str(record), code=code, last=last)
+def fake_builder(
+    bin_dir: Path,
+    record: Path,
+    *,
+    code: int = 0,
+    last: str = "done",
+    info: str = "",
+    info_code: int = 0,
+) -> Path:
+    text = FAKE_BUILDER.format(
+        python=sys.executable,
+        record=str(record),
+        code=code,
+        last=last,
+        info=info,
+        info_code=info_code,
+    )
     return executable(bin_dir / "docker", text)
+
+
+def test_build_says_when_the_builder_cannot_build_here(project: Path, tmp_path: Path) -> None:
+    # docker on PATH without a daemon (this machine): the bundle and Dockerfile, and one line
+    record = tmp_path / "argv.json"
+    daemonless = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock"
+    fake_builder(tmp_path / "bin", record, info=daemonless, info_code=1)
+    result = aenv("build", str(project), PATH=f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    assert result.returncode == 0, result.stderr
+    assert "docker is on PATH but cannot build images here" in result.stdout
+    assert daemonless in result.stdout
+    assert (project / "dist" / "Dockerfile").is_file()
+    assert not record.exists()  # no build was attempted
 
 
 def test_build_writes_the_outputs_and_says_when_no_builder_exists(

@@ -210,7 +210,32 @@ def build(
             "bundle with `aenv push`"
         )
         return
+    problem = _unusable(builder)
+    if problem is not None:
+        say(
+            f"{Path(builder).name} is on PATH but cannot build images here ({problem}): wrote "
+            f"{_shown(paths['Dockerfile'])}; build the image where a builder works, or push the "
+            "bundle with `aenv push`"
+        )
+        return
     _build_image(bundle, builder, tag or default_tag(bundle.config), timeout, say)
+
+
+def _unusable(builder: str) -> str | None:
+    """Why ``builder`` cannot build here (docker/podman without a daemon), or None."""
+    if Path(builder).name == "buildah":  # daemonless
+        return None
+    try:
+        done = subprocess.run(
+            [builder, "info"], capture_output=True, text=True, errors="replace", timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    if done.returncode == 0:
+        return None
+    said = done.stderr if done.stderr.strip() else done.stdout
+    lines = [line.strip() for line in said.splitlines() if line.strip()]
+    return lines[-1] if lines else f"`{Path(builder).name} info` exited {done.returncode}"
 
 
 def register(app: typer.Typer) -> None:
