@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -16,6 +18,11 @@ from aenv_ray.testing import RuntimeProcess
 from tests._redis import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# The suite never reads the developer's `aenv config` file or a hub from their shell.
+os.environ["AENV_CONFIG_FILE"] = str(Path(tempfile.gettempdir()) / "aenv-tests-no-config.json")
+for _variable in ("AENV_SYSTEM_URL", "AENV_API_KEY", "AENV_HUB_ROUTE"):
+    os.environ.pop(_variable, None)
 PROBE = Path(__file__).resolve().parent / "envs" / "probe"
 MINI_TERMINAL = ROOT / "builtin_envs" / "mini_terminal"
 

@@ -1,0 +1,132 @@
+"""A real EnvHub (``aenv serve``) in a child process on loopback, for the hub's tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["HubProcess", "free_port"]
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class HubProcess:
+    """``aenv serve`` on a fixed free port (kept across :meth:`restart`), its own data dir.
+
+    ``engine="local"`` runs instances in a local engine daemon under ``data_dir/engine`` that
+    outlives the hub (what a restart test needs); :meth:`close` stops that daemon too.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        store: str | None = None,
+        auth: bool = True,
+        engine: str = "inprocess",
+        extra: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.data_dir = data_dir
+        self.store = store or f"sqlite:///{data_dir}/hub.db"
+        self.auth = auth
+        self.engine = engine
+        self.extra = list(extra or [])
+        self.env = {**os.environ, **(env or {})}
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = data_dir / "hub.log"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "aenv_ray.cli",
+            "serve",
+            "--port",
+            str(self.port),
+            "--store",
+            self.store,
+            "--data-dir",
+            str(self.data_dir),
+            "--engine",
+            self.engine,
+            "--auth" if self.auth else "--no-auth",
+            *self.extra,
+        ]
+
+    def start(self, timeout: float = 60.0) -> HubProcess:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with self.log.open("wb") as log:  # a fresh log: "EnvHub on" means this start
+            self.proc = subprocess.Popen(
+                self.command(), stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=self.env
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the hub exited with {self.proc.returncode}: {self.tail()}")
+            if f"EnvHub on {self.url}" in self.log.read_text(errors="replace"):
+                return self
+            time.sleep(0.05)
+        raise RuntimeError(f"the hub did not start within {timeout} s: {self.tail()}")
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, no cleanup."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+        self.proc = None
+
+    def stop(self) -> None:
+        """SIGTERM and wait: a clean stop."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        self.proc = None
+
+    def restart(self) -> HubProcess:
+        self.stop()
+        return self.start()
+
+    def close(self) -> None:
+        self.stop()
+        if self.engine == "local":  # the daemon outlives the hub: stop it and its instances
+            from sandbox_runtime.local.client import DaemonEngine
+
+            engine = DaemonEngine(self.data_dir / "engine")
+            # close() may run inside a test's event loop: shut down on a loop of its own
+            worker = threading.Thread(target=asyncio.run, args=(engine.shutdown(),))
+            worker.start()
+            worker.join()
+
+    def __enter__(self) -> HubProcess:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
