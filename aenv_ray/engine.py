@@ -64,7 +64,9 @@ class InstanceSpec:
 
     ``env_ref`` names the definition (``name@version``); ``project`` is its directory when the
     caller has already resolved it (the local engine needs one of the two). ``ttl`` is seconds
-    (``None``: ``deployConfig.ttl``, else :data:`DEFAULT_TTL`).
+    (``None``: ``deployConfig.ttl``, else :data:`DEFAULT_TTL`). ``storage`` is persistent storage
+    the engine mounts read-write at ``/storage``: a host directory for the local engine, a
+    PersistentVolumeClaim name for Kubernetes.
     """
 
     env_ref: str
@@ -75,6 +77,7 @@ class InstanceSpec:
     datasource: str | None = None
     owner: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
+    storage: str | None = None
 
 
 @dataclass(frozen=True)

@@ -13,13 +13,14 @@ Up to four steps, in three processes (see ``zygote.py`` for who runs which):
    tmpfs holding read-only binds of what the runtime needs (``/usr``, ``/etc``, the Python
    installation, the virtual environment, the environment project, the packages' sources), a
    ``/proc`` of the zygote's own pid namespace (its children's pids are read there), empty
-   ``/tmp``, ``/workspace`` and ``/data``, and ``/dev`` (null, zero, random, urandom). The host's
-   root stays reachable at ``/.host`` for the next step only.
+   ``/tmp``, ``/workspace``, ``/data`` and ``/storage``, and ``/dev`` (null, zero, random,
+   urandom). The host's root stays reachable at ``/.host`` for the next step only.
 2. :func:`enter_instance_namespaces` (the instance's pid 1 or runtime, forked by the zygote into a
    new pid namespace, still the zygote's root): new mount, network, ipc and uts namespaces; a
    size-limited tmpfs on ``/tmp`` and ``/workspace``, owned by the instance's root; the
-   datasource bound read-only on ``/data``; ``/.host`` detached; loopback up (unless the network
-   is allowed: then the host's network namespace is kept).
+   datasource bound read-only on ``/data``, the storage directory read-write (nosuid, nodev)
+   on ``/storage``; ``/.host`` detached; loopback up (unless the network is allowed: then the
+   host's network namespace is kept).
 3. :func:`become_instance_root` (the same process): ``/proc`` of its own pid namespace, then a
    user namespace and a mount namespace owned by it, so every mount made so far is locked
    (cannot be unmounted or made writable from inside). Its root is :func:`instance_root` outside:
@@ -60,7 +61,7 @@ __all__ = [
 HOST = "/.host"
 INIT = "/.aenv-init"
 NOBODY = 65534
-_ROOT_DIRS = ("proc", "dev", "tmp", "workspace", "data", HOST.lstrip("/"))
+_ROOT_DIRS = ("proc", "dev", "tmp", "workspace", "data", "storage", HOST.lstrip("/"))
 _DEVICES = ("null", "zero", "full", "random", "urandom")
 _PROC_FLAGS = L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC
 
@@ -187,10 +188,12 @@ def enter_instance_namespaces(
     workspace_bytes: int,
     datasource: str | None,
     root_uid: int,
+    storage: str | None = None,
 ) -> None:
     """Step 2 (in a new pid namespace, still the zygote's root): namespaces and mounts.
 
-    ``root_uid`` (:func:`instance_root`) owns ``/tmp`` and ``/workspace``.
+    ``root_uid`` (:func:`instance_root`) owns ``/tmp`` and ``/workspace``; ``datasource`` and
+    ``storage`` are absolute host paths (or None).
     """
     flags = L.CLONE_NEWNS | L.CLONE_NEWIPC | L.CLONE_NEWUTS
     if not network:
@@ -209,10 +212,26 @@ def enter_instance_namespaces(
     )
     if datasource:
         L.bind_mount(HOST + str(Path(datasource).resolve()), "/data", read_only=True)
+    if storage:
+        _bind_writable(HOST + str(Path(storage).resolve()), "/storage")
     L.umount(HOST)
     if not network:
         L.loopback_up()
     L.sethostname(hostname)
+
+
+def _bind_writable(source: str, target: str) -> None:
+    """Bind ``source`` on ``target`` read-write, adding nosuid and nodev.
+
+    The flags the source's mount has and a user namespace may not clear (read-only, noexec;
+    its atime flags a remount keeps by itself) are kept: unprivileged, dropping one is EPERM.
+    """
+    L.mount(source, target, None, L.MS_BIND | L.MS_REC)
+    found = os.statvfs(target).f_flag
+    kept = (L.MS_NOEXEC if found & os.ST_NOEXEC else 0) | (
+        L.MS_RDONLY if found & os.ST_RDONLY else 0
+    )
+    L.mount(None, target, None, L.MS_BIND | L.MS_REMOUNT | L.MS_NOSUID | L.MS_NODEV | kept)
 
 
 def become_instance_root(wait_for_maps: object) -> None:

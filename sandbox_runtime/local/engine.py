@@ -15,11 +15,19 @@ and any number of ``asyncio.run`` calls in one process.
 
 Owner death: the zygotes watch their control socket; when this process dies, even by SIGKILL,
 they kill every instance and exit.
+
+Host directories: ``InstanceSpec.datasource`` is bound read-only at ``/data``,
+``InstanceSpec.storage`` read-write at ``/storage`` (shared by every instance given it, forks
+included; it outlives them). Instances write there as their root, which is ``nobody`` (65534)
+on the host when the engine runs as root, the invoking user otherwise: give them the directory
+(``chown 65534 DIR``) as a Kubernetes volume is given to a pod. Without namespaces nothing is
+mounted: ``AENV_DATASOURCE`` and ``AENV_STORAGE`` carry the host paths.
 """
 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import enum
 import json
@@ -112,6 +120,7 @@ class LocalEngine:
         self._records: OrderedDict[str, _Record] = OrderedDict()
         self._zygotes: dict[Path, _Zygote] = {}
         self._closed = False
+        self._warned_storage: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
@@ -175,7 +184,9 @@ class LocalEngine:
         """Expire ``ttl`` seconds from now."""
         return await self._call(self._renew(instance_id, ttl))
 
-    async def fork(self, instance_id: str, n: int, *, timeout: float = 60.0) -> list[InstanceInfo]:
+    async def fork(
+        self, instance_id: str, n: int, *, timeout: float = 60.0
+    ) -> builtins.list[InstanceInfo]:
         """``n`` copies of a running instance (Python state and workspace, copy-on-write)."""
         return await self._call(self._fork(instance_id, n, timeout))
 
@@ -237,14 +248,20 @@ class LocalEngine:
             # /tmp and /workspace are tmpfs: their pages count against the memory limit
             "tmp_bytes": min(_MAX_TMP, memory // 4),
             "workspace_bytes": memory,
-            "datasource": _datasource(spec.datasource),
+            "datasource": _host_directory(spec.datasource, "datasource", "/data (read-only)"),
+            "storage": _host_directory(spec.storage, "storage", "/storage (read-write)"),
         }
         workspace = None
         if not zygote.isolated:
             workspace = tempfile.mkdtemp(prefix=f"aenv-instance-{iid}-")
             message["workspace"] = workspace
-            if message["datasource"]:  # no mount without namespaces: say where it is
+            # no mounts without namespaces: say where the directories are
+            if message["datasource"]:
                 env.setdefault("AENV_DATASOURCE", message["datasource"])
+            if message["storage"]:
+                env.setdefault("AENV_STORAGE", message["storage"])
+        elif message["storage"]:
+            self._check_storage_owner(message["storage"])
         try:
             reply = await self._request(zygote, iid, message, deadline)
         except BaseException:
@@ -271,10 +288,27 @@ class LocalEngine:
         log.info("instance created", extra={"instance": iid, "env": config.ref, "ttl": ttl})
         return info
 
+    def _check_storage_owner(self, storage: str) -> None:
+        """Warn (once per directory) when an isolated instance's root cannot write ``storage``."""
+        if os.geteuid() != 0 or storage in self._warned_storage:
+            return  # unprivileged, instances' root is the invoking user
+        from sandbox_runtime.local._sandbox import NOBODY
+
+        if not _writable_by(Path(storage), NOBODY):
+            self._warned_storage.add(storage)
+            log.warning(
+                "storage %s is not writable by instances: their root is nobody (%d) on this "
+                "host; give it to them (chown %d %s) or writes to /storage fail",
+                storage,
+                NOBODY,
+                NOBODY,
+                storage,
+            )
+
     async def _get(self, instance_id: str) -> InstanceInfo:
         return self._record(instance_id).info
 
-    async def _list(self, env_ref: str | None) -> list[InstanceInfo]:
+    async def _list(self, env_ref: str | None) -> builtins.list[InstanceInfo]:
         infos = [r.info for r in reversed(self._records.values())]
         if env_ref is not None:
             infos = [i for i in infos if i.env_ref == env_ref or i.env_ref.split("@")[0] == env_ref]
@@ -317,7 +351,7 @@ class LocalEngine:
         self._schedule_expiry(record, ttl)
         return record.info
 
-    async def _fork(self, instance_id: str, n: int, timeout: float) -> list[InstanceInfo]:
+    async def _fork(self, instance_id: str, n: int, timeout: float) -> builtins.list[InstanceInfo]:
         if n < 1:
             raise ConfigurationError(f"fork needs n >= 1, got {n}")
         parent = self._record(instance_id)
@@ -453,7 +487,7 @@ class LocalEngine:
         return replies[iid]
 
     async def _request_many(
-        self, zygote: _Zygote, ids: list[str], message: dict[str, Any], deadline: float
+        self, zygote: _Zygote, ids: builtins.list[str], message: dict[str, Any], deadline: float
     ) -> dict[str, dict[str, Any]]:
         waiters = {iid: self._loop.create_future() for iid in ids}
         zygote.waiting.update(waiters)
@@ -554,16 +588,29 @@ def _load_config(project: str) -> tuple[Path, EnvConfig]:
     return root, EnvConfig.load(root)
 
 
-def _datasource(path: str | None) -> str | None:
+def _host_directory(path: str | None, what: str, where: str) -> str | None:
     """An absolute, existing directory (or None): the zygote resolves nothing itself."""
     if not path:
         return None
     absolute = Path(path).expanduser().resolve()
     if not absolute.is_dir():
         raise ConfigurationError(
-            f"datasource {path} is not a directory; pass an existing directory to mount at /data"
+            f"{what} {path} is not a directory; pass an existing directory to mount at {where}"
         )
     return str(absolute)
+
+
+def _writable_by(path: Path, uid: int) -> bool:
+    """Whether ``uid`` (with the same gid, no other groups) may create files in ``path``.
+
+    Mode bits only: an ACL may allow more (then the warning this feeds is a false alarm).
+    """
+    st = path.stat()
+    if st.st_uid == uid:
+        return (st.st_mode & 0o300) == 0o300
+    if st.st_gid == uid:
+        return (st.st_mode & 0o030) == 0o030
+    return (st.st_mode & 0o003) == 0o003
 
 
 def _start_process(command: list[str], fd: int) -> subprocess.Popen[bytes]:

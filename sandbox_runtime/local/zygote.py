@@ -10,7 +10,7 @@ imports the runtime and the project's modules, builds the template root (``_sand
 namespace owned by it (``_sandbox.enter_own_user_namespace``; the process the engine started
 only waits for it): instances' roots are that user outside, and there are no cgroup limits.
 
-``spawn`` (id, limits, network, environment, arguments, datasource)
+``spawn`` (id, limits, network, environment, arguments, datasource, storage)
     start the instance's pid 1 in a new pid namespace (``init.c``, a small program that reaps
     and exits when the zygote's end of its socket closes) and fork the runtime into that
     namespace; the runtime enters its other namespaces and drops to a user namespace whose root
@@ -403,6 +403,7 @@ class Zygote:
             tmp_bytes=int(message.get("tmp_bytes") or 64 << 20),
             workspace_bytes=int(message.get("workspace_bytes") or 1 << 30),
             datasource=message.get("datasource"),
+            storage=message.get("storage"),
             root_uid=self._instance_root,
         )
         if mode == "init":
