@@ -1,20 +1,32 @@
-"""The local engine as a small daemon, so that ``aenv instance ...`` calls share instances.
+"""The local engine as a small daemon: instances that outlive the processes asking for them.
 
+``aenv instance ...`` calls share instances through it, and EnvHub keeps its local instances in
+it across restarts (:class:`sandbox_runtime.local.client.DaemonEngine` is its client).
 ``python -m sandbox_runtime.local.daemon --state-dir DIR`` runs one :class:`LocalEngine` and
 answers JSON over a Unix socket ``DIR/engine.sock`` (mode 0600: only its user):
 
 ==========================================  =================================================
-``POST   /v1/instances``                    ``{"env", "ttl"?, "environment_variables"?,
-                                            "arguments"?, "datasource"?}`` -> instance (201)
-``GET    /v1/instances``                    ``{"instances": [...]}``
+``POST   /v1/instances``                    ``{"env", "project"?, "ttl"?, "timeout"?,
+                                            "environment_variables"?, "arguments"?,
+                                            "datasource"?, "storage"?, "owner"?,
+                                            "labels"?}`` -> instance (201)
+``GET    /v1/instances[?env=REF]``          ``{"instances": [...]}``, newest first
 ``GET    /v1/instances/{id}``               instance
 ``DELETE /v1/instances/{id}``               instance, terminated
 ``POST   /v1/instances/{id}/renew``         ``{"ttl"}`` -> instance
+``POST   /v1/instances/{id}/fork``          ``{"n", "timeout"?}`` -> ``{"instances": [...]}``
 ==========================================  =================================================
 
-Errors are ``{"error", "type"}`` with 400 (configuration), 404 (unknown instance or
-environment), 503 (capacity), 500. The daemon owns its instances: they die with it. It exits
-after ``--idle-exit`` seconds without a running instance (default 600), or on SIGTERM.
+``env`` is a name (``NAME`` or ``NAME@VERSION``, found as ``aenv`` finds them: ``--env-path``,
+then the built-ins) unless ``project`` is given: an absolute project directory used as it is,
+``env`` then only its reference. ``ttl`` is seconds or a duration (``"30m"``); ``timeout`` is
+seconds to wait for the instance to start (default 60). An instance is
+:func:`~aenv_ray.engine.info_to_json`'s document.
+
+Errors are ``{"error", "type"}``, ``type`` the name of the :mod:`aenv_ray.errors` class, with 400
+(configuration), 404 (unknown instance or environment), 503 (capacity), 504 (a start timed out),
+500. The daemon owns its instances: they die with it. It exits after ``--idle-exit`` seconds
+with neither a running instance nor a request (default 600), or on SIGTERM.
 """
 
 from __future__ import annotations
@@ -23,10 +35,13 @@ import argparse
 import asyncio
 import contextlib
 import fcntl
+import logging
 import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +51,7 @@ from aenv_ray.config import parse_duration
 from aenv_ray.engine import InstanceSpec, InstanceState, info_to_json
 from aenv_ray.errors import (
     AEnvError,
+    AEnvTimeoutError,
     CapacityError,
     ConfigurationError,
     EnvironmentNotFoundError,
@@ -43,9 +59,13 @@ from aenv_ray.errors import (
 )
 from sandbox_runtime.local.engine import LocalEngine
 
-__all__ = ["main", "make_app"]
+__all__ = ["SOCKET_NAME", "main", "make_app"]
+
+log = logging.getLogger("sandbox_runtime.local.daemon")
 
 SOCKET_NAME = "engine.sock"
+PID_NAME = "engine.pid"
+_DEFAULT_TIMEOUT = 60.0
 
 
 def _status(exc: AEnvError) -> int:
@@ -55,7 +75,13 @@ def _status(exc: AEnvError) -> int:
         return 400
     if isinstance(exc, CapacityError):
         return 503
+    if isinstance(exc, AEnvTimeoutError):
+        return 504
     return 500
+
+
+def _error(message: str, kind: str, status: int) -> web.Response:
+    return web.json_response({"error": message, "type": kind}, status=status)
 
 
 @web.middleware
@@ -64,38 +90,93 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         response: web.StreamResponse = await handler(request)
         return response
     except AEnvError as exc:
-        return web.json_response(
-            {"error": str(exc), "type": type(exc).__name__}, status=_status(exc)
-        )
+        return _error(str(exc), type(exc).__name__, _status(exc))
     except (ValueError, KeyError, TypeError) as exc:
-        return web.json_response(
-            {"error": f"bad request: {exc}", "type": "ConfigurationError"}, status=400
-        )
+        return _error(f"bad request: {exc!r}", "ConfigurationError", 400)
+    except web.HTTPException:
+        raise  # aiohttp's own answers (no such route, wrong method)
+    except Exception as exc:
+        log.exception("request failed", extra={"path": request.path})
+        return _error(f"the engine daemon failed: {exc!r}", "AEnvError", 500)
 
 
-def make_app(engine: LocalEngine, env_path: str = "") -> web.Application:
-    """The daemon's HTTP API over ``engine``."""
+@dataclass
+class _Activity:
+    """Requests in flight and when the last one ended: the daemon is not idle while asked."""
+
+    busy: int = 0
+    last: float = field(default_factory=time.monotonic)
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        self.busy += 1
+        try:
+            response: web.StreamResponse = await handler(request)
+            return response
+        finally:
+            self.busy -= 1
+            self.last = time.monotonic()
+
+
+def _strings(body: Mapping[str, Any], key: str) -> dict[str, str]:
+    value = body.get(key) or {}
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(f"`{key}` must be an object of strings, got {value!r}")
+    return {str(k): str(v) for k, v in value.items()}
+
+
+def _seconds(body: Mapping[str, Any], key: str) -> float | None:
+    """``body[key]`` as seconds (a number or a duration such as ``"30m"``), None if absent."""
+    value = body.get(key)
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"`{key}`: {exc}") from exc
+
+
+def _project(body: Mapping[str, Any], env_path: str) -> tuple[str, str]:
+    """``(env_ref, project directory)``: ``project`` as given, else ``env`` looked up."""
     from aenv_ray._resolve import resolve_environment
 
+    project = body.get("project")
+    if project is None:
+        ref, found = resolve_environment(str(body["env"]), env_path)
+        return ref, str(found)
+    path = Path(str(project))
+    if not path.is_absolute() or not path.is_dir():
+        raise ConfigurationError(
+            f"project {project} is not an absolute path of a directory; pass the project "
+            "directory's absolute path, or leave `project` out and name the environment in `env`"
+        )
+    return str(body.get("env") or path.name), str(path)
+
+
+def make_app(
+    engine: LocalEngine, env_path: str = "", *, activity: _Activity | None = None
+) -> web.Application:
+    """The daemon's HTTP API over ``engine`` (see the module docstring)."""
     routes = web.RouteTableDef()
 
     @routes.post("/v1/instances")
     async def create(request: web.Request) -> web.Response:
         body = await request.json()
-        ref, project = resolve_environment(str(body["env"]), env_path)
-        ttl = body.get("ttl")
+        ref, project = _project(body, env_path)
         spec = InstanceSpec(
             env_ref=ref,
-            project=str(project),
-            ttl=parse_duration(ttl) if ttl is not None else None,
-            environment_variables={
-                str(k): str(v) for k, v in (body.get("environment_variables") or {}).items()
-            },
+            project=project,
+            ttl=_seconds(body, "ttl"),
+            environment_variables=_strings(body, "environment_variables"),
             arguments=tuple(str(a) for a in body.get("arguments") or ()),
             datasource=body.get("datasource"),
             owner=body.get("owner"),
+            labels=_strings(body, "labels"),
+            storage=body.get("storage"),
         )
-        return web.json_response(info_to_json(await engine.create(spec)), status=201)
+        timeout = _seconds(body, "timeout") or _DEFAULT_TIMEOUT
+        info = await engine.create(spec, timeout=timeout)
+        return web.json_response(info_to_json(info), status=201)
 
     @routes.get("/v1/instances")
     async def listing(request: web.Request) -> web.Response:
@@ -112,17 +193,32 @@ def make_app(engine: LocalEngine, env_path: str = "") -> web.Application:
 
     @routes.post("/v1/instances/{id}/renew")
     async def renew(request: web.Request) -> web.Response:
-        ttl = parse_duration((await request.json())["ttl"])
+        body = await request.json()
+        if body.get("ttl") is None:
+            raise ConfigurationError('renew needs `ttl`: seconds or a duration such as "1h"')
+        ttl = _seconds(body, "ttl") or 0.0
         return web.json_response(info_to_json(await engine.renew(request.match_info["id"], ttl)))
 
-    app = web.Application(middlewares=[_errors])
+    @routes.post("/v1/instances/{id}/fork")
+    async def fork(request: web.Request) -> web.Response:
+        body = await request.json()
+        n = body["n"]
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise ConfigurationError(f"fork needs an integer n >= 1, got {n!r}")
+        timeout = _seconds(body, "timeout") or _DEFAULT_TIMEOUT
+        infos = await engine.fork(request.match_info["id"], n, timeout=timeout)
+        return web.json_response({"instances": [info_to_json(i) for i in infos]})
+
+    middlewares = [_errors] if activity is None else [activity.middleware, _errors]
+    app = web.Application(middlewares=middlewares)
     app.add_routes(routes)
     return app
 
 
 async def _serve(state_dir: Path, idle_exit: float, env_path: str) -> None:
     engine = LocalEngine()
-    runner = web.AppRunner(make_app(engine, env_path), access_log=None)
+    activity = _Activity()
+    runner = web.AppRunner(make_app(engine, env_path, activity=activity), access_log=None)
     await runner.setup()
     path = state_dir / SOCKET_NAME
     with contextlib.suppress(FileNotFoundError):
@@ -130,7 +226,8 @@ async def _serve(state_dir: Path, idle_exit: float, env_path: str) -> None:
     site = web.UnixSite(runner, str(path))
     await site.start()
     path.chmod(0o600)
-    (state_dir / "engine.pid").write_text(str(os.getpid()))
+    (state_dir / PID_NAME).write_text(str(os.getpid()))
+    log.info("engine daemon ready", extra={"socket": str(path), "pid": os.getpid()})
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -141,14 +238,15 @@ async def _serve(state_dir: Path, idle_exit: float, env_path: str) -> None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=min(idle_exit, 5.0))
             running = [i for i in await engine.list() if i.state is not InstanceState.TERMINATED]
-            if running:
+            if running or activity.busy:
                 idle_since = time.monotonic()
-            elif time.monotonic() - idle_since >= idle_exit:
+            elif time.monotonic() - max(idle_since, activity.last) >= idle_exit:
+                log.info("engine daemon idle, exiting", extra={"idle_exit": idle_exit})
                 break
     finally:
         await runner.cleanup()
         await engine.aclose()
-        for name in (SOCKET_NAME, "engine.pid"):
+        for name in (SOCKET_NAME, PID_NAME):
             with contextlib.suppress(FileNotFoundError):
                 (state_dir / name).unlink()
 
@@ -161,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sandbox_runtime.local.daemon")
     parser.add_argument("--state-dir", required=True)
     parser.add_argument("--idle-exit", type=float, default=600.0)
+    parser.add_argument(
+        "--env-path", default=None, help="where names are looked up (default: AENV_ENV_PATH)"
+    )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
@@ -171,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return 0
-    asyncio.run(_serve(state_dir, args.idle_exit, Settings().env_path))
+    env_path = Settings().env_path if args.env_path is None else args.env_path
+    asyncio.run(_serve(state_dir, args.idle_exit, env_path))
     return 0
 
 
