@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import logging
 import math
 import secrets
@@ -93,7 +94,7 @@ class ControlPlane:
             if version in (None, "latest") and mine:
                 found = max(mine, key=lambda r: _version_key(split_ref(r)[1] or ""))
                 return found, local[found], []
-            raise missing
+            raise _not_here(missing, name, list(local)) from None
         warnings = []
         if doc.get("deprecated"):
             why = f": {doc['deprecation']}" if doc.get("deprecation") else ""
@@ -474,6 +475,23 @@ class ControlPlane:
                             **self._record(info, replica["tenant"], service=service_id),
                         }
                         await self.store.put(INSTANCES, replica["id"], fresh)
+
+
+def _not_here(
+    missing: EnvironmentNotFoundError, name: str, local: list[str]
+) -> EnvironmentNotFoundError:
+    """The registry's not-found error, with what the hub has built in under that name (or a
+    close one): the registry alone does not know the built-ins the hub also resolves."""
+    mine = [r for r in local if split_ref(r)[0] == name]
+    mine.sort(key=lambda r: _version_key(split_ref(r)[1] or ""))
+    if mine:
+        hint = f"; built into this hub: {', '.join(mine)}"
+    else:
+        close = difflib.get_close_matches(name, sorted({split_ref(r)[0] for r in local}), n=1)
+        if not close or "did you mean" in str(missing):
+            return missing
+        hint = f"; did you mean `{close[0]}` (built into this hub)?"
+    return EnvironmentNotFoundError(f"{missing}{hint}", env_name=missing.env_name)
 
 
 def _spec_key(service: Document) -> str:
