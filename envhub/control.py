@@ -332,8 +332,13 @@ class ControlPlane:
         sid = "svc-" + secrets.token_hex(5)
         storage_path = None
         if storage:
-            path = self.data_dir / "storage" / sid
-            path.mkdir(parents=True, exist_ok=True)
+            root = self.data_dir / "storage"
+            root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            path = root / sid
+            path.mkdir(exist_ok=True)
+            # the replicas' to write, whoever they run as (a local engine as root runs them as
+            # nobody); the 0700 directory above keeps the host's other users out
+            path.chmod(0o777)
             storage_path = str(path)
         now = time.time()
         doc: Document = {
