@@ -9,11 +9,13 @@ May import: typer, rich, ``aenv_ray``.
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 
+from aenv_ray.cli._common import EXIT_USAGE, die
 from aenv_ray.cli._hub import hub_call
 from aenv_ray.cli._instance import pairs
 
@@ -26,6 +28,16 @@ app = typer.Typer(
 
 JsonOption = Annotated[bool, typer.Option("--json", help="print JSON")]
 EnvVars = Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE, repeatable")]
+T = TypeVar("T")
+
+
+def _call(work: Callable[[Any], Awaitable[T]]) -> T:
+    """:func:`hub_call`, an unknown service or env exiting 2 as ``aenv instance`` does (the
+    command line must change)."""
+    try:
+        return hub_call(work)
+    except LookupError as exc:
+        die(str(exc), EXIT_USAGE)
 
 
 def _show(service: dict[str, Any], as_json: bool) -> None:
@@ -62,7 +74,7 @@ def create(
         )
         return result
 
-    _show(hub_call(work), as_json)
+    _show(_call(work), as_json)
 
 
 @app.command("list")
@@ -73,7 +85,7 @@ def list_services(as_json: JsonOption = False) -> None:
         result: list[dict[str, Any]] = await client.list_services()
         return result
 
-    services = hub_call(work)
+    services = _call(work)
     if as_json:
         print(json.dumps(services, indent=2))
         return
@@ -106,7 +118,7 @@ def get(
         result: dict[str, Any] = await client.get_service(service_id)
         return result
 
-    _show(hub_call(work), as_json)
+    _show(_call(work), as_json)
 
 
 @app.command()
@@ -126,7 +138,7 @@ def update(
         )
         return result
 
-    _show(hub_call(work), as_json)
+    _show(_call(work), as_json)
 
 
 @app.command()
@@ -142,5 +154,5 @@ def delete(
         result: dict[str, Any] = await client.delete_service(service_id, keep_storage=keep_storage)
         return result
 
-    hub_call(work)
+    _call(work)
     print(f"deleted service {service_id}")
