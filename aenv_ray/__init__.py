@@ -3,13 +3,13 @@
 Owns the public SDK (:class:`Environment`, :class:`ToolResult`), the decorators that define an
 environment (:func:`register_tool`, :func:`register_function`, :func:`register_reward`,
 :func:`register_health`), the error tree (:mod:`aenv_ray.errors`), the engine contract
-(:class:`SandboxEngine`), ``config.json`` and wire models, settings, structured logging and the
-``aenv`` CLI.
+(:class:`SandboxEngine`), ``config.json`` and wire models, settings, structured logging, the
+EnvHub client (:mod:`aenv_ray.hub`) and the ``aenv`` CLI.
 
 May import: pydantic, pydantic-settings, aiohttp, orjson, httpx, the mcp/fastmcp clients, typer and
 rich (CLI only); lazily, inside functions: ``sandbox_runtime.local`` (the embedded default engine),
-``builtin_envs`` (finding built-ins by name) and platformdirs (where the settings file lives). Must not import at import time: ray, kubernetes,
-gymnasium, the runtime.
+``builtin_envs`` (finding built-ins by name) and platformdirs (where the settings file lives).
+Must not import at import time: ray, kubernetes, gymnasium, the runtime.
 
     >>> import aenv_ray, sys
     >>> any(m in sys.modules for m in ("ray", "kubernetes", "gymnasium"))
@@ -30,6 +30,9 @@ from aenv_ray.errors import (
     AcquireTimeoutError,
     AEnvError,
     AEnvTimeoutError,
+    ArtifactError,
+    ArtifactTooLargeError,
+    AuthenticationError,
     CallTimeoutError,
     CapacityError,
     ConfigurationError,
@@ -37,6 +40,7 @@ from aenv_ray.errors import (
     EnvironmentNotFoundError,
     FunctionError,
     FunctionNotFoundError,
+    HubUnreachableError,
     InstanceBrokenError,
     InstanceClosedError,
     InstanceError,
@@ -44,13 +48,18 @@ from aenv_ray.errors import (
     InstanceNotFoundError,
     InstanceUnreachableError,
     LeaseLostError,
+    PermissionDeniedError,
     ProtocolError,
+    RegistryError,
+    ServiceNotFoundError,
     StartupTimeoutError,
+    StoreError,
     ToolArgumentError,
     ToolError,
     ToolExecutionError,
     ToolNotFoundError,
     ToolTimeoutError,
+    VersionConflictError,
 )
 from aenv_ray.protocol import ToolErrorKind, ToolResult
 from aenv_ray.registry import (
@@ -67,6 +76,9 @@ __all__ = [
     "AEnvError",
     "AEnvTimeoutError",
     "AcquireTimeoutError",
+    "ArtifactError",
+    "ArtifactTooLargeError",
+    "AuthenticationError",
     "CallTimeoutError",
     "CapacityError",
     "ConfigurationError",
@@ -76,6 +88,7 @@ __all__ = [
     "EnvironmentNotFoundError",
     "FunctionError",
     "FunctionNotFoundError",
+    "HubUnreachableError",
     "InstanceBrokenError",
     "InstanceClosedError",
     "InstanceError",
@@ -86,10 +99,14 @@ __all__ = [
     "InstanceState",
     "InstanceUnreachableError",
     "LeaseLostError",
+    "PermissionDeniedError",
     "ProtocolError",
     "Registry",
+    "RegistryError",
     "SandboxEngine",
+    "ServiceNotFoundError",
     "StartupTimeoutError",
+    "StoreError",
     "TerminationReason",
     "ToolArgumentError",
     "ToolError",
@@ -98,6 +115,7 @@ __all__ = [
     "ToolNotFoundError",
     "ToolResult",
     "ToolTimeoutError",
+    "VersionConflictError",
     "__version__",
     "available_environments",
     "register_function",

@@ -20,6 +20,7 @@ from aenv_ray import (
     TerminationReason,
 )
 from aenv_ray.engine import DEFAULT_TTL, default_engine
+from aenv_ray.errors import HubUnreachableError
 from aenv_ray.settings import Settings
 from sandbox_runtime.local import LocalEngine
 from sandbox_runtime.local._sandbox import namespaces_available
@@ -192,10 +193,16 @@ async def test_an_expired_instance_is_instance_expired(
             await env.call_tool("identity", {})
 
 
-async def test_remote_mode_without_envhub_is_a_clear_error(engine: LocalEngine) -> None:
-    settings = Settings(dummy_instance_ip=None, system_url="http://hub:8000", env_path="")
-    with pytest.raises(ConfigurationError, match="AENV_SYSTEM_URL"):
-        await Environment("mini-terminal@1.0.0", settings=settings).initialize()
+async def test_remote_mode_without_a_hub_listening_is_a_clear_error() -> None:
+    from tests._hub import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    settings = Settings(dummy_instance_ip=None, system_url=url, env_path="")
+    env = Environment("mini-terminal@1.0.0", settings=settings)
+    with pytest.raises(HubUnreachableError, match="aenv serve") as caught:
+        await env.initialize()
+    assert url in str(caught.value)
+    assert env.instance_id is None  # nothing was created, nothing left open
 
 
 def test_the_default_engine_is_one_local_engine() -> None:

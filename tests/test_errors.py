@@ -238,6 +238,7 @@ RETRYABLE = {
     "AcquireTimeoutError",
     "CallTimeoutError",
     "CapacityError",
+    "HubUnreachableError",
     "InstanceBrokenError",
     "InstanceExpiredError",
     "InstanceUnreachableError",
