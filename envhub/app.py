@@ -3,7 +3,8 @@
 Every route but ``/v1/health`` and the OpenAPI document (``/openapi.json``, browsable at
 ``/docs``) needs ``Authorization: Bearer KEY`` unless the hub runs with ``auth=False``. Errors
 are ``{"error": {"type": "<aenv_ray.errors class>", "message": "..."}}`` with the status of
-their kind (401, 403, 404, 409, 413, 400, 503, 500), so a client re-raises the same class.
+their kind (401, 403, 404, 409, 410, 413, 400, 502, 503, 500), so a client re-raises the same
+class.
 
 ==============================================  ============================================
 ``POST   /v1/envs``                             publish a bundle (body: its bytes)
@@ -234,8 +235,9 @@ _STATUS: list[tuple[type[AEnvError], int]] = [
     (StoreError, 503),
     (InstanceUnreachableError, 502),
 ]
+# every status an error travels with is documented (410 and 502 come from the proxy routes)
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413, 503)
+    code: {"model": ErrorBody} for code in sorted({status for _, status in _STATUS} | {500})
 }
 
 
