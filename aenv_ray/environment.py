@@ -478,6 +478,8 @@ class Environment:
                 if method != "GET" or attempt > self.max_retries:
                     raise
                 await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
+        if status >= 400 and isinstance(data, dict) and isinstance(data.get("error"), dict):
+            raise self._hub_error(data["error"])  # the hub's proxy answered, not the runtime
         if status == 503 and isinstance(data, dict) and data.get("error_type") == "instance_broken":
             raise InstanceBrokenError(
                 f"`{self.env_name}` is broken: {data.get('error')}",
@@ -485,6 +487,19 @@ class Environment:
                 instance_id=self.instance_id,
             )
         return status, data
+
+    def _hub_error(self, detail: dict[str, Any]) -> AEnvError:
+        """The error a hub's proxy answered (``{"type", "message"}``), as its own class."""
+        from aenv_ray import errors
+
+        cls = getattr(errors, str(detail.get("type")), None)
+        if not (isinstance(cls, type) and issubclass(cls, AEnvError)):
+            cls = ProtocolError
+        return cls(
+            f"`{self.env_name}`: the hub says: {detail.get('message')}",
+            env_name=self.env_name,
+            instance_id=self.instance_id,
+        )
 
     def _limit(self, declared: Any, explicit: float | None) -> float:
         """Seconds a call may run: ``timeout=`` of the call, else what the tool or function

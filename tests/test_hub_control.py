@@ -28,7 +28,6 @@ from aenv_ray.errors import (
     HubUnreachableError,
     InstanceExpiredError,
     InstanceNotFoundError,
-    ProtocolError,
     ServiceNotFoundError,
 )
 from aenv_ray.hub import HubClient
@@ -377,21 +376,7 @@ async def test_an_expired_instance_is_reaped(hub: Hub, alice: HubClient) -> None
     await eventually(lambda: refused(doc["url"]), "the reaped runtime stops serving")
 
 
-@pytest.mark.parametrize(
-    "route",
-    [
-        "direct",
-        pytest.param(
-            "proxy",
-            marks=pytest.mark.xfail(
-                reason="the SDK reads the hub proxy's error body ({'error': {'type': ...}}, "
-                "HTTP 410) as a ProtocolError, not the InstanceExpiredError it names",
-                raises=ProtocolError,
-                strict=True,
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("route", ["direct", "proxy"])
 async def test_sdk_calls_to_an_expired_instance_raise_instance_expired(
     hub: Hub, alice: HubClient, route: str
 ) -> None:
