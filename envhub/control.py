@@ -387,16 +387,19 @@ class ControlPlane:
         environment_variables: Mapping[str, str] | None = None,
     ) -> Document:
         """Scale a service, move it to another version, or change its variables."""
-        doc = await self._my_service(caller, service_id)
         if replicas is not None:
             _check_replicas(replicas)
-            doc["replicas"] = replicas
-        if env is not None:
-            doc["env_ref"], _, _ = await self.resolve(env)
-        if environment_variables is not None:
-            doc["environment_variables"] = dict(environment_variables)
-        doc["updated_at"] = time.time()
-        await self.store.put(SERVICES, service_id, doc)
+        ref = (await self.resolve(env))[0] if env is not None else None
+        async with self._lock(service_id):  # read-modify-write: a delete must not be undone
+            doc = await self._my_service(caller, service_id)
+            if replicas is not None:
+                doc["replicas"] = replicas
+            if ref is not None:
+                doc["env_ref"] = ref
+            if environment_variables is not None:
+                doc["environment_variables"] = dict(environment_variables)
+            doc["updated_at"] = time.time()
+            await self.store.put(SERVICES, service_id, doc)
         await self.reconcile_service(service_id)
         return await self.get_service(caller, service_id)
 
