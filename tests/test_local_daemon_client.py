@@ -32,9 +32,8 @@ from aenv_ray import (
 )
 from aenv_ray.engine import SandboxEngine
 from sandbox_runtime.local.client import DaemonEngine
+from tests._hostile import call, hostile_spec
 from tests._processes import processes_of
-
-HOSTILE = Path(__file__).parent / "envs" / "hostile"
 
 
 @pytest.fixture
@@ -50,18 +49,6 @@ async def engine(state_dir: Path) -> AsyncIterator[DaemonEngine]:
     yield engine
     await engine.shutdown()
     assert not _daemon_alive(state_dir)
-
-
-def hostile_spec(**kw: Any) -> InstanceSpec:
-    return InstanceSpec("hostile@1.0.0", project=str(HOSTILE), **kw)
-
-
-async def call(url: str | None, tool: str, args: dict[str, Any] | None = None) -> Any:
-    assert url is not None
-    async with Environment.attach(url) as env:
-        result = await env.call_tool(tool, args or {})
-    assert not result.is_error, result.text
-    return result.structured
 
 
 def _pid(state_dir: Path) -> int:

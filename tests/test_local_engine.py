@@ -33,9 +33,9 @@ from builtin_envs import builtin_path
 from sandbox_runtime.local import Isolation, LocalEngine
 from sandbox_runtime.local._init import init_binary
 from sandbox_runtime.local._sandbox import namespaces_available
+from tests._hostile import HOSTILE, call, hostile_spec
 from tests._processes import processes_of
 
-HOSTILE = Path(__file__).parent / "envs" / "hostile"
 REPO = Path(__file__).resolve().parent.parent
 TERMINAL = builtin_path("mini-terminal@1.0.0")
 NO_NAMESPACES = namespaces_available()
@@ -47,18 +47,6 @@ def engine() -> Iterator[LocalEngine]:
     engine = LocalEngine(isolation=Isolation.AUTO)
     yield engine
     engine.close()
-
-
-def hostile_spec(**kw: Any) -> InstanceSpec:
-    return InstanceSpec("hostile@1.0.0", project=str(HOSTILE), **kw)
-
-
-async def call(url: str | None, tool: str, args: dict[str, Any] | None = None) -> Any:
-    assert url is not None
-    async with Environment.attach(url) as env:
-        result = await env.call_tool(tool, args or {})
-    assert not result.is_error, result.text
-    return result.structured
 
 
 async def wait_for(predicate: Any, what: str, seconds: float = 10.0) -> None:

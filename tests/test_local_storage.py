@@ -10,15 +10,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from aenv_ray import ConfigurationError, Environment, InstanceSpec
+from aenv_ray import ConfigurationError
 from sandbox_runtime.local import Isolation, LocalEngine
 from sandbox_runtime.local._sandbox import NOBODY, namespaces_available
+from tests._hostile import call, hostile_spec
 
-HOSTILE = Path(__file__).parent / "envs" / "hostile"
 REPO = Path(__file__).resolve().parent.parent
 NO_NAMESPACES = namespaces_available()
 needs_namespaces = pytest.mark.skipif(NO_NAMESPACES is not None, reason=str(NO_NAMESPACES))
@@ -39,18 +38,6 @@ def storage(tmp_path: Path) -> Path:
     if os.geteuid() == 0:
         os.chown(path, NOBODY, NOBODY)
     return path
-
-
-def hostile_spec(**kw: Any) -> InstanceSpec:
-    return InstanceSpec("hostile@1.0.0", project=str(HOSTILE), **kw)
-
-
-async def call(url: str | None, tool: str, args: dict[str, Any] | None = None) -> Any:
-    assert url is not None
-    async with Environment.attach(url) as env:
-        result = await env.call_tool(tool, args or {})
-    assert not result.is_error, result.text
-    return result.structured
 
 
 @needs_namespaces

@@ -1,0 +1,27 @@
+"""The hostile test project (``tests/envs/hostile``) and a checked tool call: what the engine
+tests (in-process, through the daemon, with storage) share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from aenv_ray import Environment, InstanceSpec
+
+__all__ = ["HOSTILE", "call", "hostile_spec"]
+
+HOSTILE = Path(__file__).parent / "envs" / "hostile"
+
+
+def hostile_spec(**kw: Any) -> InstanceSpec:
+    """An instance of the hostile project, with ``kw`` as further spec fields."""
+    return InstanceSpec("hostile@1.0.0", project=str(HOSTILE), **kw)
+
+
+async def call(url: str | None, tool: str, args: dict[str, Any] | None = None) -> Any:
+    """Call ``tool`` on the runtime at ``url``; its structured result (failing on an error)."""
+    assert url is not None
+    async with Environment.attach(url) as env:
+        result = await env.call_tool(tool, args or {})
+    assert not result.is_error, result.text
+    return result.structured
