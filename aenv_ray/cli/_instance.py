@@ -2,26 +2,23 @@
 
 With a hub configured (``AENV_SYSTEM_URL`` or ``aenv config set url``) the commands talk to it:
 its instances belong to your key's tenant. Otherwise they talk to a local engine daemon
-(``sandbox_runtime.local.daemon``) over a Unix socket in the state directory
-(``AENV_STATE_DIR``, else the user's state directory), starting it on first use, so instances
-live on between commands; they die with the daemon, which exits after ten minutes without a
-running instance.
+(``sandbox_runtime.local.daemon``, through its client ``DaemonEngine``) over a Unix socket in
+the state directory (``AENV_STATE_DIR``, else the user's state directory), started on first
+use, so instances live on between commands; they die with the daemon, which exits after ten
+minutes without a running instance.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
-import time
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from aenv_ray.cli._common import EXIT_FAILURE, EXIT_USAGE, die
+from aenv_ray.cli._common import EXIT_USAGE, die
 
 __all__ = ["app", "pairs"]
 
@@ -30,8 +27,6 @@ app = typer.Typer(
     "else on this machine's local engine).",
     no_args_is_help=True,
 )
-
-_SOCKET = "engine.sock"
 
 
 def _state_dir() -> Path:
@@ -45,68 +40,58 @@ def _state_dir() -> Path:
     return Path(platformdirs.user_state_dir("aenv-ray")) / "engine"
 
 
-def _start_daemon(state: Path) -> None:
-    state.mkdir(parents=True, exist_ok=True, mode=0o700)
-    log = (state / "daemon.log").open("ab")
-    subprocess.Popen(
-        [sys.executable, "-m", "sandbox_runtime.local.daemon", "--state-dir", str(state)],
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=log,
-        start_new_session=True,  # outlives this command; its instances die with it
-    )
-    log.close()
+async def _on_hub(client: Any, op: str, arg: Any, **kw: Any) -> Any:
+    if op == "create":
+        return await client.create_instance(arg, **kw)
+    if op == "list":  # terminated ones too: --all filters here
+        return await client.list_instances(env=arg, include_terminated=True)
+    if op == "renew":
+        return await client.renew_instance(arg, kw["ttl"])
+    return await getattr(client, f"{op}_instance")(arg)
 
 
-async def _hub_request(url: str, method: str, path: str, body: Any) -> Any:
+async def _on_engine(engine: Any, op: str, arg: Any, **kw: Any) -> Any:
+    from aenv_ray.config import parse_duration
+    from aenv_ray.engine import InstanceSpec, info_to_json
+
+    raw_ttl = kw.pop("ttl", None)
+    ttl = parse_duration(raw_ttl) if raw_ttl is not None else None
+    if op == "create":
+        kw["arguments"] = tuple(kw["arguments"])
+        info = await engine.create(InstanceSpec(env_ref=arg, ttl=ttl, **kw))
+    elif op == "list":
+        return [info_to_json(i) for i in await engine.list(env_ref=arg)]
+    elif op == "renew":
+        assert ttl is not None
+        info = await engine.renew(arg, ttl)
+    else:
+        info = await getattr(engine, op)(arg)
+    return info_to_json(info)
+
+
+def _call(op: str, arg: Any, **kw: Any) -> Any:
+    """``op`` (create, list, get, delete, renew) on the hub when one is configured, else on the
+    local engine daemon (started on first use); what the command line must change exits 2."""
     from aenv_ray.errors import ConfigurationError
-    from aenv_ray.hub import HubClient
     from aenv_ray.settings import get_settings
 
-    async with HubClient(url, api_key=get_settings().api_key) as client:
-        try:
-            return await client.request(method, path, json=body)
-        except (ConfigurationError, LookupError) as exc:
-            die(str(exc), EXIT_USAGE)
+    settings = get_settings()
 
+    async def main() -> Any:
+        if settings.system_url:
+            from aenv_ray.hub import HubClient
 
-async def _request(method: str, path: str, body: Any = None) -> Any:
-    import aiohttp
+            async with HubClient(settings.system_url, api_key=settings.api_key) as client:
+                return await _on_hub(client, op, arg, **kw)
+        from sandbox_runtime.local.client import DaemonEngine
 
-    from aenv_ray.settings import get_settings
+        async with DaemonEngine(_state_dir(), env_path=settings.env_path) as engine:
+            return await _on_engine(engine, op, arg, **kw)
 
-    hub = get_settings().system_url
-    if hub:
-        if method == "GET" and path.split("?")[0] == "/v1/instances":  # --all filters here
-            path += ("&" if "?" in path else "?") + "all=true"
-        return await _hub_request(hub, method, path, body)
-
-    state = _state_dir()
-    started = False
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            connector = aiohttp.UnixConnector(path=str(state / _SOCKET))
-            url = f"http://engine{path}"
-            async with (
-                aiohttp.ClientSession(connector=connector) as session,
-                session.request(method, url, json=body) as reply,
-            ):
-                data = await reply.json()
-                if reply.status >= 400:
-                    code = EXIT_USAGE if reply.status in (400, 404) else EXIT_FAILURE
-                    die(str(data.get("error")), code)
-                return data
-        except (aiohttp.ClientConnectorError, FileNotFoundError):
-            if not started:
-                _start_daemon(state)
-                started = True
-            if time.monotonic() > deadline:
-                die(
-                    f"the local engine daemon did not start; see {state / 'daemon.log'}",
-                    EXIT_FAILURE,
-                )
-            await asyncio.sleep(0.05)
+    try:
+        return asyncio.run(main())
+    except (ConfigurationError, LookupError) as exc:
+        die(str(exc), EXIT_USAGE)
 
 
 def _datasource(given: str | None) -> str | None:
@@ -116,10 +101,6 @@ def _datasource(given: str | None) -> str | None:
     if not given or get_settings().system_url:
         return given
     return str(Path(given).resolve())
-
-
-def _call(method: str, path: str, body: Any = None) -> Any:
-    return asyncio.run(_request(method, path, body))
 
 
 def _when(seconds: float | None) -> str:
@@ -173,14 +154,15 @@ def create(
     as_json: JsonOption = False,
 ) -> None:
     """Create an instance; print its id and URL."""
-    body = {
-        "env": env,
-        "ttl": ttl,
-        "environment_variables": pairs(env_var or [], "--env"),
-        "arguments": arg or [],
-        "datasource": _datasource(datasource),
-    }
-    _show(_call("POST", "/v1/instances", body), as_json)
+    created = _call(
+        "create",
+        env,
+        ttl=ttl,
+        environment_variables=pairs(env_var or [], "--env"),
+        arguments=arg or [],
+        datasource=_datasource(datasource),
+    )
+    _show(created, as_json)
 
 
 @app.command("list")
@@ -193,8 +175,7 @@ def list_instances(
     from rich.console import Console
     from rich.table import Table
 
-    query = f"?env={env}" if env else ""
-    infos = _call("GET", f"/v1/instances{query}")["instances"]
+    infos = _call("list", env)
     if not all_:
         infos = [i for i in infos if i["state"] != "terminated"]
     if as_json:
@@ -216,7 +197,7 @@ def get(
     instance_id: Annotated[str, typer.Argument(metavar="ID")], as_json: JsonOption = False
 ) -> None:
     """Show one instance."""
-    _show(_call("GET", f"/v1/instances/{instance_id}"), as_json)
+    _show(_call("get", instance_id), as_json)
 
 
 @app.command()
@@ -224,7 +205,7 @@ def delete(
     instance_id: Annotated[str, typer.Argument(metavar="ID")], as_json: JsonOption = False
 ) -> None:
     """Delete an instance (its processes are killed)."""
-    _show(_call("DELETE", f"/v1/instances/{instance_id}"), as_json)
+    _show(_call("delete", instance_id), as_json)
 
 
 @app.command()
@@ -234,4 +215,4 @@ def renew(
     as_json: JsonOption = False,
 ) -> None:
     """Set an instance to expire TTL from now."""
-    _show(_call("POST", f"/v1/instances/{instance_id}/renew", {"ttl": ttl}), as_json)
+    _show(_call("renew", instance_id, ttl=ttl), as_json)
