@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
-import socket
 from collections.abc import Callable
 
 import uvicorn
 
+from aenv_ray._net import bind_socket
 from aenv_ray.engine import SandboxEngine
 from aenv_ray.errors import ConfigurationError
 from envhub.app import HubOptions, create_app
@@ -58,19 +58,16 @@ async def serve(
     """Serve the hub until SIGINT/SIGTERM. ``port=0`` picks a free one; ``on_ready`` gets the
     URL once the socket listens and the control plane has synced with the engine."""
     check_exposure(host, options.auth)
-    store = await open_store(store_url)
-    app = create_app(store, engine, options)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, port))
+        sock = bind_socket(host, port)
     except OSError as exc:
+        raise ConfigurationError(f"{exc.strerror} (--port)") from exc
+    try:
+        store = await open_store(store_url)
+    except BaseException:
         sock.close()
-        await store.aclose()
-        raise ConfigurationError(
-            f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port"
-        ) from exc
+        raise
+    app = create_app(store, engine, options)
     bound = sock.getsockname()[1]
     config = uvicorn.Config(
         app, log_level=log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=5

@@ -22,6 +22,7 @@ from typing import Any
 
 import uvicorn
 
+from aenv_ray._net import bind_socket
 from sandbox_runtime._dispatch import Dispatcher
 from sandbox_runtime._http import RuntimeApp
 from sandbox_runtime._loader import LoadedProject
@@ -30,23 +31,6 @@ from sandbox_runtime._runner import SyncRunner
 __all__ = ["RuntimeServer", "bind_socket", "warm_imports"]
 
 log = logging.getLogger("sandbox_runtime.server")
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket (port 0 picks a free one)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise OSError(
-            exc.errno, f"cannot listen on {host}:{port} ({exc.strerror}); pick another port"
-        ) from exc
-    sock.listen(1024)
-    sock.set_inheritable(True)
-    return sock
 
 
 _LAZY_MODULES = (
