@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
 from pathlib import Path
 from types import TracebackType
@@ -76,6 +77,14 @@ def _with_port(url: str, port: int | None) -> str:
         return urlunparse(parsed._replace(path="", params="", query="", fragment=""))
     netloc = f"{parsed.hostname}:{port}"
     return urlunparse(parsed._replace(netloc=netloc, path="", params="", query="", fragment=""))
+
+
+def _is_remote(engine: SandboxEngine | None) -> bool:
+    """True for a hub's engine. Only asked of the module when loaded: an engine cannot be a
+    RemoteEngine before :mod:`aenv_ray.hub` (and its aiohttp, ~0.14 s) is imported, and local
+    instances need neither."""
+    hub = sys.modules.get("aenv_ray.hub")
+    return hub is not None and isinstance(engine, hub.RemoteEngine)
 
 
 class Environment:
@@ -282,9 +291,7 @@ class Environment:
             return _with_port(self._attach_url, None)
         if self._owned is not None:  # adopted (a fork): the engine made it already
             self.instance_id = self._owned.id
-            from aenv_ray.hub import RemoteEngine
-
-            if isinstance(self._engine, RemoteEngine):
+            if _is_remote(self._engine):
                 return await self._remote_route(self._owned)
             return _with_port(self._owned.url or "", None)
         if self.settings.dummy_instance_ip:
@@ -298,9 +305,7 @@ class Environment:
         return await self._create_instance()
 
     async def _create_instance(self) -> str:
-        from aenv_ray.hub import RemoteEngine
-
-        remote = isinstance(self._engine, RemoteEngine)
+        remote = _is_remote(self._engine)
         if remote:  # the hub resolves the name (its registry, then its built-ins)
             ref, project = self.env_name, None
         elif self._project is None:
