@@ -33,7 +33,7 @@ from aenv_ray.errors import (
     VersionConflictError,
 )
 from aenv_ray.hub import HubClient, digest_of
-from envhub.bundle import build_bundle
+from envhub.bundle import Bundle, build_bundle
 from envhub.keys import create_key, revoke_key
 from envhub.store import open_store
 from tests._hub import HubProcess
@@ -255,18 +255,22 @@ async def test_a_revoked_key_is_refused_at_once(hub: Hub) -> None:
 # -- concurrency -----------------------------------------------------------------------------------
 
 
-async def test_concurrent_pushes_of_one_version_one_wins(hub: Hub, tmp_path: Path) -> None:
-    name = unique("race")
-    bundles = [build_bundle(make_project(tmp_path, name, note=f"n{i}")) for i in range(6)]
-    clients = [hub.client() for _ in bundles]
+async def push_at_once(clients: list[HubClient], bundles: list[Bundle]) -> list[object]:
+    """Each client pushes its bundle, all at once; the records and errors, in order."""
     try:
-        results = await asyncio.gather(
+        return await asyncio.gather(
             *(c.push(b.data) for c, b in zip(clients, bundles, strict=True)),
             return_exceptions=True,
         )
     finally:
         for client in clients:
             await client.aclose()
+
+
+async def test_concurrent_pushes_of_one_version_one_wins(hub: Hub, tmp_path: Path) -> None:
+    name = unique("race")
+    bundles = [build_bundle(make_project(tmp_path, name, note=f"n{i}")) for i in range(6)]
+    results = await push_at_once([hub.client() for _ in bundles], bundles)
     winners = [r for r in results if isinstance(r, dict)]
     losers = [r for r in results if isinstance(r, VersionConflictError)]
     assert len(winners) == 1, results
@@ -283,14 +287,7 @@ async def test_two_hubs_on_one_store_still_publish_a_version_once(hub: Hub, tmp_
             HubClient(url, api_key=hub.keys["alice"])
             for url in (hub.url, second.url, hub.url, second.url)
         ]
-        try:
-            results = await asyncio.gather(
-                *(c.push(b.data) for c, b in zip(clients, bundles, strict=True)),
-                return_exceptions=True,
-            )
-        finally:
-            for client in clients:
-                await client.aclose()
+        results = await push_at_once(clients, bundles)
         assert sum(isinstance(r, dict) for r in results) == 1, results
         assert sum(isinstance(r, VersionConflictError) for r in results) == 3, results
         async with HubClient(second.url, api_key=hub.keys["alice"]) as client:
