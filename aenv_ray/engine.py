@@ -95,6 +95,20 @@ class InstanceInfo:
     owner: str | None = None
     parent: str | None = None  # the instance this one was forked from
     labels: Mapping[str, str] = field(default_factory=dict)
+    # the secret every request to the instance's runtime must carry (``Authorization: Bearer``);
+    # None: the runtime asks for none. Never shown in ``repr``: logs must not leak it.
+    token: str | None = field(default=None, repr=False)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The HTTP headers a request to the instance's runtime needs (its token, if any).
+
+        >>> InstanceInfo("i1", "demo@1.0.0", InstanceState.RUNNING, token="s3cret").headers
+        {'Authorization': 'Bearer s3cret'}
+        >>> InstanceInfo("i1", "demo@1.0.0", InstanceState.RUNNING).headers
+        {}
+        """
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     @property
     def is_running(self) -> bool:
@@ -193,6 +207,7 @@ def info_to_json(info: InstanceInfo) -> dict[str, object]:
         "owner": info.owner,
         "parent": info.parent,
         "labels": dict(info.labels),
+        "token": info.token,
     }
 
 
@@ -210,4 +225,5 @@ def info_from_json(data: Mapping[str, Any]) -> InstanceInfo:
         owner=data.get("owner"),
         parent=data.get("parent"),
         labels=dict(data.get("labels") or {}),
+        token=data.get("token") or None,
     )

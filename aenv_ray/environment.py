@@ -49,6 +49,7 @@ from aenv_ray.engine import (
 )
 from aenv_ray.errors import (
     AEnvError,
+    AuthenticationError,
     ConfigurationError,
     FunctionError,
     FunctionNotFoundError,
@@ -159,12 +160,18 @@ class Environment:
         self._headers: dict[str, str] = {}  # sent with every runtime call (the hub's key)
 
     @classmethod
-    def attach(cls, url: str, env_name: str | None = None, **kwargs: Any) -> Environment:
+    def attach(
+        cls, url: str, env_name: str | None = None, *, token: str | None = None, **kwargs: Any
+    ) -> Environment:
         """An Environment for the runtime already serving at ``url`` (not owned: release()
-        disconnects without stopping it). ``env_name`` defaults to what the runtime serves."""
+        disconnects without stopping it). ``env_name`` defaults to what the runtime serves;
+        ``token`` is the instance's (:attr:`~aenv_ray.engine.InstanceInfo.token`) when an
+        engine created it."""
         env = cls(env_name or "unknown", **kwargs)
         env._attach_url = url
         env._served_ref = None if env_name else ""
+        if token:
+            env._headers = {"Authorization": f"Bearer {token}"}
         return env
 
     @classmethod
@@ -293,6 +300,7 @@ class Environment:
             self.instance_id = self._owned.id
             if _is_remote(self._engine):
                 return await self._remote_route(self._owned)
+            self._headers = dict(self._owned.headers)
             return _with_port(self._owned.url or "", None)
         if self.settings.dummy_instance_ip:
             self.instance_id = "local"
@@ -328,6 +336,7 @@ class Environment:
         self.instance_id = self._owned.id
         if remote:
             return await self._remote_route(self._owned)
+        self._headers = dict(self._owned.headers)
         return _with_port(self._owned.url or "", None)
 
     async def _remote_route(self, info: InstanceInfo) -> str:
@@ -342,6 +351,7 @@ class Environment:
             route == "direct"
             or (route == "auto" and await reachable(direct, timeout=self.settings.connect_timeout))
         ):
+            self._headers = dict(info.headers)
             return direct
         proxy = self._engine.proxy_urls.get(info.id)
         if proxy is None:
@@ -395,6 +405,13 @@ class Environment:
                 )
                 if status == 200:
                     return
+                if status == 401 and isinstance(data, dict):
+                    raise AuthenticationError(
+                        f"`{self.env_name}` at {self._client.base_url} refused the request: "
+                        f"{data.get('error')}",
+                        env_name=self.env_name,
+                        instance_id=self.instance_id,
+                    )
                 last = f"HTTP {status}: {data}"
             except InstanceUnreachableError as exc:
                 last = str(exc)
@@ -485,6 +502,12 @@ class Environment:
                 await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
         if status >= 400 and isinstance(data, dict) and isinstance(data.get("error"), dict):
             raise self._hub_error(data["error"])  # the hub's proxy answered, not the runtime
+        if status == 401 and isinstance(data, dict) and data.get("error_type") == "unauthorized":
+            raise AuthenticationError(
+                f"`{self.env_name}` at {self.url} refused the request: {data.get('error')}",
+                env_name=self.env_name,
+                instance_id=self.instance_id,
+            )
         if status == 503 and isinstance(data, dict) and data.get("error_type") == "instance_broken":
             raise InstanceBrokenError(
                 f"`{self.env_name}` is broken: {data.get('error')}",

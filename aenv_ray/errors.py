@@ -277,8 +277,9 @@ class ServiceNotFoundError(RegistryError, LookupError):
 
 
 class AuthenticationError(AEnvError):
-    """The hub wants an API key: none was sent, or it is unknown or revoked. Set
-    ``AENV_API_KEY`` or ``aenv config set api-key KEY``."""
+    """The hub wants an API key (none was sent, or it is unknown or revoked: set
+    ``AENV_API_KEY`` or ``aenv config set api-key KEY``), or an instance's runtime wants its
+    token (``Environment.attach(url, token=info.token)``)."""
 
 
 class PermissionDeniedError(AEnvError):

@@ -62,11 +62,13 @@ def bare_python(n: int) -> list[float]:
     return times
 
 
-async def first_call(http: aiohttp.ClientSession, url: str) -> None:
+async def first_call(
+    http: aiohttp.ClientSession, url: str, headers: dict[str, str] | None = None
+) -> None:
     body = {"name": "echo", "arguments": {"text": "hi"}}
     while True:
         try:
-            async with http.post(f"{url}/aenv/v1/call", json=body) as response:
+            async with http.post(f"{url}/aenv/v1/call", json=body, headers=headers) as response:
                 assert response.status == 200, response.status
                 await response.read()
                 return
@@ -93,12 +95,12 @@ async def engine_runs(engine: LocalEngine, n: int, concurrent: int) -> dict[str,
     warm = await engine.create(spec)  # the template starts here, once
     results: dict[str, object] = {}
     async with aiohttp.ClientSession() as http:
-        await first_call(http, warm.url or "")
+        await first_call(http, warm.url or "", warm.headers)
         creates, deletes = [], []
         for _ in range(n):
             started = time.perf_counter()
             info = await engine.create(spec)
-            await first_call(http, info.url or "")
+            await first_call(http, info.url or "", info.headers)
             creates.append(time.perf_counter() - started)
             began = time.perf_counter()
             await engine.delete(info.id)
@@ -117,14 +119,14 @@ async def engine_runs(engine: LocalEngine, n: int, concurrent: int) -> dict[str,
         for _ in range(max(5, n // 2)):
             started = time.perf_counter()
             (child,) = await engine.fork(warm.id, 1)
-            await first_call(http, child.url or "")
+            await first_call(http, child.url or "", child.headers)
             forks.append(time.perf_counter() - started)
             await engine.delete(child.id)
         results["fork"] = forks
 
         async def create_and_call() -> object:
             info = await engine.create(spec)
-            await first_call(http, info.url or "")
+            await first_call(http, info.url or "", info.headers)
             return info
 
         started = time.perf_counter()

@@ -18,12 +18,18 @@ Routes (on every port the runtime listens on):
 ``GET  /functions/list``    the seeds' listing of functions, reward and health
 ``/mcp``                    MCP streamable HTTP (FastMCP)
 ==========================  ====================================================================
+
+An instance an engine creates has a token (:attr:`~aenv_ray.engine.InstanceInfo.token`): every
+request on every route must then carry ``Authorization: Bearer TOKEN``, else it is answered
+401. Its port is reachable by whatever shares the network with it (other instances allowed the
+network, other users of the host); the token is what keeps them out.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import os
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -82,8 +88,12 @@ def _parse_json(body: bytes) -> Any:
 class RuntimeApp:
     """Route requests to the dispatcher, or to the MCP app for ``/mcp``."""
 
-    def __init__(self, dispatcher: Dispatcher, *, mcp_app: ASGIApp | None = None) -> None:
+    def __init__(
+        self, dispatcher: Dispatcher, *, mcp_app: ASGIApp | None = None, token: str | None = None
+    ) -> None:
         self.dispatcher = dispatcher
+        self._authorization: bytes | None = None
+        self.set_token(token)
         self.mcp_app = mcp_app
         self._mcp_lifespan = _LazyLifespan(mcp_app) if mcp_app is not None else None
         registry = dispatcher.registry
@@ -103,6 +113,19 @@ class RuntimeApp:
         self._info_payload = b""
         self._info_pid = 0
 
+    def set_token(self, token: str | None) -> None:
+        """Require ``Authorization: Bearer token`` on every request (None: require nothing)."""
+        self._authorization = f"Bearer {token}".encode() if token else None
+
+    def _is_authorized(self, scope: Scope) -> bool:
+        expected = self._authorization
+        if expected is None:
+            return True
+        for key, value in scope.get("headers", ()):
+            if key == b"authorization":
+                return hmac.compare_digest(value, expected)
+        return False
+
     def _info_bytes(self) -> bytes:
         # per process: a template builds this app once and the instances it forks serve it
         if self._info_pid != os.getpid():
@@ -119,6 +142,18 @@ class RuntimeApp:
             return
         path: str = scope["path"]
         method: str = scope["method"]
+        if not self._is_authorized(scope):
+            await _send_json(
+                send,
+                401,
+                {
+                    "success": False,
+                    "error": "this instance's runtime needs its token: send the header "
+                    "`Authorization: Bearer TOKEN` (InstanceInfo.token, or InstanceInfo.headers)",
+                    "error_type": "unauthorized",
+                },
+            )
+            return
         try:
             if path == p.FAST_CALL_PATH and method == "POST":
                 await self._fast_call(receive, send)

@@ -95,6 +95,7 @@ class RuntimeServer:
         default_timeout: float = 600.0,
         debug: bool = False,
         enable_mcp: bool = True,
+        token: str | None = None,
     ) -> None:
         self.project = project
         self.runner = SyncRunner()
@@ -110,7 +111,7 @@ class RuntimeServer:
             from sandbox_runtime._mcp import build_mcp_app
 
             mcp_app = build_mcp_app(self.dispatcher, name=project.config.ref)
-        self.app = RuntimeApp(self.dispatcher, mcp_app=mcp_app)
+        self.app = RuntimeApp(self.dispatcher, mcp_app=mcp_app, token=token)
         self.ready = threading.Event()  # set once the HTTP server serves
         # ``sockets=[]``: built now, given its sockets later (:meth:`listen_on`); a template
         # process builds one server this way so that the instances it forks need not
@@ -135,6 +136,10 @@ class RuntimeServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._stopped = threading.Event()
+
+    def set_token(self, token: str | None) -> None:
+        """Require ``Authorization: Bearer token`` on every request (an engine's instance)."""
+        self.app.set_token(token)
 
     def listen_on(self, sockets: Sequence[socket.socket]) -> None:
         """Serve on ``sockets`` (instead of any given before); call before :meth:`run`."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from aenv_ray import Environment, InstanceSpec
+from aenv_ray import Environment, InstanceInfo, InstanceSpec
 
 __all__ = ["HOSTILE", "call", "hostile_spec"]
 
@@ -18,10 +18,10 @@ def hostile_spec(**kw: Any) -> InstanceSpec:
     return InstanceSpec("hostile@1.0.0", project=str(HOSTILE), **kw)
 
 
-async def call(url: str | None, tool: str, args: dict[str, Any] | None = None) -> Any:
-    """Call ``tool`` on the runtime at ``url``; its structured result (failing on an error)."""
-    assert url is not None
-    async with Environment.attach(url) as env:
+async def call(info: InstanceInfo, tool: str, args: dict[str, Any] | None = None) -> Any:
+    """Call ``tool`` on the instance ``info``; its structured result (failing on an error)."""
+    assert info.url is not None
+    async with Environment.attach(info.url, token=info.token) as env:
         result = await env.call_tool(tool, args or {})
     assert not result.is_error, result.text
     return result.structured

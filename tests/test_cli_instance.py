@@ -61,7 +61,7 @@ async def test_create_list_get_call_renew_delete(state_dir: Path) -> None:
     # a later command sees the same instance, and the instance answers calls
     listed = as_json(aenv(state_dir, "list", "--json"))
     assert [i["id"] for i in listed] == [iid]  # type: ignore[union-attr]
-    async with Environment.attach(created["url"]) as env:
+    async with Environment.attach(created["url"], token=created["token"]) as env:
         result = await env.call_tool("execute_command", {"command": "echo $X"})
     assert result.structured == {"output": "1\n", "returncode": 0}
 

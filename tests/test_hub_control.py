@@ -101,8 +101,13 @@ async def bob(hub: Hub) -> AsyncIterator[HubClient]:
         yield client
 
 
-async def run(url: str, command: str, *, key: str | None = None) -> str:
-    """Run ``command`` with mini-terminal's tool at the runtime (or proxy) ``url``."""
+async def run(target: str | dict[str, Any], command: str, *, key: str | None = None) -> str:
+    """Run ``command`` with mini-terminal's tool at an instance (its record: the runtime, with
+    its token) or at a proxy's ``url`` (with the hub ``key``)."""
+    if isinstance(target, dict):
+        url, key = target["url"], target["token"]
+    else:
+        url = target
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     body = {"name": "execute_command", "arguments": {"command": command}}
     async with (
@@ -181,8 +186,8 @@ async def test_instance_create_list_get_renew_delete(alice: HubClient, bob: HubC
         assert doc["proxy_url"] == f"{alice.url}/v1/instances/{iid}/proxy"
         assert doc["expires_at"] - doc["created_at"] == pytest.approx(600, abs=5)
         # the runtime answers at its own URL, with the variables given
-        assert await run(doc["url"], "echo $GREETING") == "hello from the hub"
-        assert await run(doc["url"], WHO) == iid
+        assert await run(doc, "echo $GREETING") == "hello from the hub"
+        assert await run(doc, WHO) == iid
 
         listed = await alice.list_instances()
         assert iid in [d["id"] for d in listed]
@@ -223,7 +228,7 @@ async def test_fork_copies_see_the_parents_files(alice: HubClient) -> None:
     parent = await alice.create_instance(MINI, ttl="10m", labels={"role": "parent"})
     children: list[dict[str, Any]] = []
     try:
-        await run(parent["url"], "echo written-before-the-fork > note.txt")
+        await run(parent, "echo written-before-the-fork > note.txt")
         children = await alice.fork_instance(parent["id"], 2)
         assert len(children) == 2
         ids = {c["id"] for c in children}
@@ -234,12 +239,12 @@ async def test_fork_copies_see_the_parents_files(alice: HubClient) -> None:
             assert child["tenant"] == "alice"
             assert child["parent"] == parent["id"]
             assert child["proxy_url"] == f"{alice.url}/v1/instances/{child['id']}/proxy"
-            assert await run(child["url"], "cat note.txt") == "written-before-the-fork"
-            assert await run(child["url"], WHO) == child["id"]
+            assert await run(child, "cat note.txt") == "written-before-the-fork"
+            assert await run(child, WHO) == child["id"]
         # copies are copies: a child's write is its own
-        await run(children[0]["url"], "echo child > note.txt")
-        assert await run(parent["url"], "cat note.txt") == "written-before-the-fork"
-        assert await run(children[1]["url"], "cat note.txt") == "written-before-the-fork"
+        await run(children[0], "echo child > note.txt")
+        assert await run(parent, "cat note.txt") == "written-before-the-fork"
+        assert await run(children[1], "cat note.txt") == "written-before-the-fork"
         mine = {d["id"] for d in await alice.list_instances()}
         assert ids | {parent["id"]} <= mine
     finally:
@@ -503,12 +508,12 @@ async def test_service_lifecycle(hub: Hub, alice: HubClient) -> None:
         first, second = replicas
 
         # one storage for every replica
-        await run(first["url"], f"echo hi > {STORAGE}/x")
-        assert await run(second["url"], f"cat {STORAGE}/x") == "hi"
+        await run(first, f"echo hi > {STORAGE}/x")
+        assert await run(second, f"cat {STORAGE}/x") == "hi"
         assert (storage / "x").read_text() == "hi\n"
         # and their own workspaces
-        await run(first["url"], "echo mine > local.txt")
-        assert await run(second["url"], "cat local.txt 2>/dev/null || echo absent") == "absent"
+        await run(first, "echo mine > local.txt")
+        assert await run(second, "cat local.txt 2>/dev/null || echo absent") == "absent"
 
         # the service's address: round-robin over the running replicas
         seen = [await run(svc["address"], WHO, key=hub.alice) for _ in range(4)]
@@ -534,7 +539,7 @@ async def test_service_lifecycle(hub: Hub, alice: HubClient) -> None:
         (newcomer,) = set(healed["instances"]) - {second["id"]}
         incoming = await alice.get_instance(newcomer)
         assert incoming["service"] == sid
-        assert await run(incoming["url"], f"cat {STORAGE}/x") == "hi"
+        assert await run(incoming, f"cat {STORAGE}/x") == "hi"
 
         # scale up and down
         up = await alice.update_service(sid, replicas=3)
@@ -555,9 +560,10 @@ async def test_service_lifecycle(hub: Hub, alice: HubClient) -> None:
         assert changed["environment_variables"] == {"MODE": "blue"}
         assert not set(changed["instances"]) & set(down["instances"])
         assert (await alice.get_instance(down["instances"][0]))["state"] == "terminated"
-        for endpoint in changed["endpoints"]:
-            assert await run(endpoint, "echo $MODE") == "blue"
-            assert await run(endpoint, f"cat {STORAGE}/x") == "hi"
+        for iid in changed["instances"]:
+            replica = await alice.get_instance(iid)
+            assert await run(replica, "echo $MODE") == "blue"
+            assert await run(replica, f"cat {STORAGE}/x") == "hi"
         assert Path(changed["storage"]) == storage
 
         with pytest.raises(ConfigurationError, match="replicas"):
@@ -595,7 +601,7 @@ async def test_service_keep_storage_and_limits(hub: Hub, alice: HubClient) -> No
 
     svc = await alice.create_service(MINI, name="keeper", replicas=1, storage=True)
     storage = Path(svc["storage"])
-    await run(svc["endpoints"][0], f"echo kept > {STORAGE}/data.txt")
+    await run(await alice.get_instance(svc["instances"][0]), f"echo kept > {STORAGE}/data.txt")
     idle = await alice.update_service(svc["id"], replicas=0)
     assert (idle["ready"], idle["instances"], idle["endpoints"]) == (0, [], [])
     status, _, body = await raw("GET", svc["address"] + "/health", key=hub.alice)

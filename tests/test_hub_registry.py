@@ -435,7 +435,7 @@ async def test_a_restarted_hub_keeps_versions_and_live_instances_and_reaps_expir
             listed = {i["id"] for i in await client.list_instances()}
             assert keeper["id"] in listed
             assert brief["id"] not in listed
-        async with Environment.attach(keeper["url"]) as env:
+        async with Environment.attach(keeper["url"], token=keeper.get("token")) as env:
             result = await env.call_tool("add_note", {"text": "still here"})
             assert not result.is_error, result.text
 

@@ -94,12 +94,12 @@ async def test_create_by_project_and_by_name_get_list_renew_delete(engine: Daemo
     assert info.labels == {"run": "a"}
     assert info.expires_at is not None
     assert 119 < info.expires_at - info.created_at <= 120
-    assert (await call(info.url, "identity"))["env"]["AENV_INSTANCE_ID"] == info.id
+    assert (await call(info, "identity"))["env"]["AENV_INSTANCE_ID"] == info.id
 
     terminal = await engine.create(InstanceSpec("mini-terminal@1.0.0"))
     assert terminal.state is InstanceState.RUNNING
     assert terminal.env_ref == "mini-terminal@1.0.0"
-    said = await call(terminal.url, "execute_command", {"command": "echo hi"})
+    said = await call(terminal, "execute_command", {"command": "echo hi"})
     assert said == {"output": "hi\n", "returncode": 0}
 
     assert await engine.get(info.id) == info
@@ -126,7 +126,7 @@ async def test_create_by_project_and_by_name_get_list_renew_delete(engine: Daemo
 
 async def test_fork(engine: DaemonEngine) -> None:
     parent = await engine.create(hostile_spec(labels={"job": "7"}))
-    await call(parent.url, "remember", {"key": "stage", "value": "set up"})
+    await call(parent, "remember", {"key": "stage", "value": "set up"})
     children = await engine.fork(parent.id, 2)
     assert len(children) == 2
     assert len({c.id for c in children} | {parent.id}) == 3
@@ -134,7 +134,7 @@ async def test_fork(engine: DaemonEngine) -> None:
         assert child.state is InstanceState.RUNNING
         assert child.parent == parent.id
         assert child.labels == {"job": "7"}
-        async with Environment.attach(child.url or "") as env:
+        async with Environment.attach(child.url or "", token=child.token) as env:
             assert await env.call_function("recall", {"key": "stage"}) == "set up"
     listed = {i.id: i for i in await engine.list()}
     assert all(listed[c.id].parent == parent.id for c in children)
@@ -145,9 +145,9 @@ async def test_storage_reaches_the_instance(engine: DaemonEngine, tmp_path: Path
     storage.mkdir()
     os.chmod(storage, 0o777)  # the instances' root may be nobody on the host
     info = await engine.create(hostile_spec(storage=str(storage)))
-    me = await call(info.url, "identity")
+    me = await call(info, "identity")
     where = me["env"].get("AENV_STORAGE", "/storage")  # namespaces: mounted at /storage
-    assert (await call(info.url, "write_file", {"path": f"{where}/x", "text": "kept"}))["ok"]
+    assert (await call(info, "write_file", {"path": f"{where}/x", "text": "kept"}))["ok"]
     assert (storage / "x").read_text() == "kept"
 
 
@@ -190,7 +190,7 @@ async def test_started_on_demand_and_instances_outlive_the_client(
     assert (state_dir / "daemon.log").exists()
     # the same object from another event loop (a thread's asyncio.run): a session of its own
     assert (await asyncio.to_thread(asyncio.run, engine.get(info.id))).id == info.id
-    await call(info.url, "remember", {"key": "k", "value": "v"})
+    await call(info, "remember", {"key": "k", "value": "v"})
     await engine.aclose()
     await engine.aclose()  # idempotent
     with pytest.raises(ConfigurationError, match="closed"):
@@ -199,7 +199,7 @@ async def test_started_on_demand_and_instances_outlive_the_client(
     async with DaemonEngine(state_dir) as second:  # e.g. a restarted hub
         assert (await second.get(info.id)).state is InstanceState.RUNNING
         assert info.id in [i.id for i in await second.list()]
-        async with Environment.attach(info.url or "") as env:
+        async with Environment.attach(info.url or "", token=info.token) as env:
             assert await env.call_function("recall", {"key": "k"}) == "v"
         assert (await second.delete(info.id)).reason is TerminationReason.DELETED
     assert _pid(state_dir) == pid  # one daemon all along

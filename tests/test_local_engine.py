@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from aenv_ray import (
+    AuthenticationError,
     Environment,
     InstanceBrokenError,
     InstanceNotFoundError,
@@ -75,13 +76,13 @@ async def test_create_get_list_renew_delete(engine: LocalEngine) -> None:
     assert await engine.get(info.id) == info
     assert info.id in [i.id for i in await engine.list(env_ref="hostile")]
     assert info.id not in [i.id for i in await engine.list(env_ref="mini-terminal@1.0.0")]
-    assert (await call(info.url, "remember", {"key": "k", "value": "v"}))["keys"] == ["k"]
+    assert (await call(info, "remember", {"key": "k", "value": "v"}))["keys"] == ["k"]
 
     renewed = await engine.renew(info.id, 3600)
     assert renewed.expires_at is not None
     assert renewed.expires_at > info.expires_at + 3000
 
-    async with Environment.attach(info.url or "") as env:
+    async with Environment.attach(info.url or "", token=info.token) as env:
         ended = await engine.delete(info.id)
         assert ended.state is InstanceState.TERMINATED
         assert ended.reason is TerminationReason.DELETED
@@ -99,7 +100,7 @@ async def test_ttl_from_config_then_expiry(engine: LocalEngine) -> None:
     await engine.delete(default.id)
 
     short = await engine.create(hostile_spec(ttl=0.5))
-    async with Environment.attach(short.url or "") as env:
+    async with Environment.attach(short.url or "", token=short.token) as env:
 
         async def expired() -> bool:
             return (await engine.get(short.id)).state is InstanceState.TERMINATED
@@ -112,9 +113,35 @@ async def test_ttl_from_config_then_expiry(engine: LocalEngine) -> None:
             await env.call_tool("identity", {})
 
 
+async def test_the_runtime_answers_only_requests_with_the_instance_token(
+    engine: LocalEngine,
+) -> None:
+    first = await engine.create(hostile_spec())
+    second = await engine.create(hostile_spec())
+    try:
+        assert first.token
+        assert second.token
+        assert first.token != second.token
+        assert first.token not in repr(first)  # logs never show it
+        assert first.headers == {"Authorization": f"Bearer {first.token}"}
+        for token in (None, second.token, first.token + "x"):
+            with pytest.raises(AuthenticationError, match="Authorization: Bearer"):
+                async with Environment.attach(first.url or "", token=token) as env:
+                    await env.call_tool("identity", {})
+        async with httpx.AsyncClient() as http:  # every route, MCP included
+            for method, path in (("GET", "/health"), ("POST", "/aenv/v1/call"), ("POST", "/mcp")):
+                answer = await http.request(method, f"{first.url}{path}", json={})
+                assert answer.status_code == 401, (path, answer.text)
+                assert answer.json()["error_type"] == "unauthorized"
+        assert (await call(first, "identity"))["uid"] >= 0
+    finally:
+        await engine.delete(first.id)
+        await engine.delete(second.id)
+
+
 async def test_a_crashed_instance_is_a_typed_error_and_reported(engine: LocalEngine) -> None:
     info = await engine.create(hostile_spec())
-    async with Environment.attach(info.url or "") as env:
+    async with Environment.attach(info.url or "", token=info.token) as env:
         assert (await env.call_tool("identity", {})).structured["cwd"]
         with pytest.raises((InstanceBrokenError, InstanceUnreachableError)):
             await env.call_tool("crash", {})
@@ -132,29 +159,29 @@ async def test_a_crashed_instance_is_a_typed_error_and_reported(engine: LocalEng
 
 async def test_fork_copies_python_state_and_workspace(engine: LocalEngine) -> None:
     parent = await engine.create(hostile_spec())
-    await call(parent.url, "remember", {"key": "episode", "value": "setup-done"})
-    await call(parent.url, "write_file", {"path": "notes.txt", "text": "from parent"})
+    await call(parent, "remember", {"key": "episode", "value": "setup-done"})
+    await call(parent, "write_file", {"path": "notes.txt", "text": "from parent"})
 
     children = await engine.fork(parent.id, 3)
     assert len({c.id for c in children}) == 3
     assert all(c.parent == parent.id and c.state is InstanceState.RUNNING for c in children)
     for index, child in enumerate(children):
-        assert (await call(child.url, "read_file", {"path": "notes.txt"}))["value"] == "from parent"
-        async with Environment.attach(child.url or "") as env:
+        assert (await call(child, "read_file", {"path": "notes.txt"}))["value"] == "from parent"
+        async with Environment.attach(child.url or "", token=child.token) as env:
             assert await env.call_function("recall", {"key": "episode"}) == "setup-done"
-        await call(child.url, "write_file", {"path": "notes.txt", "text": f"child {index}"})
-        await call(child.url, "remember", {"key": "episode", "value": f"child {index}"})
+        await call(child, "write_file", {"path": "notes.txt", "text": f"child {index}"})
+        await call(child, "remember", {"key": "episode", "value": f"child {index}"})
     # every copy is its own: the parent and the siblings saw none of those writes
-    assert (await call(parent.url, "read_file", {"path": "notes.txt"}))["value"] == "from parent"
-    async with Environment.attach(parent.url or "") as env:
+    assert (await call(parent, "read_file", {"path": "notes.txt"}))["value"] == "from parent"
+    async with Environment.attach(parent.url or "", token=parent.token) as env:
         assert await env.call_function("recall", {"key": "episode"}) == "setup-done"
     for index, child in enumerate(children):
-        assert (await call(child.url, "read_file", {"path": "notes.txt"}))["value"] == (
+        assert (await call(child, "read_file", {"path": "notes.txt"}))["value"] == (
             f"child {index}"
         )
     # the parent can go first; its forks live on
     await engine.delete(parent.id)
-    assert (await call(children[0].url, "identity"))["cwd"]
+    assert (await call(children[0], "identity"))["cwd"]
     for child in children:
         await engine.delete(child.id)
 
@@ -164,12 +191,12 @@ async def test_fork_of_mini_terminal_keeps_files_and_gets_its_own_shell(
 ) -> None:
     parent = await engine.create(InstanceSpec("mini-terminal@1.0.0", project=str(TERMINAL)))
     command = {"command": "mkdir -p repo && echo base > repo/file && cat repo/file"}
-    assert (await call(parent.url, "execute_command", command))["output"] == "base\n"
+    assert (await call(parent, "execute_command", command))["output"] == "base\n"
     (child,) = await engine.fork(parent.id, 1)
     change = {"command": "echo changed > repo/file && cat repo/file"}
-    assert (await call(child.url, "execute_command", change))["output"] == "changed\n"
+    assert (await call(child, "execute_command", change))["output"] == "changed\n"
     look = {"command": "cat repo/file"}
-    assert (await call(parent.url, "execute_command", look))["output"] == "base\n"
+    assert (await call(parent, "execute_command", look))["output"] == "base\n"
     await engine.delete(parent.id)
     await engine.delete(child.id)
 
@@ -226,14 +253,14 @@ async def test_pid_1_reaps_orphans_in_either_form(
     engine = LocalEngine()
     try:
         info = await engine.create(hostile_spec())
-        table = await call(info.url, "process_table")
+        table = await call(info, "process_table")
         assert table[0]["pid"] == 1
         expected = ".aenv-init" if pid1 == "compiled" else "sandbox_runtime.local.zygote"
         assert expected in table[0]["command"]
-        assert await call(info.url, "orphans", {"count": 3}) == 3
+        assert await call(info, "orphans", {"count": 3}) == 3
 
         async def all_reaped() -> bool:
-            rows = await call(info.url, "process_table")
+            rows = await call(info, "process_table")
             return not any(r["state"] == "Z" or "sleep" in r["command"] for r in rows)
 
         await wait_for(all_reaped, "pid 1 to reap the orphans")
@@ -248,7 +275,7 @@ async def test_pid_1_reaps_orphans_in_either_form(
 
 @needs_namespaces
 async def test_host_files_are_unreadable_or_read_only(instance: Any) -> None:
-    url = instance.url
+    url = instance
     shadow = await call(url, "read_file", {"path": "/etc/shadow"})
     assert shadow["ok"] is False
     assert "Permission denied" in shadow["error"]
@@ -265,7 +292,7 @@ async def test_host_files_are_unreadable_or_read_only(instance: Any) -> None:
 
 @needs_namespaces
 async def test_identity_is_its_own(instance: Any) -> None:
-    me = await call(instance.url, "identity")
+    me = await call(instance, "identity")
     assert me["uid"] == 0  # root inside a user namespace whose root is nobody outside
     assert me["cwd"] == "/workspace"
     assert me["hostname"].startswith("aenv-")
@@ -273,19 +300,19 @@ async def test_identity_is_its_own(instance: Any) -> None:
     assert not any(key.startswith(("PYTEST", "HOSTNAME")) for key in me["env"])  # no host env
     # the template built the server; the instance's info still names the instance's own process
     async with httpx.AsyncClient() as http:
-        info = (await http.get(f"{instance.url}/aenv/v1/info")).json()
+        info = (await http.get(f"{instance.url}/aenv/v1/info", headers=instance.headers)).json()
     assert info["pid"] == me["pid"]
 
 
 @needs_namespaces
 async def test_other_instances_are_invisible(engine: LocalEngine, instance: Any) -> None:
-    await call(instance.url, "write_file", {"path": "secret.txt", "text": "mine"})
+    await call(instance, "write_file", {"path": "secret.txt", "text": "mine"})
     other = await engine.create(hostile_spec())
     try:
-        theirs = await call(other.url, "list_dir", {"path": "/workspace"})
+        theirs = await call(other, "list_dir", {"path": "/workspace"})
         assert theirs["value"] == []  # a fresh instance never sees an old one's files
-        mine = await call(instance.url, "identity")
-        seen = await call(other.url, "identity")
+        mine = await call(instance, "identity")
+        seen = await call(other, "identity")
         # separate pid namespaces: each sees only its own init and runtime (and its shell)
         assert seen["pids"] == mine["pids"]
         assert len(seen["pids"]) < 5
@@ -296,7 +323,7 @@ async def test_other_instances_are_invisible(engine: LocalEngine, instance: Any)
 
 @needs_namespaces
 async def test_nothing_of_the_engine_leaks_in_as_open_files(instance: Any) -> None:
-    async with Environment.attach(instance.url or "") as env:
+    async with Environment.attach(instance.url or "", token=instance.token) as env:
         files = (await env.call_tool("open_files", {})).structured
     assert isinstance(files, list)
     assert not [f for f in files if "cgroup" in f or f.startswith(("pid:", "/.host"))], files
@@ -309,9 +336,9 @@ async def test_no_network_by_default(instance: Any) -> None:
     server.listen()
     try:
         port = server.getsockname()[1]
-        attempt = await call(instance.url, "connect", {"host": "127.0.0.1", "port": port})
+        attempt = await call(instance, "connect", {"host": "127.0.0.1", "port": port})
         assert attempt["ok"] is False
-        outside = await call(instance.url, "connect", {"host": "1.1.1.1", "port": 80})
+        outside = await call(instance, "connect", {"host": "1.1.1.1", "port": 80})
         assert outside["ok"] is False
     finally:
         server.close()
@@ -319,12 +346,12 @@ async def test_no_network_by_default(instance: Any) -> None:
 
 @needs_namespaces
 async def test_fork_bomb_stops_at_the_pids_limit(engine: LocalEngine, instance: Any) -> None:
-    result = await call(instance.url, "fork_bomb", {"limit": 5000})
+    result = await call(instance, "fork_bomb", {"limit": 5000})
     assert result["error"] is not None
     assert "Resource temporarily unavailable" in result["error"]
     assert result["forked"] < 64  # deployConfig.pids
     # the instance and the engine go on
-    assert (await call(instance.url, "identity"))["uid"] == 0
+    assert (await call(instance, "identity"))["uid"] == 0
     fresh = await engine.create(hostile_spec())
     await engine.delete(fresh.id)
 
@@ -334,7 +361,7 @@ async def test_memory_past_the_limit_kills_only_that_instance(engine: LocalEngin
     victim = await engine.create(hostile_spec())
     bystander = await engine.create(hostile_spec())
     try:
-        async with Environment.attach(victim.url or "") as env:
+        async with Environment.attach(victim.url or "", token=victim.token) as env:
             with pytest.raises((InstanceBrokenError, InstanceUnreachableError)):
                 await env.call_tool("allocate", {"megabytes": 400})  # the limit is 256M
 
@@ -345,14 +372,14 @@ async def test_memory_past_the_limit_kills_only_that_instance(engine: LocalEngin
         info = await engine.get(victim.id)
         assert info.reason is TerminationReason.OUT_OF_MEMORY
         assert "memory" in info.describe_end()
-        assert (await call(bystander.url, "identity"))["uid"] == 0
+        assert (await call(bystander, "identity"))["uid"] == 0
     finally:
         await engine.delete(bystander.id)
 
 
 @needs_namespaces
 async def test_tmp_is_size_limited(instance: Any) -> None:
-    result = await call(instance.url, "fill_tmp", {"megabytes": 1024})
+    result = await call(instance, "fill_tmp", {"megabytes": 1024})
     assert result["error"] is not None
     assert "No space left" in result["error"]
     assert result["written_mb"] <= 64  # a quarter of the memory limit
@@ -368,14 +395,14 @@ async def test_plain_process_fallback_works_and_says_so(caplog: pytest.LogCaptur
         assert engine.is_isolated is False
         assert "NOT ISOLATED" in caplog.text
         info = await engine.create(hostile_spec())
-        me = await call(info.url, "identity")
+        me = await call(info, "identity")
         assert me["cwd"].startswith(("/tmp", os.environ.get("TMPDIR", "/tmp")))
         assert me["env"]["AENV_INSTANCE_ID"] == info.id
-        await call(info.url, "write_file", {"path": "f.txt", "text": "parent"})
+        await call(info, "write_file", {"path": "f.txt", "text": "parent"})
         (child,) = await engine.fork(info.id, 1)
-        assert (await call(child.url, "read_file", {"path": "f.txt"}))["value"] == "parent"
-        await call(child.url, "write_file", {"path": "f.txt", "text": "child"})
-        assert (await call(info.url, "read_file", {"path": "f.txt"}))["value"] == "parent"
+        assert (await call(child, "read_file", {"path": "f.txt"}))["value"] == "parent"
+        await call(child, "write_file", {"path": "f.txt", "text": "child"})
+        assert (await call(info, "read_file", {"path": "f.txt"}))["value"] == "parent"
         await engine.delete(info.id)
         await engine.delete(child.id)
     finally:

@@ -42,8 +42,8 @@ from sandbox_runtime.local import Isolation, LocalEngine
 
 HOSTILE, REPO, PORT, HOME = sys.argv[1], sys.argv[2], int(sys.argv[3]), os.getcwd()
 
-async def call(url, tool, args=None):
-    async with Environment.attach(url) as env:
+async def call(info, tool, args=None):
+    async with Environment.attach(info.url, token=info.token) as env:
         result = await env.call_tool(tool, args or {})
     assert not result.is_error, result.text
     return result.structured
@@ -70,28 +70,28 @@ async def attack(engine, out):
     spec = InstanceSpec("hostile@1.0.0", project=HOSTILE)
     started = time.monotonic()
     a = await engine.create(spec)
-    out["identity"] = await call(a.url, "identity")
+    out["identity"] = await call(a, "identity")
     out["first_call_ms"] = (time.monotonic() - started) * 1000
-    out["pid1"] = (await call(a.url, "process_table"))[0]
-    reads = {p: await call(a.url, "read_file", {"path": p}) for p in ("/etc/shadow",)}
-    lists = {p: await call(a.url, "list_dir", {"path": p}) for p in ("/root", "/home", HOME)}
+    out["pid1"] = (await call(a, "process_table"))[0]
+    reads = {p: await call(a, "read_file", {"path": p}) for p in ("/etc/shadow",)}
+    lists = {p: await call(a, "list_dir", {"path": p}) for p in ("/root", "/home", HOME)}
     targets = [REPO + "/pwned.txt", "/usr/pwned", "/etc/pwned", "/pwned", "/bin/pwned",
                "/workspace/mine.txt"]
-    writes = {p: await call(a.url, "write_file", {"path": p}) for p in targets}
+    writes = {p: await call(a, "write_file", {"path": p}) for p in targets}
     out.update(reads=reads, lists=lists, writes=writes)
-    out["connect"] = await call(a.url, "connect", {"host": "127.0.0.1", "port": PORT})
-    await call(a.url, "write_file", {"path": "secret.txt", "text": "mine"})
+    out["connect"] = await call(a, "connect", {"host": "127.0.0.1", "port": PORT})
+    await call(a, "write_file", {"path": "secret.txt", "text": "mine"})
     b = await engine.create(spec)
-    out["other_workspace"] = await call(b.url, "list_dir", {"path": "/workspace"})
-    out["other_identity"] = await call(b.url, "identity")
-    out["orphans"] = await call(a.url, "orphans", {"count": 3})
-    out["orphans_reaped"] = await reaped(a.url)
+    out["other_workspace"] = await call(b, "list_dir", {"path": "/workspace"})
+    out["other_identity"] = await call(b, "identity")
+    out["orphans"] = await call(a, "orphans", {"count": 3})
+    out["orphans_reaped"] = await reaped(a)
     (child,) = await engine.fork(a.id, 1)
-    out["fork_sees"] = await call(child.url, "read_file", {"path": "secret.txt"})
-    await call(child.url, "write_file", {"path": "secret.txt", "text": "child"})
-    out["parent_after_fork"] = await call(a.url, "read_file", {"path": "secret.txt"})
+    out["fork_sees"] = await call(child, "read_file", {"path": "secret.txt"})
+    await call(child, "write_file", {"path": "secret.txt", "text": "child"})
+    out["parent_after_fork"] = await call(a, "read_file", {"path": "secret.txt"})
     await engine.delete(a.id)  # the parent goes first; its fork lives on
-    out["fork_after_parent"] = await call(child.url, "read_file", {"path": "secret.txt"})
+    out["fork_after_parent"] = await call(child, "read_file", {"path": "secret.txt"})
     before = len(processes_of(engine.owner))
     await engine.delete(b.id)
     for _ in range(100):
@@ -309,7 +309,7 @@ async def main():
     engine = LocalEngine()
     out["isolated"] = engine.is_isolated
     info = await engine.create(InstanceSpec("hostile@1.0.0", project=sys.argv[1]))
-    async with Environment.attach(info.url) as env:
+    async with Environment.attach(info.url, token=info.token) as env:
         out["cwd"] = (await env.call_tool("identity", {})).structured["cwd"]
     await engine.aclose()
     print(json.dumps(out), flush=True)

@@ -47,13 +47,13 @@ async def test_instances_share_storage_and_the_host_sees_it(
     first = await engine.create(hostile_spec(storage=str(storage)))
     second = await engine.create(hostile_spec(storage=str(storage)))
     try:
-        written = await call(first.url, "write_file", {"path": "/storage/x", "text": "kept"})
+        written = await call(first, "write_file", {"path": "/storage/x", "text": "kept"})
         assert written["ok"] is True, written
-        read = await call(second.url, "read_file", {"path": "/storage/x"})
+        read = await call(second, "read_file", {"path": "/storage/x"})
         assert read == {"ok": True, "value": "kept"}
         assert (storage / "x").read_text() == "kept"
         (storage / "from-host").write_text("hello")
-        assert (await call(first.url, "list_dir", {"path": "/storage"}))["value"] == [
+        assert (await call(first, "list_dir", {"path": "/storage"}))["value"] == [
             "from-host",
             "x",
         ]
@@ -63,7 +63,7 @@ async def test_instances_share_storage_and_the_host_sees_it(
     # it outlives them: a later instance finds what they left
     third = await engine.create(hostile_spec(storage=str(storage)))
     try:
-        read = await call(third.url, "read_file", {"path": "/storage/x"})
+        read = await call(third, "read_file", {"path": "/storage/x"})
         assert read == {"ok": True, "value": "kept"}
     finally:
         await engine.delete(third.id)
@@ -75,9 +75,9 @@ async def test_forks_share_the_parents_storage(engine: LocalEngine, storage: Pat
         (child,) = await engine.fork(parent.id, 1)
         try:
             where = "/storage" if engine.is_isolated else str(storage)
-            written = await call(child.url, "write_file", {"path": f"{where}/child", "text": "c"})
+            written = await call(child, "write_file", {"path": f"{where}/child", "text": "c"})
             assert written["ok"] is True, written
-            assert (await call(parent.url, "read_file", {"path": f"{where}/child"}))["value"] == "c"
+            assert (await call(parent, "read_file", {"path": f"{where}/child"}))["value"] == "c"
             assert (storage / "child").read_text() == "c"
         finally:
             await engine.delete(child.id)
@@ -91,11 +91,11 @@ async def test_without_storage_the_mount_point_is_empty_and_read_only(
 ) -> None:
     info = await engine.create(hostile_spec())
     try:
-        listed = await call(info.url, "list_dir", {"path": "/storage"})
+        listed = await call(info, "list_dir", {"path": "/storage"})
         assert listed == {"ok": True, "value": []}
-        written = await call(info.url, "write_file", {"path": "/storage/x"})
+        written = await call(info, "write_file", {"path": "/storage/x"})
         assert written["ok"] is False
-        assert "AENV_STORAGE" not in (await call(info.url, "identity"))["env"]
+        assert "AENV_STORAGE" not in (await call(info, "identity"))["env"]
     finally:
         await engine.delete(info.id)
 
@@ -115,11 +115,11 @@ async def test_writing_outside_storage_still_fails(engine: LocalEngine, storage:
             str(REPO / "pwned.txt"),
         ]
         for target in targets:
-            written = await call(info.url, "write_file", {"path": target})
+            written = await call(info, "write_file", {"path": target})
             assert written["ok"] is False, target
         assert not (storage.parent / "pwned").exists()
         assert not (REPO / "pwned.txt").exists()
-        assert (await call(info.url, "write_file", {"path": "/storage/ok"}))["ok"] is True
+        assert (await call(info, "write_file", {"path": "/storage/ok"}))["ok"] is True
         assert os.listdir(storage) == ["ok"]
     finally:
         await engine.delete(info.id)
@@ -149,8 +149,8 @@ async def test_storage_nobody_may_not_write_is_warned_about(
     info = await engine.create(hostile_spec(storage=str(private)))
     try:
         assert f"chown {NOBODY} {private}" in caplog.text
-        assert (await call(info.url, "write_file", {"path": "/storage/x"}))["ok"] is False
-        assert (await call(info.url, "list_dir", {"path": "/storage"}))["ok"] is True
+        assert (await call(info, "write_file", {"path": "/storage/x"}))["ok"] is False
+        assert (await call(info, "list_dir", {"path": "/storage"}))["ok"] is True
     finally:
         await engine.delete(info.id)
 
@@ -161,12 +161,12 @@ async def test_plain_processes_get_the_path_in_aenv_storage(tmp_path: Path) -> N
     engine = LocalEngine(isolation=Isolation.NONE)
     try:
         info = await engine.create(hostile_spec(storage=str(storage)))
-        me = await call(info.url, "identity")
+        me = await call(info, "identity")
         assert me["env"]["AENV_STORAGE"] == str(storage)
-        written = await call(info.url, "write_file", {"path": f"{storage}/x", "text": "plain"})
+        written = await call(info, "write_file", {"path": f"{storage}/x", "text": "plain"})
         assert written["ok"] is True
         assert (storage / "x").read_text() == "plain"
         plain = await engine.create(hostile_spec())
-        assert "AENV_STORAGE" not in (await call(plain.url, "identity"))["env"]
+        assert "AENV_STORAGE" not in (await call(plain, "identity"))["env"]
     finally:
         await engine.aclose()

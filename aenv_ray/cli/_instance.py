@@ -117,6 +117,8 @@ def _show(info: dict[str, Any], as_json: bool) -> None:
     print(f"env      {info['env_ref']}")
     print(f"state    {info['state']}")
     print(f"url      {info.get('url') or '-'}")
+    if info.get("token"):
+        print(f"token    {info['token']}  (send: Authorization: Bearer TOKEN)")
     print(f"created  {_when(info.get('created_at'))}")
     print(f"expires  {_when(info.get('expires_at'))}")
     if info.get("reason"):

@@ -33,6 +33,7 @@ import enum
 import json
 import logging
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -235,6 +236,7 @@ class LocalEngine:
         deadline = time.monotonic() + timeout
         zygote = await self._zygote(root, deadline)
         iid = uuid.uuid4().hex[:12]
+        token = secrets.token_urlsafe(24)
         ttl = _ttl(spec.ttl, config)
         env = {**config.deploy_config.env, **dict(spec.environment_variables)}
         resources = _resources(config)
@@ -242,6 +244,7 @@ class LocalEngine:
         message: dict[str, Any] = {
             "op": "spawn",
             "id": iid,
+            "token": token,
             "env": env,
             "arguments": list(spec.arguments),
             **resources,
@@ -281,6 +284,7 @@ class LocalEngine:
             expires_at=now + ttl,
             owner=spec.owner,
             labels=dict(spec.labels),
+            token=token,
         )
         record = _Record(info, zygote, workspace=workspace)
         self._remember(record)
@@ -362,11 +366,13 @@ class LocalEngine:
         zygote = parent.zygote
         _, config = _load_config(str(zygote.root))
         ids = [uuid.uuid4().hex[:12] for _ in range(n)]
+        tokens = {child_id: secrets.token_urlsafe(24) for child_id in ids}
         deadline = time.monotonic() + timeout
         message = {
             "op": "fork",
             "id": instance_id,
             "new_ids": ids,
+            "tokens": tokens,
             **_resources(config),
         }
         replies = await self._request_many(zygote, ids, message, deadline)
@@ -380,6 +386,7 @@ class LocalEngine:
                 url=f"http://127.0.0.1:{replies[child_id]['port']}",
                 created_at=now,
                 parent=instance_id,
+                token=tokens[child_id],
             )
             record = _Record(info, zygote)
             self._remember(record)

@@ -494,6 +494,7 @@ class Zygote:
         os.environ.update(environ)
         sys.argv = ["sandbox_runtime", *[str(a) for a in message.get("arguments") or []]]
         server = self.server
+        server.set_token(message.get("token"))
         server.listen_on([listen])
         _Control(server, channel, self).start()
         server.run()
@@ -528,7 +529,13 @@ class Zygote:
             child = _Instance(
                 str(child_id), port, ours, group, group_root=parent.group_root or parent.id
             )
-            items.append({"id": str(child_id), "network": bool(message.get("network"))})
+            items.append(
+                {
+                    "id": str(child_id),
+                    "network": bool(message.get("network")),
+                    "token": (message.get("tokens") or {}).get(str(child_id)),
+                }
+            )
             fds.extend([listen.fileno(), theirs.fileno()])
             self.instances[child.id] = child
             handed_over.extend([listen, theirs])
@@ -734,7 +741,10 @@ class _Control(threading.Thread):
         if reply is None:
             os._exit(1)
         server = RuntimeServer(
-            self.zygote.project, sockets=[listen], default_timeout=self.zygote.default_timeout
+            self.zygote.project,
+            sockets=[listen],
+            default_timeout=self.zygote.default_timeout,
+            token=item.get("token"),
         )
         _Control(server, channel, self.zygote).start()
         server.run()
