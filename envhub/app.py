@@ -562,9 +562,16 @@ def create_app(store: Store, engine: SandboxEngine, options: HubOptions | None =
         )
 
     # -- the proxy ---------------------------------------------------------------------------------
-    async def forward(request: Request, base: str, path: str) -> Response:
+    async def forward(request: Request, base: str, path: str, token: str | None) -> Response:
         session = proxy["session"]
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+        # the caller's hub key never reaches the instance; the instance's own token does
+        headers = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() not in _HOP_BY_HOP and k.lower() != "authorization"
+        }
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         url = f"{base.rstrip('/')}/{path}"
         if request.url.query:
             url += f"?{request.url.query}"
@@ -602,15 +609,15 @@ def create_app(store: Store, engine: SandboxEngine, options: HubOptions | None =
                 f"instance {iid} is {doc['state']} ({doc.get('reason') or 'not ready'})",
                 instance_id=iid,
             )
-        return await forward(request, doc["url"], path)
+        return await forward(request, doc["url"], path, doc.get("token"))
 
     @app.api_route("/v1/services/{sid}/proxy/{path:path}", methods=methods, tags=["services"])
     async def service_proxy(sid: str, path: str, request: Request, who: Who) -> Response:
         """One running replica of the service, in turn."""
-        doc = await control.get_service(who, sid)
-        if not doc["endpoints"]:
+        targets = await control.service_targets(who, sid)
+        if not targets:
             raise CapacityError(f"service {sid} has no running replica now; try again shortly")
-        endpoint = doc["endpoints"][next(turns) % len(doc["endpoints"])]
-        return await forward(request, endpoint, path)
+        endpoint, token = targets[next(turns) % len(targets)]
+        return await forward(request, endpoint, path, token)
 
     return app

@@ -369,6 +369,18 @@ class ControlPlane:
         """A service with its replicas' current state."""
         return await self._describe(await self._my_service(caller, service_id))
 
+    async def service_targets(
+        self, caller: Caller, service_id: str
+    ) -> list[tuple[str, str | None]]:
+        """``(url, token)`` of each running replica of the caller's service (for the proxy)."""
+        await self._my_service(caller, service_id)
+        replicas = [await self._refresh(r) for r in await self._replicas(service_id)]
+        return [
+            (r["url"], r.get("token"))
+            for r in replicas
+            if r["state"] == InstanceState.RUNNING.value and r.get("url")
+        ]
+
     async def list_services(self, caller: Caller) -> list[Document]:
         """The caller's services, newest first."""
         docs = [
