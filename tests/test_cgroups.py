@@ -32,7 +32,7 @@ needs_v2 = pytest.mark.skipif(
 def v2() -> Iterator[Cgroups]:
     assert UNIFIED is not None
     owner = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    cgroups = Cgroups._detect_v2(UNIFIED, owner, [])
+    cgroups = Cgroups._detect_v2(UNIFIED, owner, "z", [])
     assert cgroups.version == 2
     assert cgroups.dir_fds, cgroups.warnings
     yield cgroups

@@ -5,9 +5,14 @@ namespace, and keeps them as directory file descriptors: every later operation i
 those (``mkdir``/``open`` with ``dir_fd``), so the sandbox root never needs ``/sys``.
 
 Groups are created under the cgroup the engine already runs in (``/proc/self/cgroup``), named
-``aenv-<owner pid>/<instance id>``, so two engines never collide and a machine's own hierarchy is
-never touched. Where the kernel or the hierarchy refuses, :meth:`Cgroups.detect` returns what it
-could set up and one warning per missing controller; the engine logs them loudly.
+``aenv-<owner>/<zygote>/<group>`` (``<owner>`` starts with the engine's pid), so two engines never
+collide, each zygote has a subtree of its own, and a machine's own hierarchy is never touched.
+Where the kernel or the hierarchy refuses, :meth:`Cgroups.detect` returns what it could set up and
+one warning per missing controller; the engine logs them loudly.
+
+Whoever notices first removes a subtree: the zygote when it exits, the engine when its zygote
+died (:func:`remove_tree`, which kills what is left, then removes the groups bottom-up), and any
+engine starting next to the subtree of an engine whose process is gone.
 """
 
 from __future__ import annotations
@@ -75,12 +80,12 @@ class Cgroups:
     controllers: frozenset[str] = frozenset()  # v2: those enabled for the instances' groups
 
     @classmethod
-    def detect(cls, owner: str) -> Cgroups:
-        """Open (creating) ``aenv-<owner>`` under this process's cgroups; never raises."""
+    def detect(cls, owner: str, zygote: str = "z") -> Cgroups:
+        """Open (creating) ``aenv-<owner>/<zygote>`` under this process's cgroups; never raises."""
         warnings: list[str] = []
         unified = _ROOT / "cgroup.controllers"
         if unified.exists():  # a pure v2 machine
-            return cls._detect_v2(_ROOT, owner, warnings)
+            return cls._detect_v2(_ROOT, owner, zygote, warnings)
         fds: dict[str, int] = {}
         parents: list[tuple[int, str]] = []
         for controller in _CONTROLLERS:
@@ -93,16 +98,18 @@ class Cgroups:
             _remove_stale(group.parent)
             try:
                 group.mkdir(exist_ok=True)
+                (group / zygote).mkdir(exist_ok=True)
+                parents.append((os.open(group, os.O_RDONLY | os.O_DIRECTORY), zygote))
                 parents.append((os.open(group.parent, os.O_RDONLY | os.O_DIRECTORY), group.name))
-                fds[controller] = os.open(group, os.O_RDONLY | os.O_DIRECTORY)
+                fds[controller] = os.open(group / zygote, os.O_RDONLY | os.O_DIRECTORY)
             except OSError as exc:
                 warnings.append(f"cannot create cgroup {group}: {exc.strerror}")
         if not fds and (_ROOT / "unified" / "cgroup.controllers").exists():
-            return cls._detect_v2(_ROOT / "unified", owner, warnings)
+            return cls._detect_v2(_ROOT / "unified", owner, zygote, warnings)
         return cls(version=1, dir_fds=fds, warnings=warnings, parents=parents)
 
     @classmethod
-    def _detect_v2(cls, root: Path, owner: str, warnings: list[str]) -> Cgroups:
+    def _detect_v2(cls, root: Path, owner: str, zygote: str, warnings: list[str]) -> Cgroups:
         own = _own_cgroup("") or "/"
         parent = root / own.lstrip("/")
         group = parent / f"aenv-{owner}"
@@ -112,12 +119,18 @@ class Cgroups:
             missing = [c for c in _CONTROLLERS if c not in available]
             if missing:
                 warnings.append(f"cgroup v2 controllers not delegated here: {', '.join(missing)}")
-            group.mkdir(exist_ok=True)
             enabled = frozenset(c for c in _CONTROLLERS if c in available)
-            if enabled:
-                (group / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in enabled))
-            fd = os.open(group, os.O_RDONLY | os.O_DIRECTORY)
-            parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+            for level in (group, group / zygote):
+                level.mkdir(exist_ok=True)
+                if enabled:
+                    (level / "cgroup.subtree_control").write_text(
+                        " ".join(f"+{c}" for c in enabled)
+                    )
+            fd = os.open(group / zygote, os.O_RDONLY | os.O_DIRECTORY)
+            parents = [
+                (os.open(group, os.O_RDONLY | os.O_DIRECTORY), zygote),
+                (os.open(parent, os.O_RDONLY | os.O_DIRECTORY), group.name),
+            ]
         except OSError as exc:
             warnings.append(f"cannot use cgroup v2 at {group}: {exc.strerror}")
             return cls(version=2, dir_fds={}, warnings=warnings)
@@ -125,7 +138,7 @@ class Cgroups:
             version=2,
             dir_fds={"unified": fd},
             warnings=warnings,
-            parents=[(parent_fd, group.name)],
+            parents=parents,
             controllers=enabled,
         )
 
@@ -167,8 +180,42 @@ class Cgroups:
         if limits.cpu is not None and "cpu" in enabled:
             _write(fd, f"{name}/cpu.max", f"{int(limits.cpu * _CPU_PERIOD)} {_CPU_PERIOD}")
 
+    def kill_all(self, *, seconds: float = 10.0) -> None:
+        """SIGKILL every process in every group of this zygote, then remove the groups."""
+        deadline = time.monotonic() + seconds
+        while self.dir_fds:
+            alive = False
+            names: set[str] = set()
+            for fd in self.dir_fds.values():
+                with contextlib.suppress(OSError), os.scandir(fd) as entries:
+                    names.update(e.name for e in entries if e.is_dir(follow_symlinks=False))
+            for fd in self.dir_fds.values():
+                for name in names:
+                    with contextlib.suppress(OSError):
+                        _write(fd, f"{name}/cgroup.kill", "1")
+                    try:
+                        pids = [int(p) for p in _read(fd, f"{name}/cgroup.procs").split()]
+                    except OSError:
+                        continue
+                    for pid in pids:
+                        alive = True
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
+            removed = True
+            for fd in self.dir_fds.values():
+                for name in names:
+                    try:
+                        os.rmdir(name, dir_fd=fd)
+                    except FileNotFoundError:
+                        pass
+                    except OSError:
+                        removed = False
+            if removed or time.monotonic() > deadline:
+                return
+            time.sleep(0.005 if alive else 0.02)
+
     def close(self) -> None:
-        """Close the directory fds and remove ``aenv-<owner>`` if nothing else uses it."""
+        """Close the directory fds; remove the zygote's group, then ``aenv-<owner>`` if unused."""
         for fd in self.dir_fds.values():
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -182,17 +229,92 @@ class Cgroups:
 
 
 def _remove_stale(parent: Path) -> None:
-    """Remove ``aenv-<pid>-*`` groups left by engines whose process is gone (when empty)."""
+    """Remove ``aenv-<pid>-*`` subtrees left by engines whose process is gone."""
     with contextlib.suppress(OSError):
         for group in parent.glob("aenv-*"):
             pid = group.name.removeprefix("aenv-").split("-", 1)[0]
             if not pid.isdigit() or Path(f"/proc/{pid}").exists():
                 continue
+            kill_and_remove([group])
+
+
+def hierarchy_roots() -> list[Path]:
+    """Where this process's groups are, one directory per mounted hierarchy we use."""
+    if (_ROOT / "cgroup.controllers").exists():
+        return [_ROOT / (_own_cgroup("") or "/").lstrip("/")]
+    roots = []
+    for controller in _CONTROLLERS:
+        own = _own_cgroup(controller)
+        if own is not None and (_ROOT / controller).is_dir():
+            roots.append(_ROOT / controller / own.lstrip("/"))
+    unified = _ROOT / "unified"
+    if not roots and (unified / "cgroup.controllers").exists():
+        roots.append(unified / (_own_cgroup("") or "/").lstrip("/"))
+    return roots
+
+
+def remove_tree(owner: str, zygote: str | None = None) -> list[str]:
+    """Kill every process left in ``aenv-<owner>[/<zygote>]`` and remove its groups.
+
+    For the engine, when a zygote died without cleaning up (or never could: SIGKILL).
+    Returns the groups that could not be removed (empty when all went).
+    """
+    trees = []
+    for root in hierarchy_roots():
+        tree = root / f"aenv-{owner}"
+        trees.append(tree / zygote if zygote else tree)
+    left = kill_and_remove(trees)
+    if zygote:  # the engine's own group goes once its last zygote's did
+        for root in hierarchy_roots():
             with contextlib.suppress(OSError):
-                for child in group.iterdir():
-                    if child.is_dir():
-                        child.rmdir()
+                (root / f"aenv-{owner}").rmdir()
+    return left
+
+
+def kill_and_remove(trees: list[Path], *, seconds: float = 10.0) -> list[str]:
+    """SIGKILL every process in ``trees`` (each a group and its subgroups) until none is left,
+    then remove the groups bottom-up. Returns what could not be removed."""
+    deadline = time.monotonic() + seconds
+    while True:
+        groups = [g for tree in trees for g in _walk(tree)]
+        alive = False
+        for group in groups:
+            with contextlib.suppress(OSError):
+                (group / "cgroup.kill").write_text("1")  # v2: one write kills the subtree
+            try:
+                pids = [int(p) for p in (group / "cgroup.procs").read_text().split()]
+            except OSError:
+                continue
+            for pid in pids:
+                alive = True
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        left = []
+        for group in sorted(groups, key=lambda g: len(g.parts), reverse=True):
+            try:
                 group.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                left.append(str(group))
+        if not left or time.monotonic() > deadline:
+            return left
+        if alive:
+            time.sleep(0.005)  # the kernel finishes killing them; their groups then empty
+        else:
+            time.sleep(0.02)
+
+
+def _walk(tree: Path) -> list[Path]:
+    """``tree`` and every group below it (none if it does not exist)."""
+    if not tree.is_dir():
+        return []
+    found = [tree]
+    with contextlib.suppress(OSError):
+        for child in tree.iterdir():
+            if child.is_dir():
+                found.extend(_walk(child))
+    return found
 
 
 @dataclass
@@ -215,6 +337,23 @@ class InstanceGroup:
             with contextlib.suppress(OSError):
                 found.update(int(p) for p in _read(fd, f"{self.name}/cgroup.procs").split())
         return found
+
+    def event_fds(self) -> tuple[int | None, int | None]:
+        """Read-only descriptors of the group's memory and pids event files (for the runtime
+        inside, which sees no ``/sys``): ``(memory.events or memory.oom_control, pids.events)``."""
+        memory_key = "memory" if self.cgroups.version == 1 else "unified"
+        memory_file = "memory.oom_control" if self.cgroups.version == 1 else "memory.events"
+        pids_key = "pids" if self.cgroups.version == 1 else "unified"
+        opened: list[int | None] = []
+        for key, name in ((memory_key, memory_file), (pids_key, "pids.events")):
+            fd = self.dirs.get(key)
+            try:
+                opened.append(
+                    None if fd is None else os.open(f"{self.name}/{name}", os.O_RDONLY, dir_fd=fd)
+                )
+            except OSError:
+                opened.append(None)
+        return opened[0], opened[1]
 
     def oom_killed(self) -> bool:
         """True when the kernel killed a process of the group for exceeding its memory."""

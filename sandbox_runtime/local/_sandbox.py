@@ -1,60 +1,76 @@
-"""The filesystem and namespace recipe of an isolated instance, as root or unprivileged.
+"""The filesystem and namespace recipe of isolated templates and instances, root or not.
 
-Up to four steps, in three processes (see ``zygote.py`` for who runs which):
+Five steps, in four kinds of process (``zygote.py`` says who runs which):
 
 0. :func:`enter_own_user_namespace` (the zygote, first thing, **unprivileged only**): root of a
    user namespace of its own, where only the invoking user is mapped (to root), then pid 1 of a
    pid namespace owned by that user namespace. The calling process stays outside and only waits.
-   Everything below then works as it does for root: the zygote holds every capability over the
-   namespaces it creates, and may return to its own pid namespace after starting an instance in
-   a new one (``setns`` needs ``CAP_SYS_ADMIN`` in the user namespace owning the target: the host's
-   pid namespace is out of reach, its own is not).
+   Everything below then works as it does for root.
 1. :func:`enter_template_root` (the zygote, once): a private mount namespace whose root is a small
    tmpfs holding read-only binds of what the runtime needs (``/usr``, ``/etc``, the Python
    installation, the virtual environment, the environment project, the packages' sources), a
-   ``/proc`` of the zygote's own pid namespace (its children's pids are read there), empty
-   ``/tmp``, ``/workspace``, ``/data`` and ``/storage``, and ``/dev`` (null, zero, random,
-   urandom). The host's root stays reachable at ``/.host`` for the next step only.
-2. :func:`enter_instance_namespaces` (the instance's pid 1 or runtime, forked by the zygote into a
-   new pid namespace, still the zygote's root): new mount, network, ipc and uts namespaces; a
-   size-limited tmpfs on ``/tmp`` and ``/workspace``, owned by the instance's root; the
-   datasource bound read-only on ``/data``, the storage directory read-write (nosuid, nodev)
-   on ``/storage``; ``/.host`` detached; loopback up (unless the network is allowed: then the
-   host's network namespace is kept).
-3. :func:`become_instance_root` (the same process): ``/proc`` of its own pid namespace, then a
-   user namespace and a mount namespace owned by it, so every mount made so far is locked
-   (cannot be unmounted or made writable from inside). Its root is :func:`instance_root` outside:
-   ``nobody`` when the engine runs as root; unprivileged, the invoking user (the only id mapped).
+   ``/proc`` of the zygote's own pid namespace, empty ``/tmp``, ``/workspace``, ``/data`` and
+   ``/storage``, and ``/dev`` (null, zero, full, random, urandom). The host's root stays
+   reachable at ``/.host`` for the next step only. **No environment code has run yet, and none
+   ever runs in the zygote.**
+2. :func:`enter_template_sandbox` (a template, forked by the zygote, still privileged): new
+   mount, ipc, uts and (unless the definition asks for network) network namespaces; a private
+   **copy** of the project (read-only; the template's user can read it whatever the host's
+   modes); a small private ``/tmp``; the datasource bound read-only on ``/data``, the storage
+   directory read-write (nosuid, nodev) on ``/storage``; ``/.host`` detached.
+   Then :func:`drop_to_new_user_namespace`: root of a new user namespace whose root is
+   :func:`instance_root` outside (``nobody`` for a root engine), every mount locked, no new
+   privileges. Only now does the template import the environment's modules.
+3. :func:`enter_instance_sandbox` (an instance, forked by its template into a new pid
+   namespace): its own mount, ipc, uts and network namespaces, size-limited tmpfs on ``/tmp``
+   and ``/workspace``, its own ``/proc``; then :func:`drop_to_new_user_namespace` again (its
+   template maps it): the instance has no capability over its template's namespaces, its
+   siblings' or the host's.
+4. A fork of a running instance repeats step 3 from inside that instance (``_instance.py``),
+   with copies of ``/workspace`` and ``/tmp``.
+
+Paths the runtime needs that live under ``/tmp`` (a virtual environment there, a project
+there) stay visible: every private ``/tmp`` binds them again (:func:`private_tmp`).
 
 Unprivileged, mounting a ``/proc`` needs a fully visible one already in the mount namespace (the
-kernel refuses to reveal what an overmount hides): the host's in step 1, the zygote's in step 3.
+kernel refuses to reveal what an overmount hides): the host's in step 1, the template's in
+steps 2 and 3.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from sandbox_runtime.local import _linux as L
 
 __all__ = [
     "HOST",
+    "MAX_PROJECT_BYTES",
     "NOBODY",
-    "become_instance_root",
-    "enter_instance_namespaces",
+    "ProjectTooLarge",
+    "copy_tree",
+    "drop_to_new_user_namespace",
+    "enter_instance_sandbox",
     "enter_own_user_namespace",
     "enter_template_root",
+    "enter_template_sandbox",
     "instance_root",
+    "mount_own_proc",
     "namespaces_available",
+    "private_tmp",
     "runtime_paths",
+    "under_tmp",
     "write_id_maps",
 ]
 
@@ -64,6 +80,14 @@ NOBODY = 65534
 _ROOT_DIRS = ("proc", "dev", "tmp", "workspace", "data", "storage", HOST.lstrip("/"))
 _DEVICES = ("null", "zero", "full", "random", "urandom")
 _PROC_FLAGS = L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC
+MAX_PROJECT_BYTES = 512 << 20
+"""Bytes of a project a template copies (its sources and data files); more is an error."""
+_TEMPLATE_TMP = 32 << 20  # the template's own /tmp (import-time scratch)
+_PR_SET_DUMPABLE = 4
+
+
+class ProjectTooLarge(OSError):
+    """The project directory holds more than :data:`MAX_PROJECT_BYTES`."""
 
 
 def instance_root(privileged: bool) -> int:
@@ -180,36 +204,128 @@ def enter_template_root(binds: Iterable[Path], *, init: Path | None = None) -> s
     return INIT if init is not None else None
 
 
-def enter_instance_namespaces(
+def under_tmp(paths: Iterable[Path | str]) -> list[str]:
+    """The ``paths`` below ``/tmp``: what a private ``/tmp`` must bind again."""
+    return sorted({str(p) for p in paths if Path(p).is_relative_to("/tmp") and str(p) != "/tmp"})
+
+
+def private_tmp(size: int, *, keep: Iterable[str] = (), owner: int = 0) -> None:
+    """Mount a fresh tmpfs of ``size`` bytes on ``/tmp`` (mode 1777, owned by ``owner`` as this
+    user namespace sees it), then bind the paths in ``keep`` (below ``/tmp``) again, read-only,
+    from what the new mount hides."""
+    hidden = []
+    for path in keep:
+        with contextlib.suppress(OSError):
+            hidden.append((path, os.open(path, os.O_PATH | os.O_DIRECTORY)))
+    try:
+        opts = f"mode=1777,size={size},uid={owner},gid={owner}"
+        L.mount("tmpfs", "/tmp", "tmpfs", L.MS_NOSUID | L.MS_NODEV, opts)
+        for path, fd in hidden:
+            os.makedirs(path, exist_ok=True)
+            L.bind_mount(f"/proc/self/fd/{fd}", path, read_only=True)
+    finally:
+        for _, fd in hidden:
+            os.close(fd)
+
+
+def copy_tree(source_fd: int, target: str, *, limit: int = MAX_PROJECT_BYTES) -> int:
+    """Copy the directory open as ``source_fd`` into ``target``; return the bytes copied.
+
+    Never follows a link (symbolic links are copied as links; a name swapped for a link during
+    the copy is refused by ``O_NOFOLLOW``), copies regular files and directories only (no
+    devices, fifos or sockets), skips hidden entries and ``__pycache__``, and gives everything
+    world-readable modes (executables stay executable): the copy is for a less privileged user.
+    """
+    copied = 0
+
+    def walk(dir_fd: int, into: str) -> None:
+        nonlocal copied
+        os.makedirs(into, mode=0o755, exist_ok=True)
+        with os.scandir(dir_fd) as entries:
+            names = sorted(e.name for e in entries)
+        for name in names:
+            if name.startswith(".") or name == "__pycache__":
+                continue
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            path = os.path.join(into, name)
+            if stat.S_ISLNK(st.st_mode):
+                os.symlink(os.readlink(name, dir_fd=dir_fd), path)
+            elif stat.S_ISDIR(st.st_mode):
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+                try:
+                    walk(fd, path)
+                finally:
+                    os.close(fd)
+            elif stat.S_ISREG(st.st_mode):
+                copied += st.st_size
+                if copied > limit:
+                    raise ProjectTooLarge(
+                        f"the project holds more than {limit >> 20} MiB; keep large data "
+                        "out of it (give it as a datasource)"
+                    )
+                flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+                fd = os.open(name, flags, dir_fd=dir_fd)
+                try:
+                    if not stat.S_ISREG(os.fstat(fd).st_mode):
+                        continue
+                    mode = 0o755 if st.st_mode & 0o111 else 0o644
+                    out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+                    try:
+                        while chunk := os.read(fd, 1 << 20):
+                            os.write(out, chunk)
+                    finally:
+                        os.close(out)
+                finally:
+                    os.close(fd)
+
+    walk(source_fd, target)
+    return copied
+
+
+def enter_template_sandbox(
     *,
-    hostname: str,
+    project: str,
     network: bool,
-    tmp_bytes: int,
-    workspace_bytes: int,
-    datasource: str | None,
+    keep_under_tmp: Iterable[str],
     root_uid: int,
+    datasource: str | None = None,
     storage: str | None = None,
 ) -> None:
-    """Step 2 (in a new pid namespace, still the zygote's root): namespaces and mounts.
+    """Step 2, before the user namespace: namespaces and mounts of a template.
 
-    ``root_uid`` (:func:`instance_root`) owns ``/tmp`` and ``/workspace``; ``datasource`` and
-    ``storage`` are absolute host paths (or None).
+    ``project`` is covered by a read-only copy of itself (:func:`copy_tree`); ``root_uid``
+    (:func:`instance_root`) will own the template's ``/tmp``; ``datasource`` and ``storage``
+    are absolute host paths (or None).
     """
     flags = L.CLONE_NEWNS | L.CLONE_NEWIPC | L.CLONE_NEWUTS
     if not network:
         flags |= L.CLONE_NEWNET
     L.unshare(flags)
-    opts = f"uid={root_uid},gid={root_uid}"
-    L.mount(
-        "tmpfs", "/tmp", "tmpfs", L.MS_NOSUID | L.MS_NODEV, f"mode=1777,size={tmp_bytes},{opts}"
-    )
-    L.mount(
-        "tmpfs",
-        "/workspace",
-        "tmpfs",
-        L.MS_NOSUID | L.MS_NODEV,
-        f"mode=755,size={workspace_bytes},{opts}",
-    )
+    source = os.open(project, os.O_RDONLY | os.O_DIRECTORY)  # before /tmp may hide it
+    keep = sorted(set(keep_under_tmp) - {project}, key=lambda p: len(Path(p).parts))
+    hidden = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in keep}
+    try:
+        opts = f"mode=1777,size={_TEMPLATE_TMP},uid={root_uid},gid={root_uid}"
+        L.mount("tmpfs", "/tmp", "tmpfs", L.MS_NOSUID | L.MS_NODEV, opts)
+        inside = [p for p in keep if Path(p).is_relative_to(project)]
+        for path in (p for p in keep if p not in inside):
+            os.makedirs(path, exist_ok=True)
+            L.bind_mount(f"/proc/self/fd/{hidden[path]}", path, read_only=True)
+        with contextlib.suppress(FileExistsError):
+            os.makedirs(project)
+        L.mount("tmpfs", project, "tmpfs", L.MS_NOSUID | L.MS_NODEV, "mode=755")
+        copy_tree(source, project)
+        for path in inside:  # e.g. a virtual environment inside the project directory
+            os.makedirs(path, exist_ok=True)
+            L.bind_mount(f"/proc/self/fd/{hidden[path]}", path, read_only=True)
+        L.mount(None, project, None, L.MS_REMOUNT | L.MS_RDONLY | L.MS_NOSUID | L.MS_NODEV)
+    finally:
+        os.close(source)
+        for fd in hidden.values():
+            os.close(fd)
     if datasource:
         L.bind_mount(HOST + str(Path(datasource).resolve()), "/data", read_only=True)
     if storage:
@@ -217,7 +333,40 @@ def enter_instance_namespaces(
     L.umount(HOST)
     if not network:
         L.loopback_up()
+    L.sethostname("aenv-template")
+
+
+def enter_instance_sandbox(
+    *,
+    hostname: str,
+    own_network: bool,
+    tmp_bytes: int,
+    workspace_bytes: int,
+    keep_under_tmp: Iterable[str],
+) -> None:
+    """Step 3 (an instance, root of its template's user namespace, in a new pid namespace):
+    its namespaces, ``/tmp`` and ``/workspace``, and a ``/proc`` of its pid namespace."""
+    flags = L.CLONE_NEWNS | L.CLONE_NEWIPC | L.CLONE_NEWUTS
+    if own_network:
+        flags |= L.CLONE_NEWNET
+    L.unshare(flags)
+    private_tmp(tmp_bytes, keep=keep_under_tmp)
+    L.mount(
+        "tmpfs",
+        "/workspace",
+        "tmpfs",
+        L.MS_NOSUID | L.MS_NODEV,
+        f"mode=755,size={workspace_bytes},uid=0,gid=0",
+    )
+    mount_own_proc()
+    if own_network:
+        L.loopback_up()
     L.sethostname(hostname)
+
+
+def mount_own_proc() -> None:
+    """A ``/proc`` of this process's pid namespace, over the one it sees now."""
+    L.mount("proc", "/proc", "proc", _PROC_FLAGS)
 
 
 def _bind_writable(source: str, target: str) -> None:
@@ -234,26 +383,31 @@ def _bind_writable(source: str, target: str) -> None:
     L.mount(None, target, None, L.MS_BIND | L.MS_REMOUNT | L.MS_NOSUID | L.MS_NODEV | kept)
 
 
-def become_instance_root(wait_for_maps: object) -> None:
-    """Step 3 (the instance's pid 1 or runtime): own ``/proc``, then drop to a user namespace.
+def drop_to_new_user_namespace(wait_for_maps: Callable[[], None], *, dumpable: bool) -> None:
+    """Become root of a new user namespace (and mount namespace: every mount so far is locked,
+    it cannot be unmounted or made writable from inside), with no new privileges ever.
 
-    ``wait_for_maps()`` must return once the zygote has written this process's ``uid_map`` and
-    ``gid_map`` (:func:`write_id_maps`); only a process outside can do that.
+    ``wait_for_maps()`` returns once a process outside has written this process's ``uid_map``
+    and ``gid_map`` (:func:`write_id_maps`). ``dumpable``: keep ``/proc/self`` owned by this
+    user, so that it can write the id maps of the namespaces its children create (a template).
     """
-    L.mount("proc", "/proc", "proc", _PROC_FLAGS)  # over the zygote's: locked there from now on
     L.unshare(L.CLONE_NEWUSER | L.CLONE_NEWNS)
-    wait_for_maps()  # type: ignore[operator]
+    wait_for_maps()
     os.setgid(0)  # root inside (supplementary groups: denied by the map)
     os.setuid(0)
+    if dumpable:  # changing uid cleared it
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE)")
     L.set_no_new_privs()
 
 
-def write_id_maps(pid: int, root_uid: int) -> None:
-    """From the zygote: map root in ``pid``'s new user namespace to ``root_uid`` (and gid).
+def write_id_maps(pid: int, outside_uid: int) -> None:
+    """Map root of ``pid``'s new user namespace to ``outside_uid`` (and gid) of ours.
 
-    ``pid`` is as the zygote's ``fork`` returned it: read in the zygote's own ``/proc``.
+    ``pid`` is as this process's ``fork`` returned it: read in this process's own ``/proc``.
     """
-    _write_maps(f"/proc/{pid}", root_uid, root_uid)
+    _write_maps(f"/proc/{pid}", outside_uid, outside_uid)
 
 
 def namespaces_available() -> str | None:

@@ -65,6 +65,7 @@ from aenv_ray.errors import (
     InstanceNotFoundError,
     StartupTimeoutError,
 )
+from sandbox_runtime.local._channel import MAX_MESSAGE
 
 __all__ = ["Isolation", "LocalEngine"]
 
@@ -97,9 +98,11 @@ class _Zygote:
     process: subprocess.Popen[bytes]
     sock: socket.socket
     isolated: bool
+    name: str  # its cgroup subtree: aenv-<owner>/<name>
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     waiting: dict[str, asyncio.Future[dict[str, Any]]] = field(default_factory=dict)
     ready: asyncio.Future[dict[str, Any]] | None = None
+    manifest: dict[str, Any] = field(default_factory=dict)
 
 
 class LocalEngine:
@@ -120,6 +123,8 @@ class LocalEngine:
         self.owner = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._records: OrderedDict[str, _Record] = OrderedDict()
         self._zygotes: dict[Path, _Zygote] = {}
+        self._zygote_numbers = iter(range(1, 1 << 62))
+        self._buffer = bytearray(MAX_MESSAGE + 1)  # one zygote message (a manifest: up to 1 MiB)
         self._closed = False
         self._warned_storage: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -248,6 +253,7 @@ class LocalEngine:
             "env": env,
             "arguments": list(spec.arguments),
             **resources,
+            "timeout": timeout,
             # /tmp and /workspace are tmpfs: their pages count against the memory limit
             "tmp_bytes": min(_MAX_TMP, memory // 4),
             "workspace_bytes": memory,
@@ -395,23 +401,55 @@ class LocalEngine:
         return infos
 
     async def _shutdown(self) -> None:
-        for zygote in list(self._zygotes.values()):
-            with contextlib.suppress(OSError):
-                zygote.sock.close()
-            _stop_process(zygote.process)
+        zygotes = list(self._zygotes.values())
         self._zygotes.clear()
+        for zygote in zygotes:
+            with contextlib.suppress(ValueError, OSError):
+                self._loop.remove_reader(zygote.sock.fileno())
+            with contextlib.suppress(OSError):
+                zygote.sock.close()  # each zygote kills its instances and exits on its own
+        running = sum(1 for r in self._records.values() if r.info.is_running)
+        await asyncio.gather(*(asyncio.to_thread(self._stop_zygote, z, running) for z in zygotes))
         for record in self._records.values():
             if record.info.state is not InstanceState.TERMINATED:
                 self._terminate(record, TerminationReason.DELETED, "the engine closed")
 
+    def _stop_zygote(self, zygote: _Zygote, instances: int) -> None:
+        """Wait for a zygote whose socket we closed to exit (it takes its instances down with
+        it), killing it if it takes too long; then remove whatever it left in its cgroups."""
+        _stop_process(zygote.process, grace=5.0 + 0.01 * instances)
+        if os.geteuid() == 0:
+            from sandbox_runtime.local._cgroups import remove_tree
+
+            left = remove_tree(self.owner, zygote.name)
+            if left:
+                log.warning("cgroups left behind", extra={"groups": ",".join(left)})
+
     # -- zygotes -------------------------------------------------------------------------------
+    async def inspect(self, project: str | Path, *, timeout: float = 60.0) -> dict[str, Any]:
+        """Load ``project`` inside a sandbox and return what it registers (never outside one).
+
+        The manifest: ``{"ref", "tools": [{"name", "description", "inputSchema"}, ...],
+        "functions": [...], "reward", "health"}``. A project that does not load raises
+        :class:`~aenv_ray.errors.DefinitionError` naming the file and line.
+        """
+        root, _ = _load_config(str(project))
+        return await self._call(self._inspect(root, timeout))
+
+    async def _inspect(self, root: Path, timeout: float) -> dict[str, Any]:
+        zygote = await self._zygote(root, time.monotonic() + timeout)
+        return dict(zygote.manifest)
+
     async def _zygote(self, root: Path, deadline: float) -> _Zygote:
         zygote = self._zygotes.get(root)
         if zygote is not None and zygote.process.poll() is None:
             assert zygote.ready is not None
             await _wait(zygote.ready, deadline, f"the template of {root.name}")
             return zygote
+        _, config = _load_config(str(root))
+        resources = _resources(config)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        name = f"z{next(self._zygote_numbers)}"
         command = [
             sys.executable,
             "-m",
@@ -423,13 +461,19 @@ class LocalEngine:
             "namespaces" if self._isolated else "none",
             "--owner",
             self.owner,
+            "--cgroup-name",
+            name,
             "--default-timeout",
             str(self.default_timeout),
+            *(["--network"] if resources["network"] else []),
+            *(["--memory", str(resources["memory"])] if resources["memory"] else []),
+            *(["--pids", str(resources["pids"])] if resources["pids"] else []),
+            *(["--cpu", str(resources["cpu"])] if resources["cpu"] else []),
         ]
         process = _start_process(command, theirs.fileno())
         theirs.close()
         ours.setblocking(False)
-        zygote = _Zygote(root, process, ours, self._isolated)
+        zygote = _Zygote(root, process, ours, self._isolated, name)
         zygote.ready = self._loop.create_future()
         self._zygotes[root] = zygote
         self._loop.add_reader(ours.fileno(), self._on_message, zygote)
@@ -437,8 +481,11 @@ class LocalEngine:
         if reply.get("op") == "failed":
             self._zygotes.pop(root, None)
             if reply.get("type") in ("DefinitionError", "ConfigurationError"):
-                raise DefinitionError(str(reply.get("message")))
+                raise DefinitionError(
+                    str(reply.get("message")), location=reply.get("location") or None
+                )
             raise AEnvError(f"cannot start instances of {root}: {reply.get('message')}")
+        zygote.manifest = dict(reply.get("manifest") or {})
         for warning in reply.get("warnings") or []:
             log.warning("local engine: %s", warning)
         return zygote
@@ -446,15 +493,15 @@ class LocalEngine:
     def _on_message(self, zygote: _Zygote) -> None:
         while True:
             try:
-                data = zygote.sock.recv(1 << 16)
+                size = zygote.sock.recv_into(self._buffer)
             except BlockingIOError:
                 return
             except OSError:
-                data = b""
-            if not data:
+                size = 0
+            if not size:
                 self._on_zygote_gone(zygote)
                 return
-            message = json.loads(data)
+            message = json.loads(self._buffer[:size])
             op = message.get("op")
             if op in ("ready", "failed") and zygote.ready is not None and not zygote.ready.done():
                 zygote.ready.set_result(message)
@@ -486,6 +533,12 @@ class LocalEngine:
         for record in self._records.values():
             if record.zygote is zygote and record.info.state is not InstanceState.TERMINATED:
                 self._terminate(record, TerminationReason.CRASHED, "its template process exited")
+        with contextlib.suppress(OSError):
+            zygote.sock.close()
+        # whoever notices first cleans up: a zygote killed by SIGKILL left its cgroups behind
+        task = self._loop.create_task(asyncio.to_thread(self._stop_zygote, zygote, 0))
+        self._tasks.add(task)  # owned until done: no fire-and-forget
+        task.add_done_callback(self._tasks.discard)
 
     async def _request(
         self, zygote: _Zygote, iid: str, message: dict[str, Any], deadline: float
@@ -645,13 +698,11 @@ async def _wait(future: asyncio.Future[T], deadline: float, what: str) -> T:
         raise StartupTimeoutError(f"{what} did not start in time", timeout=left) from exc
 
 
-def _stop_process(process: subprocess.Popen[bytes]) -> None:
+def _stop_process(process: subprocess.Popen[bytes], *, grace: float) -> None:
+    """Wait ``grace`` seconds for a zygote told to stop (its socket closed: it kills its
+    instances, removes its cgroups and exits), then SIGKILL it (the caller cleans up after)."""
     with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=3)  # it kills its instances when its control socket closes
+        process.wait(timeout=grace)
     if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=3)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        process.kill()
+        process.wait()

@@ -1,10 +1,11 @@
 /* aenv-init: pid 1 of a local-engine instance's pid namespace.
  *
- * The template process (zygote.py) starts it with one end of a socket pair as fd 3, then forks the
- * instance's runtime into the same pid namespace. It reaps every process the kernel re-parents to
- * it (orphans of the runtime's children, forks whose parent died) and exits when fd 3 reaches end
- * of file: the template closed it, or died. Its exit ends the pid namespace, and the kernel kills
- * whatever is left in it.
+ * The instance's template (_template.py) starts it with one end of a socket pair as fd 3, whose
+ * other end the zygote holds, then forks the instance's runtime into the same pid namespace. It
+ * says hello on fd 3 (one byte: the zygote reads this process's pid from the kernel), reaps every
+ * process the kernel re-parents to it (orphans of the runtime's children) and exits when fd 3
+ * reaches end of file: the zygote closed it, or died. Its exit ends the pid namespace, and the
+ * kernel kills whatever is left in it.
  *
  * Being a small program instead of a fork of the ~90 MB template saves a page-table copy and its
  * teardown per instance. Built once per machine by _init.py (cc -O2), cached by source hash.
@@ -26,6 +27,7 @@ int main(void) { /* arguments (owner, instance id) only label the process for ps
     if (children < 0) return 1;
     struct pollfd watch[2] = {{.fd = 3, .events = POLLIN}, {.fd = children, .events = POLLIN}};
     char buffer[256];
+    if (write(3, "i", 1) != 1) return 1;
     for (;;) {
         while (waitpid(-1, NULL, WNOHANG) > 0) {
         }

@@ -1,116 +1,98 @@
-"""The template process of one environment definition: imports once, forks instances fast.
+"""The zygote of one environment definition: sandboxes templates, places and watches instances.
 
 ``python -m sandbox_runtime.local.zygote PROJECT --control-fd N [--isolation namespaces|none]``
 
 The engine starts one zygote per definition with one end of a ``SOCK_SEQPACKET`` pair. The zygote
-imports the runtime and the project's modules, builds the template root (``_sandbox.py``), says
-``ready`` and then serves the engine's requests one at a time. Started by root it is
-*privileged*: instances' roots are nobody outside and cgroups limit them. Started by another user
-(isolated all the same), it first enters a user namespace of its own and becomes pid 1 of a pid
-namespace owned by it (``_sandbox.enter_own_user_namespace``; the process the engine started
-only waits for it): instances' roots are that user outside, and there are no cgroup limits.
+imports the runtime (never the environment), opens its cgroups, builds the template root
+(``_sandbox.enter_template_root``) and forks a **template** (``_template.py``): a process that
+builds its own sandbox and only then imports the environment's modules, as ``nobody`` on a root
+host, with no network, a read-only view of the system and cgroup limits. It says ``ready`` (with
+the environment's manifest) once the template loaded, ``failed`` if it could not, and then serves
+the engine's requests:
 
-``spawn`` (id, limits, network, environment, arguments, datasource, storage)
-    start the instance's pid 1 in a new pid namespace (``init.c``, a small program that reaps
-    and exits when the zygote's end of its socket closes) and fork the runtime into that
-    namespace; the runtime enters its other namespaces and drops to a user namespace whose root
-    is nobody outside. Without the compiled init, a fork of the zygote is pid 1 and forks the
-    runtime. The listening socket is bound here, in the host's network namespace, before any of
-    that: the instance answers on the host's loopback while it cannot open a connection
-    anywhere. Answer: ``spawned`` (id, port, pid).
-``fork`` (id, new ids)
-    the instance's runtime forks on its main thread between jobs; each child copies the
-    workspace and /tmp into its own mounts and asks for its cgroup. Answer: ``spawned`` per child.
+``spawn`` (id, token, environment, arguments, sizes, datasource, storage)
+    bind the instance's socket on the host's loopback, create its cgroup and channels, and ask the
+    template of that datasource and storage (started on first use) to fork it. The instance says
+    ``hello`` once it is in its sandbox; the kernel tells the zygote its pid; the zygote moves it
+    into its cgroup and answers ``go``. Answer to the engine: ``spawned`` (id, port, pid).
+``fork`` (id, new ids, tokens)
+    ask the running instance to fork; each child says ``hello`` as above. Never waited for: a
+    busy instance forks between its jobs while the zygote serves everyone else.
 ``kill`` (id)
-    SIGKILL everything in the instance's cgroup (or its process group). Answer: ``exited``.
+    SIGKILL everything in the instance's cgroup and end its pid namespace. Answer: ``exited``.
 
-Unasked, the zygote reports ``exited`` (id, reason, detail) when an instance's channel closes:
-its runtime died. When the engine's end closes (the owner died, even by SIGKILL), the zygote
-kills every instance and exits; each instance's init also exits when the zygote's end closes, so
-no process outlives its owner.
+Unasked, it reports ``exited`` (id, reason, detail) when an instance dies. Everything a template
+or an instance sends is untrusted: a message that is not ours, out of turn, or never read is a
+protocol violation and costs that instance (or that template and its instances) their life,
+never anyone else's; every wait has a deadline. When the engine's end closes (the owner died,
+even by SIGKILL), the zygote kills everything and removes its cgroups; every instance's pid 1
+also exits when the zygote's end of its socket closes, so nothing outlives the zygote either.
+
+Started by root it is *privileged*: templates and instances are ``nobody`` outside and cgroups
+limit them. Started by another user (isolated all the same), it first enters a user namespace of
+its own (``_sandbox.enter_own_user_namespace``): instances are that user outside, unlimited.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
-import json
 import logging
 import os
 import selectors
 import signal
 import socket
-import struct
 import sys
-import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandbox_runtime._loader import LoadedProject, load_project
+from sandbox_runtime.local import _channel
 from sandbox_runtime.local._cgroups import Cgroups, InstanceGroup, Limits
+from sandbox_runtime.local._channel import ProtocolViolation, Received
+from sandbox_runtime.local._template import TemplateContext
 
 __all__ = ["Zygote", "main"]
 
 log = logging.getLogger("sandbox_runtime.zygote")
 
-_MAX_MESSAGE = 1 << 16
-_BASE_ENV = {
-    "PATH": "/usr/local/bin:/usr/bin:/bin",
-    "LANG": "C.UTF-8",
-    "PYTHONDONTWRITEBYTECODE": "1",
-    "PYTHONUNBUFFERED": "1",
-}
+_START_TIMEOUT = 60.0  # seconds an instance (or a template) may take to come up
+_IDLE_TEMPLATE = 60.0  # seconds a template other than the first lives with no instance
+_MAX_MANIFEST_TOOLS = 4096
 
 
-# -- messages over SOCK_SEQPACKET: one JSON document per datagram, fds alongside ----------------
-def send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
-    """Send one message (and file descriptors)."""
-    data = json.dumps(message).encode()
-    if fds:
-        socket.send_fds(sock, [data], fds)
-    else:
-        sock.send(data)
+@dataclass(eq=False)
+class _Template:
+    key: tuple[str | None, str | None]  # (datasource, storage)
+    name: str
+    pid: int  # the zygote's child (the template waits for it; its death ends the template)
+    channel: socket.socket
+    group: InstanceGroup | None
+    deadline: float
+    state: str = "starting"  # starting -> ready -> dead
+    queued: list[tuple[dict[str, Any], list[socket.socket]]] = field(default_factory=list)
+    instances: set[str] = field(default_factory=set)
+    idle_since: float | None = None
 
 
-def receive(sock: socket.socket, max_fds: int = 0) -> tuple[dict[str, Any] | None, list[int]]:
-    """One message and its fds; ``(None, [])`` at end of stream."""
-    if max_fds:
-        data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, max_fds)
-    else:
-        data, fds = sock.recv(_MAX_MESSAGE), []
-    if not data:
-        return None, []
-    return json.loads(data), list(fds)
-
-
-def _receive_with_pid(sock: socket.socket) -> tuple[dict[str, Any] | None, int | None]:
-    """One message and the sender's pid in *our* pid namespace (SO_PASSCRED must be on)."""
-    size = socket.CMSG_SPACE(struct.calcsize("3i"))
-    data, ancillary, _, _ = sock.recvmsg(_MAX_MESSAGE, size)
-    pid = None
-    for level, kind, payload in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
-            pid = struct.unpack("3i", payload[: struct.calcsize("3i")])[0]
-    return (json.loads(data) if data else None), pid
-
-
-def _pair() -> tuple[socket.socket, socket.socket]:
-    return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-
-
-@dataclass
+@dataclass(eq=False)
 class _Instance:
     id: str
+    template: _Template
     port: int
     channel: socket.socket  # the runtime's end is in the instance; EOF: the runtime is gone
+    init_channel: socket.socket | None  # its pid 1's end; closing ours ends its pid namespace
     group: InstanceGroup | None
-    pid: int | None = None  # pid of its runtime (Python pid 1: of that pid 1), in our namespace
-    init_pid: int | None = None  # pid of its pid namespace's init (isolated only)
-    group_root: str = ""  # the instance whose pid namespace this one lives in (itself or a fork's)
+    deadline: float
+    request: str  # the id the engine waits on for errors (a fork's: its parent's)
+    ns_parent: str | None = None  # the instance whose pid namespace holds this one's (forks)
+    state: str = "starting"  # starting -> running -> dead
+    pid: int | None = None  # the runtime, in our pid namespace (from the kernel)
+    init_pid: int | None = None
+    init_group: InstanceGroup | None = None  # its pid 1, once forks live in its namespace
     killed: bool = False
-    starting: bool = False  # isolated: forked, its pid 1 not yet mapped into its user namespace
+    broken: str | None = None  # why the runtime said it could not go on
 
 
 class Zygote:
@@ -119,42 +101,47 @@ class Zygote:
     def __init__(
         self,
         control: socket.socket,
-        project: LoadedProject,
+        project: str,
         *,
         isolated: bool,
         privileged: bool,
         owner: str,
+        cgroup_name: str = "z",
+        network: bool = False,
+        limits: Limits | None = None,
         default_timeout: float = 600.0,
     ) -> None:
         self.control = control
-        self.project = project
+        self.project = str(Path(project).resolve())
         self.isolated = isolated
         self.privileged = privileged  # really root (decided before any user namespace)
         self.owner = owner
+        self.cgroup_name = cgroup_name
+        self.network = network
+        self.limits = limits or Limits()
         self.default_timeout = default_timeout
         self.cgroups: Cgroups | None = None
+        self.templates: dict[tuple[str | None, str | None], _Template] = {}
         self.instances: dict[str, _Instance] = {}
-        self.inits: dict[str, socket.socket] = {}  # group root id -> channel to its pid 1
-        # each pid 1 sits in a cgroup of its own, so that killing the first instance of a group
-        # (its runtime's cgroup) leaves the pid namespace, and the instance's forks, alive
-        self.init_groups: dict[str, InstanceGroup] = {}
         self.selector = selectors.DefaultSelector()
         self.warnings: list[str] = []
         self.engine_gone = False
-        self.pid_namespace: int | None = None  # fd: where this process's children belong
-        self.server: Any = None  # the RuntimeServer every spawned instance starts from
-        self.init_path: str | None = None  # the compiled init, inside the template root
+        self.ready_sent = False
+        self.keep_under_tmp: tuple[str, ...] = ()
+        self.init_path: str | None = None
+        self._numbers = iter(range(1, 1 << 62))
 
     # -- set-up --------------------------------------------------------------------------------
     def prepare(self) -> None:
-        """Open cgroups, build the template root (isolated mode), warm the runtime's imports."""
-        import sandbox_runtime._mcp  # noqa: F401  (imported now so that instances need not)
+        """Open cgroups, build the template root (isolated), warm the runtime's imports."""
+        import sandbox_runtime._loader
+        import sandbox_runtime._mcp
+        import sandbox_runtime.local._instance  # noqa: F401  (imported now: templates need not)
         from sandbox_runtime.server import warm_imports
 
         warm_imports()
-
         if self.privileged:
-            self.cgroups = Cgroups.detect(self.owner)
+            self.cgroups = Cgroups.detect(self.owner, self.cgroup_name)
             self.warnings.extend(self.cgroups.warnings)
         else:
             self.warnings.append(
@@ -163,59 +150,224 @@ class Zygote:
             )
         if self.isolated:
             from sandbox_runtime.local import _linux, _sandbox
-
-            self.pid_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY)
-
             from sandbox_runtime.local._init import init_binary
 
+            paths = _sandbox.runtime_paths(Path(self.project))
+            self.keep_under_tmp = tuple(_sandbox.under_tmp(paths))
             init, why_not = init_binary()
             if init is None:
                 log.info("instances get a Python pid 1", extra={"reason": why_not})
-            self.init_path = _sandbox.enter_template_root(
-                _sandbox.runtime_paths(self.project.root), init=init
-            )
+            self.init_path = _sandbox.enter_template_root(paths, init=init)
             _linux.set_child_subreaper()
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        # Built once here (its MCP server, schemas, uvicorn config): an instance only adds its
-        # socket and starts serving, touching (and so copying) far fewer of the template's pages.
-        from sandbox_runtime.server import RuntimeServer
-
-        self.server = RuntimeServer(self.project, sockets=[], default_timeout=self.default_timeout)
-        # Everything imported so far lives as long as the template: keep the garbage collector
-        # from walking (and so copying, page by page) those objects in every forked instance.
-        gc.collect()
-        gc.freeze()
+        wake_read, wake_write = os.pipe()
+        os.set_blocking(wake_write, False)
+        signal.set_wakeup_fd(wake_write)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.selector.register(wake_read, selectors.EVENT_READ, ("wake", None))
 
     def _tell(self, message: dict[str, Any]) -> None:
         """Report to the engine; a closed socket means the engine is gone (checked by serve)."""
         try:
-            send(self.control, message)
+            _channel.send(self.control, message)
         except OSError:
             self.engine_gone = True
+
+    # -- templates -----------------------------------------------------------------------------
+    def _template(self, key: tuple[str | None, str | None]) -> _Template:
+        template = self.templates.get(key)
+        if template is not None and template.state != "dead":
+            return template
+        number = next(self._numbers)
+        context = TemplateContext(
+            project=self.project,
+            owner=self.owner,
+            isolated=self.isolated,
+            privileged=self.privileged,
+            network=self.network,
+            keep_under_tmp=self.keep_under_tmp,
+            init_path=self.init_path,
+            default_timeout=self.default_timeout,
+            datasource=key[0],
+            storage=key[1],
+        )
+        group = self.cgroups.create(f"t{number}", self.limits) if self.cgroups else None
+        ours, theirs = _channel.pair()
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        go_read, go_write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child
+            from sandbox_runtime.local._template import become_template
+
+            os.close(go_write)
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            become_template(context, theirs, go_read)
+        os.close(go_read)
+        theirs.close()
+        try:
+            if group is not None:
+                group.add(pid)
+            os.write(go_write, b"g")
+        finally:
+            os.close(go_write)
+        template = _Template(key, f"t{number}", pid, ours, group, time.monotonic() + _START_TIMEOUT)
+        self.templates[key] = template
+        self.selector.register(ours, selectors.EVENT_READ, ("template", template))
+        return template
+
+    def _on_template(self, template: _Template) -> None:
+        try:
+            try:
+                received = _channel.receive(template.channel, creds=True)
+            except OSError:
+                received = Received(None)
+            message = received.message
+            if message is None:
+                self._template_gone(template, "its template process exited")
+                return
+            op = message.get("op")
+            if op == "map" and template.state == "starting" and received.pid == template.pid:
+                from sandbox_runtime.local._sandbox import instance_root, write_id_maps
+
+                write_id_maps(template.pid, instance_root(self.privileged))
+                _channel.send(template.channel, {"op": "mapped"}, block=False)
+            elif op == "loaded" and template.state == "starting":
+                manifest = _checked_manifest(message.get("manifest"))
+                template.state = "ready"
+                template.idle_since = time.monotonic()
+                if not self.ready_sent:
+                    self.ready_sent = True
+                    self._tell(
+                        {
+                            "op": "ready",
+                            "pid": os.getpid(),
+                            "warnings": self.warnings,
+                            "manifest": manifest,
+                        }
+                    )
+                for request, sockets in template.queued:
+                    self._send_spawn(template, request, sockets)
+                template.queued.clear()
+            elif op == "failed" and template.state == "starting":
+                why = _channel.text(message, "message", limit=8000)
+                kind = str(message.get("type") or "")[:100]
+                self._template_failed(template, why, kind, str(message.get("location") or ""))
+            elif op == "error" and template.state == "ready":
+                instance = self.instances.get(str(message.get("id")))
+                if instance is not None and instance.template is template:
+                    why = _channel.text(message, "message", limit=2000)
+                    self._fail_start(instance, f"its template could not fork it: {why}")
+            else:
+                raise ProtocolViolation(f"unexpected {op!r} from a template in {template.state}")
+        except ProtocolViolation as exc:
+            log.warning(
+                "template broke protocol", extra={"template": template.name, "why": str(exc)}
+            )
+            self._template_gone(template, f"its template broke protocol ({exc})")
+
+    def _template_failed(self, template: _Template, why: str, kind: str, location: str) -> None:
+        if not self.ready_sent:  # the definition does not load: the engine hears it once
+            self._tell({"op": "failed", "message": why, "type": kind, "location": location})
+            self.engine_gone = True  # nothing more to do: exit
+        self._template_gone(template, f"it does not load: {why}")
+
+    def _template_gone(self, template: _Template, detail: str) -> None:
+        """The template died (or is made to): so do its instances (their pid namespaces are
+        inside its own)."""
+        if template.state == "dead":
+            return
+        template.state = "dead"
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(template.channel)
+        template.channel.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(template.pid, signal.SIGKILL)
+        for request, sockets in template.queued:
+            for sock in sockets:
+                sock.close()
+            instance = self.instances.get(str(request.get("id")))
+            if instance is not None:
+                self._fail_start(instance, f"its template is gone: {detail}")
+        template.queued.clear()
+        for iid in list(template.instances):
+            instance = self.instances.get(iid)
+            if instance is None:
+                continue
+            if instance.state == "starting":
+                self._fail_start(instance, detail)
+            else:
+                self._kill(instance)
+                self._finish(instance, "crashed", detail)
+        if template.group is not None:
+            template.group.kill()
+            template.group.remove()
+        if self.templates.get(template.key) is template:
+            del self.templates[template.key]
+        self._reap()
 
     # -- the loop ------------------------------------------------------------------------------
     def serve(self) -> None:
         """Answer requests until the engine's end closes; then kill everything and return."""
-        self._tell({"op": "ready", "pid": os.getpid(), "warnings": self.warnings})
-        self.selector.register(self.control, selectors.EVENT_READ, None)
+        self.selector.register(self.control, selectors.EVENT_READ, ("engine", None))
         try:
+            self._template((None, None))  # the first: its import is the definition's check
             while not self.engine_gone:
-                for key, _ in self.selector.select():
-                    if key.data is None:
-                        message, fds = receive(self.control, max_fds=4)
-                        if message is None:
-                            return
-                        self._handle(message, fds)
+                for key, _ in self.selector.select(self._next_deadline()):
+                    kind, what = key.data
+                    if isinstance(key.fileobj, socket.socket) and key.fileobj.fileno() == -1:
+                        continue  # closed by an event handled before it in this batch
+                    if kind == "engine":
+                        self._on_engine()
+                    elif kind == "template":
+                        self._on_template(what)
+                    elif kind == "runtime":
+                        self._on_runtime(what)
+                    elif kind == "init":
+                        self._on_init(what)
                     else:
-                        self._on_instance_event(key.data, key.fileobj)  # type: ignore[arg-type]
+                        os.read(key.fd, 512)  # SIGCHLD woke us
+                    if self.engine_gone:
+                        break
+                self._reap()
+                self._check_deadlines()
         finally:
-            for instance in list(self.instances.values()):
-                self._kill(instance)
-                self._forget(instance)
-            if self.cgroups is not None:
-                self.cgroups.close()
+            self._shutdown()
 
-    def _handle(self, message: dict[str, Any], fds: list[int]) -> None:
+    def _next_deadline(self) -> float:
+        now = time.monotonic()
+        deadlines = [i.deadline for i in self.instances.values() if i.state == "starting"]
+        deadlines += [t.deadline for t in self.templates.values() if t.state == "starting"]
+        deadlines += [
+            t.idle_since + _IDLE_TEMPLATE
+            for t in self.templates.values()
+            if t.idle_since is not None and t.key != (None, None)
+        ]
+        return max(0.0, min(deadlines) - now) if deadlines else 3600.0
+
+    def _check_deadlines(self) -> None:
+        now = time.monotonic()
+        for template in list(self.templates.values()):
+            if template.state == "starting" and now >= template.deadline:
+                self._template_failed(
+                    template, f"its template did not load within {_START_TIMEOUT:g} s", "", ""
+                )
+            elif (
+                template.idle_since is not None
+                and template.key != (None, None)
+                and now >= template.idle_since + _IDLE_TEMPLATE
+            ):
+                self._template_gone(template, "idle")
+        for instance in list(self.instances.values()):
+            if instance.state == "starting" and now >= instance.deadline:
+                what = "its parent was busy or it" if instance.ns_parent else "it"
+                self._fail_start(instance, f"{what} did not start within {_START_TIMEOUT:g} s")
+
+    def _on_engine(self) -> None:
+        received = _channel.receive(self.control, max_fds=0)
+        message = received.message
+        if message is None:
+            self.engine_gone = True
+            return
         op = message.get("op")
         try:
             if op == "spawn":
@@ -223,7 +375,7 @@ class Zygote:
             elif op == "fork":
                 self._fork(message)
             elif op == "kill":
-                instance = self.instances.get(message["id"])
+                instance = self.instances.get(str(message["id"]))
                 if instance is None:  # gone already: confirm all the same
                     self._tell({"op": "exited", "id": message["id"], "reason": "deleted"})
                 else:
@@ -234,409 +386,321 @@ class Zygote:
         except Exception as exc:
             log.exception("request failed", extra={"op": op})
             self._tell({"op": "error", "id": message.get("id"), "message": str(exc)})
-        finally:
-            for fd in fds:
-                os.close(fd)
 
     # -- spawn ---------------------------------------------------------------------------------
     def _spawn(self, message: dict[str, Any]) -> None:
-        """Fork the instance; answer ``spawned`` now (plain) or once its pid 1 is mapped."""
         iid = str(message["id"])
-        limits = Limits(
-            memory=message.get("memory"), pids=message.get("pids"), cpu=message.get("cpu")
-        )
+        if iid in self.instances:
+            raise ValueError(f"instance {iid} exists already")
+        template = self._template((message.get("datasource"), message.get("storage")))
+        limits = _limits(message)
         group = self.cgroups.create(f"i-{iid}", limits) if self.cgroups else None
         listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listen.bind(("127.0.0.1", 0))
         listen.listen(1024)
-        ours, theirs = _pair()
-        init_ours, init_theirs = _pair() if self.isolated else (None, None)
-        go_read, go_write = os.pipe()
-        init_pid: int | None = None
-        if not self.isolated:
-            mode, pid = "plain", os.fork()
-        elif self.init_path is not None:
-            assert init_theirs is not None
-            mode = "runtime"
-            init_pid, pid = self._start_init_and_fork(self.init_path, init_theirs, iid)
+        ours, theirs = _channel.pair()
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        init_ours, init_theirs = self._init_pair()
+        instance = _Instance(
+            iid,
+            template,
+            listen.getsockname()[1],
+            ours,
+            init_ours,
+            group,
+            time.monotonic() + float(message.get("timeout") or _START_TIMEOUT),
+            request=iid,
+        )
+        self._remember(instance)
+        request = {
+            "op": "spawn",
+            "id": iid,
+            "token": message.get("token"),
+            "env": message.get("env") or {},
+            "arguments": message.get("arguments") or [],
+            "tmp_bytes": message.get("tmp_bytes"),
+            "workspace_bytes": message.get("workspace_bytes"),
+            "workspace": message.get("workspace"),
+        }
+        sockets = [listen, theirs, init_theirs or _null_socket()]
+        if template.state == "ready":
+            self._send_spawn(template, request, sockets)
         else:
-            mode, pid = "init", self._fork_into_new_pid_namespace()
-            init_pid = pid
-        if pid == 0:  # pragma: no cover - runs in the child
-            if mode == "runtime":
-                from sandbox_runtime.local import _linux
+            template.queued.append((request, sockets))
 
-                _linux.set_parent_death_signal(signal.SIGKILL)
-            self._in_child(
-                self._first_process,
-                mode,
-                message,
-                listen,
-                theirs,
-                init_theirs if mode == "init" else None,
-                go_read,
-                close=[ours, init_ours, go_write, *([init_theirs] if mode == "runtime" else [])],
-            )
-        os.close(go_read)
-        theirs.close()
-        if init_theirs is not None:
-            init_theirs.close()
-        port = listen.getsockname()[1]
-        listen.close()
+    def _send_spawn(
+        self, template: _Template, request: dict[str, Any], sockets: list[socket.socket]
+    ) -> None:
         try:
-            if group is not None:
-                if init_pid is not None and init_pid != pid:
-                    group.add(init_pid)
-                group.add(pid)
-            os.write(go_write, b"g")
+            _channel.send(template.channel, request, [s.fileno() for s in sockets], block=False)
+        except (ProtocolViolation, OSError) as exc:
+            self._template_gone(template, f"its template does not take requests ({exc})")
         finally:
-            os.close(go_write)
-        instance = _Instance(iid, port, ours, group, group_root=iid, pid=pid, init_pid=init_pid)
-        self.instances[iid] = instance
-        self.selector.register(ours, selectors.EVENT_READ, ("runtime", iid))
-        if init_ours is None:
-            self._tell({"op": "spawned", "id": iid, "port": port, "pid": pid})
-            return
-        # the rest: "map" (from the runtime, or from a Python pid 1), then "spawned"
-        instance.starting = True
-        self.inits[iid] = init_ours
-        self.selector.register(init_ours, selectors.EVENT_READ, ("init", iid))
+            for sock in sockets:
+                sock.close()
+        template.idle_since = None
 
-    def _fork_into_new_pid_namespace(self) -> int:
-        """``os.fork()`` whose child is pid 1 of a new pid namespace; later forks are not."""
-        from sandbox_runtime.local import _linux
+    def _init_pair(self) -> tuple[socket.socket | None, socket.socket | None]:
+        if not self.isolated:
+            return None, None
+        ours, theirs = _channel.pair()
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        return ours, theirs
 
-        assert self.pid_namespace is not None
-        _linux.unshare(_linux.CLONE_NEWPID)
+    def _remember(self, instance: _Instance) -> None:
+        self.instances[instance.id] = instance
+        instance.template.instances.add(instance.id)
+        instance.template.idle_since = None
+        self.selector.register(instance.channel, selectors.EVENT_READ, ("runtime", instance))
+        if instance.init_channel is not None:
+            self.selector.register(instance.init_channel, selectors.EVENT_READ, ("init", instance))
+
+    # -- messages from instances ---------------------------------------------------------------
+    def _on_runtime(self, instance: _Instance) -> None:
         try:
-            pid = os.fork()
-        except BaseException:
-            _linux.setns(self.pid_namespace, _linux.CLONE_NEWPID)
-            raise
-        if pid != 0:  # the child must not: it lives in the new namespace
-            _linux.setns(self.pid_namespace, _linux.CLONE_NEWPID)
-        return pid
-
-    def _start_init_and_fork(
-        self, init_path: str, channel: socket.socket, iid: str
-    ) -> tuple[int, int]:
-        """Start the compiled init as pid 1 of a new pid namespace, then ``os.fork()`` into it.
-
-        Returns ``(init pid, fork result)``; the init's fd 3 is ``channel``. ``posix_spawn``
-        shares this process's memory until the exec: no copy of the template's page tables.
-        """
-        from sandbox_runtime.local import _linux
-
-        assert self.pid_namespace is not None
-        fd = channel.fileno()
-        spare = os.dup(fd) if fd == 3 else None  # dup2(3, 3) would keep close-on-exec
-        _linux.unshare(_linux.CLONE_NEWPID)
-        pid = -1
-        try:
-            init_pid = os.posix_spawn(
-                init_path,
-                [init_path, "--owner", self.owner, "--instance", iid],  # for ps; unread
-                {},
-                file_actions=[(os.POSIX_SPAWN_DUP2, spare if spare is not None else fd, 3)],
-                setsid=True,
-            )
-            try:
-                pid = os.fork()
-            except BaseException:
-                os.kill(init_pid, signal.SIGKILL)
-                os.waitpid(init_pid, 0)
-                raise
-        finally:
-            if spare is not None:
-                os.close(spare)
-            if pid != 0:  # the child must not: it lives in the new namespace
-                _linux.setns(self.pid_namespace, _linux.CLONE_NEWPID)
-        return init_pid, pid
-
-    @property
-    def _instance_root(self) -> int:
-        from sandbox_runtime.local._sandbox import instance_root
-
-        return instance_root(self.privileged)
-
-    def _on_child_message(self, iid: str, message: dict[str, Any], sock: socket.socket) -> None:
-        """``map``: write the asking process's id maps, answer ``mapped``, report ``spawned``."""
-        instance = self.instances.get(iid)
-        if instance is None:
+            received = _channel.receive(instance.channel, creds=True)
+        except ProtocolViolation as exc:
+            self._violation(instance, str(exc))
             return
-        if message.get("op") == "map" and instance.starting:
-            from sandbox_runtime.local._sandbox import write_id_maps
-
-            assert instance.pid is not None
-            write_id_maps(instance.pid, self._instance_root)
-            send(sock, {"op": "mapped"})
-            instance.starting = False
-            self._tell({"op": "spawned", "id": iid, "port": instance.port, "pid": instance.pid})
-
-    def _first_process(
-        self,
-        mode: str,
-        message: dict[str, Any],
-        listen: socket.socket,
-        channel: socket.socket,
-        init: socket.socket | None,
-        go_read: int,
-    ) -> None:
-        """Child of the zygote: wait for the cgroup, then become what ``mode`` says.
-
-        ``plain``: the runtime, not isolated. ``runtime``: the runtime of an isolated instance
-        (the compiled init is its pid 1). ``init``: a Python pid 1 that forks the runtime.
-        """
-        os.read(go_read, 1)
-        os.close(go_read)
-        if mode == "plain":
-            os.setsid()
-            workspace = Path(message["workspace"])
-            workspace.mkdir(parents=True, exist_ok=True)
-            self._run_runtime(message, listen, channel, workspace=str(workspace))
-            return
-        from sandbox_runtime.local import _sandbox
-
-        _sandbox.enter_instance_namespaces(
-            hostname=f"aenv-{message['id'][:16]}",
-            network=bool(message.get("network")),
-            tmp_bytes=int(message.get("tmp_bytes") or 64 << 20),
-            workspace_bytes=int(message.get("workspace_bytes") or 1 << 30),
-            datasource=message.get("datasource"),
-            storage=message.get("storage"),
-            root_uid=self._instance_root,
-        )
-        if mode == "init":
-            assert init is not None
-            self._instance_init(message, listen, channel, init)
-            return
-
-        def wait_for_maps() -> None:
-            send(channel, {"op": "map"})
-            reply, _ = receive(channel)
-            if reply is None:
-                os._exit(1)
-
-        _sandbox.become_instance_root(wait_for_maps)
-        os.setsid()  # without cgroups, its process group is how it is killed
-        self._run_runtime(message, listen, channel, workspace="/workspace")
-
-    def _instance_init(
-        self,
-        message: dict[str, Any],
-        listen: socket.socket,
-        channel: socket.socket,
-        init: socket.socket,
-    ) -> None:
-        """pid 1 of the instance: become nobody-root, fork the runtime, reap until alone."""
-        from sandbox_runtime.local import _linux, _sandbox
-
-        def wait_for_maps() -> None:
-            send(init, {"op": "map"})
-            reply, _ = receive(init)
-            if reply is None:
-                os._exit(1)
-
-        _sandbox.become_instance_root(wait_for_maps)
-        wake_read, wake_write = os.pipe()
-        os.set_blocking(wake_write, False)
-        signal.set_wakeup_fd(wake_write)
-        signal.signal(signal.SIGCHLD, lambda *_: None)
-        runtime = os.fork()
-        if runtime == 0:
-            os.close(wake_read)
-            os.close(wake_write)
-            init.close()
-            signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            _linux.set_parent_death_signal(signal.SIGKILL)
-            os.setsid()  # without cgroups, its process group is how it is killed
-            self._run_runtime(message, listen, channel, workspace="/workspace")
-            os._exit(0)
-        listen.close()
-        channel.close()
-        waiter = selectors.DefaultSelector()
-        waiter.register(init, selectors.EVENT_READ)
-        waiter.register(wake_read, selectors.EVENT_READ)
-        while True:
-            for key, _ in waiter.select():
-                if key.fileobj is init:
-                    request = init.recv(_MAX_MESSAGE)
-                    if not request:
-                        os._exit(0)  # the zygote is gone: everything in this pid namespace dies
-                    if json.loads(request).get("op") == "kill-runtime":  # its forks live on
-                        with contextlib.suppress(ProcessLookupError):
-                            os.killpg(runtime, signal.SIGKILL)
-                if key.fileobj == wake_read:
-                    os.read(wake_read, 512)
-            while True:
-                try:
-                    pid, _ = os.waitpid(-1, os.WNOHANG)  # reap orphans and the runtime
-                except ChildProcessError:
-                    os._exit(0)  # nothing left to serve
-                if pid == 0:
-                    break
-
-    def _run_runtime(
-        self, message: dict[str, Any], listen: socket.socket, channel: socket.socket, workspace: str
-    ) -> None:
-        """The instance's runtime: environment, working directory, then serve forever."""
-        os.chdir(workspace)
-        environ = dict(_BASE_ENV)
-        environ.update(
-            HOME=workspace,
-            TMPDIR="/tmp",
-            AENV_WORKSPACE=workspace,
-            AENV_INSTANCE_ID=str(message["id"]),
-        )
-        environ.update({str(k): str(v) for k, v in (message.get("env") or {}).items()})
-        os.environ.clear()
-        os.environ.update(environ)
-        sys.argv = ["sandbox_runtime", *[str(a) for a in message.get("arguments") or []]]
-        server = self.server
-        server.set_token(message.get("token"))
-        server.listen_on([listen])
-        _Control(server, channel, self).start()
-        server.run()
-        os._exit(0)
-
-    # -- fork of a running instance ------------------------------------------------------------
-    def _fork(self, message: dict[str, Any]) -> None:
-        parent = self.instances.get(str(message["id"]))
-        if parent is None:
-            raise LookupError(f"no instance {message['id']}")
-        root = parent.group_root or parent.id
-        if self.cgroups is not None and root in self.inits and root not in self.init_groups:
-            # before the first fork: the group's pid 1 leaves the root instance's cgroup
-            root_instance = self.instances.get(root)
-            if root_instance is not None and root_instance.init_pid is not None:
-                init_group = self.cgroups.create(f"init-{root}", Limits())
-                init_group.add(root_instance.init_pid)
-                self.init_groups[root] = init_group
-        items, fds, handed_over = [], [], []
-        for child_id in message["new_ids"]:
-            listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            listen.bind(("127.0.0.1", 0))
-            listen.listen(1024)
-            ours, theirs = _pair()
-            ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-            port = listen.getsockname()[1]
-            group = (
-                self.cgroups.create(f"i-{child_id}", self._limits_of(message))
-                if self.cgroups
-                else None
-            )
-            child = _Instance(
-                str(child_id), port, ours, group, group_root=parent.group_root or parent.id
-            )
-            items.append(
-                {
-                    "id": str(child_id),
-                    "network": bool(message.get("network")),
-                    "token": (message.get("tokens") or {}).get(str(child_id)),
-                }
-            )
-            fds.extend([listen.fileno(), theirs.fileno()])
-            self.instances[child.id] = child
-            handed_over.extend([listen, theirs])
-        send(parent.channel, {"op": "fork", "items": items}, fds)
-        for sock in handed_over:  # the runtime has its copies now
-            sock.close()
-        for child_id in message["new_ids"]:
-            child = self.instances[str(child_id)]
-            hello, pid = _receive_with_pid(child.channel)
-            if hello is None or pid is None:
-                self._forget(child)
-                raise RuntimeError(f"fork {child.id} of {parent.id} failed: {hello}")
-            child.pid = pid
-            if child.group is not None:
-                child.group.add(pid)
-            send(child.channel, {"op": "go"})
-            self.selector.register(child.channel, selectors.EVENT_READ, ("runtime", child.id))
-            self._tell({"op": "spawned", "id": child.id, "port": child.port, "pid": pid})
-
-    @staticmethod
-    def _limits_of(message: dict[str, Any]) -> Limits:
-        return Limits(
-            memory=message.get("memory"), pids=message.get("pids"), cpu=message.get("cpu")
-        )
-
-    # -- deaths --------------------------------------------------------------------------------
-    def _on_instance_event(self, data: tuple[str, str], sock: socket.socket) -> None:
-        kind, iid = data
-        instance = self.instances.get(iid)
-        try:
-            payload = sock.recv(_MAX_MESSAGE)
         except OSError:
-            payload = b""
-        if payload:
-            self._on_child_message(iid, json.loads(payload), sock)
+            received = Received(None)
+        message = received.message
+        if message is None:
+            self._runtime_gone(instance)
             return
-        with contextlib.suppress(KeyError, ValueError):
-            self.selector.unregister(sock)
-        if instance is None:
+        op = message.get("op")
+        if op == "hello" and instance.state == "starting" and received.pid:
+            self._on_hello(instance, received)
+        elif op == "broken" and instance.state == "running":
+            try:
+                instance.broken = _channel.text(message, "reason", limit=2000)
+            except ProtocolViolation as exc:
+                self._violation(instance, str(exc))
+        else:
+            self._violation(instance, f"unexpected {op!r} while {instance.state}")
+
+    def _on_hello(self, instance: _Instance, received: Received) -> None:
+        """The instance is in its sandbox: place it in its cgroup, let it serve, tell."""
+        assert received.pid is not None
+        instance.pid = received.pid
+        fds: list[int] = []
+        names: list[str] = []
+        try:
+            if instance.group is not None:
+                instance.group.add(instance.pid)
+                memory_events, pids_events = instance.group.event_fds()
+                for name, fd in (("memory_events", memory_events), ("pids_events", pids_events)):
+                    if fd is not None:
+                        names.append(name)
+                        fds.append(fd)
+            limits = self.limits if instance.group is not None else Limits()
+            go = {
+                "op": "go",
+                "memory": limits.memory,
+                "pids": limits.pids,
+                "enforced": instance.group is not None,
+                "fds": names,
+            }
+            _channel.send(instance.channel, go, fds, block=False)
+        except ProtocolViolation as exc:
+            self._violation(instance, str(exc))
             return
-        if kind == "init":
-            if not instance.starting:
-                return  # a pid 1 whose runtime is gone; the runtime's channel tells
-            self._tell({"op": "error", "id": iid, "message": "its set-up failed (see the log)"})
+        except OSError as exc:  # it died meanwhile
+            log.info(
+                "instance gone before it started", extra={"instance": instance.id, "why": str(exc)}
+            )
+            self._fail_start(instance, f"it died while starting ({exc.strerror or exc})")
+            return
+        finally:
+            for fd in fds:
+                os.close(fd)
+        instance.state = "running"
+        self._tell({"op": "spawned", "id": instance.id, "port": instance.port, "pid": instance.pid})
+
+    def _on_init(self, instance: _Instance) -> None:
+        assert instance.init_channel is not None
+        try:
+            data, ancillary, flags, _ = instance.init_channel.recvmsg(
+                64, socket.CMSG_SPACE(12), socket.MSG_DONTWAIT
+            )
+        except BlockingIOError:
+            return
+        except OSError:
+            data, ancillary, flags = b"", [], 0
+        if not data:  # its pid 1 exited: its pid namespace, and so the instance, is gone
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(instance.init_channel)
+            if instance.state == "starting":
+                self._fail_start(instance, "its pid 1 exited while it started")
+            elif not instance.killed:
+                self._kill(instance)
+                self._finish(instance, "crashed", "its pid namespace ended")
+            return
+        pid = next(
+            (
+                int.from_bytes(payload[:4], sys.byteorder, signed=True)
+                for level, kind, payload in ancillary
+                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS
+            ),
+            None,
+        )
+        if instance.init_pid is not None or pid is None or flags & socket.MSG_TRUNC:
+            self._violation(instance, "its pid 1 said more than hello")
+            return
+        instance.init_pid = pid
+        group = instance.init_group or instance.group
+        if group is not None:
+            with contextlib.suppress(OSError):
+                group.add(pid)
+
+    def _violation(self, instance: _Instance, why: str) -> None:
+        log.warning("instance broke protocol", extra={"instance": instance.id, "why": why})
+        if instance.state == "starting":
+            self._fail_start(instance, f"it broke protocol ({why})")
+        else:
             self._kill(instance)
-            self._forget(instance)
-            return
+            self._finish(instance, "crashed", f"it broke protocol with the engine ({why})")
+
+    def _runtime_gone(self, instance: _Instance) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(instance.channel)
         if instance.killed:
             return
-        reason, detail = "crashed", "its runtime exited"
+        if instance.state == "starting":
+            self._fail_start(instance, "it exited while starting (see the engine's log)")
+            return
+        reason, detail = "crashed", instance.broken or "its runtime exited"
         if instance.group is not None and instance.group.oom_killed():
             reason, detail = "out_of_memory", "killed by the kernel for exceeding its memory limit"
         self._kill(instance)
         self._finish(instance, reason, detail)
 
+    # -- fork of a running instance ------------------------------------------------------------
+    def _fork(self, message: dict[str, Any]) -> None:
+        parent = self.instances.get(str(message["id"]))
+        if parent is None or parent.state != "running":
+            raise LookupError(f"no running instance {message['id']}")
+        if self.cgroups is not None and parent.init_pid is not None and parent.init_group is None:
+            # before its first fork: its pid 1 leaves its cgroup, so that deleting it leaves its
+            # pid namespace, and the forks inside, alive
+            parent.init_group = self.cgroups.create(f"init-{parent.id}", Limits())
+            parent.init_group.add(parent.init_pid)
+        tokens = message.get("tokens") or {}
+        items, sockets, children = [], [], []
+        for child_id in [str(i) for i in message["new_ids"]]:
+            listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listen.bind(("127.0.0.1", 0))
+            listen.listen(1024)
+            ours, theirs = _channel.pair()
+            ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+            init_ours, init_theirs = self._init_pair()
+            group = self.cgroups.create(f"i-{child_id}", _limits(message)) if self.cgroups else None
+            child = _Instance(
+                child_id,
+                parent.template,
+                listen.getsockname()[1],
+                ours,
+                init_ours,
+                group,
+                time.monotonic() + float(message.get("timeout") or _START_TIMEOUT),
+                request=child_id,
+                ns_parent=parent.id,
+            )
+            self._remember(child)
+            children.append(child)
+            items.append({"id": child_id, "token": tokens.get(child_id)})
+            sockets.extend([listen, theirs, init_theirs or _null_socket()])
+        try:
+            _channel.send(
+                parent.channel,
+                {"op": "fork", "items": items},
+                [s.fileno() for s in sockets],
+                block=False,
+            )
+        except ProtocolViolation as exc:
+            for child in children:
+                self._fail_start(child, "its parent does not take requests")
+            self._violation(parent, str(exc))
+        finally:
+            for sock in sockets:
+                sock.close()
+
+    # -- deaths --------------------------------------------------------------------------------
+    def _fail_start(self, instance: _Instance, why: str) -> None:
+        self._kill(instance)
+        self._forget(instance)
+        self._tell({"op": "error", "id": instance.request, "message": why})
+
     def _kill(self, instance: _Instance) -> None:
-        """SIGKILL the instance: its cgroup; without one, its runtime's process group, and its
-        pid namespace's init (which ends the namespace) unless forks of it still live there."""
+        """SIGKILL the instance: its cgroup (without one, its process group); its pid namespace
+        ends with its pid 1 unless forks of it still live there."""
         instance.killed = True
         if instance.group is not None and instance.group.dirs:
             instance.group.kill()
         elif instance.pid is not None:
-            shared = any(
-                other.group_root == instance.group_root and not other.killed
-                for other in self.instances.values()
-            )
-            if shared and instance.pid == instance.init_pid:
-                # a Python pid 1 forked this runtime and alone knows its pid
-                with contextlib.suppress(OSError):
-                    send(self.inits[instance.group_root], {"op": "kill-runtime"})
-            else:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(instance.pid, signal.SIGKILL)
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(instance.pid, signal.SIGKILL)
-            if instance.init_pid is not None and not shared:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(instance.init_pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(instance.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(instance.pid, signal.SIGKILL)
+        self._release_namespace(instance)
         self._reap()
+
+    def _release_namespace(self, instance: _Instance) -> None:
+        """Close the pid 1 channel of a killed instance once no live fork is inside its pid
+        namespace; then do the same for the namespace it is inside."""
+        if not instance.killed or instance.init_channel is None:
+            return
+        if any(self._inside(other, instance.id) for other in self.instances.values()):
+            return
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(instance.init_channel)
+        instance.init_channel.close()
+        instance.init_channel = None
+        if instance.init_group is not None:
+            instance.init_group.kill()
+            instance.init_group.remove()
+            instance.init_group = None
+        outer = self.instances.get(instance.ns_parent or "")
+        if outer is not None:
+            self._release_namespace(outer)
+
+    def _inside(self, instance: _Instance, ancestor: str) -> bool:
+        """True if ``instance`` is alive and its pid namespace lies within ``ancestor``'s."""
+        if instance.killed or instance.id == ancestor:
+            return False
+        seen = instance.ns_parent
+        while seen is not None:
+            if seen == ancestor:
+                return True
+            parent = self.instances.get(seen)
+            seen = parent.ns_parent if parent is not None else None
+        return False
 
     def _finish(self, instance: _Instance, reason: str, detail: str) -> None:
         self._forget(instance)
         self._tell({"op": "exited", "id": instance.id, "reason": reason, "detail": detail})
 
     def _forget(self, instance: _Instance) -> None:
-        self.instances.pop(instance.id, None)
-        socks = [instance.channel]
-        root = instance.group_root
-        if root in self.inits and not any(i.group_root == root for i in self.instances.values()):
-            socks.append(self.inits.pop(root))  # its pid 1 exits when this closes
-            init_group = self.init_groups.pop(root, None)
-            if init_group is not None:
-                init_group.kill()
-                init_group.remove()
-        for sock in socks:
-            with contextlib.suppress(KeyError, ValueError):
-                self.selector.unregister(sock)
-            sock.close()
+        """Drop the instance's record, channels and cgroup (its namespace may outlive it)."""
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(instance.channel)
+        instance.channel.close()
         if instance.group is not None:
             instance.group.kill()
             instance.group.remove()
+        instance.state = "dead"
+        if instance.init_channel is None or not any(
+            self._inside(o, instance.id) for o in self.instances.values()
+        ):
+            self.instances.pop(instance.id, None)
+        instance.template.instances.discard(instance.id)
+        if not instance.template.instances and instance.template.state == "ready":
+            instance.template.idle_since = time.monotonic()
+        self._release_namespace(instance)
+        # records kept only for their pid namespace go once it is released
+        for other in list(self.instances.values()):
+            if other.state == "dead" and other.init_channel is None:
+                self.instances.pop(other.id, None)
 
     def _reap(self) -> None:
         while True:
@@ -646,146 +710,63 @@ class Zygote:
                 return
             if pid == 0:
                 return
+            for template in list(self.templates.values()):
+                if template.pid == pid and template.state != "dead":
+                    self._template_gone(template, "its template process exited")
 
-    # -- children ------------------------------------------------------------------------------
-    def _in_child(self, target: Any, *args: Any, close: list[Any]) -> None:
-        """Run ``target(*args)`` in a fresh fork, without the zygote's other descriptors."""
-        code = 1
-        try:
-            for item in close:
-                if isinstance(item, int):
-                    os.close(item)
-                elif item is not None:
-                    item.close()
-            self.selector.close()
-            self.control.close()
-            # nothing of the zygote's own reaches an instance: its pid namespace, its cgroups
-            inherited = [self.pid_namespace] if self.pid_namespace is not None else []
-            if self.cgroups is not None:
-                inherited += [
-                    *self.cgroups.dir_fds.values(),
-                    *(fd for fd, _ in self.cgroups.parents),
-                ]
-            for fd in inherited:
-                os.close(fd)
-            self.cgroups = None
-            self.pid_namespace = None
-            for instance in self.instances.values():
-                instance.channel.close()
-            for init in self.inits.values():
-                init.close()
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            target(*args)
-            code = 0
-        except BaseException:
-            logging.getLogger("sandbox_runtime.zygote").exception("instance set-up failed")
-        finally:
-            os._exit(code)
+    def _shutdown(self) -> None:
+        """Kill everything: every pid namespace ends, every cgroup goes."""
+        for instance in list(self.instances.values()):
+            instance.killed = True
+            if instance.init_channel is not None:
+                instance.init_channel.close()
+                instance.init_channel = None
+        for template in list(self.templates.values()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(template.pid, signal.SIGKILL)
+        if self.cgroups is not None:
+            self.cgroups.kill_all()
+            self.cgroups.close()
+        self._reap()
 
 
-class _Control(threading.Thread):
-    """In a runtime: read the zygote's requests (``fork``) and run them between jobs."""
+def _limits(message: dict[str, Any]) -> Limits:
+    def number(key: str) -> Any:
+        value = message.get(key)
+        return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
-    def __init__(self, server: Any, channel: socket.socket, zygote: Zygote) -> None:
-        super().__init__(name="aenv-control", daemon=True)
-        self.server = server
-        self.channel = channel
-        self.zygote = zygote
-
-    def run(self) -> None:
-        while True:
-            try:
-                message, fds = receive(self.channel, max_fds=64)
-            except OSError:
-                return
-            if message is None:
-                return
-            if message.get("op") == "fork":
-                items = message["items"]
-                self.server.ready.wait(30)  # fork a serving runtime, never one still starting
-                self.server.runner.call_between_jobs(lambda i=items, f=fds: self._fork(i, f))
-
-    def _fork(self, items: list[dict[str, Any]], fds: list[int]) -> None:
-        """On the runtime's main thread: one child per item, then close the passed fds."""
-        for index, item in enumerate(items):
-            listen_fd, channel_fd = fds[2 * index], fds[2 * index + 1]
-            pid = os.fork()
-            if pid == 0:  # pragma: no cover - runs in the child
-                try:
-                    for other in fds:
-                        if other not in (listen_fd, channel_fd):
-                            os.close(other)
-                    self.channel.close()
-                    self._become_fork(item, listen_fd, channel_fd)
-                finally:
-                    os._exit(1)
-        for fd in fds:
-            os.close(fd)
-
-    def _become_fork(self, item: dict[str, Any], listen_fd: int, channel_fd: int) -> None:
-        from sandbox_runtime.server import RuntimeServer
-
-        os.setsid()
-        channel = socket.socket(fileno=channel_fd)
-        listen = socket.socket(fileno=listen_fd)
-        workspace = os.environ.get("AENV_WORKSPACE", os.getcwd())
-        if self.zygote.isolated:
-            _private_copy_of_mounts(network=bool(item.get("network")))
-        else:
-            workspace = _copy_workspace(workspace, item["id"])
-            os.environ["AENV_WORKSPACE"] = workspace
-            os.chdir(workspace)
-        os.environ["AENV_INSTANCE_ID"] = item["id"]
-        send(channel, {"op": "hello", "id": item["id"]})
-        reply, _ = receive(channel)
-        if reply is None:
-            os._exit(1)
-        server = RuntimeServer(
-            self.zygote.project,
-            sockets=[listen],
-            default_timeout=self.zygote.default_timeout,
-            token=item.get("token"),
-        )
-        _Control(server, channel, self.zygote).start()
-        server.run()
-        os._exit(0)
+    memory, pids = number("memory"), number("pids")
+    return Limits(
+        memory=int(memory) if memory is not None else None,
+        pids=int(pids) if pids is not None else None,
+        cpu=number("cpu"),
+    )
 
 
-def _private_copy_of_mounts(*, network: bool) -> None:
-    """In a forked runtime (caps in its user namespace): own mounts of /workspace and /tmp
-    holding copies of the parent's, and its own network namespace."""
-    import shutil
-
-    from sandbox_runtime.local import _linux
-
-    flags = _linux.CLONE_NEWNS | (0 if network else _linux.CLONE_NEWNET)
-    _linux.unshare(flags)
-    if not network:
-        _linux.loopback_up()
-    for path, mode in (("/workspace", "755"), ("/tmp", "1777")):
-        old = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            size = os.statvfs(path)
-            limit = size.f_blocks * size.f_frsize
-            _linux.mount(
-                "tmpfs",
-                path,
-                "tmpfs",
-                _linux.MS_NOSUID | _linux.MS_NODEV,
-                f"mode={mode},size={limit}",
-            )
-            shutil.copytree(f"/proc/self/fd/{old}", path, symlinks=True, dirs_exist_ok=True)
-        finally:
-            os.close(old)
-    os.chdir(os.getcwd())  # re-resolve the working directory on the new mount
+def _null_socket() -> socket.socket:
+    """A placeholder descriptor where an instance needs no pid 1 channel (plain processes)."""
+    ours, theirs = _channel.pair()
+    ours.close()
+    return theirs
 
 
-def _copy_workspace(workspace: str, new_id: str) -> str:
-    import shutil
-
-    target = str(Path(workspace).parent / f"instance-{new_id}")
-    shutil.copytree(workspace, target, symlinks=True)
-    return target
+def _checked_manifest(manifest: Any) -> dict[str, Any]:
+    """The template's account of the environment, checked as untrusted data."""
+    if not isinstance(manifest, dict):
+        raise ProtocolViolation("a manifest that is not an object")
+    tools = manifest.get("tools")
+    if not isinstance(tools, list) or len(tools) > _MAX_MANIFEST_TOOLS:
+        raise ProtocolViolation("a manifest without a list of tools")
+    for tool in tools:
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            raise ProtocolViolation("a manifest tool without a name")
+    functions = manifest.get("functions")
+    if not isinstance(functions, list) or not all(isinstance(f, str) for f in functions):
+        raise ProtocolViolation("a manifest without a list of function names")
+    for key in ("ref", "reward", "health"):
+        if manifest.get(key) is not None and not isinstance(manifest[key], str):
+            raise ProtocolViolation(f"a manifest whose {key} is not a string")
+    return manifest
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -797,7 +778,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--control-fd", type=int, required=True)
     parser.add_argument("--isolation", choices=["namespaces", "none"], default="namespaces")
     parser.add_argument("--owner", default=str(os.getppid()))
+    parser.add_argument("--cgroup-name", default="z")
     parser.add_argument("--default-timeout", type=float, default=600.0)
+    parser.add_argument("--network", action="store_true")
+    parser.add_argument("--memory", type=int)
+    parser.add_argument("--pids", type=int)
+    parser.add_argument("--cpu", type=float)
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
@@ -811,26 +797,24 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             with socket.socket(fileno=args.control_fd) as control:
                 message = f"sandbox set-up failed: {exc}"
-                send(control, {"op": "failed", "message": message, "type": "OSError"})
+                _channel.send(control, {"op": "failed", "message": message, "type": "OSError"})
             return 1
     control = socket.socket(fileno=args.control_fd)
-    try:
-        project = load_project(args.project)
-    except Exception as exc:
-        send(control, {"op": "failed", "message": str(exc), "type": type(exc).__name__})
-        return 2
     zygote = Zygote(
         control,
-        project,
+        args.project,
         isolated=isolated,
         privileged=privileged,
         owner=args.owner,
+        cgroup_name=args.cgroup_name,
+        network=args.network,
+        limits=Limits(memory=args.memory, pids=args.pids, cpu=args.cpu),
         default_timeout=args.default_timeout,
     )
     try:
         zygote.prepare()
     except Exception as exc:
-        send(
+        _channel.send(
             control, {"op": "failed", "message": f"sandbox set-up failed: {exc}", "type": "OSError"}
         )
         return 1
