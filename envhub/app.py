@@ -385,6 +385,12 @@ def create_app(store: Store, engine: SandboxEngine, options: HubOptions | None =
         data = b"".join(chunks)
         if not data:
             raise ArtifactError("the upload is empty: send the bundle `aenv build` wrote")
+        from envhub.bundle import inspect_bundle
+
+        checked = inspect_bundle(
+            data, max_size=options.max_bundle, expected_digest=request.headers.get(DIGEST_HEADER)
+        )
+        await control.check_loads(data, checked.digest)  # in a sandbox: never in the hub
         record = await registry.publish(
             who, data, expected_digest=request.headers.get(DIGEST_HEADER)
         )

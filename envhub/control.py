@@ -102,6 +102,27 @@ class ControlPlane:
         project = await self._unpack(doc)
         return doc["ref"], project, warnings
 
+    async def check_loads(self, data: bytes, digest: str) -> dict[str, Any] | None:
+        """Load an uploaded bundle in a sandbox of the engine's; its manifest (None when the
+        engine cannot inspect). A bundle that does not load raises DefinitionError and leaves
+        nothing behind; one that does stays unpacked where instances will need it."""
+        from envhub.bundle import extract_bundle
+
+        inspect = getattr(self.engine, "inspect", None)
+        if inspect is None:
+            return None
+        dest = self.data_dir / "bundles" / digest.replace(":", "-")
+        fresh = not (dest / ".aenv-digest").is_file()
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(extract_bundle, data, dest)
+        try:
+            manifest: dict[str, Any] = await inspect(str(dest), timeout=self.startup_timeout)
+        except BaseException:
+            if fresh:
+                await asyncio.to_thread(shutil.rmtree, dest, True)
+            raise
+        return manifest
+
     async def _unpack(self, doc: Document) -> Path:
         from envhub.bundle import extract_bundle
 

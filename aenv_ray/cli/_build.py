@@ -185,8 +185,11 @@ def build(
         raise typer.BadParameter(
             f"`{tag}` is not an image tag, e.g. demo:1.0.0", param_hint="--tag"
         )
+    from aenv_ray.cli._loadcheck import check_loads, describe
+
     out_dir = project / "dist" if out is None else out
     bundle = build_bundle(project, exclude=[out_dir])
+    loads = describe(check_loads(bundle.data, bundle.config.ref))  # before anything is written
     paths = _write_outputs(bundle, out_dir)
 
     def say(line: str) -> None:
@@ -198,6 +201,7 @@ def build(
         print(f"built {bundle.config.ref}")
         print(f"  digest      {bundle.digest}")
         print(f"  size        {bundle.size} bytes, {len(bundle.files)} files")
+        print(f"  loads       {loads}")
         for label, path in paths.items():
             print(f"  {label:<11} {_shown(path)}")
     if no_image:

@@ -93,6 +93,10 @@ def push(
         info = inspect_bundle(data, max_size=max(len(data), 1))
         digest, ref = digest_of(data), info.config.ref
 
+    from aenv_ray.cli._loadcheck import check_loads
+
+    check_loads(data, ref)  # never publish what cannot load (in a sandbox, as the hub does)
+
     async def work(client: Any) -> dict[str, Any]:
         result: dict[str, Any] = await client.push(data, digest=digest)
         return result

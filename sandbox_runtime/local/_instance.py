@@ -36,11 +36,11 @@ from sandbox_runtime.local._fds import neutralize
 if TYPE_CHECKING:
     from sandbox_runtime.local._template import _State
 
-__all__ = ["become_instance", "fork_children"]
+__all__ = ["BASE_ENV", "become_instance", "fork_children"]
 
 log = logging.getLogger("sandbox_runtime.instance")
 
-_BASE_ENV = {
+BASE_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "LANG": "C.UTF-8",
     "PYTHONDONTWRITEBYTECODE": "1",
@@ -99,7 +99,7 @@ def become_instance(
         channel = socket.socket(fileno=channel_fd)
         limits = _handshake(channel, iid)
         os.chdir(workspace)
-        environ = dict(_BASE_ENV)
+        environ = dict(BASE_ENV)
         environ.update(
             HOME=workspace, TMPDIR="/tmp", AENV_WORKSPACE=workspace, AENV_INSTANCE_ID=iid
         )
@@ -275,7 +275,13 @@ def become_fork(
             _sandbox.drop_to_new_user_namespace(_asker(map_w, go_r), dumpable=False)
             workspace = "/workspace"
         else:
-            workspace = _copy_workspace(os.environ.get("AENV_WORKSPACE", os.getcwd()), iid)
+            workspace = str(item["workspace"])  # the zygote's, removed with the fork
+            shutil.copytree(
+                os.environ.get("AENV_WORKSPACE", os.getcwd()),
+                workspace,
+                symlinks=True,
+                dirs_exist_ok=True,
+            )
             neutralize(keep={listen_fd, channel_fd})
         os.chdir(workspace)
         os.environ["AENV_WORKSPACE"] = workspace
@@ -335,9 +341,3 @@ def _private_copies(*, hostname: str, own_network: bool, keep_under_tmp: tuple[s
         _linux.loopback_up()
     _linux.sethostname(hostname)
     os.chdir(os.getcwd())  # re-resolve the working directory on the new mount
-
-
-def _copy_workspace(workspace: str, new_id: str) -> str:
-    target = str(Path(workspace).parent / f"instance-{new_id}")
-    shutil.copytree(workspace, target, symlinks=True)
-    return target

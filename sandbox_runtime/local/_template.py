@@ -137,6 +137,14 @@ def _run(context: TemplateContext, channel: socket.socket) -> NoReturn:
     from sandbox_runtime.server import RuntimeServer
 
     try:
+        # the engine's environment (API keys, the user's variables) is not the environment's
+        # business: its import sees the base variables and its definition's own
+        from aenv_ray.config import EnvConfig
+        from sandbox_runtime.local._instance import BASE_ENV
+
+        os.environ.clear()
+        os.environ.update(BASE_ENV, HOME="/tmp", TMPDIR="/tmp")
+        os.environ.update(EnvConfig.load(context.project).deploy_config.env)
         project = load_project(context.project)
     except BaseException as exc:
         _channel.send(

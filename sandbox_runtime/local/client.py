@@ -192,6 +192,14 @@ class DaemonEngine:
         )
         return [_info(item) for item in _items(data)]
 
+    async def inspect(self, project: str, *, timeout: float = 60.0) -> dict[str, Any]:
+        """What ``project`` registers, loaded in a sandbox (see :meth:`LocalEngine.inspect`)."""
+        body = {"project": _absolute(project), "timeout": timeout}
+        data = await self._request("POST", "/v1/inspect", body, timeout=timeout + _MARGIN)
+        if not isinstance(data, dict):
+            raise ProtocolError(f"the local engine daemon sent no manifest: {data!r:.200}")
+        return data
+
     async def aclose(self) -> None:
         """Close this client's HTTP sessions. Idempotent.
 

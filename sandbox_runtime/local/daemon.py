@@ -15,6 +15,8 @@ answers JSON over a Unix socket ``DIR/engine.sock`` (mode 0600: only its user):
 ``DELETE /v1/instances/{id}``               instance, terminated
 ``POST   /v1/instances/{id}/renew``         ``{"ttl"}`` -> instance
 ``POST   /v1/instances/{id}/fork``          ``{"n", "timeout"?}`` -> ``{"instances": [...]}``
+``POST   /v1/inspect``                      ``{"env", "project"?, "timeout"?}`` -> the manifest
+                                            of the project loaded in a sandbox
 ==========================================  =================================================
 
 ``env`` is a name (``NAME`` or ``NAME@VERSION``, found as ``aenv`` finds them: ``--env-path``,
@@ -208,6 +210,13 @@ def make_app(
         timeout = _seconds(body, "timeout") or _DEFAULT_TIMEOUT
         infos = await engine.fork(request.match_info["id"], n, timeout=timeout)
         return web.json_response({"instances": [info_to_json(i) for i in infos]})
+
+    @routes.post("/v1/inspect")
+    async def inspect(request: web.Request) -> web.Response:
+        body = await request.json()
+        _, project = _project(body, env_path)
+        timeout = _seconds(body, "timeout") or _DEFAULT_TIMEOUT
+        return web.json_response(await engine.inspect(project, timeout=timeout))
 
     middlewares = [_errors] if activity is None else [activity.middleware, _errors]
     app = web.Application(middlewares=middlewares)

@@ -437,8 +437,17 @@ class LocalEngine:
         return await self._call(self._inspect(root, timeout))
 
     async def _inspect(self, root: Path, timeout: float) -> dict[str, Any]:
+        warm = self._zygotes.get(root)
         zygote = await self._zygote(root, time.monotonic() + timeout)
-        return dict(zygote.manifest)
+        manifest = dict(zygote.manifest)
+        if warm is None and not any(r.zygote is zygote for r in self._records.values()):
+            # started for this question only: do not keep a template nobody asked for
+            self._zygotes.pop(root, None)
+            with contextlib.suppress(ValueError, OSError):
+                self._loop.remove_reader(zygote.sock.fileno())
+            zygote.sock.close()
+            await asyncio.to_thread(self._stop_zygote, zygote, 0)
+        return manifest
 
     async def _zygote(self, root: Path, deadline: float) -> _Zygote:
         zygote = self._zygotes.get(root)

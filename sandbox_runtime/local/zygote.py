@@ -40,9 +40,11 @@ import contextlib
 import logging
 import os
 import selectors
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +95,7 @@ class _Instance:
     init_group: InstanceGroup | None = None  # its pid 1, once forks live in its namespace
     killed: bool = False
     broken: str | None = None  # why the runtime said it could not go on
+    workspace: str | None = None  # plain processes: a host directory, removed with it
 
 
 class Zygote:
@@ -410,6 +413,7 @@ class Zygote:
             group,
             time.monotonic() + float(message.get("timeout") or _START_TIMEOUT),
             request=iid,
+            workspace=message.get("workspace"),
         )
         self._remember(instance)
         request = {
@@ -595,6 +599,7 @@ class Zygote:
             ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
             init_ours, init_theirs = self._init_pair()
             group = self.cgroups.create(f"i-{child_id}", _limits(message)) if self.cgroups else None
+            workspace = None if self.isolated else tempfile.mkdtemp(prefix=f"aenv-fork-{child_id}-")
             child = _Instance(
                 child_id,
                 parent.template,
@@ -605,10 +610,11 @@ class Zygote:
                 time.monotonic() + float(message.get("timeout") or _START_TIMEOUT),
                 request=child_id,
                 ns_parent=parent.id,
+                workspace=workspace,
             )
             self._remember(child)
             children.append(child)
-            items.append({"id": child_id, "token": tokens.get(child_id)})
+            items.append({"id": child_id, "token": tokens.get(child_id), "workspace": workspace})
             sockets.extend([listen, theirs, init_theirs or _null_socket()])
         try:
             _channel.send(
@@ -689,6 +695,9 @@ class Zygote:
             instance.group.kill()
             instance.group.remove()
         instance.state = "dead"
+        if instance.workspace is not None:
+            shutil.rmtree(instance.workspace, ignore_errors=True)
+            instance.workspace = None
         if instance.init_channel is None or not any(
             self._inside(o, instance.id) for o in self.instances.values()
         ):
@@ -721,6 +730,11 @@ class Zygote:
             if instance.init_channel is not None:
                 instance.init_channel.close()
                 instance.init_channel = None
+            if instance.pid is not None and self.cgroups is None and not self.isolated:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(instance.pid, signal.SIGKILL)
+            if instance.workspace is not None:
+                shutil.rmtree(instance.workspace, ignore_errors=True)
         for template in list(self.templates.values()):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(template.pid, signal.SIGKILL)
