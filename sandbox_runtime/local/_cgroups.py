@@ -338,6 +338,38 @@ class InstanceGroup:
                 found.update(int(p) for p in _read(fd, f"{self.name}/cgroup.procs").split())
         return found
 
+    def set_memory(self, limit: int) -> None:
+        """Change the group's memory limit (bytes)."""
+        if self.cgroups.version == 1 and "memory" in self.dirs:
+            fd = self.dirs["memory"]
+            with contextlib.suppress(OSError):  # raise the combined limit first when growing
+                _write(fd, f"{self.name}/memory.memsw.limit_in_bytes", str(limit))
+            _write(fd, f"{self.name}/memory.limit_in_bytes", str(limit))
+            with contextlib.suppress(OSError):
+                _write(fd, f"{self.name}/memory.memsw.limit_in_bytes", str(limit))
+        elif "unified" in self.dirs and "memory" in self.cgroups.controllers:
+            _write(self.dirs["unified"], f"{self.name}/memory.max", str(limit))
+
+    def procs_fds(self) -> list[int]:
+        """Write-only descriptors of the group's ``cgroup.procs``, one per hierarchy: writing
+        ``0`` to each moves the writer in (a template forks an instance from inside its group,
+        so that the instance is born there and its memory is charged there from the start)."""
+        fds = []
+        for fd in self.dirs.values():
+            with contextlib.suppress(OSError):
+                fds.append(os.open(f"{self.name}/cgroup.procs", os.O_WRONLY, dir_fd=fd))
+        return fds
+
+    def holds(self, pid: int) -> bool:
+        """True when process ``pid`` (as this process sees pids) is in the group everywhere."""
+        try:
+            with open(f"/proc/{pid}/cgroup") as handle:
+                lines = handle.read().splitlines()
+        except OSError:
+            return False
+        mine = [line for line in lines if line.endswith(f"/{self.name}")]
+        return len(mine) >= len(self.dirs) > 0
+
     def event_fds(self) -> tuple[int | None, int | None]:
         """Read-only descriptors of the group's memory and pids event files (for the runtime
         inside, which sees no ``/sys``): ``(memory.events or memory.oom_control, pids.events)``."""

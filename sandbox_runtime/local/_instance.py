@@ -262,6 +262,10 @@ def become_fork(
         context = state.context
         iid = str(item["id"])
         os.setsid()
+        # placed in its own cgroup first: the copies below are charged to it, not to its parent
+        channel = socket.socket(fileno=channel_fd)
+        limits = _handshake(channel, iid)
+        given = {limits[k] for k in ("memory_events", "pids_events") if limits[k] is not None}
         if context.isolated:
             from sandbox_runtime.local import _sandbox
 
@@ -271,7 +275,8 @@ def become_fork(
                 own_network=not context.network,
                 keep_under_tmp=context.keep_under_tmp,
             )
-            neutralize(keep={listen_fd, channel_fd, map_w, go_r}, copied_devices=copied)
+            keep = {listen_fd, channel_fd, map_w, go_r, *given}
+            neutralize(keep=keep, copied_devices=copied)
             _sandbox.drop_to_new_user_namespace(_asker(map_w, go_r), dumpable=False)
             workspace = "/workspace"
         else:
@@ -282,12 +287,10 @@ def become_fork(
                 symlinks=True,
                 dirs_exist_ok=True,
             )
-            neutralize(keep={listen_fd, channel_fd})
+            neutralize(keep={listen_fd, channel_fd, *given})
         os.chdir(workspace)
         os.environ["AENV_WORKSPACE"] = workspace
         os.environ["AENV_INSTANCE_ID"] = iid
-        channel = socket.socket(fileno=channel_fd)
-        limits = _handshake(channel, iid)
         server = RuntimeServer(
             state.server.project,
             sockets=[socket.socket(fileno=listen_fd)],

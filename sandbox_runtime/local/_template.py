@@ -61,6 +61,7 @@ class TemplateContext:
     default_timeout: float = 600.0
     datasource: str | None = None
     storage: str | None = None
+    cgroup_procs: tuple[int, ...] = ()  # write-only cgroup.procs of the template's own groups
 
 
 @dataclass
@@ -80,7 +81,7 @@ def become_template(context: TemplateContext, channel: socket.socket, go: int) -
     """In the zygote's fork: build the sandbox, then become the template (never returns)."""
     code = 1
     try:
-        neutralize(keep={channel.fileno(), go})
+        neutralize(keep={channel.fileno(), go, *context.cgroup_procs})
         if os.read(go, 1) != b"g":  # the zygote placed us in our cgroup
             os._exit(1)
         os.close(go)
@@ -193,7 +194,7 @@ def _serve(state: _State, channel: socket.socket) -> NoReturn:
     while True:
         for key, _ in selector.select():
             if key.data == "zygote":
-                received = _channel.receive(channel, max_fds=3)
+                received = _channel.receive(channel, max_fds=6)
                 if received.message is None:
                     os._exit(0)  # the zygote is gone: everything in our pid namespace dies
                 _spawn(state, selector, received, channel)
@@ -211,18 +212,28 @@ def _spawn(
     fds = received.fds
     iid = str(message.get("id"))
     try:
-        if message.get("op") != "spawn" or len(fds) != 3:
+        if message.get("op") != "spawn" or not 3 <= len(fds) <= 6:
             raise ValueError(f"unexpected request {message.get('op')!r}")
         from sandbox_runtime.local import _instance
 
-        listen_fd, channel_fd, init_fd = fds
+        listen_fd, channel_fd, init_fd, *placement = fds
 
         def instance(map_w: int, go_r: int) -> NoReturn:
             _instance.become_instance(state, message, listen_fd, channel_fd, map_w, go_r)
 
-        child, maps = spawn_into_pid_namespace(
-            state.context, init_fd, instance, own_pid_namespace=state.own_pid_namespace, label=iid
-        )
+        # fork from inside the instance's cgroups: its pid 1 and runtime are born there, and
+        # what they touch is charged to them, never to the template
+        _move_self(placement)
+        try:
+            child, maps = spawn_into_pid_namespace(
+                state.context,
+                init_fd,
+                instance,
+                own_pid_namespace=state.own_pid_namespace,
+                label=iid,
+            )
+        finally:
+            _move_self(state.context.cgroup_procs)
         if maps is not None:
             selector.register(maps[0], selectors.EVENT_READ, "map")
             state.pending_maps[maps[0]] = (child, maps[1])
@@ -394,6 +405,15 @@ def python_init(
 def context_is_isolated() -> bool:
     """True in a template (and its descendants) that runs in namespaces."""
     return STATE is not None and STATE.context.isolated
+
+
+def _move_self(procs: Any) -> None:
+    """Move this process into the cgroups whose ``cgroup.procs`` descriptors are ``procs``."""
+    for fd in procs:
+        try:
+            os.write(fd, b"0")
+        except OSError:
+            log.warning("cannot move into a cgroup", exc_info=True)
 
 
 def _reap() -> None:

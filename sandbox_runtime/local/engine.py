@@ -441,13 +441,17 @@ class LocalEngine:
         zygote = await self._zygote(root, time.monotonic() + timeout)
         manifest = dict(zygote.manifest)
         if warm is None and not any(r.zygote is zygote for r in self._records.values()):
-            # started for this question only: do not keep a template nobody asked for
-            self._zygotes.pop(root, None)
-            with contextlib.suppress(ValueError, OSError):
-                self._loop.remove_reader(zygote.sock.fileno())
-            zygote.sock.close()
-            await asyncio.to_thread(self._stop_zygote, zygote, 0)
+            await self._drop_zygote(zygote)  # started for this question only
         return manifest
+
+    async def _drop_zygote(self, zygote: _Zygote) -> None:
+        """Stop a zygote no instance uses (it exits when its socket closes); wait for it."""
+        if self._zygotes.get(zygote.root) is zygote:
+            del self._zygotes[zygote.root]
+        with contextlib.suppress(ValueError, OSError):
+            self._loop.remove_reader(zygote.sock.fileno())
+        zygote.sock.close()
+        await asyncio.to_thread(self._stop_zygote, zygote, 0)
 
     async def _zygote(self, root: Path, deadline: float) -> _Zygote:
         zygote = self._zygotes.get(root)
@@ -486,9 +490,13 @@ class LocalEngine:
         zygote.ready = self._loop.create_future()
         self._zygotes[root] = zygote
         self._loop.add_reader(ours.fileno(), self._on_message, zygote)
-        reply = await _wait(zygote.ready, deadline, f"the template of {root.name}")
+        try:
+            reply = await _wait(zygote.ready, deadline, f"the template of {root.name}")
+        except BaseException:
+            await self._drop_zygote(zygote)
+            raise
         if reply.get("op") == "failed":
-            self._zygotes.pop(root, None)
+            await self._drop_zygote(zygote)
             if reply.get("type") in ("DefinitionError", "ConfigurationError"):
                 raise DefinitionError(
                     str(reply.get("message")), location=reply.get("location") or None

@@ -62,6 +62,11 @@ log = logging.getLogger("sandbox_runtime.zygote")
 _START_TIMEOUT = 60.0  # seconds an instance (or a template) may take to come up
 _IDLE_TEMPLATE = 60.0  # seconds a template other than the first lives with no instance
 _MAX_MANIFEST_TOOLS = 4096
+_IN_FLIGHT = 32  # spawns a template has in flight at once (the rest wait in the zygote)
+# After each fork the template copies again the pages it touches; the old copies live on in the
+# instance but stay charged to the template's group (~0.45 MiB per instance, measured). So the
+# template's memory limit is its definition's, plus this much per live instance.
+_SHARED_PER_INSTANCE = 1 << 20
 
 
 @dataclass(eq=False)
@@ -73,8 +78,9 @@ class _Template:
     group: InstanceGroup | None
     deadline: float
     state: str = "starting"  # starting -> ready -> dead
-    queued: list[tuple[dict[str, Any], list[socket.socket]]] = field(default_factory=list)
+    queued: list[tuple[dict[str, Any], list[Any]]] = field(default_factory=list)  # sockets, fds
     instances: set[str] = field(default_factory=set)
+    in_flight: set[str] = field(default_factory=set)  # spawned, no hello yet
     idle_since: float | None = None
 
 
@@ -181,6 +187,8 @@ class Zygote:
         if template is not None and template.state != "dead":
             return template
         number = next(self._numbers)
+        group = self.cgroups.create(f"t{number}", self.limits) if self.cgroups else None
+        procs = group.procs_fds() if group is not None else []
         context = TemplateContext(
             project=self.project,
             owner=self.owner,
@@ -192,8 +200,8 @@ class Zygote:
             default_timeout=self.default_timeout,
             datasource=key[0],
             storage=key[1],
+            cgroup_procs=tuple(procs),
         )
-        group = self.cgroups.create(f"t{number}", self.limits) if self.cgroups else None
         ours, theirs = _channel.pair()
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         go_read, go_write = os.pipe()
@@ -207,6 +215,8 @@ class Zygote:
             become_template(context, theirs, go_read)
         os.close(go_read)
         theirs.close()
+        for fd in procs:
+            os.close(fd)
         try:
             if group is not None:
                 group.add(pid)
@@ -240,17 +250,9 @@ class Zygote:
                 template.idle_since = time.monotonic()
                 if not self.ready_sent:
                     self.ready_sent = True
-                    self._tell(
-                        {
-                            "op": "ready",
-                            "pid": os.getpid(),
-                            "warnings": self.warnings,
-                            "manifest": manifest,
-                        }
-                    )
-                for request, sockets in template.queued:
-                    self._send_spawn(template, request, sockets)
-                template.queued.clear()
+                    ready = {"op": "ready", "pid": os.getpid(), "warnings": self.warnings}
+                    self._tell({**ready, "manifest": manifest})
+                self._drain(template)
             elif op == "failed" and template.state == "starting":
                 why = _channel.text(message, "message", limit=8000)
                 kind = str(message.get("type") or "")[:100]
@@ -286,8 +288,7 @@ class Zygote:
         with contextlib.suppress(ProcessLookupError):
             os.kill(template.pid, signal.SIGKILL)
         for request, sockets in template.queued:
-            for sock in sockets:
-                sock.close()
+            _close_all(sockets)
             instance = self.instances.get(str(request.get("id")))
             if instance is not None:
                 self._fail_start(instance, f"its template is gone: {detail}")
@@ -307,6 +308,18 @@ class Zygote:
         if self.templates.get(template.key) is template:
             del self.templates[template.key]
         self._reap()
+
+    def _resize(self, template: _Template) -> None:
+        """The template's memory limit: its definition's, plus what its live instances share."""
+        if template.group is None or self.limits.memory is None or template.state == "dead":
+            return
+        limit = self.limits.memory + _SHARED_PER_INSTANCE * len(template.instances)
+        try:
+            template.group.set_memory(limit)
+        except OSError as exc:  # usage above a lowered limit: it comes down with the instances
+            log.debug(
+                "template limit not changed", extra={"template": template.name, "why": str(exc)}
+            )
 
     # -- the loop ------------------------------------------------------------------------------
     def serve(self) -> None:
@@ -426,23 +439,30 @@ class Zygote:
             "workspace_bytes": message.get("workspace_bytes"),
             "workspace": message.get("workspace"),
         }
-        sockets = [listen, theirs, init_theirs or _null_socket()]
-        if template.state == "ready":
-            self._send_spawn(template, request, sockets)
-        else:
-            template.queued.append((request, sockets))
+        placement = group.procs_fds() if group is not None else []
+        sockets: list[Any] = [listen, theirs, init_theirs or _null_socket(), *placement]
+        template.queued.append((request, sockets))
+        self._drain(template)
 
-    def _send_spawn(
-        self, template: _Template, request: dict[str, Any], sockets: list[socket.socket]
-    ) -> None:
-        try:
-            _channel.send(template.channel, request, [s.fileno() for s in sockets], block=False)
-        except (ProtocolViolation, OSError) as exc:
-            self._template_gone(template, f"its template does not take requests ({exc})")
-        finally:
-            for sock in sockets:
-                sock.close()
-        template.idle_since = None
+    def _drain(self, template: _Template) -> None:
+        """Send queued spawns to a ready template, at most ``_IN_FLIGHT`` unanswered at once."""
+        while (
+            template.state == "ready" and template.queued and len(template.in_flight) < _IN_FLIGHT
+        ):
+            request, sockets = template.queued.pop(0)
+            if str(request["id"]) not in self.instances:  # killed or failed while it waited
+                _close_all(sockets)
+                continue
+            template.in_flight.add(str(request["id"]))
+            try:
+                fds = [s if isinstance(s, int) else s.fileno() for s in sockets]
+                _channel.send(template.channel, request, fds, block=False)
+            except (ProtocolViolation, OSError) as exc:
+                self._template_gone(template, f"its template does not take requests ({exc})")
+                return
+            finally:
+                _close_all(sockets)
+            template.idle_since = None
 
     def _init_pair(self) -> tuple[socket.socket | None, socket.socket | None]:
         if not self.isolated:
@@ -455,6 +475,7 @@ class Zygote:
         self.instances[instance.id] = instance
         instance.template.instances.add(instance.id)
         instance.template.idle_since = None
+        self._resize(instance.template)
         self.selector.register(instance.channel, selectors.EVENT_READ, ("runtime", instance))
         if instance.init_channel is not None:
             self.selector.register(instance.init_channel, selectors.EVENT_READ, ("init", instance))
@@ -491,7 +512,8 @@ class Zygote:
         names: list[str] = []
         try:
             if instance.group is not None:
-                instance.group.add(instance.pid)
+                if not instance.group.holds(instance.pid):  # its template did not place it
+                    instance.group.add(instance.pid)
                 memory_events, pids_events = instance.group.event_fds()
                 for name, fd in (("memory_events", memory_events), ("pids_events", pids_events)):
                     if fd is not None:
@@ -520,6 +542,14 @@ class Zygote:
                 os.close(fd)
         instance.state = "running"
         self._tell({"op": "spawned", "id": instance.id, "port": instance.port, "pid": instance.pid})
+        self._landed(instance)
+
+    def _landed(self, instance: _Instance) -> None:
+        """The instance's spawn is over (it said hello, or failed): the next one may go."""
+        template = instance.template
+        if instance.id in template.in_flight:
+            template.in_flight.discard(instance.id)
+            self._drain(template)
 
     def _on_init(self, instance: _Instance) -> None:
         assert instance.init_channel is not None
@@ -553,7 +583,7 @@ class Zygote:
             return
         instance.init_pid = pid
         group = instance.init_group or instance.group
-        if group is not None:
+        if group is not None and not group.holds(pid):
             with contextlib.suppress(OSError):
                 group.add(pid)
 
@@ -636,6 +666,7 @@ class Zygote:
         self._kill(instance)
         self._forget(instance)
         self._tell({"op": "error", "id": instance.request, "message": why})
+        self._landed(instance)
 
     def _kill(self, instance: _Instance) -> None:
         """SIGKILL the instance: its cgroup (without one, its process group); its pid namespace
@@ -703,6 +734,7 @@ class Zygote:
         ):
             self.instances.pop(instance.id, None)
         instance.template.instances.discard(instance.id)
+        self._resize(instance.template)
         if not instance.template.instances and instance.template.state == "ready":
             instance.template.idle_since = time.monotonic()
         self._release_namespace(instance)
@@ -755,6 +787,16 @@ def _limits(message: dict[str, Any]) -> Limits:
         pids=int(pids) if pids is not None else None,
         cpu=number("cpu"),
     )
+
+
+def _close_all(items: list[Any]) -> None:
+    """Close sockets and raw descriptors alike."""
+    for item in items:
+        if isinstance(item, int):
+            with contextlib.suppress(OSError):
+                os.close(item)
+        else:
+            item.close()
 
 
 def _null_socket() -> socket.socket:
