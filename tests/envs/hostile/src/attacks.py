@@ -174,3 +174,117 @@ def process_table() -> list[dict[str, object]]:
             continue
         table.append({"pid": int(entry), "state": state, "command": command})
     return sorted(table, key=lambda row: int(row["pid"]))  # type: ignore[call-overload]
+
+
+def _seqpackets() -> list[int]:
+    """This process's AF_UNIX SOCK_SEQPACKET descriptors: its channel to the engine."""
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            with socket.socket(fileno=os.dup(fd)) as sock:
+                if sock.family == socket.AF_UNIX and sock.type == socket.SOCK_SEQPACKET:
+                    found.append(fd)
+        except OSError:
+            continue
+    return found
+
+
+@register_tool
+def control_channel(attack: str) -> dict[str, object]:
+    """Send the engine something that is not ours on every channel this process holds:
+    garbage, truncated, oversized, forged, descriptors, a flood, or a legitimate 'broken'."""
+    import json
+
+    payloads = {
+        "garbage": [b"\x00\xff\xfe not json at all"],
+        "truncated": [b'{"op": "hel'],
+        "not_an_object": [b"[1, 2, 3]"],
+        "forged_hello": [json.dumps({"op": "hello", "id": "someone-else"}).encode()],
+        "forged_spawned": [json.dumps({"op": "spawned", "id": "x", "port": 1}).encode()],
+        "forged_fork": [json.dumps({"op": "fork", "items": [{"id": "x"}]}).encode()],
+        "deep": [b"[" * 100000 + b"]" * 100000],
+        "broken": [json.dumps({"op": "broken", "reason": "a tool said so"}).encode()],
+    }
+    sent, errors = 0, []
+    for fd in _seqpackets():
+        sock = socket.socket(fileno=os.dup(fd))
+        try:
+            if attack == "oversized":  # the largest datagram the kernel lets through
+                for size in (4 << 20, 2 << 20, 1 << 20, 512 << 10, 200 << 10, 100 << 10):
+                    try:
+                        sock.send(b"x" * size)
+                    except OSError:
+                        continue
+                    sent += 1
+                    break
+            elif attack == "fds":
+                socket.send_fds(sock, [b'{"op": "hello"}'], list(range(3, 10)))
+                sent += 1
+            elif attack == "flood":
+                sock.setblocking(False)
+                for _ in range(100000):
+                    sock.send(b'{"op": "noise"}')
+                    sent += 1
+            else:
+                for payload in payloads[attack]:
+                    sock.send(payload)
+                    sent += 1
+        except OSError as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            sock.close()
+    return {"sent": sent, "errors": errors}
+
+
+@register_tool
+def listening_ports() -> list[int]:
+    """Ports of the listening TCP sockets among this process's descriptors."""
+    ports = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            with socket.socket(fileno=os.dup(int(name))) as sock:
+                if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                    ports.append(sock.getsockname()[1])
+        except OSError:
+            continue
+    return sorted(ports)
+
+
+@register_tool
+def kill_everything() -> dict[str, object]:
+    """kill(-1, SIGKILL): every process this one may signal, but itself."""
+    try:
+        os.kill(-1, 9)
+    except OSError as exc:
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    return {"ok": True}
+
+
+@register_tool
+def busy(seconds: float) -> float:
+    """Hold the runtime's worker (a sync call) for `seconds`."""
+    time.sleep(seconds)
+    return seconds
+
+
+@register_tool
+def open_and_keep(path: str, text: str) -> dict[str, object]:
+    """Open `path` for appending, write `text`, keep the file open in this process."""
+    handle = open(path, "a")  # noqa: SIM115 (kept open on purpose)
+    handle.write(text)
+    handle.flush()
+    STATE["kept"] = handle
+    return {"fd": handle.fileno()}
+
+
+@register_tool
+def write_kept(text: str) -> dict[str, object]:
+    """Write through the file `open_and_keep` left open."""
+    handle = STATE.get("kept")
+    try:
+        handle.write(text)  # type: ignore[union-attr]
+        handle.flush()  # type: ignore[union-attr]
+    except (OSError, ValueError, AttributeError) as exc:
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    return {"ok": True}

@@ -1,0 +1,383 @@
+"""The local engine against an attacker: environment code at import time, an instance that lies
+to the engine on its control channel, forks that try to reach their parent or siblings.
+
+Everything is real: a root or unprivileged engine (the isolation tests skip where this machine
+cannot build namespaces), hostile projects in tests/envs, calls over loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aenv_ray import (
+    Environment,
+    InstanceBrokenError,
+    InstanceInfo,
+    InstanceSpec,
+    InstanceState,
+    InstanceUnreachableError,
+    TerminationReason,
+)
+from sandbox_runtime.local import Isolation, LocalEngine
+from sandbox_runtime.local._sandbox import namespaces_available
+from tests._hostile import HOSTILE, call, hostile_spec
+from tests._processes import processes_of
+
+HOSTILE_IMPORT = Path(__file__).parent / "envs" / "hostile_import"
+NO_NAMESPACES = namespaces_available()
+pytestmark = pytest.mark.skipif(NO_NAMESPACES is not None, reason=str(NO_NAMESPACES))
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[LocalEngine]:
+    engine = LocalEngine(isolation=Isolation.NAMESPACES)
+    yield engine
+    engine.close()
+
+
+async def wait_for(predicate: Any, what: str, seconds: float = 15.0) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not await predicate():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+# -- environment code at import time -----------------------------------------------------------
+
+
+def hostile_import_project(where: Path, marker: Path, port: int) -> Path:
+    """A copy of tests/envs/hostile_import whose attacks aim at ``marker`` and ``port``."""
+    project = where / "hostile-import"
+    shutil.copytree(HOSTILE_IMPORT, project)
+    config = json.loads((project / "config.json").read_text())
+    config["deployConfig"]["env"] = {"HOSTILE_MARKER": str(marker), "HOSTILE_PORT": str(port)}
+    (project / "config.json").write_text(json.dumps(config))
+    return project
+
+
+@pytest.fixture
+def listener() -> Iterator[socket.socket]:
+    """A TCP server on the host's loopback that nothing sandboxed may reach."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        yield server
+
+
+def assert_import_contained(attempts: dict[str, Any], marker: Path, secret: str) -> None:
+    """What a hostile module's import-time code may and may not have done."""
+    shadow = attempts["read_shadow"]
+    assert shadow["ok"] is False, shadow
+    assert "Permission denied" in shadow["error"]
+    root = attempts["list_root"]  # only what the runtime needs (an interpreter under /root)
+    assert not root["ok"] or not {".bashrc", ".ssh", ".profile"} & set(root["value"]), root
+    assert attempts["write_etc"]["ok"] is False
+    assert attempts["write_project"]["ok"] is False  # its project is a read-only copy
+    assert attempts["connect_host"]["ok"] is False, attempts["connect_host"]
+    assert attempts["connect_outside"]["ok"] is False
+    assert secret not in attempts["environment"]["value"]  # the engine's variables stay out
+    assert attempts["processes"]["value"] == [1]  # alone in its pid namespace
+    assert not marker.exists()  # whatever it wrote stayed in its private /tmp
+    assert not Path("/etc/aenv-hostile-import-was-here").exists()
+
+
+async def test_import_time_code_runs_only_inside_the_sandbox(
+    tmp_path: Path, listener: socket.socket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "AENV_TEST_SECRET_OF_THE_ENGINE"
+    monkeypatch.setenv(secret, "1")
+    marker = Path("/tmp") / f"aenv-hostile-marker-{os.getpid()}"
+    project = hostile_import_project(tmp_path, marker, listener.getsockname()[1])
+    engine = LocalEngine(isolation=Isolation.NAMESPACES)
+    try:
+        manifest = await engine.inspect(project)  # the load check: the same sandbox
+        assert [tool["name"] for tool in manifest["tools"]] == ["import_attempts"]
+        assert not marker.exists()
+        info = await engine.create(InstanceSpec("hostile-import@1.0.0", project=str(project)))
+        attempts = await call(info, "import_attempts")
+        assert_import_contained(attempts, marker, secret)
+        # on the host: nothing the engine started runs as root but the zygote itself
+        ours = processes_of(engine.owner)
+        uids = {pid: _uid(pid) for pid in ours}
+        roots = [pid for pid, uid in uids.items() if uid == 0]
+        if os.geteuid() == 0:
+            assert len(roots) == 1, uids  # the zygote; templates and instances are nobody
+            assert all(uid == 65534 for pid, uid in uids.items() if uid != 0), uids
+    finally:
+        await engine.aclose()
+
+
+def _uid(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Uid:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+async def test_a_project_that_does_not_load_is_a_definition_error_not_a_crash(
+    tmp_path: Path,
+) -> None:
+    project = tmp_path / "broken"
+    shutil.copytree(HOSTILE_IMPORT, project)
+    (project / "src" / "import_attacks.py").write_text("import os\nraise SystemExit(3)\n")
+    from aenv_ray import DefinitionError
+
+    engine = LocalEngine(isolation=Isolation.NAMESPACES)
+    try:
+        with pytest.raises(DefinitionError, match=r"import_attacks\.py"):
+            await engine.inspect(project)
+        with pytest.raises(DefinitionError, match="SystemExit"):
+            await engine.create(InstanceSpec("hostile-import@1.0.0", project=str(project)))
+    finally:
+        await engine.aclose()
+
+
+# -- the zygote trusts no instance ------------------------------------------------------------
+
+ATTACKS = [
+    "garbage",
+    "truncated",
+    "oversized",
+    "not_an_object",
+    "forged_hello",
+    "forged_spawned",
+    "forged_fork",
+    "deep",
+    "fds",
+    "flood",
+]
+
+
+@pytest.fixture
+async def bystander(engine: LocalEngine) -> AsyncIterator[InstanceInfo]:
+    info = await engine.create(hostile_spec())
+    await call(info, "remember", {"key": "mine", "value": "kept"})
+    yield info
+    await engine.delete(info.id)
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+async def test_lies_on_the_control_channel_cost_only_the_liar(
+    engine: LocalEngine, bystander: InstanceInfo, attack: str
+) -> None:
+    liar = await engine.create(hostile_spec())
+    async with Environment.attach(liar.url or "", token=liar.token) as env:
+
+        async def lie_until_killed() -> None:  # it dies while (or right after) it speaks
+            for _ in range(100):
+                await env.call_tool("control_channel", {"attack": attack})
+                await asyncio.sleep(0.02)
+
+        with pytest.raises((InstanceBrokenError, InstanceUnreachableError)):
+            await lie_until_killed()
+
+    async def ended() -> bool:
+        return (await engine.get(liar.id)).state is InstanceState.TERMINATED
+
+    await wait_for(ended, "the engine to end the liar")
+    final = await engine.get(liar.id)
+    assert final.reason is TerminationReason.CRASHED
+    assert "protocol" in final.detail, final.detail
+    # everyone else is untouched: the bystander keeps its state, new instances start
+    async with Environment.attach(bystander.url or "", token=bystander.token) as env:
+        assert await env.call_function("recall", {"key": "mine"}) == "kept"
+    fresh = await engine.create(hostile_spec())
+    assert (await call(fresh, "identity"))["pids"] == [1, 2]
+    await engine.delete(fresh.id)
+
+
+async def test_a_legitimate_broken_report_does_not_kill(engine: LocalEngine) -> None:
+    info = await engine.create(hostile_spec())
+    try:
+        assert (await call(info, "control_channel", {"attack": "broken"}))["sent"] >= 1
+        assert (await call(info, "identity"))["pids"] == [1, 2]  # it keeps serving
+        assert (await engine.get(info.id)).is_running
+    finally:
+        await engine.delete(info.id)
+
+
+async def test_a_fork_of_a_busy_instance_blocks_no_one(engine: LocalEngine) -> None:
+    busy = await engine.create(hostile_spec())
+    other = await engine.create(hostile_spec())
+    async with Environment.attach(busy.url or "", token=busy.token) as env:
+        working = asyncio.create_task(env.call_tool("busy", {"seconds": 3.0}))
+        await asyncio.sleep(0.3)  # the call holds the runtime's worker now
+        forking = asyncio.create_task(engine.fork(busy.id, 1))
+        await asyncio.sleep(0.1)
+        # while the fork waits for the busy instance, the engine serves everyone else
+        created = await engine.create(hostile_spec())
+        deleted = await engine.delete(other.id)
+        assert not working.done(), "the busy call ended before the others were served"
+        assert not forking.done()
+        assert deleted.state is InstanceState.TERMINATED
+        assert (await call(created, "identity"))["pids"] == [1, 2]
+        assert (await working).structured == 3.0
+        (child,) = await forking
+    assert (await call(child, "identity"))["env"]["AENV_INSTANCE_ID"] == child.id
+    for info in (busy, created, child):
+        await engine.delete(info.id)
+
+
+# -- forks are isolated from their parent and siblings -----------------------------------------
+
+
+async def test_a_fork_holds_no_socket_of_its_parent(engine: LocalEngine) -> None:
+    parent = await engine.create(hostile_spec())
+    try:
+        parent_port = int((parent.url or "").rsplit(":", 1)[1])
+        assert parent_port in await call(parent, "listening_ports")
+        children = await engine.fork(parent.id, 2)
+        for child in children:
+            child_port = int((child.url or "").rsplit(":", 1)[1])
+            ports = await call(child, "listening_ports")
+            assert ports == [child_port], ports  # its own socket only, never its parent's
+        # the parent's URL is answered by the parent, every time
+        for _ in range(20):
+            me = await call(parent, "identity")
+            assert me["env"]["AENV_INSTANCE_ID"] == parent.id
+        for child in children:
+            await engine.delete(child.id)
+    finally:
+        await engine.delete(parent.id)
+
+
+async def test_kill_all_from_a_fork_reaches_nothing_of_others(engine: LocalEngine) -> None:
+    parent = await engine.create(hostile_spec())
+    first, second = await engine.fork(parent.id, 2)
+    try:
+        result = await call(first, "kill_everything")
+        assert result["ok"] is True or "No such process" in result["error"], result
+        # the parent and the sibling still answer, with their state
+        assert (await call(parent, "identity"))["env"]["AENV_INSTANCE_ID"] == parent.id
+        assert (await call(second, "identity"))["env"]["AENV_INSTANCE_ID"] == second.id
+        assert (await call(first, "identity"))["pids"] == [1, 2]  # its own namespace only
+    finally:
+        for info in (first, second, parent):
+            await engine.delete(info.id)
+
+
+async def test_a_crashed_parent_is_reported_broken_while_its_forks_live(
+    engine: LocalEngine,
+) -> None:
+    parent = await engine.create(hostile_spec())
+    (child,) = await engine.fork(parent.id, 1)
+    try:
+        async with Environment.attach(parent.url or "", token=parent.token) as env:
+            await env.call_tool("identity", {})
+            with pytest.raises((InstanceBrokenError, InstanceUnreachableError)):
+                await env.call_tool("crash", {})
+            # the next call fails at once: nothing holds the parent's socket open
+            with pytest.raises((InstanceBrokenError, InstanceUnreachableError)):
+                await env.call_tool("identity", {})
+
+        async def reported() -> bool:
+            return (await engine.get(parent.id)).state is InstanceState.TERMINATED
+
+        await wait_for(reported, "the parent's crash to be reported")
+        assert (await engine.get(parent.id)).reason is TerminationReason.CRASHED
+        assert (await call(child, "identity"))["env"]["AENV_INSTANCE_ID"] == child.id
+    finally:
+        await engine.delete(child.id)
+
+
+async def test_files_the_parent_kept_open_are_the_forks_own_copies(engine: LocalEngine) -> None:
+    parent = await engine.create(hostile_spec())
+    try:
+        await call(parent, "open_and_keep", {"path": "log.txt", "text": "before;"})
+        (child,) = await engine.fork(parent.id, 1)
+        assert (await call(child, "write_kept", {"text": "child;"}))["ok"] is True
+        assert (await call(parent, "write_kept", {"text": "parent;"}))["ok"] is True
+        parent_log = (await call(parent, "read_file", {"path": "log.txt"}))["value"]
+        child_log = (await call(child, "read_file", {"path": "log.txt"}))["value"]
+        assert parent_log == "before;parent;"  # the fork wrote into its own copy
+        assert child_log == "before;child;"
+        await engine.delete(child.id)
+    finally:
+        await engine.delete(parent.id)
+
+
+# -- MCP wherever the runtime's files live ------------------------------------------------------
+
+
+async def test_mcp_works_for_a_project_under_tmp(engine: LocalEngine, tmp_path: Path) -> None:
+    assert str(tmp_path).startswith("/tmp")
+    project = tmp_path / "hostile"
+    shutil.copytree(HOSTILE, project)
+    info = await engine.create(InstanceSpec("hostile@1.0.0", project=str(project)))
+    try:
+        from fastmcp import Client
+        from fastmcp.client.transports import StreamableHttpTransport
+
+        transport = StreamableHttpTransport(f"{info.url}/mcp", headers=info.headers)
+        async with Client(transport) as client:
+            names = {tool.name for tool in await client.list_tools()}
+            assert "identity" in names
+            result = await client.call_tool("remember", {"key": "k", "value": "v"})
+            assert result.structured_content == {"keys": ["k"]}
+    finally:
+        await engine.delete(info.id)
+
+
+_VENV_SCRIPT = """
+import asyncio, json, sys
+from fastmcp import Client
+from fastmcp.client.transports import StreamableHttpTransport
+from aenv_ray import InstanceSpec
+from sandbox_runtime.local import Isolation, LocalEngine
+
+async def main():
+    engine = LocalEngine(isolation=Isolation.NAMESPACES)
+    info = await engine.create(InstanceSpec("hostile@1.0.0", project=sys.argv[1]))
+    transport = StreamableHttpTransport(f"{info.url}/mcp", headers=info.headers)
+    async with Client(transport) as client:
+        names = sorted(tool.name for tool in await client.list_tools())
+        result = await client.call_tool("identity", {})
+    await engine.aclose()
+    cwd = result.structured_content["cwd"]
+    print(json.dumps({"names": names, "prefix": sys.prefix, "cwd": cwd}))
+
+asyncio.run(main())
+"""
+
+
+def test_mcp_works_with_the_virtual_environment_under_tmp(tmp_path: Path) -> None:
+    """A venv in /tmp (hidden by every instance's private /tmp before): MCP imports lazily."""
+    import subprocess
+    import sys
+    import sysconfig
+
+    venv = Path("/tmp") / f"aenv-venv-test-{os.getpid()}"
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        site = next(venv.glob("lib/python*/site-packages"))
+        ours = Path(sysconfig.get_paths()["purelib"])  # this suite's packages, really in /tmp:
+        copy = ["cp", "-a", "--link", f"{ours}/.", str(site)]  # hard links (same filesystem)
+        if subprocess.run(copy, capture_output=True, check=False).returncode != 0:
+            shutil.copytree(ours, site, symlinks=True, dirs_exist_ok=True)
+        done = subprocess.run(
+            [str(venv / "bin" / "python"), "-c", _VENV_SCRIPT, str(HOSTILE)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd="/",
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        out = json.loads(done.stdout.strip().splitlines()[-1])
+        assert out["prefix"] == str(venv)
+        assert "identity" in out["names"]
+        assert out["cwd"] == "/workspace"
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)
