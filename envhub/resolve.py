@@ -104,7 +104,7 @@ def _local(local: dict[str, Path], bare: str, name: str, version: str | None) ->
 async def _unpack(registry: Registry, data_dir: Path, doc: Document) -> Path:
     from envhub.bundle import extract_bundle
 
-    dest = data_dir / "bundles" / doc["digest"].replace(":", "-")
+    dest = data_dir / "bundles" / str(doc["digest"]).replace(":", "-")
     if (dest / ".aenv-digest").is_file():
         return dest
     _, data = await registry.bundle(doc["name"], doc["version"])
