@@ -177,11 +177,6 @@ class Registry:
             created += await self.store.create(NAME_KEYS, name_key(name), doc)
         return created
 
-    async def owner(self, name: str) -> str | None:
-        """The tenant that owns ``name`` (or a lookalike of it), if any."""
-        holder = await self.store.get(NAME_KEYS, name_key(name))
-        return None if holder is None else holder.get("tenant")
-
     async def _bundles_of(self, tenant: str) -> dict[str, int]:
         """digest -> size of the bundles ``tenant``'s live versions hold."""
         return {
@@ -189,10 +184,6 @@ class Registry:
             for d in (await self.store.list(VERSIONS)).values()
             if d.get("publisher") == tenant and not d.get("deleted")
         }
-
-    async def stored_bytes(self, tenant: str) -> int:
-        """Bytes of the bundles ``tenant``'s live versions hold (each bundle counted once)."""
-        return sum((await self._bundles_of(tenant)).values())
 
     async def _check_bytes(self, caller: Caller, digest: str, size: int) -> None:
         mine = await self._bundles_of(caller.tenant)
