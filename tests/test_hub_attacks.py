@@ -288,6 +288,9 @@ async def test_a_name_alone_never_runs_another_tenants_code(
         assert answer["structured"] == {"owner": "alice's code"}
     finally:
         await cleanup(bob, doc["id"])
+    # the SDK takes the explicit form too
+    async with Environment(f"alice/{name}@1.0.0", aenv_url=hub.url, api_key=hub.keys["bob"]) as env:
+        assert (await env.call_tool("whose", {})).structured == {"owner": "alice's code"}
     # alice runs it by its name
     own = await alice.create_instance(name, ttl="5m")
     try:
