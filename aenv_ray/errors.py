@@ -28,6 +28,7 @@ The tree, by what the caller should do::
     │   └── ServiceNotFoundError (LookupError)   no service with that id (for your key)
     ├── AuthenticationError                      no API key, or a wrong or revoked one (HTTP 401)
     ├── PermissionDeniedError                    the key may not do that (HTTP 403)
+│   └── QuotaExceededError                   over a hub's quota or cap; free some, ask less
     ├── HubUnreachableError                      nothing answers at AENV_SYSTEM_URL; retryable
     ├── StoreError                               the hub's store failed (SQLite file, Redis)
     ├── AEnvTimeoutError (TimeoutError)
@@ -70,6 +71,7 @@ __all__ = [
     "LeaseLostError",
     "PermissionDeniedError",
     "ProtocolError",
+    "QuotaExceededError",
     "RegistryError",
     "ServiceNotFoundError",
     "StartupTimeoutError",
@@ -284,6 +286,28 @@ class AuthenticationError(AEnvError):
 
 class PermissionDeniedError(AEnvError):
     """The API key is valid but may not do this (e.g. publish a name another tenant owns)."""
+
+
+class QuotaExceededError(PermissionDeniedError):
+    """A request is over one of the hub's quotas (a tenant's running instances, services,
+    replicas, stored bundle bytes) or caps (what one instance or request may ask: memory, cpu,
+    pids, TTL, instances at once). ``limit`` names it (``"memory"``, ``"instances"``),
+    ``requested`` is what the request would reach and ``allowed`` the most the hub allows.
+    Not retryable as is: free something (release instances, delete versions) or ask for less."""
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        limit: str | None = None,
+        requested: float | None = None,
+        allowed: float | None = None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(message, **kw)
+        self.limit = limit
+        self.requested = requested
+        self.allowed = allowed
 
 
 class HubUnreachableError(AEnvError):

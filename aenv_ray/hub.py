@@ -113,9 +113,11 @@ class HubClient:
         headers: Mapping[str, str] | None = None,
         params: Mapping[str, Any] | None = None,
         raw: bool = False,
+        answers: tuple[int, ...] = (),
     ) -> Any:
         """One request; the parsed JSON answer (``raw``: ``(bytes, headers)``), or the error
-        the hub raised, re-raised as its :mod:`aenv_ray.errors` class."""
+        the hub raised, re-raised as its :mod:`aenv_ray.errors` class. A status in ``answers``
+        is an answer, not an error."""
         session = self._get_session()
         url = self.url + path
         body = orjson.dumps(json) if json is not None else data
@@ -127,7 +129,7 @@ class HubClient:
                 method, url, data=body, headers=send_headers, params=_params(params)
             ) as reply:
                 payload = await reply.read()
-                if reply.status < 400:
+                if reply.status < 400 or reply.status in answers:
                     if raw:
                         return payload, dict(reply.headers)
                     return orjson.loads(payload) if payload else None
@@ -154,12 +156,17 @@ class HubClient:
         error = _error_class(name, status)(message)
         if "existing_digest" in detail:
             error.existing_digest = detail["existing_digest"]  # type: ignore[attr-defined]
+        if isinstance(error, errors.QuotaExceededError):
+            error.limit = detail.get("limit")
+            error.requested = detail.get("requested")
+            error.allowed = detail.get("allowed")
         return error
 
     # -- meta ------------------------------------------------------------------------------------
     async def health(self) -> dict[str, Any]:
-        """The hub's liveness answer (no key needed)."""
-        result: dict[str, Any] = await self.request("GET", "/v1/health")
+        """The hub's health (no key needed): ``{"status": "ok"|"degraded", "store": {"ok",
+        "detail"}, ...}``; a degraded hub (its store fails; HTTP 503) is an answer too."""
+        result: dict[str, Any] = await self.request("GET", "/v1/health", answers=(503,))
         return result
 
     async def whoami(self) -> dict[str, Any]:

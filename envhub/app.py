@@ -3,8 +3,10 @@
 Every route but ``/v1/health`` and the OpenAPI document (``/openapi.json``, browsable at
 ``/docs``) needs ``Authorization: Bearer KEY`` unless the hub runs with ``auth=False``. Errors
 are ``{"error": {"type": "<aenv_ray.errors class>", "message": "..."}}`` with the status of
-their kind (401, 403, 404, 409, 410, 413, 400, 502, 503, 500), so a client re-raises the same
-class.
+their kind (401, 403, 404, 409, 410, 413, 415, 400, 502, 503, 500), so a client re-raises the
+same class. Before any route, :class:`envhub.guard.RequestGuard` refuses what a web page could
+make a browser send (415 for a body that is not JSON; without auth, 403 for a foreign ``Host``
+or ``Origin``).
 
 ==============================================  ============================================
 ``POST   /v1/envs``                             publish a bundle (body: its bytes)
@@ -27,11 +29,12 @@ aiohttp (the proxy's client).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -57,12 +60,15 @@ from aenv_ray.errors import (
     InstanceNotFoundError,
     InstanceUnreachableError,
     PermissionDeniedError,
+    QuotaExceededError,
     ServiceNotFoundError,
     StoreError,
     VersionConflictError,
 )
 from envhub.control import ControlPlane
-from envhub.keys import Caller, authenticate
+from envhub.guard import RequestGuard
+from envhub.keys import LOCAL_TENANT, Caller, authenticate
+from envhub.limits import Limits
 from envhub.registry import DEFAULT_MAX_BUNDLE, Registry
 from envhub.store import Store
 
@@ -99,6 +105,7 @@ class HubOptions:
     reap_interval: float = 1.0
     sync_interval: float = 5.0
     close_store: bool = True  # the app closes the store when it stops
+    limits: Limits = field(default_factory=Limits)  # quotas and caps per tenant
 
 
 # -- request and response bodies (the OpenAPI document's schemas) -------------------------------
@@ -181,6 +188,17 @@ class Instance(_Out):
     tenant: str
     service: str | None = None
     warnings: list[str] = Field(default_factory=list)
+    token: str | None = Field(
+        None,
+        description="the runtime's secret (send `Authorization: Bearer TOKEN` to `url`); "
+        "shown to the instance's own tenant only",
+    )
+    publisher: str | None = Field(
+        None, description="the tenant whose code it runs; null: built into the hub"
+    )
+    source: str | None = Field(
+        None, description="what `env` resolved to (`tenant/name@version`: another tenant's)"
+    )
 
 
 class Version(_Out):
@@ -222,6 +240,7 @@ class ErrorBody(BaseModel):
 
 _STATUS: list[tuple[type[AEnvError], int]] = [
     (AuthenticationError, 401),
+    (QuotaExceededError, 403),  # not 429: retrying the same request does not help
     (PermissionDeniedError, 403),
     (EnvironmentNotFoundError, 404),
     (InstanceNotFoundError, 404),
@@ -235,9 +254,10 @@ _STATUS: list[tuple[type[AEnvError], int]] = [
     (StoreError, 503),
     (InstanceUnreachableError, 502),
 ]
-# every status an error travels with is documented (410 and 502 come from the proxy routes)
+# every status an error travels with is documented (410 and 502 come from the proxy routes,
+# 415 from the request guard)
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in sorted({status for _, status in _STATUS} | {500})
+    code: {"model": ErrorBody} for code in sorted({status for _, status in _STATUS} | {415, 500})
 }
 
 
@@ -254,15 +274,31 @@ def _error(exc: AEnvError) -> JSONResponse:
     existing = getattr(exc, "existing_digest", None)
     if existing:
         body["existing_digest"] = existing
+    if isinstance(exc, QuotaExceededError):
+        body.update(limit=exc.limit, requested=exc.requested, allowed=exc.allowed)
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, AuthenticationError) else None
     return JSONResponse({"error": body}, status_code=status_of(exc), headers=headers)
+
+
+async def _probe(store: Store, timeout: float = 5.0) -> dict[str, Any]:
+    """``{"ok": bool, "detail": str}``: whether ``store`` answers a read now."""
+    kind = store.url.partition(":")[0]
+    try:
+        await asyncio.wait_for(store.get("health", "probe"), timeout)
+    except StoreError as exc:
+        log.warning("health: the store fails", extra={"error": str(exc)})
+        return {"ok": False, "detail": str(exc)}
+    except TimeoutError:
+        log.warning("health: the store does not answer", extra={"timeout": timeout})
+        return {"ok": False, "detail": f"the {kind} store did not answer within {timeout:g} s"}
+    return {"ok": True, "detail": f"{kind} answers"}
 
 
 async def _caller(request: Request) -> Caller:
     """Who sent the request (every route but health and the OpenAPI document needs a key)."""
     options: HubOptions = request.app.state.options
     if not options.auth:
-        return Caller(tenant="local")
+        return Caller(tenant=LOCAL_TENANT)
     return await authenticate(request.app.state.store, request.headers.get("authorization"))
 
 
@@ -273,7 +309,7 @@ def create_app(store: Store, engine: SandboxEngine, options: HubOptions | None =
     """The hub's ASGI app over ``store`` and ``engine``; its lifespan runs the control plane's
     upkeep (sync with the engine, reap expired instances, keep services at their replicas)."""
     options = options or HubOptions()
-    registry = Registry(store, max_bundle=options.max_bundle)
+    registry = Registry(store, max_bundle=options.max_bundle, limits=options.limits)
     control = ControlPlane(
         store,
         engine,
@@ -281,6 +317,7 @@ def create_app(store: Store, engine: SandboxEngine, options: HubOptions | None =
         options.data_dir,
         reap_interval=options.reap_interval,
         sync_interval=options.sync_interval,
+        limits=options.limits,
     )
     proxy: dict[str, aiohttp.ClientSession] = {}
     turns = itertools.count()
@@ -290,6 +327,9 @@ def create_app(store: Store, engine: SandboxEngine, options: HubOptions | None =
         removed = await registry.collect_garbage()
         if removed:
             log.info("removed bundles of crashed pushes", extra={"count": len(removed)})
+        adopted = await registry.adopt_names()
+        if adopted:
+            log.info("names now guarded against lookalikes", extra={"count": adopted})
         await control.start()
         proxy["session"] = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5), auto_decompress=False
@@ -313,6 +353,7 @@ def create_app(store: Store, engine: SandboxEngine, options: HubOptions | None =
     app.state.control = control
     app.state.store = store
     app.state.options = options
+    app.add_middleware(RequestGuard, auth=options.auth)
 
     @app.exception_handler(AEnvError)
     async def _aenv_error(request: Request, exc: AEnvError) -> JSONResponse:
@@ -335,10 +376,22 @@ def create_app(store: Store, engine: SandboxEngine, options: HubOptions | None =
         return {**doc, "address": f"{base}/v1/services/{doc['id']}/proxy"}
 
     # -- meta ------------------------------------------------------------------------------------
-    @app.get("/v1/health", tags=["meta"])
-    async def health() -> dict[str, Any]:
-        """Liveness, without auth."""
-        return {"status": "ok", "version": __version__, "auth": options.auth}
+    @app.get(
+        "/v1/health",
+        tags=["meta"],
+        responses={503: {"description": "the store fails: the same body, status `degraded`"}},
+    )
+    async def health() -> JSONResponse:
+        """Liveness and the store's state, without auth: 200 ``ok``, or 503 ``degraded`` when
+        the store does not answer (every route that needs it would fail)."""
+        store_state = await _probe(store)
+        body = {
+            "status": "ok" if store_state["ok"] else "degraded",
+            "version": __version__,
+            "auth": options.auth,
+            "store": store_state,
+        }
+        return JSONResponse(body, status_code=200 if store_state["ok"] else 503)
 
     @app.get("/v1/whoami", tags=["meta"])
     async def whoami(who: Who) -> dict[str, Any]:

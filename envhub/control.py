@@ -8,34 +8,39 @@ each on start (and every ``sync_interval``), and :meth:`ControlPlane.reap` termi
 their TTL. The engine enforces the TTL as well, so an instance expires even while the hub is
 down.
 
-A definition is resolved from the registry (its bundle is unpacked once into
-``data_dir/bundles/<digest>``), then from the hub's own built-in environments and
-``AENV_ENV_PATH``.
+A definition is resolved by :func:`envhub.resolve.resolve`: the hub's built-ins by name, the
+caller's own tenant's versions by name, another tenant's only as ``tenant/name@version``.
+
+What a tenant may use is the operator's (:mod:`envhub.limits`): every create, fork, renew and
+service change is checked against the tenant's quotas (live instances, services, replicas) and
+caps (what one instance's ``deployConfig`` and one request may ask; the network), and refused
+with :class:`~aenv_ray.errors.QuotaExceededError` (or ``PermissionDeniedError`` for the
+network) before the engine starts anything. Instances started by an API key that is revoked
+later are terminated by the hub's upkeep: the key's holder knows their tokens.
 
 A **service** keeps ``replicas`` instances of a definition running, with no TTL (the hub renews
 them), and optional persistent storage: a directory ``data_dir/storage/<service id>`` the engine
 mounts read-write at ``/storage`` in every replica. Dead replicas are replaced; changing the
 version or variables replaces replicas new-first, so the service keeps serving.
 
-May import: the standard library, ``aenv_ray``, ``envhub`` (store, registry, bundle, keys).
+May import: the standard library, ``aenv_ray``, ``envhub`` (store, registry, resolve, limits,
+keys).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import difflib
 import logging
-import math
 import secrets
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aenv_ray._resolve import _version_key, available_environments
+from aenv_ray.config import DeployConfig
 from aenv_ray.engine import (
     InstanceInfo,
     InstanceSpec,
@@ -47,12 +52,22 @@ from aenv_ray.engine import (
 from aenv_ray.errors import (
     AEnvError,
     ConfigurationError,
-    EnvironmentNotFoundError,
     InstanceNotFoundError,
     ServiceNotFoundError,
 )
+from envhub import keys
 from envhub.keys import Caller
+from envhub.limits import (
+    Limits,
+    TenantLimits,
+    check_deploy,
+    check_per_request,
+    check_ttl,
+    instance_ttl,
+    over,
+)
 from envhub.registry import Registry, split_ref
+from envhub.resolve import Definition, resolve, split_tenant
 from envhub.store import Document, Store
 
 __all__ = ["ControlPlane"]
@@ -77,30 +92,51 @@ class ControlPlane:
     sync_interval: float = 5.0
     retention: float = 24 * 3600.0  # how long a terminated instance's record is kept
     startup_timeout: float = 120.0
+    limits: Limits = field(default_factory=Limits)
     _service_locks: dict[str, asyncio.Lock] = field(default_factory=dict, repr=False)
+    _tenant_locks: dict[str, asyncio.Lock] = field(default_factory=dict, repr=False)
+    _starting: dict[str, int] = field(default_factory=dict, repr=False)  # tenant -> creates
     _task: asyncio.Task[None] | None = field(default=None, repr=False)
 
-    # -- definitions ---------------------------------------------------------------------------
-    async def resolve(self, ref: str) -> tuple[str, Path, list[str]]:
-        """``(name@version, project directory, warnings)`` for ``ref``."""
-        name, version = split_ref(ref)
+    # -- definitions and limits ----------------------------------------------------------------
+    async def resolve(self, caller: Caller, ref: str) -> Definition:
+        """The definition ``ref`` names for ``caller`` (:func:`envhub.resolve.resolve`)."""
+        return await resolve(self.registry, self.data_dir, caller.tenant, ref)
+
+    def _tenant_lock(self, tenant: str) -> asyncio.Lock:
+        return self._tenant_locks.setdefault(tenant, asyncio.Lock())
+
+    @contextlib.asynccontextmanager
+    async def _admit(self, tenant: str, count: int, limits: TenantLimits) -> AsyncIterator[None]:
+        """Hold ``count`` of ``tenant``'s ``instances`` quota while the body starts them; refuse
+        when its live instances and those being started would pass it."""
+        if count == 0:
+            yield
+            return
+        async with self._tenant_lock(tenant):
+            live = sum(
+                1
+                for d in (await self.store.list(INSTANCES)).values()
+                if d.get("tenant") == tenant
+                and d.get("service") is None
+                and d["state"] != InstanceState.TERMINATED.value
+            )
+            starting = self._starting.get(tenant, 0)
+            if live + starting + count > limits.instances:
+                raise over(
+                    tenant,
+                    "instances",
+                    live + starting + count,
+                    limits.instances,
+                    f"{count} more would bring your live instances to",
+                    "release instances you no longer use (`aenv instance delete ID`), or ask "
+                    "the hub's operator",
+                )
+            self._starting[tenant] = starting + count
         try:
-            doc = await self.registry.get(name, version)
-        except EnvironmentNotFoundError as missing:
-            local = available_environments()
-            if ref in local:
-                return ref, local[ref], []
-            mine = [r for r in local if split_ref(r)[0] == name]
-            if version in (None, "latest") and mine:
-                found = max(mine, key=lambda r: _version_key(split_ref(r)[1] or ""))
-                return found, local[found], []
-            raise _not_here(missing, name, list(local)) from None
-        warnings = []
-        if doc.get("deprecated"):
-            why = f": {doc['deprecation']}" if doc.get("deprecation") else ""
-            warnings.append(f"`{doc['ref']}` is deprecated{why}")
-        project = await self._unpack(doc)
-        return doc["ref"], project, warnings
+            yield
+        finally:
+            self._starting[tenant] -= count
 
     async def check_loads(self, data: bytes, digest: str) -> dict[str, Any] | None:
         """Load an uploaded bundle in a sandbox of the engine's; its manifest (None when the
@@ -123,16 +159,6 @@ class ControlPlane:
             raise
         return manifest
 
-    async def _unpack(self, doc: Document) -> Path:
-        from envhub.bundle import extract_bundle
-
-        dest = self.data_dir / "bundles" / doc["digest"].replace(":", "-")
-        if (dest / ".aenv-digest").is_file():
-            return dest
-        _, data = await self.registry.bundle(doc["name"], doc["version"])
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        return await asyncio.to_thread(extract_bundle, data, dest)
-
     # -- instances -----------------------------------------------------------------------------
     async def create_instance(
         self,
@@ -148,11 +174,22 @@ class ControlPlane:
         service: str | None = None,
         storage: str | None = None,
     ) -> Document:
-        """Start an instance of ``env`` for ``caller``; return its record once it answers."""
-        ref, project, warnings = await self.resolve(env)
+        """Start an instance of ``env`` for ``caller``; return its record once it answers.
+
+        The definition must fit the tenant's caps, and (unless it is a service's replica, whose
+        lifetime the hub manages) its TTL too, and a new instance its ``instances`` quota.
+        """
+        limits = self.limits.for_tenant(caller.tenant)
+        found = await self.resolve(caller, env)
+        deploy = found.config.deploy_config
+        check_deploy(limits, caller.tenant, found.ref, deploy)
+        warnings = list(found.warnings)
+        if service is None:
+            ttl, clamped = instance_ttl(limits, caller.tenant, found.ref, ttl, deploy)
+            warnings += clamped
         spec = InstanceSpec(
-            env_ref=ref,
-            project=str(project),
+            env_ref=found.ref,
+            project=str(found.project),
             ttl=ttl,
             environment_variables=dict(environment_variables or {}),
             arguments=tuple(arguments or ()),
@@ -161,12 +198,20 @@ class ControlPlane:
             labels={**(labels or {}), "aenv.tenant": caller.tenant},
             storage=storage,
         )
-        info = await self.engine.create(spec, timeout=self.startup_timeout)
-        doc = self._record(info, caller.tenant, service=service)
-        doc["warnings"] = warnings
-        await self.store.put(INSTANCES, info.id, doc)
+        async with self._admit(caller.tenant, 0 if service else 1, limits):
+            info = await self.engine.create(spec, timeout=self.startup_timeout)
+            doc = self._record(info, caller.tenant, service=service)
+            doc.update(
+                warnings=warnings,
+                source=found.ref,
+                publisher=found.publisher,
+                key_id=caller.key_id,
+                deploy=_deploy_snapshot(deploy),
+            )
+            await self.store.put(INSTANCES, info.id, doc)
         log.info(
-            "instance created", extra={"instance": info.id, "env": ref, "tenant": caller.tenant}
+            "instance created",
+            extra={"instance": info.id, "env": found.ref, "tenant": caller.tenant},
         )
         return doc
 
@@ -213,9 +258,9 @@ class ControlPlane:
         return await self._terminate(doc, TerminationReason.DELETED)
 
     async def renew_instance(self, caller: Caller, instance_id: str, ttl: float) -> Document:
-        """Make one of the caller's instances expire ``ttl`` seconds from now."""
-        if not (isinstance(ttl, int | float) and 0 < ttl < math.inf):
-            raise ConfigurationError(f"ttl must be a positive number of seconds, got {ttl!r}")
+        """Make one of the caller's instances expire ``ttl`` seconds from now (at most the
+        tenant's ``ttl`` cap: renew again to go on)."""
+        check_ttl(self.limits.for_tenant(caller.tenant), caller.tenant, ttl)
         doc = await self._refresh(await self._mine(caller, instance_id))
         if doc["state"] == InstanceState.TERMINATED.value:
             raise InstanceNotFoundError(
@@ -228,19 +273,36 @@ class ControlPlane:
         return doc
 
     async def fork_instance(self, caller: Caller, instance_id: str, n: int) -> list[Document]:
-        """``n`` copies of one of the caller's running instances (engines that can fork)."""
+        """``n`` copies of one of the caller's running instances (engines that can fork).
+
+        The copies count against the tenant's ``instances`` quota and ``per_request`` cap, and
+        the parent's definition is checked against the tenant's caps as they are now.
+        """
         if not (isinstance(n, int) and 1 <= n <= MAX_REPLICAS):
             raise ConfigurationError(f"n must be an integer from 1 to {MAX_REPLICAS}, got {n!r}")
+        limits = self.limits.for_tenant(caller.tenant)
+        check_per_request(limits, caller.tenant, n)
         parent = await self._mine(caller, instance_id)
-        infos = await self.engine.fork(instance_id, n, timeout=self.startup_timeout)
+        deploy = DeployConfig.model_validate(parent.get("deploy") or {})
+        check_deploy(limits, caller.tenant, parent.get("source") or parent["env_ref"], deploy)
         docs = []
-        for info in infos:
-            doc = self._record(info, parent["tenant"])
-            await self.store.put(INSTANCES, info.id, doc)
-            docs.append(doc)
+        async with self._admit(caller.tenant, n, limits):
+            infos = await self.engine.fork(instance_id, n, timeout=self.startup_timeout)
+            for info in infos:
+                doc = self._record(info, parent["tenant"])
+                doc.update(
+                    source=parent.get("source"),
+                    publisher=parent.get("publisher"),
+                    key_id=caller.key_id,
+                    deploy=parent.get("deploy"),
+                )
+                await self.store.put(INSTANCES, info.id, doc)
+                docs.append(doc)
         return docs
 
-    async def _terminate(self, doc: Document, reason: TerminationReason) -> Document:
+    async def _terminate(
+        self, doc: Document, reason: TerminationReason, *, detail: str = ""
+    ) -> Document:
         try:
             info = await self.engine.delete(doc["id"])
             updated = {**doc, **self._record(info, doc["tenant"], service=doc.get("service"))}
@@ -253,6 +315,8 @@ class ControlPlane:
                 "reason": reason.value,
                 "detail": "the engine no longer knew it",
             }
+        if detail:
+            updated["detail"] = detail
         updated["ended_at"] = time.time()
         await self.store.put(INSTANCES, doc["id"], updated)
         return updated
@@ -300,6 +364,27 @@ class ControlPlane:
                 log.info("instance expired", extra={"instance": key, "env": doc["env_ref"]})
         return reaped
 
+    async def end_revoked(self) -> list[str]:
+        """Terminate the live instances (not service replicas) that an API key revoked since
+        started: whoever held the key knows their tokens. Returns their ids."""
+        revoked = {
+            key_id
+            for key_id, key in (await self.store.list(keys.KIND)).items()
+            if key.get("revoked_at") is not None
+        }
+        ended = []
+        for key, doc in (await self.store.list(INSTANCES)).items():
+            if (
+                doc.get("key_id") in revoked
+                and doc.get("service") is None
+                and doc["state"] != InstanceState.TERMINATED.value
+            ):
+                detail = f"the API key {doc['key_id']} that started it was revoked"
+                await self._terminate(doc, TerminationReason.DELETED, detail=detail)
+                ended.append(key)
+                log.info("instance of a revoked key ended", extra={"instance": key})
+        return ended
+
     async def sync(self) -> None:
         """Refresh every live record from the engine (a restarted hub's first step)."""
         for doc in (await self.store.list(INSTANCES)).values():
@@ -311,6 +396,7 @@ class ControlPlane:
         """Sync with the engine, reap, then keep doing both in the background."""
         await self.sync()
         await self.reap()
+        await self.end_revoked()
         await self.reconcile_services()
         self._task = asyncio.create_task(self._upkeep(), name="envhub-upkeep")
 
@@ -331,6 +417,7 @@ class ControlPlane:
                 if time.monotonic() - last_sync >= self.sync_interval:
                     last_sync = time.monotonic()
                     await self.sync()
+                    await self.end_revoked()
                     await self.reconcile_services()
             except Exception:  # the loop must survive a store or engine hiccup
                 log.exception("control-plane upkeep failed; retrying")
@@ -347,36 +434,81 @@ class ControlPlane:
         environment_variables: Mapping[str, str] | None = None,
         arguments: list[str] | None = None,
     ) -> Document:
-        """Start a service: ``replicas`` instances of ``env`` kept running."""
+        """Start a service: ``replicas`` instances of ``env`` kept running, within the
+        tenant's ``services``, ``replicas`` and ``per_request`` limits and its caps."""
         _check_replicas(replicas)
-        ref, _, _ = await self.resolve(env)  # fail now on an unknown definition
+        limits = self.limits.for_tenant(caller.tenant)
+        check_per_request(limits, caller.tenant, replicas)
+        found = await self.resolve(caller, env)  # fail now on an unknown definition
+        check_deploy(limits, caller.tenant, found.ref, found.config.deploy_config)
         sid = "svc-" + secrets.token_hex(5)
-        storage_path = None
-        if storage:
-            root = self.data_dir / "storage"
-            root.mkdir(parents=True, exist_ok=True, mode=0o700)
-            path = root / sid
-            path.mkdir(exist_ok=True)
-            # the replicas' to write, whoever they run as (a local engine as root runs them as
-            # nobody); the 0700 directory above keeps the host's other users out
-            path.chmod(0o777)
-            storage_path = str(path)
-        now = time.time()
-        doc: Document = {
-            "id": sid,
-            "name": name or split_ref(ref)[0],
-            "tenant": caller.tenant,
-            "env_ref": ref,
-            "replicas": replicas,
-            "storage": storage_path,
-            "environment_variables": dict(environment_variables or {}),
-            "arguments": list(arguments or []),
-            "created_at": now,
-            "updated_at": now,
-        }
-        await self.store.put(SERVICES, sid, doc)
+        async with self._tenant_lock(caller.tenant):  # the check and the record at once
+            await self._check_services(caller.tenant, limits, services=1, replicas=replicas)
+            storage_path = self._make_storage(sid) if storage else None
+            now = time.time()
+            doc: Document = {
+                "id": sid,
+                "name": name or split_ref(split_tenant(found.ref)[1])[0],
+                "tenant": caller.tenant,
+                "env_ref": found.ref,
+                "replicas": replicas,
+                "storage": storage_path,
+                "environment_variables": dict(environment_variables or {}),
+                "arguments": list(arguments or []),
+                "created_at": now,
+                "updated_at": now,
+            }
+            await self.store.put(SERVICES, sid, doc)
         await self.reconcile_service(sid)
         return await self.get_service(caller, sid)
+
+    def _make_storage(self, sid: str) -> str:
+        root = self.data_dir / "storage"
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = root / sid
+        path.mkdir(exist_ok=True)
+        # the replicas' to write, whoever they run as (a local engine as root runs them as
+        # nobody); the 0700 directory above keeps the host's other users out
+        path.chmod(0o777)
+        return str(path)
+
+    async def _check_services(
+        self,
+        tenant: str,
+        limits: TenantLimits,
+        *,
+        services: int,
+        replicas: int,
+        without: str | None = None,
+    ) -> None:
+        """Refuse ``services`` more services and ``replicas`` more replicas for ``tenant``
+        (its service ``without`` left out of the count)."""
+        mine = [
+            d
+            for d in (await self.store.list(SERVICES)).values()
+            if d["tenant"] == tenant and d["id"] != without
+        ]
+        if services and len(mine) + services > limits.services:
+            raise over(
+                tenant,
+                "services",
+                len(mine) + services,
+                limits.services,
+                "this would bring your services to",
+                "delete services you no longer use (`aenv service delete ID`), or ask the hub's "
+                "operator",
+            )
+        total = sum(int(d["replicas"]) for d in mine) + replicas
+        if total > limits.replicas:
+            raise over(
+                tenant,
+                "replicas",
+                total,
+                limits.replicas,
+                "this would bring the replicas of your services to",
+                "scale services down (`aenv service update ID --replicas N`), or ask the hub's "
+                "operator",
+            )
 
     async def _my_service(self, caller: Caller, service_id: str) -> Document:
         doc = await self.store.get(SERVICES, service_id)
@@ -419,20 +551,32 @@ class ControlPlane:
         env: str | None = None,
         environment_variables: Mapping[str, str] | None = None,
     ) -> Document:
-        """Scale a service, move it to another version, or change its variables."""
+        """Scale a service, move it to another version, or change its variables (within the
+        tenant's ``replicas`` quota and ``per_request`` cap: one update adds at most that many
+        replicas)."""
         if replicas is not None:
             _check_replicas(replicas)
-        ref = (await self.resolve(env))[0] if env is not None else None
+        limits = self.limits.for_tenant(caller.tenant)
+        ref = None
+        if env is not None:
+            found = await self.resolve(caller, env)
+            check_deploy(limits, caller.tenant, found.ref, found.config.deploy_config)
+            ref = found.ref
         async with self._lock(service_id):  # read-modify-write: a delete must not be undone
             doc = await self._my_service(caller, service_id)
-            if replicas is not None:
-                doc["replicas"] = replicas
-            if ref is not None:
-                doc["env_ref"] = ref
-            if environment_variables is not None:
-                doc["environment_variables"] = dict(environment_variables)
-            doc["updated_at"] = time.time()
-            await self.store.put(SERVICES, service_id, doc)
+            async with self._tenant_lock(caller.tenant):  # the check and the record at once
+                if replicas is not None:
+                    check_per_request(limits, caller.tenant, replicas - int(doc["replicas"]))
+                    await self._check_services(
+                        caller.tenant, limits, services=0, replicas=replicas, without=service_id
+                    )
+                    doc["replicas"] = replicas
+                if ref is not None:
+                    doc["env_ref"] = ref
+                if environment_variables is not None:
+                    doc["environment_variables"] = dict(environment_variables)
+                doc["updated_at"] = time.time()
+                await self.store.put(SERVICES, service_id, doc)
         await self.reconcile_service(service_id)
         return await self.get_service(caller, service_id)
 
@@ -518,26 +662,20 @@ class ControlPlane:
                         await self.store.put(INSTANCES, replica["id"], fresh)
 
 
-def _not_here(
-    missing: EnvironmentNotFoundError, name: str, local: list[str]
-) -> EnvironmentNotFoundError:
-    """The registry's not-found error, with what the hub has built in under that name (or a
-    close one): the registry alone does not know the built-ins the hub also resolves."""
-    mine = [r for r in local if split_ref(r)[0] == name]
-    mine.sort(key=lambda r: _version_key(split_ref(r)[1] or ""))
-    if mine:
-        hint = f"; built into this hub: {', '.join(mine)}"
-    else:
-        close = difflib.get_close_matches(name, sorted({split_ref(r)[0] for r in local}), n=1)
-        if not close or "did you mean" in str(missing):
-            return missing
-        hint = f"; did you mean `{close[0]}` (built into this hub)?"
-    return EnvironmentNotFoundError(f"{missing}{hint}", env_name=missing.env_name)
-
-
 def _spec_key(service: Document) -> str:
     variables = sorted(service["environment_variables"].items())
     return repr((service["env_ref"], variables, service["arguments"]))
+
+
+def _deploy_snapshot(deploy: DeployConfig) -> dict[str, Any]:
+    """What a record keeps of a definition's ``deployConfig``: what the caps check (a fork is
+    checked again against the caps as they are then)."""
+    return {
+        "memory": deploy.memory,
+        "cpu": deploy.cpu,
+        "pids": deploy.pids,
+        "network": deploy.network,
+    }
 
 
 def _check_replicas(replicas: Any) -> None:

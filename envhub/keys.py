@@ -30,9 +30,19 @@ from dataclasses import asdict, dataclass
 from aenv_ray.errors import AuthenticationError, ConfigurationError
 from envhub.store import Store
 
-__all__ = ["ApiKey", "Caller", "authenticate", "create_key", "list_keys", "revoke_key"]
+__all__ = [
+    "LOCAL_TENANT",
+    "ApiKey",
+    "Caller",
+    "authenticate",
+    "create_key",
+    "list_keys",
+    "revoke_key",
+]
 
 KIND = "keys"
+LOCAL_TENANT = "local"
+"""The tenant of every request to a hub without auth (``aenv serve --no-auth``)."""
 _TENANT = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$", re.IGNORECASE)
 _KEY = re.compile(r"^aenv_([0-9a-f]{12})_([A-Za-z0-9_-]{20,})$")
 

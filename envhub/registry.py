@@ -4,7 +4,11 @@ A version is published once, from a bundle made by ``aenv build`` (see :mod:`env
 and never changes: its record holds the bundle's digest (in ``digest`` and in the config's
 ``artifacts``), and publishing the same ``name@version`` again is a
 :class:`~aenv_ray.errors.VersionConflictError`, even after it was deleted (deletion leaves a
-tombstone; versions are never reused). A name belongs to the tenant that first published it.
+tombstone; versions are never reused). A name belongs to the tenant that first published it, and
+so does every name that looks like it (:func:`envhub.names.name_key`: ``Notes_App`` is
+``notes-app``); the names of the environments built into the hub (and on its
+``AENV_ENV_PATH``) and their lookalikes belong to nobody. A tenant's versions together may hold at
+most its ``bundle_bytes`` quota (:mod:`envhub.limits`).
 
 Publishing is crash-safe: the bundle is stored first (content-addressed, marked as an upload in
 progress), then the version record is created in one atomic step; a crash in between leaves an
@@ -15,27 +19,36 @@ May import: the standard library, ``aenv_ray``, ``envhub`` (store, bundle).
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 import time
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from aenv_ray._resolve import _version_key
+from aenv_ray._resolve import _version_key, available_environments
 from aenv_ray.errors import (
+    ConfigurationError,
     EnvironmentNotFoundError,
     PermissionDeniedError,
     VersionConflictError,
 )
 from envhub.keys import Caller
+from envhub.limits import Limits, over
+from envhub.names import name_key
 from envhub.store import Document, Store
 
-__all__ = ["DEFAULT_MAX_BUNDLE", "Registry", "split_ref"]
+if TYPE_CHECKING:
+    from envhub.bundle import BundleInfo
+
+__all__ = ["DEFAULT_MAX_BUNDLE", "Registry", "hub_names", "split_ref"]
 
 DEFAULT_MAX_BUNDLE = 64 * 1024 * 1024
 """Bytes a bundle may have (``aenv serve --max-bundle``)."""
 
 VERSIONS = "versions"
-NAMES = "names"
+NAMES = "names"  # name -> its owner (written before name keys existed; read at start)
+NAME_KEYS = "name-keys"  # name_key(name) -> {"tenant", "name"}: who owns the name and lookalikes
 UPLOADS = "uploads"
 _STALE_UPLOAD = 3600.0  # an upload marker older than this belonged to a crashed push
 
@@ -46,12 +59,21 @@ def split_ref(ref: str) -> tuple[str, str | None]:
     return name, (version or None) if sep else None
 
 
+def hub_names() -> list[str]:
+    """The names of the environments the hub runs without its registry: the built-ins and
+    those on its ``AENV_ENV_PATH`` (nobody may publish them or their lookalikes)."""
+    return sorted({split_ref(ref)[0] for ref in available_environments()})
+
+
 @dataclass
 class Registry:
     """The registry's operations over a :class:`~envhub.store.Store`."""
 
     store: Store
     max_bundle: int = DEFAULT_MAX_BUNDLE
+    limits: Limits = field(default_factory=Limits)
+    reserved: Callable[[], Iterable[str]] = hub_names
+    _locks: dict[str, asyncio.Lock] = field(default_factory=dict, repr=False)
 
     # -- publishing ----------------------------------------------------------------------------
     async def publish(
@@ -60,18 +82,27 @@ class Registry:
         """Check ``data`` (a bundle), then publish it as its config's ``name@version``.
 
         Raises :class:`~aenv_ray.errors.ArtifactError` (corrupt), ``ArtifactTooLargeError``,
-        :class:`~aenv_ray.errors.PermissionDeniedError` (another tenant's name) and
-        :class:`~aenv_ray.errors.VersionConflictError` (already published, or deleted).
+        :class:`~aenv_ray.errors.PermissionDeniedError` (a built-in's name, another tenant's,
+        or a lookalike of either), :class:`~aenv_ray.errors.QuotaExceededError` (over the
+        tenant's ``bundle_bytes``) and :class:`~aenv_ray.errors.VersionConflictError` (already
+        published, or deleted).
         """
         from envhub.bundle import inspect_bundle
 
         info = inspect_bundle(data, max_size=self.max_bundle, expected_digest=expected_digest)
+        # one push of a tenant at a time on this hub: its quota is checked against the others;
+        # a push over the quota claims no name
+        async with self._locks.setdefault(caller.tenant, asyncio.Lock()):
+            await self._check_bytes(caller, info.digest, info.size)
+            await self._claim_name(caller, info.config.name)
+            existing = await self.store.get(VERSIONS, info.config.ref)
+            if existing is not None:
+                raise self._conflict(existing, info.digest)
+            return await self._store_version(caller, info, data)
+
+    async def _store_version(self, caller: Caller, info: BundleInfo, data: bytes) -> Document:
         config = info.config
         ref = config.ref
-        await self._claim_name(caller, config.name)
-        existing = await self.store.get(VERSIONS, ref)
-        if existing is not None:
-            raise self._conflict(existing, info.digest)
         now = time.time()
         await self.store.put(UPLOADS, info.digest, {"started_at": now, "ref": ref})
         try:
@@ -104,13 +135,71 @@ class Registry:
         return record
 
     async def _claim_name(self, caller: Caller, name: str) -> None:
-        if await self.store.create(NAMES, name, {"tenant": caller.tenant, "at": time.time()}):
+        """Make ``name`` (and its lookalikes) the caller's, or refuse: a built-in's name, a
+        name another tenant owns, or one that looks like either."""
+        key = name_key(name)
+        for builtin in self.reserved():
+            if name_key(builtin) == key:
+                what = f"`{name}`" if builtin == name else f"`{name}` looks like `{builtin}`, which"
+                raise PermissionDeniedError(
+                    f"environment {what} is built into this hub; nobody may publish a built-in's "
+                    "name or a lookalike of it. Publish under a name of your own",
+                    env_name=name,
+                )
+        claim = {"tenant": caller.tenant, "name": name, "at": time.time()}
+        if await self.store.create(NAME_KEYS, key, claim):
             return
-        owner = (await self.store.get(NAMES, name) or {}).get("tenant")
+        holder = await self.store.get(NAME_KEYS, key) or {}
+        owner, owned = holder.get("tenant"), holder.get("name", name)
         if owner != caller.tenant:
+            same = (
+                "" if owned == name else f" (it looks like `{owned}`, which belongs to `{owner}`)"
+            )
             raise PermissionDeniedError(
-                f"environment `{name}` belongs to tenant `{owner}`; you are `{caller.tenant}`. "
-                "Publish under another name, or use a key of that tenant"
+                f"environment `{name}` belongs to tenant `{owner}`{same}; you are "
+                f"`{caller.tenant}`. Publish under a name of your own, or use a key of that tenant",
+                env_name=name,
+            )
+        if owned != name:
+            raise ConfigurationError(
+                f"environment `{name}` looks like `{owned}`, which you publish already; publish "
+                f"it as `{owned}` (two names a reader cannot tell apart would confuse your users)",
+                env_name=name,
+            )
+
+    async def adopt_names(self) -> int:
+        """Give every name claimed before lookalikes were checked its name key (the first
+        claim of a key wins); the number of keys created. The hub calls this on start."""
+        created = 0
+        legacy = sorted((await self.store.list(NAMES)).items(), key=lambda kv: kv[1].get("at", 0))
+        for name, claim in legacy:
+            doc = {"tenant": claim.get("tenant"), "name": name, "at": claim.get("at", 0)}
+            created += await self.store.create(NAME_KEYS, name_key(name), doc)
+        return created
+
+    async def _bundles_of(self, tenant: str) -> dict[str, int]:
+        """digest -> size of the bundles ``tenant``'s live versions hold."""
+        return {
+            d["digest"]: int(d.get("size", 0))
+            for d in (await self.store.list(VERSIONS)).values()
+            if d.get("publisher") == tenant and not d.get("deleted")
+        }
+
+    async def _check_bytes(self, caller: Caller, digest: str, size: int) -> None:
+        mine = await self._bundles_of(caller.tenant)
+        if digest in mine:
+            return  # already stored for this tenant: no new bytes
+        used = sum(mine.values())
+        allowed = self.limits.for_tenant(caller.tenant).bundle_bytes
+        if used + size > allowed:
+            raise over(
+                caller.tenant,
+                "bundle_bytes",
+                used + size,
+                allowed,
+                f"with this bundle ({size} bytes) your versions' bundles would take",
+                "delete versions you no longer need (`aenv delete NAME@VERSION`), or ask the "
+                "hub's operator",
             )
 
     @staticmethod

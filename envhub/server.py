@@ -19,6 +19,8 @@ from aenv_ray._net import bind_socket
 from aenv_ray.engine import SandboxEngine
 from aenv_ray.errors import ConfigurationError
 from envhub.app import HubOptions, create_app
+from envhub.keys import LOCAL_TENANT
+from envhub.limits import Limits
 from envhub.store import open_store
 
 __all__ = ["check_exposure", "is_loopback", "serve"]
@@ -36,12 +38,19 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_exposure(host: str, auth: bool) -> None:
-    """Refuse to serve without auth anywhere but loopback: anyone on the network could run code."""
+def check_exposure(host: str, auth: bool, limits: Limits | None = None) -> None:
+    """Refuse to serve without auth anywhere but loopback (anyone on the network could run
+    code), and without auth with networked instances (their code could call the hub)."""
     if not auth and not is_loopback(host):
         raise ConfigurationError(
             f"--no-auth on {host} would let anyone who reaches it start instances and publish "
             "code; serve on 127.0.0.1 or keep auth on (create keys with `aenv keys create`)"
+        )
+    if not auth and limits is not None and limits.for_tenant(LOCAL_TENANT).network:
+        raise ConfigurationError(
+            "--no-auth with instances on the network (--allow-network, or `network` for tenant "
+            f"`{LOCAL_TENANT}` in --limits) would let the code in an instance call this hub as "
+            "you; keep auth on (create keys with `aenv keys create`) or leave the network off"
         )
 
 
@@ -57,7 +66,7 @@ async def serve(
 ) -> None:
     """Serve the hub until SIGINT/SIGTERM. ``port=0`` picks a free one; ``on_ready`` gets the
     URL once the socket listens and the control plane has synced with the engine."""
-    check_exposure(host, options.auth)
+    check_exposure(host, options.auth, options.limits)
     try:
         sock = bind_socket(host, port)
     except OSError as exc:

@@ -1,8 +1,10 @@
-"""A real EnvHub (``aenv serve``) in a child process on loopback, for the hub's tests."""
+"""A real EnvHub (``aenv serve``) in a child process on loopback, for the hub's tests, and the
+plain HTTP helpers those tests share."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -10,10 +12,16 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
-__all__ = ["HubProcess", "free_port"]
+import aiohttp
+
+from aenv_ray.protocol import FAST_CALL_PATH
+
+__all__ = ["HubProcess", "call_tool", "eventually", "free_port", "raw", "refused", "run"]
 
 
 def free_port() -> int:
@@ -130,3 +138,74 @@ class HubProcess:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+async def raw(
+    method: str, url: str, *, key: str | None = None, body: Any = None
+) -> tuple[int, dict[str, str], Any]:
+    """One plain HTTP request: status, headers and the JSON (or text) answer."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.request(method, url, headers=headers, json=body) as reply,
+    ):
+        text = await reply.text()
+        try:
+            data: Any = json.loads(text)
+        except ValueError:
+            data = text
+        return reply.status, dict(reply.headers), data
+
+
+async def call_tool(
+    target: str | dict[str, Any], name: str, arguments: dict[str, Any], *, key: str | None = None
+) -> dict[str, Any]:
+    """Call tool ``name`` at an instance (its record: the runtime, with its token) or at a
+    proxy's ``url`` (with the hub ``key``); the result, which must not be an error."""
+    if isinstance(target, dict):
+        url, key = target["url"], target["token"]
+    else:
+        url = target
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    body = {"name": name, "arguments": arguments}
+    async with (
+        aiohttp.ClientSession(headers=headers) as session,
+        session.post(url + FAST_CALL_PATH, json=body) as reply,
+    ):
+        text = await reply.text()
+        assert reply.status == 200, text
+    result: dict[str, Any] = json.loads(text)
+    assert not result["is_error"], result
+    return result
+
+
+async def run(target: str | dict[str, Any], command: str, *, key: str | None = None) -> str:
+    """Run ``command`` with mini-terminal's tool (see :func:`call_tool`); its output."""
+    result = await call_tool(target, "execute_command", {"command": command}, key=key)
+    assert result["structured"]["returncode"] == 0, result
+    return str(result["structured"]["output"]).strip()
+
+
+async def eventually(
+    check: Callable[[], Awaitable[Any]], what: str, *, deadline: float = 60.0
+) -> Any:
+    """Poll ``check`` until it returns something truthy (a generous deadline, not a timing)."""
+    end = time.monotonic() + deadline
+    while True:
+        value = await check()
+        if value:
+            return value
+        assert time.monotonic() < end, f"never happened within {deadline:g} s: {what}"
+        await asyncio.sleep(0.1)
+
+
+async def refused(url: str) -> bool:
+    """True once nothing serves ``url`` any more."""
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session,
+            session.get(url + "/health"),
+        ):
+            return False
+    except (aiohttp.ClientError, TimeoutError):
+        return True

@@ -44,6 +44,9 @@ SAMPLES: dict[str, object] = {
     "error_type": "ValueError",
     "timeout": 2.5,
     "function": "grade",
+    "limit": "memory",
+    "requested": 8.0,
+    "allowed": 4.0,
 }
 
 COPIERS: dict[str, Callable[[Any], Any]] = {
@@ -194,6 +197,9 @@ def test_round_trips_with_defaults(cls: type[errors.AEnvError]) -> None:
             "error_type": st.text(),
             "function": st.text(),
             "timeout": st.floats(allow_nan=False),
+            "limit": st.text(),
+            "requested": st.floats(allow_nan=False),
+            "allowed": st.floats(allow_nan=False),
         },
     ),
     note=st.none() | st.text(),

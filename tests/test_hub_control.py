@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 import envhub.app
@@ -31,9 +30,8 @@ from aenv_ray.errors import (
     ServiceNotFoundError,
 )
 from aenv_ray.hub import HubClient
-from aenv_ray.protocol import FAST_CALL_PATH
 from aenv_ray.settings import Settings
-from tests._hub import HubProcess, free_port
+from tests._hub import HubProcess, eventually, free_port, raw, refused, run
 
 MINI = "mini-terminal@1.0.0"
 # the instance's own id (set by the engine) and its storage, isolated (/storage) or not
@@ -99,69 +97,6 @@ async def alice(hub: Hub) -> AsyncIterator[HubClient]:
 async def bob(hub: Hub) -> AsyncIterator[HubClient]:
     async with HubClient(hub.url, api_key=hub.bob) as client:
         yield client
-
-
-async def run(target: str | dict[str, Any], command: str, *, key: str | None = None) -> str:
-    """Run ``command`` with mini-terminal's tool at an instance (its record: the runtime, with
-    its token) or at a proxy's ``url`` (with the hub ``key``)."""
-    if isinstance(target, dict):
-        url, key = target["url"], target["token"]
-    else:
-        url = target
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    body = {"name": "execute_command", "arguments": {"command": command}}
-    async with (
-        aiohttp.ClientSession(headers=headers) as session,
-        session.post(url + FAST_CALL_PATH, json=body) as reply,
-    ):
-        text = await reply.text()
-        assert reply.status == 200, text
-    result = json.loads(text)
-    assert not result["is_error"], result
-    assert result["structured"]["returncode"] == 0, result
-    return str(result["structured"]["output"]).strip()
-
-
-async def raw(
-    method: str, url: str, *, key: str | None = None, body: Any = None
-) -> tuple[int, dict[str, str], Any]:
-    """One plain HTTP request: status, headers and the JSON (or text) answer."""
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    async with (
-        aiohttp.ClientSession() as session,
-        session.request(method, url, headers=headers, json=body) as reply,
-    ):
-        text = await reply.text()
-        try:
-            data: Any = json.loads(text)
-        except ValueError:
-            data = text
-        return reply.status, dict(reply.headers), data
-
-
-async def eventually(
-    check: Callable[[], Awaitable[Any]], what: str, *, deadline: float = 60.0
-) -> Any:
-    """Poll ``check`` until it returns something truthy (a generous deadline, not a timing)."""
-    end = time.monotonic() + deadline
-    while True:
-        value = await check()
-        if value:
-            return value
-        assert time.monotonic() < end, f"never happened within {deadline:g} s: {what}"
-        await asyncio.sleep(0.2)
-
-
-async def refused(url: str) -> bool:
-    """True once nothing serves ``url`` any more."""
-    try:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session,
-            session.get(url + "/health"),
-        ):
-            return False
-    except (aiohttp.ClientError, TimeoutError):
-        return True
 
 
 # -- 1. instances ---------------------------------------------------------------------------------

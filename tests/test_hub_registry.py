@@ -11,6 +11,7 @@ import asyncio
 import io
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -30,13 +31,14 @@ from aenv_ray.errors import (
     AuthenticationError,
     EnvironmentNotFoundError,
     PermissionDeniedError,
+    StoreError,
     VersionConflictError,
 )
 from aenv_ray.hub import HubClient, digest_of
 from envhub.bundle import Bundle, build_bundle
 from envhub.keys import create_key, revoke_key
 from envhub.store import open_store
-from tests._hub import HubProcess
+from tests._hub import HubProcess, eventually, raw
 from tests._redis import RedisServer
 
 AENV = [sys.executable, "-m", "aenv_ray.cli"]
@@ -222,6 +224,26 @@ async def test_a_name_belongs_to_the_tenant_that_published_it(hub: Hub, tmp_path
             await bob.delete_version(name, "1.0.0")
         assert (await bob.get_version(name))["publisher"] == "alice"  # reading is open
         await alice.push(build_bundle(make_project(tmp_path, name, "2.0.0")).data)
+
+
+async def test_names_claimed_before_lookalike_checks_are_guarded_after_an_upgrade(
+    tmp_path: Path,
+) -> None:
+    # a store written by a hub from before name keys: only the exact name's claim
+    store_url = f"sqlite:///{tmp_path}/hub.db"
+    keys = await _keys(store_url)
+    store = await open_store(store_url)
+    await store.create("names", "old-notes", {"tenant": "alice", "at": 1.0})
+    await store.create("names", "Old_Notes", {"tenant": "bob", "at": 2.0})  # an old squat
+    await store.aclose()
+    with HubProcess(tmp_path, store=store_url) as process:
+        async with HubClient(process.url, api_key=keys["bob"]) as bob:
+            for squat in ("old-notes", "OLD-NOTES", "Old_Notes", "o1d-notes"):
+                with pytest.raises(PermissionDeniedError, match="belongs to tenant `alice`"):
+                    await bob.push(build_bundle(make_project(tmp_path, squat)).data)
+        async with HubClient(process.url, api_key=keys["alice"]) as alice:
+            published = await alice.push(build_bundle(make_project(tmp_path, "old-notes")).data)
+            assert published["publisher"] == "alice"
 
 
 async def test_requests_need_a_valid_key(hub: Hub) -> None:
@@ -438,6 +460,42 @@ async def test_a_restarted_hub_keeps_versions_and_live_instances_and_reaps_expir
         async with Environment.attach(keeper["url"], token=keeper.get("token")) as env:
             result = await env.call_tool("add_note", {"text": "still here"})
             assert not result.is_error, result.text
+
+
+async def test_health_reports_the_store(tmp_path: Path) -> None:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not on PATH (scripts/setup installs it)")
+    with RedisServer() as redis:  # a server of its own: this test stops it
+        store = f"{redis.url}?prefix=health-{uuid.uuid4().hex[:8]}:"
+        key = (await _keys(store))["alice"]
+        with HubProcess(tmp_path, store=store) as process:
+            async with (
+                HubClient(process.url) as anonymous,
+                HubClient(process.url, api_key=key) as alice,
+            ):
+                health = await anonymous.health()
+                assert health["status"] == "ok"
+                assert health["store"] == {"ok": True, "detail": "redis answers"}
+                assert await alice.search() is not None
+
+                redis.stop()
+                degraded = await anonymous.health()  # a 503 with the body, not an error
+                assert degraded["status"] == "degraded"
+                assert degraded["store"]["ok"] is False
+                assert redis.url.split("/0")[0] in degraded["store"]["detail"]
+                assert "redis-server" in degraded["store"]["detail"]  # what to do
+                with pytest.raises(StoreError):
+                    await alice.search()
+                status, _, body = await raw("GET", f"{process.url}/v1/health")
+                assert (status, body["status"]) == (503, "degraded")
+
+                redis.start()  # the same port and data: the hub recovers by itself
+
+                async def healthy() -> bool:
+                    return bool((await anonymous.health())["status"] == "ok")
+
+                await eventually(healthy, "the hub sees its store again")
+                assert await alice.search() is not None
 
 
 def test_no_auth_is_refused_off_loopback(tmp_path: Path) -> None:

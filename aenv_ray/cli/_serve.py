@@ -76,16 +76,34 @@ def serve(
     datasource_root: Annotated[
         Path | None, typer.Option(help="instances may mount directories under this as /data")
     ] = None,
+    limits: Annotated[
+        Path | None,
+        typer.Option(
+            help="a JSON file of per-tenant quotas and caps (docs/envhub.md); default: the "
+            "built-in defaults",
+            envvar="AENV_HUB_LIMITS",
+        ),
+    ] = None,
+    allow_network: Annotated[
+        bool,
+        typer.Option(
+            "--allow-network",
+            help="let instances have the network when their deployConfig asks (default: "
+            "refused; per tenant: `network` in --limits)",
+        ),
+    ] = False,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error")] = "info",
 ) -> None:
     """Serve EnvHub: the registry and the control plane, with its OpenAPI document at /docs."""
     from aenv_ray.logs import configure_logging
     from envhub.app import HubOptions
+    from envhub.limits import load_limits
     from envhub.server import check_exposure
     from envhub.server import serve as run_hub
     from envhub.store import default_store_url
 
-    check_exposure(host, auth)
+    tenant_limits = load_limits(limits, allow_network=allow_network)
+    check_exposure(host, auth, tenant_limits)
     configure_logging(log_level.upper())
     root = _data_dir(data_dir)
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -104,6 +122,7 @@ def serve(
         data_dir=root,
         max_bundle=_size(max_bundle),
         datasource_root=datasource_root.resolve() if datasource_root else None,
+        limits=tenant_limits,
     )
     store_url = store or default_store_url()
 
