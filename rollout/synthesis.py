@@ -105,6 +105,7 @@ class Trajectory:
     instance_id: str | None = None
     seconds: float = 0.0
     task: dict[str, Any] = field(default_factory=dict)
+    retried: list[str] = field(default_factory=list)  # why each earlier attempt was retried
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (steps as dicts)."""
@@ -360,7 +361,7 @@ def _open_out(directory: Path) -> tuple[Path, dict[str, dict[str, Any]]]:
 
 
 def write_parquet(jsonl: Path, target: Path) -> None:
-    """Rewrite ``target`` from every row of ``jsonl`` (steps and task as JSON text columns)."""
+    """Rewrite ``target`` from every row of ``jsonl`` (steps, task, retried: JSON text columns)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -379,6 +380,7 @@ def write_parquet(jsonl: Path, target: Path) -> None:
         "num_steps": [len(r.get("steps") or []) for r in rows],
         "steps": [json.dumps(r.get("steps") or []) for r in rows],
         "task": [json.dumps(r.get("task") or {}) for r in rows],
+        "retried": [json.dumps(r.get("retried") or []) for r in rows],
     }
     schema = pa.schema(
         [
@@ -395,6 +397,7 @@ def write_parquet(jsonl: Path, target: Path) -> None:
             ("num_steps", pa.int32()),
             ("steps", pa.string()),
             ("task", pa.string()),
+            ("retried", pa.string()),
         ]
     )
     table = pa.Table.from_pydict(columns, schema=schema)
@@ -417,15 +420,18 @@ async def play_episode(
     fresh instance after an infrastructure error, at most ``max_retries`` times. Never raises
     for the episode's failure: the :class:`Trajectory` says how it ended."""
     attempts = 0
+    retried: list[str] = []
     while True:
         attempts += 1
         trajectory = await _attempt(
             source, env_name, episode_id, task, policy, episode_timeout=episode_timeout
         )
         trajectory.attempts = attempts
+        trajectory.retried = list(retried)
         retryable = trajectory.outcome == EpisodeOutcome.INFRASTRUCTURE_ERROR.value
         if not retryable or attempts > max_retries:
             return trajectory
+        retried.append(trajectory.reason or "")
         log.warning(
             "episode retried on a fresh instance",
             extra={"episode": episode_id, "attempt": attempts, "reason": trajectory.reason},
@@ -464,8 +470,10 @@ async def _attempt(
                 answer = await policy(task, agent)
             except (AEnvError, TimeoutError):
                 raise
-            except Exception as exc:  # the policy's own bug or refusal
-                raise PolicyError(f"{type(exc).__name__}: {exc}") from exc
+            except Exception as exc:
+                if classify(exc) is EpisodeOutcome.AGENT_ERROR:  # the policy's own bug or refusal
+                    raise PolicyError(f"{type(exc).__name__}: {exc}") from exc
+                raise  # Ray lost an actor under the policy, an instance's error it wrapped, ...
             trajectory.answer = None if answer is None else str(answer)
             if task.get("reward_arguments") is not None:
                 reward = await instance.call_reward(dict(task["reward_arguments"]))
