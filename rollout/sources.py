@@ -121,13 +121,15 @@ class _LeaseHandle:
         self.instance_id: str | None = lease.instance_id
 
     async def _result(self, ref: Any, what: str) -> Any:
-        from ray.exceptions import RayError
-
-        from rollout._ray import translate
-
         try:
             return await ref
-        except RayError as exc:
+        except Exception as exc:
+            from ray.exceptions import RayError  # loaded already: the lease came from Ray
+
+            from rollout._ray import translate
+
+            if not isinstance(exc, RayError):
+                raise
             translated = translate(exc, what=f"{what} on {self.lease!r}")
             if translated is exc:
                 raise
