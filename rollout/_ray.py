@@ -1,15 +1,19 @@
 """Ray at the edges: a loopback-only local cluster, bounded waits, Ray errors translated once.
 
 Local Ray must not advertise the machine's address: :func:`init_local` starts it on 127.0.0.1
-without the dashboard. :func:`get` is the library's only way to wait on a Ray object: it always
-has a timeout and turns Ray's failures into the :mod:`aenv_ray.errors` tree.
+without the dashboard, and must not outlive this process: it starts a reaper first
+(:func:`start_reaper`, :mod:`rollout._reaper`). :func:`get` is the library's only way to wait
+on a Ray object: it always has a timeout and turns Ray's failures into the
+:mod:`aenv_ray.errors` tree.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import ray
@@ -24,6 +28,7 @@ __all__ = [
     "get",
     "init_local",
     "loopback_only",
+    "start_reaper",
     "translate",
 ]
 
@@ -50,6 +55,8 @@ def init_local(num_cpus: int | None = None, **kwargs: Any) -> None:
         return
     if not os.environ.get("RAY_ADDRESS"):
         kwargs.setdefault("address", "local")
+    if kwargs.get("address") == "local":
+        start_reaper()  # this process starts Ray's processes: they must not outlive it
     loopback_only()
     kwargs.setdefault("include_dashboard", False)
     kwargs.setdefault("_node_ip_address", "127.0.0.1")
@@ -57,6 +64,55 @@ def init_local(num_cpus: int | None = None, **kwargs: Any) -> None:
     kwargs.setdefault("configure_logging", False)
     ray.init(num_cpus=num_cpus, **kwargs)
     log.info("local ray started", extra={"num_cpus": num_cpus, "address": "127.0.0.1"})
+
+
+_reaper: tuple[int, int] | None = None  # the reaper's pid, our end of its pipe
+
+
+def start_reaper() -> None:
+    """Make sure the Ray processes this process starts die with it, even by ``kill -9``.
+
+    Starts :mod:`rollout._reaper` once per process: a small stdlib-only process, in a session of
+    its own, that follows this process's Ray children and SIGKILLs them when this process is
+    gone, however it went. Without it Ray's dashboard and runtime-env agents outlive a killed
+    driver by a minute. Children this process *forks* without exec (``multiprocessing``'s
+    fork) hold the pipe it watches too: the reaper waits for them as well.
+    """
+    global _reaper
+    if _reaper is not None and _is_running(_reaper[0]):
+        return
+    read, write = os.pipe()  # the write end closes on exec: no process but this one holds it
+    os.set_inheritable(read, True)  # whoever else gets the read end cannot hold the pipe open
+    script = Path(__file__).with_name("_reaper.py")
+    ray_dir = str(Path(ray.__file__).resolve().parent) + os.sep
+    argv = [sys.executable, "-I", "-S", str(script), str(read), str(os.getpid()), ray_dir]
+    try:
+        # posix_spawn, not subprocess: a Popen object of a child meant to outlive this process
+        # would warn at exit that it is still running
+        pid = os.posix_spawn(
+            sys.executable,
+            argv,
+            dict(os.environ),
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
+            ],
+            setsid=True,  # a Ctrl-C of the driver's terminal does not reach it
+        )
+    finally:
+        os.close(read)
+    if _reaper is not None:
+        os.close(_reaper[1])
+    _reaper = (pid, write)
+    log.info("ray reaper started", extra={"reaper_pid": pid})
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        return os.waitpid(pid, os.WNOHANG) == (0, 0)
+    except ChildProcessError:
+        return False
 
 
 def loopback_only() -> None:

@@ -42,15 +42,6 @@ __all__ = ["EpisodeOutcome", "EpisodeResult", "classify", "run_episode"]
 log = logging.getLogger("rollout.failures")
 T = TypeVar("T")
 
-_RAY_INFRASTRUCTURE = (
-    rex.RayActorError,
-    rex.WorkerCrashedError,
-    rex.ObjectLostError,
-    rex.NodeDiedError,
-    rex.RaySystemError,
-    rex.OutOfMemoryError,
-)
-
 
 class EpisodeOutcome(enum.Enum):
     """How an episode ended."""
@@ -66,20 +57,53 @@ def classify(exc: BaseException | None) -> EpisodeOutcome:
 
     Infrastructure: the instance died, expired or was lost with its lease (but not one *you*
     released), no instance could be had or started, a runtime that speaks something else, and
-    Ray losing an actor, worker, node or object. Timeout: a call, tool or wait that ran out of
-    time. Anything else (a tool or function error, the policy's own exception) is the agent's.
+    every error of Ray's own (a dead actor, worker, node or raylet, a lost object, a cancelled
+    task, ...). Timeout: a call, tool or wait that ran out of time. Anything else (a tool or
+    function error, the policy's own exception) is the agent's.
+
+    Wrappers are looked through: Ray's ``RayTaskError`` is classified by its cause; an
+    exception raised ``from`` an infrastructure failure is one (a policy that wraps a broken
+    instance's error in its own still lost its instance); an exception group (a policy's
+    ``TaskGroup``) is the infrastructure's if any of its exceptions is, else a timeout if any
+    is, else the agent's.
     """
+    return _classify(exc, set())
+
+
+def _classify(exc: BaseException | None, seen: set[int]) -> EpisodeOutcome:
     if exc is None:
         return EpisodeOutcome.OK
-    if isinstance(exc, rex.RayTaskError) and isinstance(exc.cause, BaseException):
-        return classify(exc.cause)
+    if id(exc) in seen:  # a cycle of causes
+        return EpisodeOutcome.AGENT_ERROR
+    seen.add(id(exc))
+    if isinstance(exc, BaseExceptionGroup):
+        found = {_classify(inner, seen) for inner in exc.exceptions}
+        for outcome in (EpisodeOutcome.INFRASTRUCTURE_ERROR, EpisodeOutcome.TIMEOUT):
+            if outcome in found:
+                return outcome
+        return EpisodeOutcome.AGENT_ERROR
+    outcome = _classify_one(exc, seen)
+    cause = exc.__cause__
+    if outcome is not EpisodeOutcome.INFRASTRUCTURE_ERROR and cause is not None:
+        infrastructure = _classify(cause, seen) is EpisodeOutcome.INFRASTRUCTURE_ERROR
+        return EpisodeOutcome.INFRASTRUCTURE_ERROR if infrastructure else outcome
+    return outcome
+
+
+def _classify_one(exc: BaseException, seen: set[int]) -> EpisodeOutcome:
+    if isinstance(exc, rex.RayTaskError):
+        if isinstance(exc.cause, BaseException) and exc.cause is not exc:
+            return _classify(exc.cause, seen)
+        return EpisodeOutcome.AGENT_ERROR  # a task's own code failed; Ray did not
     if isinstance(exc, InstanceClosedError):
         return EpisodeOutcome.AGENT_ERROR  # the episode used an instance after releasing it
     infrastructure = (InstanceError, CapacityError, ProtocolError, StartupTimeoutError)
-    if isinstance(exc, (*infrastructure, AcquireTimeoutError, *_RAY_INFRASTRUCTURE)):
+    if isinstance(exc, (*infrastructure, AcquireTimeoutError)):
         return EpisodeOutcome.INFRASTRUCTURE_ERROR
-    if isinstance(exc, (AEnvTimeoutError, TimeoutError, rex.GetTimeoutError)):
+    if isinstance(exc, (AEnvTimeoutError, TimeoutError)):  # Ray's GetTimeoutError is one
         return EpisodeOutcome.TIMEOUT
+    if isinstance(exc, rex.RayError):
+        return EpisodeOutcome.INFRASTRUCTURE_ERROR  # Ray's own failures (not a task's code)
     return EpisodeOutcome.AGENT_ERROR
 
 

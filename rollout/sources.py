@@ -112,14 +112,31 @@ class SDKSource:
 
 class _LeaseHandle:
     """A :class:`~rollout.lease.Lease` as an :class:`InstanceHandle`: each call awaits its
-    ``ObjectRef`` (typed errors arrive as Ray's dual exceptions, ``isinstance`` of both)."""
+    ``ObjectRef``. Ray's errors are translated here, once (:func:`rollout._ray.translate`): an
+    error the instance raised comes out as itself, a pool actor that died under the call as
+    :class:`~aenv_ray.errors.LeaseLostError`, never as Ray's wrapper."""
 
     def __init__(self, lease: Any) -> None:
         self.lease = lease
         self.instance_id: str | None = lease.instance_id
 
+    async def _result(self, ref: Any, what: str) -> Any:
+        try:
+            return await ref
+        except Exception as exc:
+            from ray.exceptions import RayError  # loaded already: the lease came from Ray
+
+            from rollout._ray import translate
+
+            if not isinstance(exc, RayError):
+                raise
+            translated = translate(exc, what=f"{what} on {self.lease!r}")
+            if translated is exc:
+                raise
+            raise translated from exc
+
     async def list_tools(self) -> list[dict[str, Any]]:
-        return await self.lease.list_tools()  # type: ignore[no-any-return]
+        return await self._result(self.lease.list_tools(), "listing the tools")  # type: ignore[no-any-return]
 
     async def list_openai_tools(self) -> list[dict[str, Any]]:
         from aenv_ray.openai_tools import to_openai_tools
@@ -129,17 +146,22 @@ class _LeaseHandle:
     async def call_tool(
         self, tool_name: str, arguments: dict[str, Any] | None = None, timeout: float | None = None
     ) -> ToolResult:
-        return await self.lease.call_tool(tool_name, arguments, timeout=timeout)  # type: ignore[no-any-return]
+        ref = self.lease.call_tool(tool_name, arguments, timeout=timeout)
+        return await self._result(ref, f"calling `{tool_name}`")  # type: ignore[no-any-return]
 
     async def call_function(
         self, name: str, arguments: dict[str, Any] | None = None, timeout: float | None = None
     ) -> Any:
-        return await self.lease.call_function(name, arguments, timeout=timeout)
+        ref = self.lease.call_function(name, arguments, timeout=timeout)
+        return await self._result(ref, f"calling function `{name}`")
 
     async def call_reward(
         self, arguments: dict[str, Any] | None = None, timeout: float | None = None
     ) -> Any:
-        return await self.lease.call_reward(arguments, timeout=timeout)
+        return await self._result(self.lease.call_reward(arguments, timeout=timeout), "the reward")
+
+    async def release(self) -> None:
+        await self._result(self.lease.release(), "releasing")
 
 
 @dataclass
@@ -166,4 +188,4 @@ class PoolSource:
         import asyncio
 
         assert isinstance(instance, _LeaseHandle)
-        await asyncio.wait_for(instance.lease.release(), self.release_timeout)
+        await asyncio.wait_for(instance.release(), self.release_timeout)

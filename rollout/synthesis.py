@@ -5,9 +5,11 @@ environment's reward and records everything: every tool call with its arguments,
 timings, the reward, and how the episode ended (:class:`~rollout.failures.EpisodeOutcome`).
 Infrastructure failures (an instance that broke or could not be reached or created) are retried
 on a fresh instance up to ``max_retries``; every other failure is recorded once, with its
-reason. No episode is lost: each one ends as a line of ``trajectories.jsonl`` (written as it
-finishes), and ``trajectories.parquet`` is rewritten from it at the end. A rerun into the same
-directory skips the episodes already recorded (``retry_failed=True``: all but the failed ones).
+reason. No episode is lost or doubled: each one ends as one line of ``trajectories.jsonl``,
+written and synced as it finishes, by the one driver that holds the directory's lock
+(:mod:`rollout.run_directory`), and ``trajectories.parquet`` is rewritten from it at the end. A
+rerun into the same directory skips the episodes already recorded (``retry_failed=True``: all
+but the failed ones) and reruns the one whose line a killed driver left torn.
 
     >>> # doctest: +SKIP
     >>> summary = run_synthesis("mini-terminal@1.0.0", episodes=8, concurrency=4, out="runs/a")
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib
 import json
 import logging
@@ -52,6 +55,7 @@ from aenv_ray.errors import (
     EnvironmentNotFoundError,
 )
 from rollout.failures import EpisodeOutcome, classify
+from rollout.run_directory import RunDirectory, TornRecord, read_records
 from rollout.sources import InstanceHandle, InstanceSource, SDKSource
 
 __all__ = [
@@ -64,6 +68,7 @@ __all__ = [
     "demo_policy",
     "load_policy",
     "load_tasks",
+    "pending_episodes",
     "play_episode",
     "run_synthesis",
     "synthesize",
@@ -71,7 +76,6 @@ __all__ = [
 
 log = logging.getLogger("rollout.synthesis")
 
-JSONL = "trajectories.jsonl"
 PARQUET = "trajectories.parquet"
 
 
@@ -105,6 +109,7 @@ class Trajectory:
     instance_id: str | None = None
     seconds: float = 0.0
     task: dict[str, Any] = field(default_factory=dict)
+    retried: list[str] = field(default_factory=list)  # why each earlier attempt was retried
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (steps as dicts)."""
@@ -334,6 +339,7 @@ class SynthesisSummary:
     tool_calls: int
     seconds: float  # from the first episode started to the last ended
     mean_reward: float | None
+    torn: TornRecord | None = None  # a torn last line an earlier, killed driver left (dropped)
 
     @property
     def ok(self) -> bool:
@@ -341,30 +347,12 @@ class SynthesisSummary:
         return set(self.outcomes) <= {EpisodeOutcome.OK.value}
 
 
-def _recorded(path: Path) -> dict[str, dict[str, Any]]:
-    """Episodes already in ``trajectories.jsonl`` (a torn last line is ignored)."""
-    done: dict[str, dict[str, Any]] = {}
-    if not path.exists():
-        return done
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError):
-            row = json.loads(line)
-            if isinstance(row, dict) and "episode_id" in row:
-                done[str(row["episode_id"])] = row
-    return done
-
-
-def _open_out(directory: Path) -> tuple[Path, dict[str, dict[str, Any]]]:
-    directory.mkdir(parents=True, exist_ok=True)
-    return directory, _recorded(directory / JSONL)
-
-
 def write_parquet(jsonl: Path, target: Path) -> None:
-    """Rewrite ``target`` from every row of ``jsonl`` (steps and task as JSON text columns)."""
+    """Rewrite ``target`` from every row of ``jsonl`` (steps, task, retried: JSON text columns)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = list(_recorded(jsonl).values())
+    rows = list(read_records(jsonl)[0].values())
     columns: dict[str, list[Any]] = {
         "episode_id": [r["episode_id"] for r in rows],
         "task_id": [r["task_id"] for r in rows],
@@ -379,6 +367,7 @@ def write_parquet(jsonl: Path, target: Path) -> None:
         "num_steps": [len(r.get("steps") or []) for r in rows],
         "steps": [json.dumps(r.get("steps") or []) for r in rows],
         "task": [json.dumps(r.get("task") or {}) for r in rows],
+        "retried": [json.dumps(r.get("retried") or []) for r in rows],
     }
     schema = pa.schema(
         [
@@ -395,6 +384,7 @@ def write_parquet(jsonl: Path, target: Path) -> None:
             ("num_steps", pa.int32()),
             ("steps", pa.string()),
             ("task", pa.string()),
+            ("retried", pa.string()),
         ]
     )
     table = pa.Table.from_pydict(columns, schema=schema)
@@ -417,15 +407,18 @@ async def play_episode(
     fresh instance after an infrastructure error, at most ``max_retries`` times. Never raises
     for the episode's failure: the :class:`Trajectory` says how it ended."""
     attempts = 0
+    retried: list[str] = []
     while True:
         attempts += 1
         trajectory = await _attempt(
             source, env_name, episode_id, task, policy, episode_timeout=episode_timeout
         )
         trajectory.attempts = attempts
+        trajectory.retried = list(retried)
         retryable = trajectory.outcome == EpisodeOutcome.INFRASTRUCTURE_ERROR.value
         if not retryable or attempts > max_retries:
             return trajectory
+        retried.append(trajectory.reason or "")
         log.warning(
             "episode retried on a fresh instance",
             extra={"episode": episode_id, "attempt": attempts, "reason": trajectory.reason},
@@ -464,8 +457,10 @@ async def _attempt(
                 answer = await policy(task, agent)
             except (AEnvError, TimeoutError):
                 raise
-            except Exception as exc:  # the policy's own bug or refusal
-                raise PolicyError(f"{type(exc).__name__}: {exc}") from exc
+            except Exception as exc:
+                if classify(exc) is EpisodeOutcome.AGENT_ERROR:  # the policy's own bug or refusal
+                    raise PolicyError(f"{type(exc).__name__}: {exc}") from exc
+                raise  # Ray lost an actor under the policy, an instance's error it wrapped, ...
             trajectory.answer = None if answer is None else str(answer)
             if task.get("reward_arguments") is not None:
                 reward = await instance.call_reward(dict(task["reward_arguments"]))
@@ -501,11 +496,42 @@ def _reason(exc: BaseException, episode_timeout: float | None) -> str:
 ProgressCallback = Callable[[Trajectory], None]
 
 
+def pending_episodes(
+    task_list: list[dict[str, Any]],
+    episodes: int,
+    records: dict[str, dict[str, Any]],
+    *,
+    retry_failed: bool = False,
+) -> list[tuple[str, dict[str, Any]]]:
+    """``(episode id, task)`` of the ``episodes`` episodes not yet in ``records`` (with
+    ``retry_failed``: nor recorded as anything but ``ok``), in order. Episode ``i`` plays task
+    ``i mod len(task_list)`` and has the id ``"{i:06d}-{task id}"``."""
+    todo = []
+    for i in range(episodes):
+        task = task_list[i % len(task_list)]
+        episode_id = f"{i:06d}-{task['id']}"
+        record = records.get(episode_id)
+        if record is None or (retry_failed and record.get("outcome") != EpisodeOutcome.OK.value):
+            todo.append((episode_id, task))
+    return todo
+
+
+def _task_list(
+    tasks: Iterable[dict[str, Any]] | str | Path | None, env_name: str
+) -> list[dict[str, Any]]:
+    if tasks is None or isinstance(tasks, str | Path):
+        return load_tasks(tasks, env_name)
+    task_list = [{**t, "id": str(t.get("id", i))} for i, t in enumerate(tasks)]
+    if not task_list:
+        raise ConfigurationError(f"no tasks for {env_name}")
+    return task_list
+
+
 async def synthesize(
     env_name: str,
     *,
     episodes: int,
-    out: str | Path,
+    out: str | Path | RunDirectory,
     concurrency: int = 8,
     tasks: Iterable[dict[str, Any]] | str | Path | None = None,
     policy: Policy | str | None = None,
@@ -519,14 +545,48 @@ async def synthesize(
     """Run ``episodes`` episodes (tasks cycled in order), ``concurrency`` at a time, into ``out``.
 
     Episode ``i`` has the id ``"{i:06d}-{task id}"``; ids already recorded in ``out`` are skipped.
+    ``out`` is a directory, whose lock is taken first (:class:`~rollout.run_directory.
+    RunDirectoryLockedError` if another driver holds it) and released at the end, or a
+    :class:`~rollout.run_directory.RunDirectory` already open (left open).
     """
     if episodes < 0 or concurrency < 1:
         raise ConfigurationError("episodes must be >= 0 and concurrency >= 1")
-    task_list = (
-        load_tasks(None if tasks is None else tasks, env_name)
-        if tasks is None or isinstance(tasks, str | Path)
-        else [{**t, "id": str(t.get("id", i))} for i, t in enumerate(tasks)]
+    job = functools.partial(
+        _synthesize,
+        env_name,
+        episodes=episodes,
+        concurrency=concurrency,
+        tasks=tasks,
+        policy=policy,
+        source=source,
+        max_retries=max_retries,
+        episode_timeout=episode_timeout,
+        retry_failed=retry_failed,
+        on_episode=on_episode,
+        on_skip=on_skip,
     )
+    if isinstance(out, RunDirectory):
+        return await job(out)
+    with RunDirectory.open(out) as run:
+        return await job(run)
+
+
+async def _synthesize(
+    env_name: str,
+    run: RunDirectory,
+    *,
+    episodes: int,
+    concurrency: int,
+    tasks: Iterable[dict[str, Any]] | str | Path | None,
+    policy: Policy | str | None,
+    source: InstanceSource | None,
+    max_retries: int,
+    episode_timeout: float | None,
+    retry_failed: bool,
+    on_episode: ProgressCallback | None,
+    on_skip: Callable[[int], None] | None,
+) -> SynthesisSummary:
+    task_list = _task_list(tasks, env_name)
     chosen: Policy = (
         demo_policy(env_name)
         if policy is None
@@ -534,15 +594,7 @@ async def synthesize(
         if isinstance(policy, str)
         else policy
     )
-    directory, recorded = _open_out(Path(out))
-    jsonl = directory / JSONL
-    wanted = [(f"{i:06d}-{task_list[i % len(task_list)]['id']}", i) for i in range(episodes)]
-    todo = [
-        (episode_id, task_list[i % len(task_list)])
-        for episode_id, i in wanted
-        if episode_id not in recorded
-        or (retry_failed and recorded[episode_id].get("outcome") != EpisodeOutcome.OK.value)
-    ]
+    todo = pending_episodes(task_list, episodes, run.records, retry_failed=retry_failed)
     skipped = episodes - len(todo)
     if on_skip is not None:
         on_skip(skipped)
@@ -553,34 +605,36 @@ async def synthesize(
     totals = {"retries": 0, "tool_calls": 0}
     started = time.perf_counter()
 
-    with jsonl.open("a") as sink:
+    async def one(episode_id: str, task: dict[str, Any]) -> None:
+        async with limit:
+            trajectory = await play_episode(
+                instances,
+                env_name,
+                episode_id,
+                task,
+                chosen,
+                max_retries=max_retries,
+                episode_timeout=episode_timeout,
+            )
+        await run.append(trajectory.to_json())
+        outcomes[trajectory.outcome] += 1
+        totals["retries"] += trajectory.attempts - 1
+        totals["tool_calls"] += len(trajectory.steps)
+        if trajectory.reward is not None:
+            rewards.append(trajectory.reward)
+        if on_episode is not None:
+            on_episode(trajectory)
 
-        async def one(episode_id: str, task: dict[str, Any]) -> None:
-            async with limit:
-                trajectory = await play_episode(
-                    instances,
-                    env_name,
-                    episode_id,
-                    task,
-                    chosen,
-                    max_retries=max_retries,
-                    episode_timeout=episode_timeout,
-                )
-            sink.write(json.dumps(trajectory.to_json()) + "\n")
-            sink.flush()
-            outcomes[trajectory.outcome] += 1
-            totals["retries"] += trajectory.attempts - 1
-            totals["tool_calls"] += len(trajectory.steps)
-            if trajectory.reward is not None:
-                rewards.append(trajectory.reward)
-            if on_episode is not None:
-                on_episode(trajectory)
-
-        await asyncio.gather(*(one(episode_id, task) for episode_id, task in todo))
+    try:
+        async with asyncio.TaskGroup() as group:
+            for episode_id, task in todo:
+                group.create_task(one(episode_id, task))
+    except BaseExceptionGroup as failed:
+        raise failed.exceptions[0] from None  # one error (a bad task, a full disk) stops them all
     seconds = time.perf_counter() - started  # the episodes' time, not the Parquet file's
-    write_parquet(jsonl, directory / PARQUET)
+    write_parquet(run.jsonl, run.path / PARQUET)
     return SynthesisSummary(
-        out=directory,
+        out=run.path,
         episodes=episodes,
         skipped=skipped,
         outcomes=dict(outcomes),
@@ -588,6 +642,7 @@ async def synthesize(
         tool_calls=totals["tool_calls"],
         seconds=seconds,
         mean_reward=sum(rewards) / len(rewards) if rewards else None,
+        torn=run.torn,
     )
 
 

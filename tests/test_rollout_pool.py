@@ -9,8 +9,10 @@ command line, so a leak shows whatever the pool itself believes.
 from __future__ import annotations
 
 import collections
+import json
 import os
 import pickle
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -180,6 +182,64 @@ def test_classify_sorts_failures_into_outcomes() -> None:
         assert classify(exc) is EpisodeOutcome.AGENT_ERROR, exc
 
 
+def test_classify_looks_through_ray_and_every_wrapper_to_find_the_infrastructure() -> None:
+    from aenv_ray.errors import CallTimeoutError
+
+    infrastructure, timeout, agent = (
+        EpisodeOutcome.INFRASTRUCTURE_ERROR,
+        EpisodeOutcome.TIMEOUT,
+        EpisodeOutcome.AGENT_ERROR,
+    )
+    # Ray's own failures, whichever: a cancelled task, a dead raylet, a lost owner, ...
+    for exc in (
+        rex.TaskCancelledError(),
+        rex.LocalRayletDiedError(),
+        rex.OwnerDiedError(ray.ObjectRef.nil().hex(), "", ""),
+        rex.WorkerCrashedError(),
+        rex.ActorUnavailableError("restarting", None),
+        rex.RaySystemError("x"),
+    ):
+        assert classify(exc) is infrastructure, exc
+
+    def through_ray(cause: BaseException) -> BaseException:
+        # what ray.get raises for an error raised inside an actor: a RayTaskError that is also
+        # an instance of the cause's class
+        try:
+            raise cause
+        except BaseException as raised:
+            return rex.RayTaskError("call_tool", "traceback", raised).as_instanceof_cause()
+
+    assert classify(through_ray(InstanceBrokenError("gone"))) is infrastructure
+    assert classify(through_ray(rex.ActorDiedError())) is infrastructure  # nested actors
+    assert classify(through_ray(ToolArgumentError("bad"))) is agent
+    assert classify(through_ray(CallTimeoutError("slow"))) is timeout
+
+    def wrapped(outer: BaseException, cause: BaseException) -> BaseException:
+        outer.__cause__ = cause  # raise outer from cause
+        return outer
+
+    assert (
+        classify(wrapped(RuntimeError("tool failed"), InstanceBrokenError("x"))) is infrastructure
+    )
+    assert classify(wrapped(RuntimeError("x"), rex.ActorDiedError())) is infrastructure
+    assert classify(wrapped(RuntimeError("x"), ValueError("y"))) is agent
+    context = RuntimeError("while handling")  # only explicit causes count, not the context
+    context.__context__ = InstanceBrokenError("x")
+    assert classify(context) is agent
+    cycle = wrapped(RuntimeError("a"), RuntimeError("b"))
+    assert cycle.__cause__ is not None
+    cycle.__cause__.__cause__ = cycle
+    assert classify(cycle) is agent
+
+    # a policy's TaskGroup: the infrastructure's if any is, else a timeout if any is
+    group = BaseExceptionGroup
+    assert classify(group("g", [KeyError(), InstanceBrokenError("x")])) is infrastructure
+    assert classify(group("g", [KeyError(), CallTimeoutError("x")])) is timeout
+    assert classify(group("g", [KeyError(), ValueError()])) is agent
+    nested = group("outer", [ValueError(), group("inner", [through_ray(LeaseLostError("x"))])])
+    assert classify(nested) is infrastructure
+
+
 # -- one node ----------------------------------------------------------------------------------
 
 
@@ -320,6 +380,7 @@ def test_fork_copies_the_leased_instance() -> None:
         for fork in forks:
             rollout.get(fork.release(), timeout=T)
         assert pool.stats().leased == 0
+        pool.wait_ready(timeout=T)  # the released instance's replacement is warm
     finally:
         assert pool.close() >= 1
     wait_until(lambda: engine_processes(pids) == 0)  # the kill is asynchronous
@@ -388,6 +449,106 @@ def test_episodes_survive_an_instance_killed_mid_episode() -> None:
         assert stats.counters["broken"] == 1
         wait_until(lambda: pool.stats().leased == 0)
     wait_until(lambda: engine_processes(pids) == 0)  # the kill is asynchronous
+
+
+@pytest.mark.usefixtures("local_ray")
+def test_synthesis_retries_the_episodes_a_killed_pool_actor_cut(tmp_path: Path) -> None:
+    from rollout.sources import PoolSource
+    from rollout.synthesis import AgentEnv, run_synthesis
+
+    killed: list[Any] = []
+
+    async def policy(task: dict[str, Any], env: AgentEnv) -> str:
+        await env.call_tool("echo", {"text": "step 1"})
+        if not killed:  # the first episode to get here kills the pool actor under everyone
+            killed.append(pool.actors[0])
+            ray.kill(pool.actors[0])
+        await env.call_tool("sleepy", {"seconds": 0.3})
+        return "done"
+
+    with probe_pool(size=2) as pool:
+        pids = actor_pids(pool)
+        summary = run_synthesis(
+            str(PROBE),
+            episodes=4,
+            concurrency=2,
+            out=tmp_path,
+            tasks=[{"id": "t"}],
+            policy=policy,
+            source=PoolSource(pool),
+            max_retries=2,
+        )
+        assert summary.outcomes == {"ok": 4}  # nothing recorded as the agent's
+        rows = [
+            json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()
+        ]
+        assert sorted(r["episode_id"] for r in rows) == [f"00000{i}-t" for i in range(4)]
+        cut = [r for r in rows if r["attempts"] > 1]
+        assert cut, "no episode was cut by the kill"
+        assert summary.retries == sum(r["attempts"] - 1 for r in rows)
+        for row in cut:
+            assert all(reason.startswith("LeaseLostError: ") for reason in row["retried"]), row
+            assert "pool actor" in row["retried"][0]
+        assert pool.actors[0] is not killed[0]
+        assert pool.stats().actor_restarts == 1
+        pids |= actor_pids(pool)
+    wait_until(lambda: engine_processes(pids) == 0)
+
+
+def _zygote_of(actor_pid: int) -> int:
+    """The template process of the local engine running in ``actor_pid`` (its child)."""
+    for pid in processes_of(f"--owner\0{actor_pid}-"):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == actor_pid and b"sandbox_runtime.local.zygote" in command:
+            return pid
+    raise AssertionError(f"no zygote under pool actor {actor_pid}")
+
+
+@pytest.mark.usefixtures("local_ray")
+def test_synthesis_retries_the_episodes_a_killed_zygote_cut(tmp_path: Path) -> None:
+    from rollout.sources import PoolSource
+    from rollout.synthesis import AgentEnv, run_synthesis
+
+    killed: list[int] = []
+
+    async def policy(task: dict[str, Any], env: AgentEnv) -> str:
+        await env.call_tool("echo", {"text": "step 1"})
+        if not killed:  # SIGKILL the template every instance of the engine was forked from
+            (actor,) = pids
+            killed.append(_zygote_of(actor))
+            os.kill(killed[0], signal.SIGKILL)
+        await env.call_tool("sleepy", {"seconds": 0.3})
+        return "done"
+
+    with probe_pool(size=2) as pool:
+        pids = actor_pids(pool)
+        summary = run_synthesis(
+            str(PROBE),
+            episodes=4,
+            concurrency=2,
+            out=tmp_path,
+            tasks=[{"id": "t"}],
+            policy=policy,
+            source=PoolSource(pool),
+            max_retries=2,
+        )
+        assert summary.outcomes == {"ok": 4}
+        rows = [
+            json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()
+        ]
+        assert len({r["episode_id"] for r in rows}) == len(rows) == 4
+        cut = [r for r in rows if r["attempts"] > 1]
+        assert cut, "no episode was cut by the kill"
+        for row in cut:  # the engine reports the instance crashed; the SDK raises this
+            assert all(reason.startswith("InstanceBrokenError: ") for reason in row["retried"])
+        assert _zygote_of(next(iter(pids))) != killed[0]  # the engine started a new template
+        assert pool.stats().actor_restarts == 0
+    wait_until(lambda: engine_processes(pids) == 0)
 
 
 @pytest.mark.usefixtures("local_ray")

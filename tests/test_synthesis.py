@@ -5,8 +5,10 @@ endpoint as the policy (a real HTTP server on loopback that answers like one), a
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,8 @@ from aenv_ray.errors import ConfigurationError, EnvironmentNotFoundError
 from rollout.sources import SDKSource
 from rollout.synthesis import AgentEnv, OpenAIPolicy, synthesize
 
-ENVS = Path(__file__).resolve().parent / "envs"
+ROOT = Path(__file__).resolve().parent.parent
+ENVS = ROOT / "tests" / "envs"
 TERMINAL = "mini-terminal@1.0.0"
 
 
@@ -242,3 +245,95 @@ def test_task_files_are_read_and_bad_ones_say_where(tmp_path: Path) -> None:
         load_tasks(bad, TERMINAL)
     with pytest.raises(ConfigurationError, match="no demo"):
         load_tasks(None, "hostile@1.0.0")
+
+
+def aenv_rollout(*args: str) -> list[str]:
+    return [sys.executable, "-m", "aenv_ray.cli", "rollout", TERMINAL, *args]
+
+
+def test_a_torn_last_line_is_rerun_and_said_and_a_corrupt_one_stops_the_cli(
+    tmp_path: Path,
+) -> None:
+    command = aenv_rollout("-n", "3", "-c", "2", "--no-ray", "--out", str(tmp_path))
+    first = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert first.returncode == 0, first.stderr
+    jsonl = tmp_path / "trajectories.jsonl"
+    whole = jsonl.read_bytes().splitlines(keepends=True)
+    torn_id = json.loads(whole[2])["episode_id"]
+    jsonl.write_bytes(b"".join(whole[:2]) + whole[2][:70])  # as a driver killed mid-write leaves
+
+    again = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert again.returncode == 0, again.stderr
+    said = " ".join(again.stderr.split())
+    assert (
+        f"dropped the torn last line 3 of trajectories.jsonl (70 bytes, episode {torn_id}" in said
+    )
+    assert f"torn last line dropped (rerun) │ {torn_id}" in said
+    assert "episodes (this run / skipped) │ 1 / 2" in said
+    content = jsonl.read_bytes()
+    assert content.startswith(b"".join(whole[:2]))  # the records before it are untouched
+    recorded = rows(tmp_path)  # each line parses: nothing glued to the torn prefix
+    assert sorted(r["episode_id"] for r in recorded) == sorted(
+        json.loads(line)["episode_id"] for line in whole
+    )
+    assert pq.read_table(tmp_path / "trajectories.parquet").num_rows == 3
+
+    lines = content.splitlines(keepends=True)
+    jsonl.write_bytes(b'{"episode_id": "000000-sum-10", "outc\n' + b"".join(lines[1:]))
+    corrupt = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert corrupt.returncode == 2
+    (line,) = corrupt.stderr.splitlines()
+    assert line.startswith(f"aenv: error: {jsonl}: line 1 is not a trajectory record")
+    assert "fix or delete that line" in line
+
+
+def test_a_second_driver_on_a_run_directory_exits_2_at_once_and_a_dead_ones_lock_never_blocks(
+    tmp_path: Path,
+) -> None:
+    from tests._paced_policy import write_tasks
+
+    out = tmp_path / "run"
+    paced = ["--policy", "tests._paced_policy:policy", "--no-ray", "--out", str(out)]
+    slow = write_tasks(tmp_path / "slow.jsonl", pause=60)
+    first = subprocess.Popen(
+        aenv_rollout("-n", "2", "-c", "1", "--tasks", str(slow), *paced),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        lock = out / "rollout.lock"
+        while not (lock.exists() and f'"pid": {first.pid},' in lock.read_text()):
+            assert first.poll() is None, "the first driver ended early"
+            assert time.monotonic() < deadline, "the first driver never took the lock"
+            time.sleep(0.05)
+        second = subprocess.run(
+            aenv_rollout("-n", "2", "--out", str(out)),  # with Ray: refused before it starts
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+        assert second.returncode == 2
+        (line,) = second.stderr.splitlines()
+        assert line.startswith(
+            f"aenv: error: run directory {out} is in use by another driver: pid {first.pid} on "
+            f"host {socket.gethostname()} since "
+        )
+        assert "wait for it to finish or pass another --out" in line
+        first.kill()  # kill -9: its lock dies with it
+        first.wait(timeout=60)
+    finally:
+        first.kill()
+        first.wait(timeout=60)
+    quick = write_tasks(tmp_path / "quick.jsonl", pause=0)
+    third = subprocess.run(
+        aenv_rollout("-n", "2", "-c", "2", "--tasks", str(quick), *paced),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert third.returncode == 0, third.stderr
+    assert [r["outcome"] for r in rows(out)] == ["ok", "ok"]

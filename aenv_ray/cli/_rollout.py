@@ -74,19 +74,29 @@ def rollout_command(
     ] = True,
 ) -> int:
     """Run ENV's episodes in parallel and write every trajectory to OUT (resumable)."""
-    from rollout.synthesis import OpenAIPolicy, synthesize
+    from rollout.run_directory import RunDirectory  # light: the lock comes before Ray's import
 
     if policy is not None and base_url is not None:
         die("give --policy or --base-url, not both", EXIT_USAGE)
     if base_url is not None and model is None:
         die("--base-url needs --model", EXIT_USAGE)
-    chosen: Any = policy
-    if base_url is not None:
-        assert model is not None
-        chosen = OpenAIPolicy(base_url, model, api_key=api_key, max_turns=max_turns)
     console = Console(stderr=True)
     with contextlib.ExitStack() as stack:
-        source = _ray_source(stack, console, env, concurrency) if use_ray else None
+        # first of all: a second driver on OUT exits 2 here, before anything starts
+        run = stack.enter_context(RunDirectory.open(out))
+        from rollout.synthesis import OpenAIPolicy, load_tasks, pending_episodes, synthesize
+
+        chosen: Any = policy
+        if base_url is not None:
+            assert model is not None
+            chosen = OpenAIPolicy(base_url, model, api_key=api_key, max_turns=max_turns)
+        task_list = load_tasks(tasks, env)
+        todo = pending_episodes(task_list, episodes, run.records, retry_failed=retry_failed)
+        if run.torn is not None:
+            console.print(f"[yellow]{run.torn.describe()}")
+        # a pool only for the episodes left (none left: no Ray at all)
+        size = min(concurrency, len(todo))
+        source = _ray_source(stack, console, env, size) if use_ray and size else None
         display = _Display(console, env, episodes)
         with display.progress:
             summary = asyncio.run(
@@ -94,8 +104,8 @@ def rollout_command(
                     env,
                     episodes=episodes,
                     concurrency=concurrency,
-                    out=out,
-                    tasks=tasks,
+                    out=run,
+                    tasks=task_list,
                     policy=chosen,
                     source=source,
                     max_retries=retries,
@@ -162,6 +172,9 @@ def _summary_table(summary: Any, env: str) -> Table:
     table.add_column("value", justify="right")
     run = sum(summary.outcomes.values())
     table.add_row("episodes (this run / skipped)", f"{run} / {summary.skipped}")
+    if summary.torn is not None:
+        torn = summary.torn.episode_id or "id cut off"
+        table.add_row("torn last line dropped (rerun)", torn)
     for outcome, count in sorted(summary.outcomes.items()):
         table.add_row(f"  {outcome}", str(count))
     table.add_row("retried on a fresh instance", str(summary.retries))
