@@ -15,6 +15,7 @@ import pytest
 from aiohttp import web
 
 from aenv_ray.testing import RuntimeProcess
+from tests._nobody import unprivileged_python
 from tests._redis import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,6 +85,12 @@ async def chat_endpoint() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     yield f"http://127.0.0.1:{port}/v1", requests
     await runner.cleanup()
+
+
+@pytest.fixture(scope="module")
+def unprivileged() -> Iterator[tuple[list[str], dict[str, str]]]:
+    """How to run Python as an unprivileged user (``nobody`` when the suite runs as root)."""
+    yield from unprivileged_python()
 
 
 @pytest.fixture(scope="session")

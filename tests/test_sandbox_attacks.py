@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import socket
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -381,3 +382,88 @@ def test_mcp_works_with_the_virtual_environment_under_tmp(tmp_path: Path) -> Non
         assert out["cwd"] == "/workspace"
     finally:
         shutil.rmtree(venv, ignore_errors=True)
+
+
+# -- the same bundle through a hub: the CLI's and the hub's load checks, then an instance -------
+
+
+async def test_a_pushed_bundles_import_time_code_never_runs_outside_a_sandbox(
+    tmp_path: Path, listener: socket.socket
+) -> None:
+    import subprocess
+    import sys
+
+    from envhub.keys import create_key
+    from envhub.store import open_store
+    from tests._hub import HubProcess
+
+    secret = "AENV_TEST_SECRET_OF_THE_HOST"
+    marker = Path("/tmp") / f"aenv-hostile-push-marker-{os.getpid()}"
+    project = hostile_import_project(tmp_path, marker, listener.getsockname()[1])
+    store_url = f"sqlite:///{tmp_path}/hub.db"
+    store = await open_store(store_url)
+    try:
+        _, key = await create_key(store, tenant="mallory")
+    finally:
+        await store.aclose()
+    with HubProcess(tmp_path / "hub", store=store_url, env={secret: "1"}) as hub:
+        env = {**os.environ, secret: "1", "AENV_SYSTEM_URL": hub.url, "AENV_API_KEY": key}
+        pushed = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "aenv_ray.cli", "push", str(project)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert pushed.returncode == 0, pushed.stderr
+        assert "published hostile-import@1.0.0" in pushed.stdout
+        assert not marker.exists()  # neither the CLI's check nor the hub's wrote it
+        async with Environment("hostile-import@1.0.0", aenv_url=hub.url, api_key=key) as remote:
+            result = await remote.call_tool("import_attempts", {})
+        assert not result.is_error, result.text
+        assert_import_contained(result.structured, marker, secret)
+
+
+# -- all of the above once more, by an unprivileged user ----------------------------------------
+
+
+def test_every_attack_holds_for_an_unprivileged_engine(
+    unprivileged: tuple[list[str], dict[str, str]],
+) -> None:
+    """This file and the cleanup suite, run again by ``nobody`` (user namespaces, no cgroups)."""
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("already unprivileged: this run is the unprivileged one")
+    command, env = unprivileged
+    scratch = Path(tempfile.gettempdir()) / f"aenv-nobody-pytest-{os.getpid()}"
+    scratch.mkdir()
+    os.chown(scratch, 65534, 65534)
+    try:
+        done = subprocess.run(
+            [
+                *command,
+                "-m",
+                "pytest",
+                "-p",
+                "no:cacheprovider",
+                "-q",
+                f"--basetemp={scratch}",
+                "tests/test_sandbox_attacks.py",
+                "tests/test_engine_cleanup.py",
+                "-k",
+                "not unprivileged_engine and not thousand and not pushed_bundle",
+            ],
+            env=env,
+            cwd=Path(__file__).resolve().parent.parent,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    assert " passed" in done.stdout
