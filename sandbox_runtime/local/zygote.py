@@ -67,6 +67,7 @@ _IN_FLIGHT = 32  # spawns a template has in flight at once (the rest wait in the
 # instance but stay charged to the template's group (~0.45 MiB per instance, measured). So the
 # template's memory limit is its definition's, plus this much per live instance.
 _SHARED_PER_INSTANCE = 1 << 20
+_RESIZE_STEP = 16
 
 
 @dataclass(eq=False)
@@ -81,6 +82,7 @@ class _Template:
     queued: list[tuple[dict[str, Any], list[Any]]] = field(default_factory=list)  # sockets, fds
     instances: set[str] = field(default_factory=set)
     in_flight: set[str] = field(default_factory=set)  # spawned, no hello yet
+    memory_limit: int | None = None  # as last written
     idle_since: float | None = None
 
 
@@ -313,7 +315,11 @@ class Zygote:
         """The template's memory limit: its definition's, plus what its live instances share."""
         if template.group is None or self.limits.memory is None or template.state == "dead":
             return
-        limit = self.limits.memory + _SHARED_PER_INSTANCE * len(template.instances)
+        steps = -(-len(template.instances) // _RESIZE_STEP)  # in steps: a write per 16 creates
+        limit = self.limits.memory + _SHARED_PER_INSTANCE * _RESIZE_STEP * steps
+        if limit == template.memory_limit:
+            return
+        template.memory_limit = limit
         try:
             template.group.set_memory(limit)
         except OSError as exc:  # usage above a lowered limit: it comes down with the instances
