@@ -181,46 +181,39 @@ class Dispatcher:
         limit, deadline = self._deadline(entry, timeout)
         call = self.watchdog.enter("tool", name, limit, deadline, is_async=entry.is_async)
         try:
-            result = await self._run_tool(entry, kwargs, limit, deadline)
-        finally:
-            hit = self.watchdog.leave(call)
+            value = await self._invoke(entry, kwargs, limit, deadline)
+        except (WorkerStuckError, asyncio.CancelledError):
+            self.watchdog.leave(call)
+            raise
+        except BaseException as exc:  # SystemExit from an async tool must not stop the server
+            result = self._tool_failure(name, limit, exc)
+        else:
+            result = value if isinstance(value, ToolResult) else self._tool_result(name, value)
+        hit = self.watchdog.leave(call)
+        if log.isEnabledFor(logging.DEBUG):
+            took = (time.monotonic() - deadline + limit) * 1e3
+            log.debug("tool call", extra={"tool": name, "ms": took})
         if hit is not None:
             return _limit_result(f"tool `{name}`", hit, result)
         return result
 
-    async def _run_tool(
-        self, entry: Registered, kwargs: dict[str, Any], limit: float, deadline: float
-    ) -> ToolResult:
-        name = entry.name
-        started = time.perf_counter()
-        try:
-            value = await self._invoke(entry, kwargs, limit, deadline)
-        except WorkerStuckError:
-            raise
-        except DeadlineExceeded as exc:
+    def _tool_failure(self, name: str, limit: float, exc: BaseException) -> ToolResult:
+        if isinstance(exc, DeadlineExceeded):
             log.warning("tool timed out", extra={"tool": name, "timeout": limit})
             return _error(ToolErrorKind.TIMEOUT, _timeout_message(f"tool `{name}`", limit, exc))
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # SystemExit from an async tool must not stop the server
-            log.info("tool raised", extra={"tool": name, "error": type(exc).__name__})
-            limits = _limits.installed()
-            if isinstance(exc, MemoryError) and limits is not None and limits.memory:
-                return _error(
-                    ToolErrorKind.RESOURCE_LIMIT,
-                    f"tool `{name}` ran out of memory ({self._describe_exception(exc)}): "
-                    + _limits.memory_error_message(limits),
-                )
+        log.info("tool raised", extra={"tool": name, "error": type(exc).__name__})
+        limits = _limits.installed()
+        if isinstance(exc, MemoryError) and limits is not None and limits.memory:
             return _error(
-                ToolErrorKind.EXECUTION,
-                f"tool `{name}` raised {self._describe_exception(exc)}",
+                ToolErrorKind.RESOURCE_LIMIT,
+                f"tool `{name}` ran out of memory ({self._describe_exception(exc)}): "
+                + _limits.memory_error_message(limits),
             )
-        finally:
-            log.debug(
-                "tool call", extra={"tool": name, "ms": (time.perf_counter() - started) * 1e3}
-            )
-        if isinstance(value, ToolResult):
-            return value
+        return _error(
+            ToolErrorKind.EXECUTION, f"tool `{name}` raised {self._describe_exception(exc)}"
+        )
+
+    def _tool_result(self, name: str, value: Any) -> ToolResult:
         try:
             content, structured = _to_content(value)
         except (TypeError, ValueError, pydantic_core.PydanticSerializationError) as exc:

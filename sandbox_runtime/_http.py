@@ -324,7 +324,12 @@ class RuntimeApp:
             )
         name = request["name"]
         result = await self.dispatcher.call_tool(name, request.get("arguments"), timeout=timeout)
-        _, body = self.dispatcher.encode_tool_result(name, result)
+        try:
+            body = orjson.dumps(result.to_wire())
+        except TypeError:  # a lone surrogate: the checked encoding says so
+            body = b""
+        if not body or len(body) > p.MAX_RESPONSE_BYTES or b"null" in body:
+            _, body = self.dispatcher.encode_tool_result(name, result)  # the rare, checked way
         await _send_raw(send, body)
 
     async def _function(
