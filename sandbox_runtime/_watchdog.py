@@ -131,7 +131,9 @@ class Watchdog:
         :meth:`leave` with."""
         watched = self._limits is not None
         if is_async:
-            key: object = asyncio.current_task()
+            key: object | None = asyncio.current_task()
+            if key is None:  # not in a task (a bare coroutine driven by hand): nothing to cut
+                return None
             wake = deadline + SLACK
         elif watched:
             key, wake = object(), math.inf
