@@ -435,14 +435,13 @@ def install(limits: InstanceLimits) -> None:
     """
     global _STATE
     previous = _STATE
+    low: int | None = None
     if previous is not None and previous.guard is not None:
         low = previous.guard.low  # a fork inherits the children's value: go back to ours
         previous.guard.close()
     else:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             low = int(Path("/proc/self/oom_score_adj").read_text())
-        except (OSError, ValueError):
-            low = None  # type: ignore[assignment]
     guard = None
     data: tuple[int, int] | None = None
     if limits.memory is not None and limits.enforced:
