@@ -6,7 +6,8 @@
   :class:`InstanceUnreachableError` (or :class:`InstanceBrokenError` once it had answered);
 - connection dropped mid-call (the process died): :class:`InstanceBrokenError`, at once;
 - no answer within the timeout: :class:`CallTimeoutError`;
-- an answer that is not HTTP, or not our JSON: :class:`ProtocolError`.
+- an answer that is not HTTP, or not our JSON: :class:`ProtocolError`;
+- an answer over ``MAX_RESPONSE_BYTES`` (not read further): :class:`ResponseTooLargeError`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from aenv_ray._wire import BadResponse, ConnectFailed, Disconnected, WireClient
+from aenv_ray._wire import BadResponse, ConnectFailed, Disconnected, ResponseTooLarge, WireClient
 from aenv_ray.errors import (
     CallTimeoutError,
     ConfigurationError,
@@ -25,6 +26,7 @@ from aenv_ray.errors import (
     InstanceClosedError,
     InstanceUnreachableError,
     ProtocolError,
+    ResponseTooLargeError,
 )
 
 __all__ = ["InstanceClient"]
@@ -80,10 +82,13 @@ class InstanceClient:
         *,
         timeout: float,
         headers: dict[str, str] | None = None,
+        body: bytes | None = None,
     ) -> tuple[int, Any]:
-        """Send one request; return (HTTP status, parsed JSON body)."""
+        """Send one request (``payload`` as JSON, or ``body`` already encoded); return (HTTP
+        status, parsed JSON body)."""
         wire = self._get_wire()
-        body = orjson.dumps(payload) if payload is not None else None
+        if body is None and payload is not None:
+            body = orjson.dumps(payload)
         started = time.monotonic()
         delay = 0.02
         while True:
@@ -108,6 +113,13 @@ class InstanceClient:
                     f"`{self.env_name}` at {self.base_url} dropped the connection during "
                     f"{method} {path} ({exc}); the instance probably crashed. "
                     "Release it and create a new one",
+                    **self._context(),
+                ) from exc
+            except ResponseTooLarge as exc:
+                raise ResponseTooLargeError(
+                    f"{method} {self.base_url}{path} answered with {exc}: stopped reading it. "
+                    "An aenv-ray runtime never sends one (a result that large becomes an error "
+                    "result); is something else answering, or a proxy in between?",
                     **self._context(),
                 ) from exc
             except BadResponse as exc:

@@ -12,6 +12,9 @@ method and path); a response is parsed with a handful of ``bytes`` operations on
 - responses with ``Content-Length``, ``Transfer-Encoding: chunked`` or a body that ends when the
   server closes; ``Connection: close`` honoured; HTTP/1.0 answers; interim 1xx answers skipped;
 - one timeout covering connect, send and the whole response; ``https`` through asyncio's TLS;
+- at most ``max_body`` bytes of a body (default :data:`aenv_ray.protocol.MAX_RESPONSE_BYTES`): a
+  ``Content-Length`` over it, or a chunked or close-delimited body that grows past it, fails
+  with :class:`ResponseTooLarge` as soon as that is known, and the connection is dropped;
 - an idempotent request (``GET``, ``HEAD``) whose reused connection closes before any byte of
   the answer is sent once more on a fresh connection (the server dropped an idle connection).
 
@@ -27,12 +30,22 @@ import contextlib
 import ssl
 from urllib.parse import quote, urlsplit
 
-__all__ = ["MAX_BODY", "BadResponse", "ConnectFailed", "Disconnected", "WireClient", "WireError"]
+from aenv_ray.protocol import MAX_RESPONSE_BYTES
+
+__all__ = [
+    "MAX_BODY",
+    "BadResponse",
+    "ConnectFailed",
+    "Disconnected",
+    "ResponseTooLarge",
+    "WireClient",
+    "WireError",
+]
 
 MAX_HEAD = 64 * 1024
 """Bytes the status line and headers of a response may take."""
-MAX_BODY = 1 << 30
-"""Bytes a response body may take (the protocol refuses request bodies over 64 MiB)."""
+MAX_BODY = MAX_RESPONSE_BYTES
+"""Bytes a response body may take, unless a client says otherwise (``max_body=``)."""
 
 _IDEMPOTENT = frozenset({"GET", "HEAD"})
 _HEAD, _LENGTH, _CHUNKED, _UNTIL_CLOSE, _IDLE = range(5)
@@ -66,6 +79,24 @@ class BadResponse(WireError):
     """The bytes that came back are not an HTTP/1.x response."""
 
 
+class ResponseTooLarge(BadResponse):
+    """The response's body is over the client's ``max_body``: not read further.
+
+    ``size``: what its ``Content-Length`` announced (None: it grew past the limit)."""
+
+    def __init__(self, message: str, *, size: int | None, limit: int) -> None:
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
+
+
+def _too_large(limit: int, size: int | None = None) -> ResponseTooLarge:
+    told = f"of {size} bytes" if size is not None else "growing"
+    return ResponseTooLarge(
+        f"a response body {told}, over the limit of {limit} bytes", size=size, limit=limit
+    )
+
+
 def _expire(waiter: asyncio.Future[tuple[int, bytes]], timeout: float) -> None:
     if not waiter.done():
         waiter.set_exception(TimeoutError(f"no whole answer within {timeout:g} s"))
@@ -74,9 +105,12 @@ def _expire(waiter: asyncio.Future[tuple[int, bytes]], timeout: float) -> None:
 class _Connection(asyncio.Protocol):
     """One TCP (or TLS) connection; serves one request at a time."""
 
-    def __init__(self, heads: dict[bytes, tuple[int, bool, int, int]]) -> None:
+    def __init__(
+        self, heads: dict[bytes, tuple[int, bool, int, int]], max_body: int = MAX_BODY
+    ) -> None:
         self.transport: asyncio.Transport | None = None
         self._heads = heads  # parsed heads, shared by a client's connections
+        self._max_body = max_body
         self.closed = False
         self.reused = False
         self.idle_since = 0.0
@@ -102,8 +136,8 @@ class _Connection(asyncio.Protocol):
             return
         if self._state == _UNTIL_CLOSE:
             body = bytes(self._buf[self._pos :])
-            if len(body) > MAX_BODY:
-                waiter.set_exception(BadResponse(f"a response body over {MAX_BODY} bytes"))
+            if len(body) > self._max_body:
+                waiter.set_exception(_too_large(self._max_body))
             else:
                 waiter.set_result((self._status, body))
             return
@@ -208,8 +242,8 @@ class _Connection(asyncio.Protocol):
             return True
         if state == _CHUNKED:
             return self._chunked(buf)
-        if len(buf) - self._pos > MAX_BODY:  # _UNTIL_CLOSE
-            raise BadResponse(f"a response body over {MAX_BODY} bytes")
+        if len(buf) - self._pos > self._max_body:  # _UNTIL_CLOSE
+            raise _too_large(self._max_body)
         return False
 
     def _head(self, head: bytes, body_at: int) -> None:
@@ -229,8 +263,8 @@ class _Connection(asyncio.Protocol):
         elif framing == _CHUNKED:
             self._state, self._chunks, self._size = _CHUNKED, [], 0
         elif framing == _LENGTH:
-            if length > MAX_BODY:
-                raise BadResponse(f"a response body of {length} bytes, over {MAX_BODY}")
+            if length > self._max_body:
+                raise _too_large(self._max_body, length)
             self._state, self._end = _LENGTH, body_at + length
         else:
             self._state, self._keep = _UNTIL_CLOSE, False
@@ -247,6 +281,8 @@ class _Connection(asyncio.Protocol):
             if not field or not _HEX.issuperset(field):
                 raise BadResponse(f"a bad chunk size: {field[:40]!r}")
             size = int(field, 16)
+            if self._size + size > self._max_body:  # refused before the chunk is buffered
+                raise _too_large(self._max_body)
             if size == 0:  # last chunk, then trailer lines up to an empty one
                 line = eol + 2
                 while True:
@@ -266,8 +302,6 @@ class _Connection(asyncio.Protocol):
             if buf[stop : stop + 2] != b"\r\n":
                 raise BadResponse("a chunk not followed by CRLF")
             self._size += size
-            if self._size > MAX_BODY:
-                raise BadResponse(f"a response body over {MAX_BODY} bytes")
             self._chunks.append(bytes(buf[start:stop]))
             pos = stop + 2
         self._pos = pos
@@ -334,6 +368,7 @@ class WireClient:
         keepalive: float = 60.0,
         max_idle: int = 256,
         ssl_context: ssl.SSLContext | None = None,
+        max_body: int = MAX_BODY,
     ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -343,6 +378,7 @@ class WireClient:
         self.connect_timeout = connect_timeout
         self.keepalive = keepalive
         self.max_idle = max_idle
+        self.max_body = max_body
         self._ssl = (
             (ssl_context or ssl.create_default_context()) if parts.scheme == "https" else None
         )
@@ -447,7 +483,7 @@ class WireClient:
         try:
             async with asyncio.timeout(limit):
                 _, conn = await loop.create_connection(
-                    lambda: _Connection(self._heads),
+                    lambda: _Connection(self._heads, self.max_body),
                     self.host,
                     self.port,
                     ssl=self._ssl,

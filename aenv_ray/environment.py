@@ -35,6 +35,8 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlparse, urlunparse
 
+import orjson
+
 from aenv_ray import protocol as p
 from aenv_ray._resolve import resolve_environment
 from aenv_ray._transport import InstanceClient
@@ -62,7 +64,7 @@ from aenv_ray.errors import (
     ToolArgumentError,
 )
 from aenv_ray.openai_tools import OpenAINames, to_agents_tools, to_openai_tools
-from aenv_ray.protocol import ToolErrorKind, ToolResult
+from aenv_ray.protocol import MAX_TIMEOUT, ToolErrorKind, ToolResult, json_problem
 from aenv_ray.settings import Settings, get_settings
 
 __all__ = ["Environment"]
@@ -78,6 +80,18 @@ def _with_port(url: str, port: int | None) -> str:
         return urlunparse(parsed._replace(path="", params="", query="", fragment=""))
     netloc = f"{parsed.hostname}:{port}"
     return urlunparse(parsed._replace(netloc=netloc, path="", params="", query="", fragment=""))
+
+
+def _encode(payload: Any, arguments: Any) -> bytes | str:
+    """``payload`` as JSON, or what in ``arguments`` has no JSON form (NaN and infinity, which
+    orjson would silently send as null; a lone surrogate; a type JSON does not have)."""
+    try:
+        body = orjson.dumps(payload)
+    except TypeError as exc:
+        return json_problem(arguments) or str(exc)
+    if b"null" in body and (problem := json_problem(arguments)) is not None:
+        return problem
+    return body
 
 
 def _is_remote(engine: SandboxEngine | None) -> bool:
@@ -479,6 +493,7 @@ class Environment:
         *,
         timeout: float,
         headers: dict[str, str] | None = None,
+        body: bytes | None = None,
     ) -> tuple[int, Any]:
         if self._state == "new":
             await self.initialize()
@@ -486,7 +501,7 @@ class Environment:
         while True:
             try:
                 status, data = await self._require_client().request(
-                    method, path, payload, timeout=timeout, headers=headers
+                    method, path, payload, timeout=timeout, headers=headers, body=body
                 )
                 break
             except InstanceBrokenError as exc:
@@ -533,6 +548,14 @@ class Environment:
         """Seconds a call may run: ``timeout=`` of the call, else what the tool or function
         declares, else the environment's ``timeout``; never past a declared limit."""
         own = float(declared) if isinstance(declared, int | float) and declared > 0 else None
+        if explicit is not None and not (
+            isinstance(explicit, int | float) and 0 < explicit <= MAX_TIMEOUT
+        ):
+            raise ConfigurationError(
+                f"timeout= must be positive seconds up to {MAX_TIMEOUT:g}, got {explicit!r}",
+                env_name=self.env_name,
+                instance_id=self.instance_id,
+            )
         if explicit is not None:
             return min(float(explicit), own) if own is not None else float(explicit)
         return own if own is not None else float(self.timeout)
@@ -624,9 +647,17 @@ class Environment:
         if isinstance(plain, ToolResult):
             return plain
         limit = self._limit(self._declared.get("tools", {}).get(plain), timeout)
-        payload = {"name": plain, "arguments": arguments or {}, "timeout": limit}
+        body = _encode({"name": plain, "arguments": arguments or {}, "timeout": limit}, arguments)
+        if isinstance(body, str):
+            raise ToolArgumentError(
+                f"arguments for tool `{plain}` cannot be sent: {body} has no JSON form; send "
+                "finite numbers and Unicode text",
+                tool=plain,
+                env_name=self.env_name,
+                instance_id=self.instance_id,
+            )
         status, data = await self._request(
-            "POST", p.FAST_CALL_PATH, payload, timeout=limit + self.settings.call_grace
+            "POST", p.FAST_CALL_PATH, body=body, timeout=limit + self.settings.call_grace
         )
         if status != 200 or not isinstance(data, dict):
             raise ProtocolError(f"calling `{plain}` answered HTTP {status}: {data!r}")
@@ -645,10 +676,20 @@ class Environment:
         declared: Any = None,
     ) -> Any:
         limit = self._limit(declared, timeout)
+        body = _encode(arguments, arguments)
+        if isinstance(body, str):
+            raise FunctionError(
+                f"arguments for {label} cannot be sent: {body} has no JSON form; send finite "
+                "numbers and Unicode text",
+                function=label,
+                error_type="invalid_arguments",
+                env_name=self.env_name,
+                instance_id=self.instance_id,
+            )
         status, data = await self._request(
             method,
             path,
-            arguments,
+            body=body,
             timeout=limit + self.settings.call_grace,
             headers={p.TIMEOUT_HEADER.decode(): repr(limit)},
         )

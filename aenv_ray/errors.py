@@ -10,6 +10,7 @@ The tree, by what the caller should do::
     │   ├── ToolNotFoundError (LookupError)      no such tool; the message suggests the closest
     │   ├── ToolArgumentError (ValueError)       the arguments do not match the tool's schema
     │   ├── ToolExecutionError                   the tool raised; its type and message are kept
+    │   │   └── ToolResourceLimitError           the call hit the instance's memory or process limit
     │   └── ToolTimeoutError (+ AEnvTimeoutError) the tool ran past its timeout and was interrupted
     ├── FunctionError                            a function, reward or health check failed
     │   └── FunctionNotFoundError (LookupError)
@@ -36,6 +37,7 @@ The tree, by what the caller should do::
     │   ├── CallTimeoutError                     no answer within the call's timeout
     │   └── StartupTimeoutError                  the instance did not become healthy in time
     └── ProtocolError                            the server answered something we cannot read
+        └── ResponseTooLargeError                an answer over protocol.MAX_RESPONSE_BYTES
 
 Retryability is the class attribute ``retryable``: a retry policy reads it and nothing else.
 Every class survives :mod:`pickle` with its attributes, because Ray ships errors between processes.
@@ -73,6 +75,7 @@ __all__ = [
     "ProtocolError",
     "QuotaExceededError",
     "RegistryError",
+    "ResponseTooLargeError",
     "ServiceNotFoundError",
     "StartupTimeoutError",
     "StoreError",
@@ -80,6 +83,7 @@ __all__ = [
     "ToolError",
     "ToolExecutionError",
     "ToolNotFoundError",
+    "ToolResourceLimitError",
     "ToolTimeoutError",
     "VersionConflictError",
 ]
@@ -322,3 +326,15 @@ class StoreError(AEnvError):
 
 class ProtocolError(AEnvError):
     """The server answered with something that is not the protocol we speak."""
+
+
+class ToolResourceLimitError(ToolExecutionError):
+    """The call hit the instance's memory or process limit: the kernel killed a process, a fork
+    failed, or the tool ran out of memory (the message names the limit). The instance answers
+    the next call; use less, or give the environment more (``deployConfig``)."""
+
+
+class ResponseTooLargeError(ProtocolError):
+    """An answer is larger than :data:`aenv_ray.protocol.MAX_RESPONSE_BYTES`: the SDK stopped
+    reading it. A runtime never sends one (it turns a result that large into an error result),
+    so something else answered, or a proxy in between."""

@@ -8,6 +8,7 @@ lean fast path under ``/aenv/v1``; both paths run the same validation and the sa
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,7 @@ from aenv_ray.errors import (
     ToolError,
     ToolExecutionError,
     ToolNotFoundError,
+    ToolResourceLimitError,
     ToolTimeoutError,
 )
 
@@ -28,11 +30,15 @@ __all__ = [
     "FUNCTIONS_LIST_PATH",
     "FUNCTIONS_PREFIX",
     "HEALTH_PATH",
+    "MAX_REQUEST_BYTES",
+    "MAX_RESPONSE_BYTES",
+    "MAX_TIMEOUT",
     "MCP_PATH",
     "REWARD_PATH",
     "TIMEOUT_HEADER",
     "ToolErrorKind",
     "ToolResult",
+    "json_problem",
 ]
 
 DEFAULT_FUNCTIONS_PORT = 8080
@@ -49,6 +55,17 @@ FAST_INFO_PATH = "/aenv/v1/info"
 TIMEOUT_HEADER = b"x-aenv-timeout"
 """Seconds a function, reward or health call may run (their bodies are the arguments)."""
 
+MAX_REQUEST_BYTES = 64 * 1024 * 1024
+"""A request body over this many bytes is refused (HTTP 400)."""
+MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+"""The runtime never answers with a body over this many bytes: a tool result or function value
+whose JSON is larger becomes an error result (or envelope). The SDK reads no more than this of
+any answer (:class:`~aenv_ray.errors.ResponseTooLargeError`). Both sides use this constant; the
+SDK does not advertise a limit of its own."""
+MAX_TIMEOUT = 24 * 3600.0
+"""The longest limit, in seconds, a call may run under (``timeout=`` of a decorator, the
+``timeout`` of a request, ``X-AEnv-Timeout``)."""
+
 
 class ToolErrorKind(enum.Enum):
     """Why a tool call came back with ``is_error=True``."""
@@ -57,6 +74,8 @@ class ToolErrorKind(enum.Enum):
     INVALID_ARGUMENTS = "invalid_arguments"
     EXECUTION = "execution"
     TIMEOUT = "timeout"
+    RESOURCE_LIMIT = "resource_limit"
+    """The call hit the instance's memory or process limit; the message names the limit."""
 
 
 _ERROR_CLASSES: dict[ToolErrorKind, type[ToolError]] = {
@@ -64,6 +83,7 @@ _ERROR_CLASSES: dict[ToolErrorKind, type[ToolError]] = {
     ToolErrorKind.INVALID_ARGUMENTS: ToolArgumentError,
     ToolErrorKind.EXECUTION: ToolExecutionError,
     ToolErrorKind.TIMEOUT: ToolTimeoutError,
+    ToolErrorKind.RESOURCE_LIMIT: ToolResourceLimitError,
 }
 
 
@@ -73,8 +93,9 @@ class ToolResult:
 
     ``content`` is a list of MCP content items (``{"type": "text", "text": ...}``). An error the
     agent caused or can react to (unknown tool, bad arguments, the tool raised, the tool timed
-    out) is a result with ``is_error=True``, not an exception; ``error_kind`` says which.
-    Call :meth:`raise_for_error` to turn it into the typed exception instead.
+    out, the call hit the instance's memory or process limit) is a result with ``is_error=True``,
+    not an exception; ``error_kind`` says which. Call :meth:`raise_for_error` to turn it into the
+    typed exception instead.
 
         >>> ToolResult([{"type": "text", "text": "hi"}]).text
         'hi'
@@ -119,3 +140,41 @@ class ToolResult:
             error_kind=ToolErrorKind(kind) if kind else None,
             structured=data.get("structured"),
         )
+
+
+def json_problem(value: Any) -> str | None:
+    """What in ``value`` has no exact JSON form, and where; None when all of it has one.
+
+    Two things do not survive the wire: a NaN or infinite float (JSON has no such number; orjson
+    silently writes ``null``) and a string holding a lone surrogate (not Unicode text; orjson
+    refuses it; ``os.fsdecode`` makes them from undecodable bytes).
+
+        >>> json_problem({"scores": [1.0, float("nan")]})
+        'NaN at `scores[1]`'
+        >>> json_problem({"name": "ok"}) is None
+        True
+    """
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                kind = "NaN" if math.isnan(item) else "infinity"
+                return f"{kind} at `{path or '(the value)'}`"
+        elif isinstance(item, str):
+            if not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    where = path or "(the value)"
+                    return f"a lone surrogate {item[exc.start]!r} in the string at `{where}`"
+        elif isinstance(item, dict):
+            for key, sub in reversed(item.items()):
+                name = str(key)
+                if isinstance(key, str) and not key.isascii() and json_problem(key) is not None:
+                    return f"a lone surrogate in the key {key!r} of `{path or '(the value)'}`"
+                stack.append((sub, f"{path}.{name}" if path else name))
+        elif isinstance(item, list | tuple):
+            for index in range(len(item) - 1, -1, -1):
+                stack.append((item[index], f"{path}[{index}]"))
+    return None

@@ -3,14 +3,27 @@
 Owns loading an environment project (``config.json`` + modules under ``src/``), validating and
 running its tools, functions, reward and health check, and serving them: tools over MCP
 (streamable HTTP, FastMCP) and over a lean JSON fast path; functions, reward and health over HTTP
-JSON. Run it with ``python -m sandbox_runtime PROJECT`` or ``aenv run``.
+JSON. Run it with ``python -m sandbox_runtime PROJECT`` or ``aenv run``. An engine calls
+:func:`install_limits` inside each instance before it serves, so that calls name the limits
+they hit (:mod:`sandbox_runtime._limits`).
 
 May import: ``aenv_ray`` (models, registry, errors), fastmcp (server side), starlette/uvicorn,
 orjson. Must not import: ray, kubernetes, envhub, rollout.
 """
 
 from sandbox_runtime._dispatch import Dispatcher
+from sandbox_runtime._limits import InstanceLimits
+from sandbox_runtime._limits import install as install_limits
 from sandbox_runtime._loader import LoadedProject, load_project
-from sandbox_runtime.server import RuntimeServer, bind_socket
+from sandbox_runtime.server import BROKEN_EXIT_CODE, RuntimeServer, bind_socket
 
-__all__ = ["Dispatcher", "LoadedProject", "RuntimeServer", "bind_socket", "load_project"]
+__all__ = [
+    "BROKEN_EXIT_CODE",
+    "Dispatcher",
+    "InstanceLimits",
+    "LoadedProject",
+    "RuntimeServer",
+    "bind_socket",
+    "install_limits",
+    "load_project",
+]

@@ -2,19 +2,56 @@
 
 This is what an engine starts inside each instance; ``aenv run`` is the friendly front end.
 Exit codes, as ``aenv run``: 0 stopped by a signal, 1 cannot serve (a port in use), 2 usage or
-project error.
+project error, 70 broken (an async call blocked the server; see ``RuntimeServer.on_broken``).
+
+Limits (:mod:`sandbox_runtime._limits`): ``--cgroup`` finds this process's own cgroup and its
+limits (a container's); or name them: ``--memory-limit 512M --pids-limit 128`` with the cgroup's
+event files opened by the caller and passed as ``--memory-events-fd``/``--pids-events-fd``;
+``--rlimits-only`` when no cgroup enforces them (rlimits stand in).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 
+from aenv_ray.config import parse_memory
 from aenv_ray.errors import AEnvError
 from aenv_ray.logs import configure_logging
-from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT, DEFAULT_MCP_PORT
+from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT, DEFAULT_MCP_PORT, MAX_TIMEOUT
+from sandbox_runtime import _limits
 from sandbox_runtime._loader import load_project
 from sandbox_runtime.server import RuntimeServer
+
+
+def _limits_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    if args.cgroup:
+        _limits.install(_limits.discover())
+        return
+    given = (args.memory_limit, args.pids_limit, args.memory_events_fd, args.pids_events_fd)
+    if all(value is None for value in given):
+        return
+    try:
+        memory = parse_memory(args.memory_limit) if args.memory_limit is not None else None
+    except AEnvError as exc:
+        parser.error(f"--memory-limit: {exc}")
+    for fd in (args.memory_events_fd, args.pids_events_fd):
+        if fd is not None:
+            try:
+                os.fstat(fd)
+            except OSError:
+                parser.error(f"fd {fd} is not open: pass the cgroup's event file as that fd")
+    _limits.install(
+        _limits.InstanceLimits(
+            memory=memory,
+            pids=args.pids_limit,
+            memory_events=args.memory_events_fd,
+            pids_events=args.pids_events_fd,
+            enforced=not args.rlimits_only,
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +69,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--default-timeout", type=float, default=600.0)
     parser.add_argument("--debug", action="store_true", help="tracebacks in error results")
     parser.add_argument("--log-level", default="INFO")
+    limits = parser.add_argument_group("limits (see sandbox_runtime._limits)")
+    limits.add_argument("--cgroup", action="store_true", help="use this process's own cgroup")
+    limits.add_argument("--memory-limit", help="the instance's memory limit, e.g. 512M")
+    limits.add_argument("--pids-limit", type=int, help="the instance's process limit")
+    limits.add_argument("--memory-events-fd", type=int, help="fd of memory.events/oom_control")
+    limits.add_argument("--pids-events-fd", type=int, help="fd of pids.events")
+    limits.add_argument(
+        "--rlimits-only", action="store_true", help="no cgroup enforces the limits: use rlimits"
+    )
     args = parser.parse_args(argv)
+    if not (0 < args.default_timeout <= MAX_TIMEOUT and math.isfinite(args.default_timeout)):
+        parser.error(f"--default-timeout must be positive seconds up to {MAX_TIMEOUT:g}")
+    if args.pids_limit is not None and args.pids_limit < 1:
+        parser.error("--pids-limit must be positive")
     configure_logging(args.log_level)
     try:
         project = load_project(args.project)
@@ -49,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"sandbox_runtime: error: {exc.strerror or exc}", file=sys.stderr)
         return 1
+    _limits_from(args, parser)  # as an engine does: the project loaded, before serving
     server.run()
     return 0
 

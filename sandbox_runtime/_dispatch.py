@@ -2,7 +2,12 @@
 
 Both the lean fast path and MCP end in :meth:`Dispatcher.call_tool`; functions, the reward and the
 health check end in :meth:`Dispatcher.call_function`. Sync code runs on the :class:`SyncRunner`
-(interruptible), async code on the event loop under ``asyncio.timeout``.
+(interruptible), async code on the event loop under ``asyncio.timeout`` and the
+:class:`~sandbox_runtime._watchdog.Watchdog` (which also cuts an async call that blocks the loop).
+A call that hit the instance's memory or process limit (:mod:`sandbox_runtime._limits`) says so.
+What goes back is checked by :meth:`Dispatcher.encode_tool_result` and
+:meth:`Dispatcher.encode_value`: exact JSON (no NaN, no lone surrogate) of at most
+``MAX_RESPONSE_BYTES``, else an error naming the problem.
 """
 
 from __future__ import annotations
@@ -21,14 +26,18 @@ import pydantic
 import pydantic_core
 
 from aenv_ray._signature import format_validation_error
-from aenv_ray.protocol import ToolErrorKind, ToolResult
+from aenv_ray.protocol import MAX_RESPONSE_BYTES, ToolErrorKind, ToolResult, json_problem
 from aenv_ray.registry import Kind, Registered, Registry
+from sandbox_runtime import _limits
+from sandbox_runtime._limits import InstanceLimits, LimitHit
 from sandbox_runtime._runner import (
     DeadlineExceeded,
     ExitAttemptError,
+    Interrupted,
     SyncRunner,
     WorkerStuckError,
 )
+from sandbox_runtime._watchdog import Watchdog
 
 __all__ = ["STUCK_GRACE", "CallFailed", "Dispatcher"]
 
@@ -72,6 +81,14 @@ def _to_content(value: Any) -> tuple[list[dict[str, Any]], Any]:
     return [{"type": "text", "text": text}], data
 
 
+def _size(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MiB" if size >= 1 << 20 else f"{size} bytes"
+
+
+def _log_broken(reason: str) -> None:
+    log.critical("instance broken", extra={"reason": reason})
+
+
 class Dispatcher:
     """Calls into one loaded registry, with validation, deadlines and readable errors."""
 
@@ -83,12 +100,14 @@ class Dispatcher:
         runner: SyncRunner,
         default_timeout: float = 600.0,
         debug: bool = False,
+        watchdog: Watchdog | None = None,
     ) -> None:
         self.registry = registry
         self.env_ref = env_ref
         self.runner = runner
         self.default_timeout = default_timeout
         self.debug = debug
+        self.watchdog = watchdog or Watchdog(grace=STUCK_GRACE, on_broken=_log_broken)
 
     def _deadline(self, entry: Registered, timeout: float | None) -> tuple[float, float]:
         limits = [t for t in (timeout, entry.timeout) if t is not None and t > 0]
@@ -96,10 +115,9 @@ class Dispatcher:
         return limit, time.monotonic() + limit
 
     async def _invoke(
-        self, entry: Registered, kwargs: dict[str, Any], timeout: float | None
+        self, entry: Registered, kwargs: dict[str, Any], limit: float, deadline: float
     ) -> Any:
         """Run the function; raise DeadlineExceeded past its deadline."""
-        limit, deadline = self._deadline(entry, timeout)
         if entry.is_async:
             try:
                 async with asyncio.timeout(limit):
@@ -108,6 +126,8 @@ class Dispatcher:
                 if time.monotonic() >= deadline - 0.001:
                     raise DeadlineExceeded(f"{limit:g} s") from exc
                 raise
+            except Interrupted:  # the watchdog: it blocked the event loop past its deadline
+                raise DeadlineExceeded(f"{limit:g} s") from None
         future = self.runner.submit(entry.fn, kwargs, deadline=deadline)
         try:
             return await asyncio.wait_for(
@@ -126,9 +146,13 @@ class Dispatcher:
 
     # -- tools -------------------------------------------------------------------------------
     async def call_tool(
-        self, name: str, arguments: Any, *, timeout: float | None = None
+        self, name: str, arguments: Any, *, timeout: float | None = None, check_json: bool = False
     ) -> ToolResult:
-        """Call a tool; every failure is a ``ToolResult`` with ``is_error`` and an error kind."""
+        """Call a tool; every failure is a ``ToolResult`` with ``is_error`` and an error kind.
+
+        ``check_json``: the arguments come from a parser that lets NaN or infinity through (MCP's);
+        refuse them, as the fast path's parser does.
+        """
         entry = self.registry.tools.get(name)
         if entry is None:
             message = _suggest(name, list(self.registry.tools), "tool", self.env_ref)
@@ -141,6 +165,12 @@ class Dispatcher:
                 f"invalid arguments for tool `{name}`: expected a JSON object of named "
                 f"arguments, got {type(arguments).__name__}",
             )
+        if check_json and (problem := json_problem(arguments)) is not None:
+            return _error(
+                ToolErrorKind.INVALID_ARGUMENTS,
+                f"invalid arguments for tool `{name}`: {problem} has no JSON form; "
+                "send finite numbers and Unicode text",
+            )
         try:
             kwargs = entry.signature.validate(arguments)
         except pydantic.ValidationError as exc:
@@ -148,32 +178,48 @@ class Dispatcher:
                 exc, what=f"tool `{name}`", parameters=entry.signature.parameters
             )
             return _error(ToolErrorKind.INVALID_ARGUMENTS, message)
-        started = time.perf_counter()
+        limit, deadline = self._deadline(entry, timeout)
+        call = self.watchdog.enter("tool", name, limit, deadline, is_async=entry.is_async)
         try:
-            value = await self._invoke(entry, kwargs, timeout)
-        except WorkerStuckError:
-            raise
-        except DeadlineExceeded as exc:
-            limit, _ = self._deadline(entry, timeout)
-            log.warning("tool timed out", extra={"tool": name, "timeout": limit})
-            return _error(ToolErrorKind.TIMEOUT, _timeout_message(f"tool `{name}`", limit, exc))
-        except asyncio.CancelledError:
+            value = await self._invoke(entry, kwargs, limit, deadline)
+        except (WorkerStuckError, asyncio.CancelledError):
+            self.watchdog.leave(call)
             raise
         except BaseException as exc:  # SystemExit from an async tool must not stop the server
-            log.info("tool raised", extra={"tool": name, "error": type(exc).__name__})
+            result = self._tool_failure(name, limit, exc)
+        else:
+            result = value if isinstance(value, ToolResult) else self._tool_result(name, value)
+        hit = self.watchdog.leave(call)
+        if log.isEnabledFor(logging.DEBUG):
+            took = (time.monotonic() - deadline + limit) * 1e3
+            log.debug("tool call", extra={"tool": name, "ms": took})
+        if hit is not None:
+            return _limit_result(f"tool `{name}`", hit, result)
+        return result
+
+    def _tool_failure(self, name: str, limit: float, exc: BaseException) -> ToolResult:
+        if isinstance(exc, DeadlineExceeded):
+            log.warning("tool timed out", extra={"tool": name, "timeout": limit})
+            return _error(ToolErrorKind.TIMEOUT, _timeout_message(f"tool `{name}`", limit, exc))
+        log.info("tool raised", extra={"tool": name, "error": type(exc).__name__})
+        limits = _limits.installed()
+        if isinstance(exc, MemoryError) and limits is not None and limits.memory:
             return _error(
-                ToolErrorKind.EXECUTION,
-                f"tool `{name}` raised {self._describe_exception(exc)}",
+                ToolErrorKind.RESOURCE_LIMIT,
+                f"tool `{name}` ran out of memory ({self._describe_exception(exc)}): "
+                + _limits.memory_error_message(limits),
             )
-        finally:
-            log.debug(
-                "tool call", extra={"tool": name, "ms": (time.perf_counter() - started) * 1e3}
-            )
-        if isinstance(value, ToolResult):
-            return value
+        return _error(
+            ToolErrorKind.EXECUTION, f"tool `{name}` raised {self._describe_exception(exc)}"
+        )
+
+    def _tool_result(self, name: str, value: Any) -> ToolResult:
         try:
             content, structured = _to_content(value)
         except (TypeError, ValueError, pydantic_core.PydanticSerializationError) as exc:
+            problem = json_problem(value)
+            if problem is not None:
+                return _error(ToolErrorKind.EXECUTION, _no_json_form(f"tool `{name}`", problem))
             return _error(
                 ToolErrorKind.EXECUTION,
                 f"tool `{name}` returned a value of type `{type(value).__name__}`, which is not "
@@ -181,6 +227,32 @@ class Dispatcher:
                 "return str, dict, list, a pydantic model or None",
             )
         return ToolResult(content=content, is_error=False, structured=structured)
+
+    def encode_tool_result(self, name: str, result: ToolResult) -> tuple[ToolResult, bytes]:
+        """The result as the fast path sends it, checked: a result with no exact JSON form (NaN,
+        a lone surrogate) or over ``MAX_RESPONSE_BYTES`` becomes an error result saying so."""
+        try:
+            body = orjson.dumps(result.to_wire())
+        except TypeError as exc:  # orjson refuses lone surrogates (and exotic types)
+            label = f"tool `{name}`"
+            problem = _result_problem(result)
+            result = _error(
+                ToolErrorKind.EXECUTION,
+                _no_json_form(label, problem)
+                if problem
+                else f"{label} returned a result that is not JSON ({exc})",
+            )
+            return result, orjson.dumps(result.to_wire())
+        if len(body) > MAX_RESPONSE_BYTES:
+            message = _too_large(f"tool `{name}`", len(body), "result")
+            result = _error(ToolErrorKind.EXECUTION, message)
+            return result, orjson.dumps(result.to_wire())
+        if b"null" in body:  # orjson writes NaN and infinity as null: look closer
+            problem = _result_problem(result)
+            if problem is not None:
+                result = _error(ToolErrorKind.EXECUTION, _no_json_form(f"tool `{name}`", problem))
+                return result, orjson.dumps(result.to_wire())
+        return result, body
 
     # -- functions, reward, health -----------------------------------------------------------
     def find_function(self, kind: Kind, name: str | None = None) -> Registered | None:
@@ -223,16 +295,40 @@ class Dispatcher:
                 exc, what=label, parameters=entry.signature.parameters
             )
             raise CallFailed(400, "invalid_arguments", message) from None
+        limit, deadline = self._deadline(entry, timeout)
+        call = self.watchdog.enter(kind.value, entry.name, limit, deadline, is_async=entry.is_async)
         try:
-            value = await self._invoke(entry, kwargs, timeout)
+            value = await self._run_function(entry, label, kwargs, limit, deadline)
+        except CallFailed as failed:
+            hit = self.watchdog.leave(call)
+            if hit is not None:
+                raise _limit_failure(label, hit, failed.message) from None
+            raise
+        hit = self.watchdog.leave(call)
+        if hit is not None:
+            raise _limit_failure(label, hit, None)
+        return value
+
+    async def _run_function(
+        self, entry: Registered, label: str, kwargs: dict[str, Any], limit: float, deadline: float
+    ) -> Any:
+        try:
+            value = await self._invoke(entry, kwargs, limit, deadline)
         except WorkerStuckError as exc:
             raise CallFailed(503, "instance_broken", str(exc)) from None
         except DeadlineExceeded as exc:
-            limit, _ = self._deadline(entry, timeout)
             raise CallFailed(504, "timeout", _timeout_message(label, limit, exc)) from None
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
+            limits = _limits.installed()
+            if isinstance(exc, MemoryError) and limits is not None and limits.memory:
+                raise CallFailed(
+                    500,
+                    "resource_limit",
+                    f"{label} ran out of memory ({self._describe_exception(exc)}): "
+                    + _limits.memory_error_message(limits),
+                ) from None
             raise CallFailed(
                 500,
                 getattr(exc, "original_type", type(exc).__name__),
@@ -248,6 +344,65 @@ class Dispatcher:
                 "execution",
                 f"{label} returned a value of type `{type(value).__name__}`, not JSON ({exc})",
             ) from None
+
+    def encode_value(self, label: str, envelope: dict[str, Any]) -> bytes:
+        """``envelope`` (``{"success": true, "data": VALUE}``) as sent, checked as
+        :meth:`encode_tool_result` checks a tool's result; raise :class:`CallFailed` (500,
+        ``execution``) naming the problem."""
+        try:
+            body = orjson.dumps(envelope)
+        except TypeError as exc:
+            problem = json_problem(envelope.get("data"))
+            message = _no_json_form(label, problem) if problem else f"{label}: not JSON ({exc})"
+            raise CallFailed(500, "execution", message) from None
+        if len(body) > MAX_RESPONSE_BYTES:
+            raise CallFailed(500, "execution", _too_large(label, len(body), "value"))
+        if b"null" in body and (problem := json_problem(envelope.get("data"))) is not None:
+            raise CallFailed(500, "execution", _no_json_form(label, problem))
+        return body
+
+
+def _result_problem(result: ToolResult) -> str | None:
+    """What in a result has no JSON form: in ``structured`` first (the tool's own value)."""
+    if result.structured is not None and (problem := json_problem(result.structured)):
+        return problem
+    return json_problem({"content": result.content})
+
+
+def _no_json_form(label: str, problem: str) -> str:
+    return (
+        f"{label} returned a value with no JSON form: {problem}. JSON has no NaN or infinity "
+        "(return None or a string instead) and only Unicode text (decode bytes with "
+        "errors='replace', not 'surrogateescape')"
+    )
+
+
+def _too_large(label: str, size: int, what: str) -> str:
+    return (
+        f"{label} returned a {what} of {_size(size)} of JSON, over the limit of "
+        f"{_size(MAX_RESPONSE_BYTES)} an answer may take; return less (write large data to a "
+        "file in the workspace and return its path)"
+    )
+
+
+def _limit_result(label: str, hit: LimitHit, result: ToolResult) -> ToolResult:
+    """``result`` (kept after the message) turned into the limit's error result."""
+    limits = _limits.installed() or InstanceLimits()
+    message = f"{label}: {hit.describe(limits)}"
+    return ToolResult(
+        content=[{"type": "text", "text": message}, *result.content],
+        is_error=True,
+        error_kind=ToolErrorKind.RESOURCE_LIMIT,
+        structured=result.structured,
+    )
+
+
+def _limit_failure(label: str, hit: LimitHit, detail: str | None) -> CallFailed:
+    limits = _limits.installed() or InstanceLimits()
+    message = f"{label}: {hit.describe(limits)}"
+    if detail:
+        message += f" ({detail})"
+    return CallFailed(500, "resource_limit", message)
 
 
 def _timeout_message(label: str, limit: float, exc: DeadlineExceeded) -> str:

@@ -23,6 +23,13 @@ An instance an engine creates has a token (:attr:`~aenv_ray.engine.InstanceInfo.
 request on every route must then carry ``Authorization: Bearer TOKEN``, else it is answered
 401. Its port is reachable by whatever shares the network with it (other instances allowed the
 network, other users of the host); the token is what keeps them out.
+
+A runtime without a token (``aenv run``, :class:`~aenv_ray.testing.RuntimeProcess`) is reachable
+by any web page open in a browser on the same machine; it refuses what a browser sends across
+sites: a ``Host`` that is not an IP literal or ``localhost`` (DNS rebinding) and an ``Origin``
+other than its own (403), a POST whose ``Content-Type`` is not JSON (415: a form or a
+``no-cors`` fetch cannot send one). Known-good header values are remembered, so the check is a
+few set lookups per request.
 """
 
 from __future__ import annotations
@@ -30,7 +37,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import ipaddress
 import logging
+import math
 import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -40,6 +49,7 @@ import orjson
 
 from aenv_ray import protocol as p
 from aenv_ray.registry import Kind
+from sandbox_runtime import _limits
 from sandbox_runtime._dispatch import CallFailed, Dispatcher
 from sandbox_runtime._runner import WorkerStuckError
 
@@ -53,8 +63,14 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-MAX_BODY = 64 * 1024 * 1024
+MAX_BODY = p.MAX_REQUEST_BYTES
 _JSON_HEADERS = [(b"content-type", b"application/json")]
+_KNOWN_MAX = 64  # good Host / Content-Type values remembered
+
+
+class BadArguments(ValueError):
+    """A body that is not JSON because of what it holds (NaN, infinity, a lone surrogate):
+    answered 400 ``invalid_arguments``, not ``bad_request``."""
 
 
 async def _read_body(receive: Receive) -> bytes:
@@ -82,7 +98,47 @@ async def _send_json(send: Send, status: int, payload: Any) -> None:
 def _parse_json(body: bytes) -> Any:
     if not body.strip():
         return {}
-    return orjson.loads(body)
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        text = str(exc)
+        at = body[exc.pos : exc.pos + 9].lstrip(b"-")
+        if "surrogate" in text or "infinity" in text or at.startswith((b"NaN", b"Infinity")):
+            raise BadArguments(
+                f"the body is not JSON: {text}. NaN, infinity and numbers beyond 1.8e308 have "
+                "no JSON form, nor lone surrogates (\\ud800-\\udfff without their pair): "
+                "send finite numbers and Unicode text"
+            ) from None
+        raise
+
+
+def _is_local_host(host: bytes) -> bool:
+    """True for ``localhost`` and IP literals, with or without a port (``[::1]:8080``)."""
+    text = host.decode("latin-1").strip().lower()
+    if text.startswith("["):
+        name, closed, rest = text[1:].partition("]")
+        if not closed or (rest and not (rest.startswith(":") and rest[1:].isdigit())):
+            return False
+    else:
+        name, _, port = text.rpartition(":") if text.count(":") == 1 else (text, "", "")
+        if port and not port.isdigit():
+            return False
+    if name == "localhost":
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_json_type(value: bytes) -> bool:
+    """``application/json``, parameters allowed (``; charset=utf-8``)."""
+    return value.split(b";", 1)[0].strip().lower() == b"application/json"
+
+
+def _forbidden(error: str, kind: str = "forbidden") -> dict[str, Any]:
+    return {"success": False, "error": error, "error_type": kind}
 
 
 class RuntimeApp:
@@ -93,6 +149,8 @@ class RuntimeApp:
     ) -> None:
         self.dispatcher = dispatcher
         self._authorization: bytes | None = None
+        self._good_hosts: set[bytes] = set()
+        self._good_types: set[bytes] = {b"application/json"}
         self.set_token(token)
         self.mcp_app = mcp_app
         self._mcp_lifespan = _LazyLifespan(mcp_app) if mcp_app is not None else None
@@ -126,11 +184,56 @@ class RuntimeApp:
                 return hmac.compare_digest(value, expected)
         return False
 
+    def _cross_site(self, scope: Scope) -> tuple[int, dict[str, Any]] | None:
+        """Why a request to a runtime without a token looks sent by a web page of another site
+        (status and answer), or None."""
+        host = origin = kind = None
+        for key, value in scope["headers"]:
+            if key == b"host":
+                host = value
+            elif key == b"origin":
+                origin = value
+            elif key == b"content-type":
+                kind = value
+        if host is not None and host not in self._good_hosts:
+            if not _is_local_host(host):
+                return 403, _forbidden(
+                    f"this runtime answers requests to an IP address or localhost only, not to "
+                    f"Host `{host.decode('latin-1')}` (a page's DNS name pointing here, DNS "
+                    "rebinding); use http://127.0.0.1:PORT, or run it with a token"
+                )
+            if len(self._good_hosts) < _KNOWN_MAX:
+                self._good_hosts.add(host)
+        if origin is not None and (
+            host is None or origin.partition(b"://")[2].lower() != host.lower()
+        ):
+            return 403, _forbidden(
+                f"cross-site request refused: Origin `{origin.decode('latin-1')}` is not this "
+                "runtime; a web page may not call an environment's tools"
+            )
+        if scope["method"] == "POST" and (kind is None or kind not in self._good_types):
+            if kind is None or not _is_json_type(kind):
+                got = "none" if kind is None else f"`{kind.decode('latin-1')}`"
+                return 415, _forbidden(
+                    f"a POST body must be JSON with `Content-Type: application/json` (got {got})",
+                    "unsupported_media_type",
+                )
+            if len(self._good_types) < _KNOWN_MAX:
+                self._good_types.add(kind)
+        return None
+
     def _info_bytes(self) -> bytes:
         # per process: a template builds this app once and the instances it forks serve it
         if self._info_pid != os.getpid():
             self._info_pid = os.getpid()
-            self._info_payload = orjson.dumps({**self._info, "pid": self._info_pid})
+            limits = _limits.installed()
+            self._info_payload = orjson.dumps(
+                {
+                    **self._info,
+                    "pid": self._info_pid,
+                    "limits": limits.describe() if limits is not None else None,
+                }
+            )
         return self._info_payload
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -153,6 +256,9 @@ class RuntimeApp:
                     "error_type": "unauthorized",
                 },
             )
+            return
+        if self._authorization is None and (refused := self._cross_site(scope)) is not None:
+            await _send_json(send, *refused)
             return
         try:
             if path == p.FAST_CALL_PATH and method == "POST":
@@ -186,6 +292,16 @@ class RuntimeApp:
             await _send_json(
                 send, 503, {"success": False, "error": str(exc), "error_type": "instance_broken"}
             )
+        except BadArguments as exc:
+            await _send_json(
+                send,
+                400,
+                {
+                    "success": False,
+                    "error": f"bad request: {exc}",
+                    "error_type": "invalid_arguments",
+                },
+            )
         except (ValueError, orjson.JSONDecodeError) as exc:
             await _send_json(
                 send,
@@ -198,12 +314,23 @@ class RuntimeApp:
         if not isinstance(request, dict) or not isinstance(request.get("name"), str):
             raise ValueError('expected {"name": str, "arguments": {...}}')
         timeout = request.get("timeout")
-        if timeout is not None and not isinstance(timeout, int | float):
-            raise ValueError("timeout must be a number of seconds")
-        result = await self.dispatcher.call_tool(
-            request["name"], request.get("arguments"), timeout=timeout
-        )
-        await _send_raw(send, orjson.dumps(result.to_wire()))
+        if timeout is not None and (
+            not isinstance(timeout, int | float)
+            or isinstance(timeout, bool)
+            or timeout > p.MAX_TIMEOUT
+        ):
+            raise ValueError(
+                f"timeout must be a number of seconds up to {p.MAX_TIMEOUT:g}, got {timeout!r}"
+            )
+        name = request["name"]
+        result = await self.dispatcher.call_tool(name, request.get("arguments"), timeout=timeout)
+        try:
+            body = orjson.dumps(result.to_wire())
+        except TypeError:  # a lone surrogate: the checked encoding says so
+            body = b""
+        if not body or len(body) > p.MAX_RESPONSE_BYTES or b"null" in body:
+            _, body = self.dispatcher.encode_tool_result(name, result)  # the rare, checked way
+        await _send_raw(send, body)
 
     async def _function(
         self, kind: Kind, name: str | None, scope: Scope, receive: Receive, send: Send
@@ -213,6 +340,9 @@ class RuntimeApp:
             data = await self.dispatcher.call_function(
                 kind, name, arguments, timeout=_timeout_header(scope)
             )
+            entry = self.dispatcher.find_function(kind, name)
+            label = f"{kind.value} `{entry.name if entry else name}`"
+            body = self.dispatcher.encode_value(label, {"success": True, "data": data})
         except CallFailed as failed:
             await _send_json(
                 send,
@@ -220,7 +350,7 @@ class RuntimeApp:
                 {"success": False, "error": failed.message, "error_type": failed.kind},
             )
             return
-        await _send_json(send, 200, {"success": True, "data": data})
+        await _send_raw(send, body)
 
     async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
         stuck = self.dispatcher.runner.stuck_in
@@ -248,19 +378,21 @@ class RuntimeApp:
             value = await self.dispatcher.call_function(
                 Kind.HEALTH, None, arguments, timeout=_timeout_header(scope)
             )
+            if isinstance(value, bool):
+                data: dict[str, Any] = {"status": "healthy" if value else "unhealthy"}
+            elif isinstance(value, dict):
+                data = {"status": "healthy", **value}
+            else:
+                data = {"status": "healthy", "detail": value}
+            healthy = str(data.get("status")).lower() in ("healthy", "success", "ok")
+            label = f"health `{health.name}`"
+            body = self.dispatcher.encode_value(label, {"success": True, "data": data})
         except CallFailed as failed:
             await _send_json(
                 send, 503, {"success": False, "error": failed.message, "error_type": failed.kind}
             )
             return
-        if isinstance(value, bool):
-            data: dict[str, Any] = {"status": "healthy" if value else "unhealthy"}
-        elif isinstance(value, dict):
-            data = {"status": "healthy", **value}
-        else:
-            data = {"status": "healthy", "detail": value}
-        healthy = str(data.get("status")).lower() in ("healthy", "success", "ok")
-        await _send_json(send, 200 if healthy else 503, {"success": True, "data": data})
+        await _send_raw(send, body, 200 if healthy else 503)
 
     def _list_functions(self) -> dict[str, Any]:
         registry = self.dispatcher.registry
@@ -304,14 +436,17 @@ def _timeout_header(scope: Scope) -> float | None:
                 seconds = float(value)
             except ValueError:
                 raise ValueError(f"{p.TIMEOUT_HEADER.decode()} must be seconds") from None
-            if not seconds > 0 or seconds == float("inf"):
-                raise ValueError(f"{p.TIMEOUT_HEADER.decode()} must be positive seconds")
+            if not (seconds > 0 and math.isfinite(seconds) and seconds <= p.MAX_TIMEOUT):
+                raise ValueError(
+                    f"{p.TIMEOUT_HEADER.decode()} must be positive seconds up to "
+                    f"{p.MAX_TIMEOUT:g}, got {value.decode('latin-1')!r}"
+                )
             return seconds
     return None
 
 
-async def _send_raw(send: Send, body: bytes) -> None:
-    await send({"type": "http.response.start", "status": 200, "headers": _JSON_HEADERS})
+async def _send_raw(send: Send, body: bytes, status: int = 200) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": _JSON_HEADERS})
     await send({"type": "http.response.body", "body": body})
 
 

@@ -2,8 +2,11 @@
 
 Each registered tool becomes a FastMCP ``Tool`` that carries our input schema and whose ``run``
 calls :meth:`Dispatcher.call_tool`, so an MCP client gets exactly the validation, timeouts and
-error messages of the fast path. A middleware answers calls to unknown tools with our
-"did you mean" message instead of FastMCP's generic one.
+error messages of the fast path, and its result passes the same checks
+(:meth:`Dispatcher.encode_tool_result`: no NaN, no lone surrogate, not over the size limit).
+MCP's JSON parser lets NaN and infinity through, so the arguments are checked for them too. A
+middleware answers calls to unknown tools with our "did you mean" message instead of FastMCP's
+generic one.
 """
 
 from __future__ import annotations
@@ -41,10 +44,13 @@ class _DispatchedTool(Tool):
     _dispatcher: Dispatcher = PrivateAttr()
 
     async def run(self, arguments: dict[str, Any]) -> MCPToolResult:
+        dispatcher = self._dispatcher
         try:
-            return _to_mcp(await self._dispatcher.call_tool(self.name, arguments))
+            result = await dispatcher.call_tool(self.name, arguments, check_json=True)
         except WorkerStuckError as exc:
             return MCPToolResult(content=str(exc), is_error=True)
+        checked, _ = dispatcher.encode_tool_result(self.name, result)
+        return _to_mcp(checked)
 
 
 class _UnknownTools(Middleware):

@@ -1,8 +1,15 @@
 """The runtime process: serve one environment project on one or more loopback sockets.
 
 Threads: the **main thread** runs sync environment code (so that ``SIGALRM`` can interrupt it);
-a **loop thread** runs uvicorn with our raw ASGI app. Uvicorn's 10 Hz housekeeping tick is
-replaced by a wait on a shutdown event, so an idle runtime uses no CPU.
+a **loop thread** runs uvicorn with our raw ASGI app and async environment code; the
+**watchdog** (:mod:`sandbox_runtime._watchdog`) ends async calls that block the loop past their
+deadline and watches the instance's limits (:mod:`sandbox_runtime._limits`). Uvicorn's 10 Hz
+housekeeping tick is replaced by a wait on a shutdown event, so an idle runtime uses no CPU.
+
+When the runtime cannot serve any more (an async call blocks the loop and ignores its
+interruption, the HTTP server failed), it calls :attr:`RuntimeServer.on_broken` with a sentence
+saying why, then ends the process with status ``BROKEN_EXIT_CODE`` (70), so that every caller gets
+``InstanceBrokenError`` at once instead of a hang.
 
     >>> # doctest: +SKIP
     >>> server = RuntimeServer(load_project("builtin_envs/mini_terminal"), ports=[8080, 8081])
@@ -14,21 +21,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import uvicorn
 
 from aenv_ray._net import bind_socket
-from sandbox_runtime._dispatch import Dispatcher
+from sandbox_runtime import _limits
+from sandbox_runtime._dispatch import STUCK_GRACE, Dispatcher
 from sandbox_runtime._http import RuntimeApp
 from sandbox_runtime._loader import LoadedProject
 from sandbox_runtime._runner import SyncRunner
+from sandbox_runtime._watchdog import BROKEN_EXIT_CODE, Watchdog
 
-__all__ = ["RuntimeServer", "bind_socket", "warm_imports"]
+__all__ = ["BROKEN_EXIT_CODE", "RuntimeServer", "bind_socket", "warm_imports"]
 
 log = logging.getLogger("sandbox_runtime.server")
 
@@ -82,8 +92,17 @@ class _QuietServer(uvicorn.Server):
             self._exit_event.set()
 
 
+def _log_broken(reason: str) -> None:
+    log.critical("runtime broken", extra={"reason": reason})
+
+
 class RuntimeServer:
-    """Serve a loaded project: fast path, seeds' routes and MCP on every socket."""
+    """Serve a loaded project: fast path, seeds' routes and MCP on every socket.
+
+    ``on_broken``: called with a sentence (which call, which timeout, why) when this runtime
+    cannot serve any more, just before the process ends with ``BROKEN_EXIT_CODE``; an engine
+    sets it to report the reason. Default: log it. Called from the watchdog's thread.
+    """
 
     def __init__(
         self,
@@ -99,12 +118,15 @@ class RuntimeServer:
     ) -> None:
         self.project = project
         self.runner = SyncRunner()
+        self.on_broken: Callable[[str], None] = _log_broken
+        self.watchdog = Watchdog(grace=STUCK_GRACE, on_broken=self._report_broken)
         self.dispatcher = Dispatcher(
             project.registry,
             env_ref=project.config.ref,
             runner=self.runner,
             default_timeout=default_timeout,
             debug=debug,
+            watchdog=self.watchdog,
         )
         mcp_app = None
         if enable_mcp:
@@ -137,6 +159,9 @@ class RuntimeServer:
         self._loop_thread: threading.Thread | None = None
         self._stopped = threading.Event()
 
+    def _report_broken(self, reason: str) -> None:
+        self.on_broken(reason)
+
     def set_token(self, token: str | None) -> None:
         """Require ``Authorization: Bearer token`` on every request (an engine's instance)."""
         self.app.set_token(token)
@@ -159,6 +184,7 @@ class RuntimeServer:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
+        _limits.reapply_if_forked()
         self._loop_thread = threading.Thread(target=self._serve, name="aenv-http", daemon=True)
         self._loop_thread.start()
         log.info(
@@ -190,16 +216,21 @@ class RuntimeServer:
 
         async def main() -> None:
             self._loop = asyncio.get_running_loop()
+            self.watchdog.start(self._loop)
             await server.serve(sockets=self.sockets)
 
         try:
             asyncio.run(main()) if server.config.loop == "asyncio" else _run_uvloop(main)
-        except BaseException:
+        except BaseException as exc:
             log.exception("http server failed")
+            if not self._stopped.is_set():
+                self._report_broken(f"the runtime's HTTP server failed: {exc!r}")
+                os._exit(BROKEN_EXIT_CODE)
         finally:
             self.stop()
 
     def _shutdown_http(self) -> None:
+        self.watchdog.stop()
         server, loop = self._uvicorn, self._loop
         if server is not None and loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # the loop already closed

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+from aenv_ray import ToolErrorKind, ToolResult
 from aenv_ray.testing import RuntimeProcess
+from tests._cgroup import TestCgroup
 
 from .conftest import MINI_TERMINAL
 
@@ -79,3 +82,73 @@ async def test_each_instance_has_its_own_working_directory() -> None:
     # a working directory the instance made for itself goes away with the instance
     assert not os.path.exists(dir_a)  # noqa: ASYNC240 (a test; nothing else runs)
     assert not os.path.exists(dir_b)  # noqa: ASYNC240
+
+
+async def test_output_over_a_megabyte_keeps_head_and_tail_and_says_what_was_dropped(
+    terminal_runtime: RuntimeProcess,
+) -> None:
+    command = (
+        "cd / && export KEPT=yes; echo first; head -c 3000000 /dev/zero | tr '\\0' a; echo; "
+        "echo last; (exit 3)"
+    )
+    async with terminal_runtime.environment(timeout=60) as env:
+        big = await env.call_tool("execute_command", {"command": command})
+        after = await env.call_tool("execute_command", {"command": "echo $KEPT; pwd"})
+    assert not big.is_error
+    assert big.structured["returncode"] == 3  # the command's own status, read to its end
+    output = big.structured["output"]
+    assert output.startswith("first\n" + "a" * 1000)
+    assert output.endswith("a" * 1000 + "\nlast\n")
+    assert (
+        "bytes of output dropped here: 3000012 bytes in all, the first 500000 and the last "
+        "500000 are shown" in output
+    )
+    dropped = int(output.split("[... ")[1].split(" bytes")[0])
+    assert dropped == 3000012 - 1_000_000
+    assert len(output) < 1_000_200
+    assert after.structured == {"output": "yes\n/\n", "returncode": 0}  # the same shell
+
+
+async def test_output_just_under_the_limit_is_whole(terminal_runtime: RuntimeProcess) -> None:
+    async with terminal_runtime.environment(timeout=60) as env:
+        result = await env.call_tool(
+            "execute_command", {"command": "head -c 999999 /dev/zero | tr '\\0' b"}
+        )
+    assert result.structured == {"output": "b" * 999999, "returncode": 0}
+
+
+async def test_a_memory_hog_or_fork_bomb_ends_its_command_and_the_shell_lives_on(
+    tmp_path: Path,
+) -> None:
+    hog = "python3 -c 'x = bytearray(2 << 30); x[::4096] = b\"x\" * len(x[::4096])'"
+    bomb = "python3 -c 'import os\nwhile True:\n    try: os.fork()\n    except OSError: pass'"
+    with TestCgroup(memory=256 << 20, pids=64) as cgroup:
+        python = cgroup.launcher(tmp_path, pass_fds=True)
+        flags = ["--memory-limit", "256M", "--pids-limit", "64"]
+        flags += ["--memory-events-fd", "3", "--pids-events-fd", "4"]
+        with RuntimeProcess(MINI_TERMINAL, python=str(python), extra_args=flags) as runtime:
+            async with runtime.environment(timeout=60) as env:
+
+                async def run(command: str) -> ToolResult:
+                    return await env.call_tool("execute_command", {"command": command})
+
+                await run("export KEPT=yes; cd /")
+                base = cgroup.processes
+                killed = await run(hog)
+                after_hog = await run("echo $KEPT; pwd")
+                bombed = await run(bomb)
+                drained = cgroup.drained(base)
+                after_bomb = await run("echo $KEPT; pwd")
+    assert killed.error_kind is ToolErrorKind.RESOURCE_LIMIT
+    assert killed.text.startswith(
+        "tool `execute_command`: the instance hit its memory limit (256 MiB) during this call"
+    )
+    assert "Killed" in killed.structured["output"]
+    assert killed.structured["returncode"] == 137
+    assert bombed.error_kind is ToolErrorKind.RESOURCE_LIMIT
+    assert "the instance hit its process limit (64 processes) during this call" in bombed.text
+    assert bombed.structured["returncode"] == 137
+    assert drained <= base
+    for after in (after_hog, after_bomb):  # the same shell: its variable and directory
+        assert after.structured == {"output": "yes\n/\n", "returncode": 0}
+        assert not after.is_error

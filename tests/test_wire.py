@@ -15,14 +15,16 @@ import pytest
 
 from aenv_ray import Environment
 from aenv_ray._transport import InstanceClient
-from aenv_ray._wire import MAX_HEAD, BadResponse, Disconnected, WireClient
+from aenv_ray._wire import MAX_HEAD, BadResponse, Disconnected, ResponseTooLarge, WireClient
 from aenv_ray.errors import (
     CallTimeoutError,
     InstanceBrokenError,
     InstanceClosedError,
     InstanceUnreachableError,
     ProtocolError,
+    ResponseTooLargeError,
 )
+from aenv_ray.protocol import MAX_RESPONSE_BYTES
 from aenv_ray.testing import RuntimeProcess, free_port
 
 Reader = asyncio.StreamReader
@@ -157,7 +159,7 @@ async def test_a_body_near_the_protocols_limit_goes_and_comes_back(
 async def test_a_body_over_the_limit_is_the_runtimes_400_not_a_transport_error(
     probe_runtime: RuntimeProcess,
 ) -> None:
-    wire = WireClient(probe_runtime.url)
+    wire = WireClient(probe_runtime.url, headers={"Content-Type": "application/json"})
     try:
         body = orjson.dumps({"name": "echo", "arguments": {"text": "x" * (65 * 1024 * 1024)}})
         status, answer = await wire.request("POST", "/aenv/v1/call", body, timeout=60)
@@ -401,6 +403,72 @@ async def test_a_body_that_is_not_json_is_a_protocol_error() -> None:
     async with client_for(script) as (client, _):
         with pytest.raises(ProtocolError, match="not JSON"):
             await client.request("GET", "/x", timeout=3)
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % (MAX_RESPONSE_BYTES + 1),
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n%X\r\n" % (MAX_RESPONSE_BYTES + 1),
+    ],
+    ids=["content-length", "chunk-size"],
+)
+async def test_an_answer_announced_over_the_limit_is_refused_before_its_body(head: bytes) -> None:
+    async def script(reader: Reader, writer: Writer, n: int, request: bytes) -> None:
+        writer.write(head + b"x" * 1000)
+        await writer.drain()
+        await asyncio.sleep(5)  # the client must not wait for the body
+
+    async with client_for(script) as (client, _):
+        with pytest.raises(ResponseTooLargeError, match="over the limit of") as caught:
+            await client.request("GET", "/x", timeout=3)
+    assert isinstance(caught.value, ProtocolError)
+    assert "stopped reading it" in str(caught.value)
+    assert f"{MAX_RESPONSE_BYTES} bytes" in str(caught.value)
+    assert caught.value.instance_id == "i-1"
+
+
+@pytest.mark.parametrize("framing", ["chunked", "until-close"])
+async def test_a_body_that_grows_past_the_limit_is_cut_off_not_buffered(framing: str) -> None:
+    sent = 0
+    piece = b"y" * 65536
+
+    async def script(reader: Reader, writer: Writer, n: int, request: bytes) -> None:
+        nonlocal sent
+        if framing == "chunked":
+            writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        else:
+            writer.write(b"HTTP/1.0 200 OK\r\n\r\n")
+        with contextlib.suppress(ConnectionError):
+            while sent < 64 << 20:  # endless, as far as the client can tell
+                chunk = b"%X\r\n%s\r\n" % (len(piece), piece) if framing == "chunked" else piece
+                writer.write(chunk)
+                sent += len(piece)
+                await writer.drain()
+
+    async with RawServer(script) as server:
+        wire = WireClient(server.url, max_body=1 << 20)
+        try:
+            with pytest.raises(ResponseTooLarge, match="over the limit of 1048576 bytes"):
+                await wire.request("GET", "/x", timeout=10)
+        finally:
+            await wire.aclose()
+    assert sent < 16 << 20  # the client stopped reading soon after the limit
+
+
+async def test_an_answer_of_exactly_the_limit_is_read() -> None:
+    body = b'"' + b"z" * 998 + b'"'
+
+    async def script(reader: Reader, writer: Writer, n: int, request: bytes) -> None:
+        writer.write(json_answer(body))
+        await writer.drain()
+
+    async with RawServer(script) as server:
+        wire = WireClient(server.url, max_body=len(body))
+        try:
+            assert await wire.request("GET", "/x", timeout=3) == (200, body)
+        finally:
+            await wire.aclose()
 
 
 async def test_stray_bytes_after_an_answer_retire_the_connection() -> None:

@@ -4,6 +4,10 @@ State (working directory, variables, functions) persists between commands, as in
 Each command's end is found by a sentinel line carrying a random nonce and the exit status.
 A command past its timeout kills the whole session's process group; the next command starts a
 fresh session in the same working directory.
+
+Output over ``MAX_OUTPUT`` bytes is cut in the middle: its first and last ``MAX_OUTPUT // 2``
+bytes are kept, with a line saying how many bytes were dropped in between. The command is read
+to its end either way, so its status comes back and the shell lives on.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import subprocess
 import time
 
 MAX_OUTPUT = 1_000_000
+"""Bytes of one command's output returned at most (plus the line saying what was dropped)."""
+_READ = 65536
 
 
 class CommandTimeout(Exception):
@@ -71,19 +77,12 @@ class BashSession:
             self.close()
             return "the shell exited; a new one starts with the next command", 1
         fd = proc.stdout.fileno()
-        buf = bytearray()
         deadline = time.monotonic() + timeout
-        needle = marker.encode()
+        output = _Output(marker.encode())
         while True:
-            idx = buf.find(needle)
-            if idx >= 0:
-                end = buf.find(b"\n", idx)
-                if end >= 0:
-                    status = int(buf[idx + len(needle) : end].strip() or 0)
-                    out = bytes(buf[:idx])
-                    if out.endswith(b"\n"):
-                        out = out[:-1]
-                    return out.decode(errors="replace"), status
+            found = output.finish()
+            if found is not None:
+                return found
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self.close()
@@ -91,10 +90,67 @@ class BashSession:
             ready, _, _ = select.select([fd], [], [], remaining)
             if not ready:
                 continue
-            chunk = os.read(fd, 65536)
+            chunk = os.read(fd, _READ)
             if not chunk:  # the shell exited (e.g. `exit 3`)
                 status = proc.wait()
                 self.close()
-                return bytes(buf).decode(errors="replace"), status
-            if len(buf) < MAX_OUTPUT:
-                buf.extend(chunk)
+                return output.text(output.buffer), status
+            output.add(chunk)
+
+
+class _Output:
+    """One command's output as it arrives: the head kept, the middle dropped and counted, the
+    tail kept in a window that always holds the end marker when it comes."""
+
+    def __init__(self, marker: bytes) -> None:
+        self.marker = marker
+        self.head: bytes | None = None  # the first MAX_OUTPUT // 2 bytes, once there are more
+        self.buffer = bytearray()  # what came after the head (all of it, while it is short)
+        self.dropped = 0
+        self._searched = 0  # the marker does not start before this offset of the buffer
+
+    def add(self, chunk: bytes) -> None:
+        self.buffer += chunk
+        keep = MAX_OUTPUT // 2
+        if len(self.buffer) <= MAX_OUTPUT + _READ:
+            return
+        if self.head is None:
+            self.head = bytes(self.buffer[:keep])
+            del self.buffer[:keep]
+            self._searched = max(0, self._searched - keep)
+        excess = len(self.buffer) - keep - len(self.marker) - 64
+        if excess > 0:
+            del self.buffer[:excess]
+            self.dropped += excess
+            self._searched = max(0, self._searched - excess)
+
+    def finish(self) -> tuple[str, int] | None:
+        """``(output, status)`` once the end marker and its line arrived."""
+        buffer = self.buffer
+        at = buffer.find(self.marker, self._searched)
+        if at < 0:
+            self._searched = max(0, len(buffer) - len(self.marker))
+            return None
+        self._searched = at
+        end = buffer.find(b"\n", at)
+        if end < 0:
+            return None
+        status = int(buffer[at + len(self.marker) : end].strip() or 0)
+        out = bytes(buffer[:at])
+        if out.endswith(b"\n"):
+            out = out[:-1]
+        return self.text(out), status
+
+    def text(self, tail: bytes | bytearray) -> str:
+        if self.head is None:
+            return bytes(tail).decode(errors="replace")
+        keep = MAX_OUTPUT // 2
+        if len(tail) > keep:
+            self.dropped += len(tail) - keep
+            tail = tail[-keep:]
+        total = len(self.head) + self.dropped + len(tail)
+        note = (
+            f"\n[... {self.dropped} bytes of output dropped here: {total} bytes in all, the "
+            f"first {len(self.head)} and the last {len(tail)} are shown ...]\n"
+        )
+        return self.head.decode(errors="replace") + note + bytes(tail).decode(errors="replace")

@@ -45,7 +45,9 @@ def execute_command(command: str, timeout: int = 60) -> dict[str, object]:
     """Run a bash command in this instance's terminal and return its output and return code.
 
     The shell persists between calls: `cd`, variables and files stay. stderr is merged into
-    the output. A command past its timeout is killed and the terminal restarts (returncode 124).
+    the output; output over 1 MB is cut in the middle (the first and last 500 kB are kept, and a
+    line says how many bytes were dropped). A command past its timeout is killed and the
+    terminal restarts (returncode 124).
 
     Args:
         command: the command line to run, e.g. "ls -la".

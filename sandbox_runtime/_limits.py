@@ -1,0 +1,563 @@
+"""An instance's memory and process limits, inside the instance: applied, watched, and named.
+
+An engine puts each instance in a cgroup that limits its memory and processes; inside the
+instance, before the runtime serves, it calls :func:`install` with what it set up::
+
+    install(InstanceLimits(memory=512 << 20, pids=128, memory_events=fd1, pids_events=fd2))
+
+From then on, in this process:
+
+- **the runtime is the last thing the kernel kills**: every process the runtime starts gets a
+  higher ``oom_score_adj`` than the runtime's own. A child inherits the value its parent has at
+  the fork, and ``subprocess`` runs no Python in the child (no at-fork hook), so the runtime
+  raises its own value just around each fork or spawn of the standard library
+  (``subprocess``, ``os.fork``, ``os.posix_spawn``, ``os.system``, ``multiprocessing``) and lowers
+  it again after; raising needs no privilege, lowering back to where it was neither;
+- **an in-process hog gets MemoryError**: ``RLIMIT_DATA`` is set to the memory limit for the
+  runtime (when its own data leaves room), lifted again around those forks, so a child is
+  limited by the cgroup only, and killed by the kernel, not failed by an rlimit;
+- **calls that hit a limit say so**: :class:`LimitWatch` re-reads the cgroup's event counters
+  (``oom_kill`` of ``memory.events`` / ``memory.oom_control``, ``max`` of ``pids.events``) with
+  ``pread`` at the end of calls that ran a few milliseconds or more and from the watchdog while
+  calls run, never on every call; a call reports every hit found while it ran. A process-limit
+  hit kills every process of the instance that started since the calls running then began (or,
+  found with no call running, since the calls that ended last began): the runtime, pid 1 and
+  older processes live on;
+- without cgroups (``enforced=False``) the limits become rlimits of the runtime and all its
+  children: ``RLIMIT_DATA`` per process, ``RLIMIT_NPROC`` (counted per user namespace, so per
+  instance in an unprivileged engine; not enforced for the host's root).
+
+May import: the standard library only.
+"""
+
+from __future__ import annotations
+
+import _posixsubprocess
+import collections
+import contextlib
+import functools
+import logging
+import math
+import operator
+import os
+import resource
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "InstanceLimits",
+    "LimitHit",
+    "LimitWatch",
+    "current_watch",
+    "discover",
+    "install",
+    "installed",
+    "kill_started_since",
+    "memory_error_message",
+    "reapply_if_forked",
+]
+
+log = logging.getLogger("sandbox_runtime.limits")
+
+CHILD_OOM_SCORE_ADJ = 1000
+"""What the runtime's children get: the kernel's first choice when memory runs out."""
+DATA_HEADROOM = 32 << 20
+"""RLIMIT_DATA is only set when the runtime's data leaves this much room below the limit."""
+_KILL_PASSES = 50
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class InstanceLimits:
+    """What limits this instance, as the engine set it up (``None``: unknown or none)."""
+
+    memory: int | None = None
+    """Bytes: the instance's memory limit."""
+    pids: int | None = None
+    """The instance's process limit."""
+    memory_events: int | None = None
+    """An fd (``O_RDONLY``) of cgroup v2 ``memory.events`` or v1 ``memory.oom_control``: holds a
+    line ``oom_kill N``."""
+    pids_events: int | None = None
+    """An fd (``O_RDONLY``) of ``pids.events``: holds a line ``max N``."""
+    enforced: bool = True
+    """False: no cgroup enforces these limits (an unprivileged host); rlimits stand in for them
+    where the kernel allows."""
+
+    def describe(self) -> dict[str, Any]:
+        """What ``/aenv/v1/info`` lists under ``"limits"``."""
+        return {"memory": self.memory, "pids": self.pids, "enforced": self.enforced}
+
+
+@dataclass(frozen=True)
+class LimitHit:
+    """What a counter said about one call: the limits it hit and what was done about it."""
+
+    memory: bool = False
+    pids: bool = False
+    killed: int = 0
+    """Processes killed after a process-limit hit."""
+    earlier: bool = False
+    """Noticed during this call, but possibly caused by an earlier one (processes it left
+    running in the background)."""
+
+    def __or__(self, other: LimitHit) -> LimitHit:
+        return LimitHit(
+            self.memory or other.memory,
+            self.pids or other.pids,
+            self.killed + other.killed,
+            self.earlier or other.earlier,
+        )
+
+    def describe(self, limits: InstanceLimits) -> str:
+        """One sentence per limit hit, naming the limit and what to do."""
+        when = "during or shortly before this call" if self.earlier else "during this call"
+        parts = []
+        if self.memory:
+            parts.append(
+                f"the instance hit its memory limit ({_mib(limits.memory)}) {when}: the kernel "
+                "killed a process that used too much memory. Use less memory (work on the data "
+                "in pieces), or give the environment more (deployConfig.memory)"
+            )
+        if self.pids:
+            killed = f"; the {self.killed} processes started since were killed" * bool(self.killed)
+            parts.append(
+                f"the instance hit its process limit ({limits.pids or 'unknown'} processes) "
+                f"{when}: a fork failed{killed}. Start fewer processes at once (a fork bomb?), "
+                "or raise the limit (deployConfig.pids)"
+            )
+        return ". ".join(parts)
+
+
+def _mib(size: int | None) -> str:
+    return "unknown size" if size is None else f"{size / (1 << 20):g} MiB"
+
+
+def memory_error_message(limits: InstanceLimits) -> str:
+    """What to add to a ``MemoryError`` raised inside the runtime."""
+    return (
+        f"the instance's memory limit is {_mib(limits.memory)}: use less memory (work on the "
+        "data in pieces), or give the environment more (deployConfig.memory)"
+    )
+
+
+# -- the counters ----------------------------------------------------------------------------
+def _counter(fd: int | None, key: bytes) -> int:
+    """The number after ``key`` on its line of a cgroup event file (0 when absent)."""
+    if fd is None:
+        return 0
+    data = os.pread(fd, 4096, 0)
+    at = data.find(b"\n" + key + b" ")
+    if at < 0:
+        if not data.startswith(key + b" "):
+            return 0
+        at = -1
+    start = at + 2 + len(key)
+    end = data.find(b"\n", start)
+    return int(data[start : end if end >= 0 else None])
+
+
+class LimitWatch:
+    """The event counters of one instance's cgroup, and what to do when they move."""
+
+    def __init__(self, limits: InstanceLimits) -> None:
+        self.limits = limits
+        self._lock = threading.Lock()
+        self._oom, self._max = self._read()
+        self._scope = _own_cgroup_line()
+        self._hits: collections.deque[tuple[float, LimitHit]] = collections.deque(maxlen=64)
+        self.last_hit_at = -math.inf
+        """``time.monotonic()`` when the last hit was found (and dealt with)."""
+
+    def _read(self) -> tuple[int, int]:
+        return (
+            _counter(self.limits.memory_events, b"oom_kill"),
+            _counter(self.limits.pids_events, b"max"),
+        )
+
+    def check(self, since: float) -> LimitHit | None:
+        """Re-read the counters: a limit hit since the last read, or None. On a process-limit hit
+        kill the instance's processes that started at ``since`` (``time.monotonic()``) or later."""
+        with self._lock:
+            try:
+                oom, maxed = self._read()
+            except (OSError, ValueError):
+                log.exception("cannot read the cgroup's event counters")
+                return None
+            memory, pids = oom > self._oom, maxed > self._max
+            self._oom, self._max = oom, maxed
+            if not (memory or pids):
+                return None
+            killed = kill_started_since(since, self._scope) if pids else 0
+            hit = LimitHit(memory=memory, pids=pids, killed=killed)
+            self.last_hit_at = time.monotonic()
+            self._hits.append((self.last_hit_at, hit))
+        log.warning(
+            "resource limit hit",
+            extra={"memory": memory, "pids": pids, "killed": killed},
+        )
+        return hit
+
+    def hits_since(self, started: float) -> LimitHit | None:
+        """Every hit found (and dealt with) at ``started`` or later, combined."""
+        with self._lock:
+            found = [hit for at, hit in self._hits if at >= started]
+        return functools.reduce(operator.or_, found) if found else None
+
+
+def _own_cgroup_line() -> bytes | None:
+    """This process's line of ``/proc/self/cgroup`` for the pids controller (v1) or the unified
+    hierarchy (v2), unless it is the root group (which would be every process on the host)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_bytes().splitlines()
+    except OSError:
+        return None
+    unified = None
+    for line in lines:
+        _, controllers, path = line.split(b":", 2)
+        if path == b"/":
+            continue
+        if b"pids" in controllers.split(b","):
+            return line
+        if controllers == b"":
+            unified = line
+    return unified
+
+
+def _stat(pid: str) -> tuple[int, int, bytes] | None:
+    """``(parent pid, start time in clock ticks since boot, state)`` of a process, or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(b")") + 2 :].split()
+    return int(fields[1]), int(fields[19]), fields[0]
+
+
+def _in_scope(pid: str, scope: bytes | None) -> bool:
+    if scope is None:
+        return True
+    try:
+        with open(f"/proc/{pid}/cgroup", "rb") as handle:
+            return scope in handle.read().splitlines()
+    except OSError:
+        return False
+
+
+def kill_started_since(since: float, scope: bytes | None) -> int:
+    """SIGKILL every process of the instance that started at ``since`` (monotonic) or later,
+    but the runtime and pid 1; return how many. "Of the instance": in ``scope`` (the runtime's
+    cgroup line) when known, else in the runtime's own pid namespace (the runtime is pid 1 or 2
+    there), else the runtime's descendants."""
+    offset = time.clock_gettime(time.CLOCK_BOOTTIME) - time.monotonic()
+    first_tick = int((since + offset) * _TICKS)
+    me = os.getpid()
+    whole_namespace = scope is None and me <= 2
+    killed: set[int] = set()
+    for _ in range(_KILL_PASSES):  # a fork bomb forks between the passes; it is capped, though
+        table = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) not in (1, me):
+                stat = _stat(entry)
+                if stat is not None and stat[2] != b"Z":
+                    table[int(entry)] = stat
+        if scope is None and not whole_namespace:
+            table = {pid: st for pid, st in table.items() if _descends(pid, me, table)}
+        targets = [
+            pid
+            for pid, (_, started, _) in table.items()
+            if started >= first_tick and _in_scope(str(pid), scope)
+        ]
+        if not targets:
+            break
+        for pid in targets:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+            killed.add(pid)
+    return len(killed)
+
+
+def _descends(pid: int, ancestor: int, table: dict[int, tuple[int, int, bytes]]) -> bool:
+    seen = 0
+    while pid in table and seen < 4096:
+        pid = table[pid][0]
+        if pid == ancestor:
+            return True
+        seen += 1
+    return False
+
+
+# -- the process settings --------------------------------------------------------------------
+class _SpawnGuard:
+    """Raise the runtime's ``oom_score_adj`` (and lift its ``RLIMIT_DATA``) while any thread
+    forks, so the child starts with the child's settings; back to the runtime's after."""
+
+    def __init__(self, low: int, high: int, data: tuple[int, int] | None) -> None:
+        self.low = low
+        self.high = high
+        self.data = data  # (the runtime's soft limit, the children's) or None
+        self._lock = threading.Lock()
+        self._forking = 0
+        self._fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
+
+    def _set(self, adj: int, data: int | None) -> None:
+        with contextlib.suppress(OSError):
+            os.pwrite(self._fd, b"%d" % adj, 0)
+        if data is not None:
+            _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+            with contextlib.suppress(OSError, ValueError):
+                resource.setrlimit(resource.RLIMIT_DATA, (data, hard))
+
+    def enter(self) -> None:
+        with self._lock:
+            self._forking += 1
+            if self._forking == 1:
+                self._set(self.high, self.data[1] if self.data else None)
+
+    def exit(self) -> None:
+        with self._lock:
+            self._forking -= 1
+            if self._forking == 0:
+                self._set(self.low, self.data[0] if self.data else None)
+
+    def in_child(self) -> None:
+        """After ``os.fork`` in the child: keep the child's settings; no other thread runs."""
+        self._lock = threading.Lock()
+        self._forking = 0
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+    @contextlib.contextmanager
+    def forking(self) -> Iterator[None]:
+        self.enter()
+        try:
+            yield
+        finally:
+            self.exit()
+
+
+@dataclass
+class _State:
+    pid: int  # the process that installed
+    limits: InstanceLimits
+    guard: _SpawnGuard | None
+    watch: LimitWatch | None
+
+
+_STATE: _State | None = None
+_HOOKED = False
+
+
+def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def spawn(*args: Any, **kwargs: Any) -> Any:
+        state = _STATE
+        if state is None or state.guard is None or state.pid != os.getpid():
+            return fn(*args, **kwargs)
+        with state.guard.forking():
+            return fn(*args, **kwargs)
+
+    return spawn
+
+
+def _before_fork() -> None:
+    state = _STATE
+    if state is not None and state.guard is not None and state.pid == os.getpid():
+        state.guard.enter()
+
+
+def _after_fork_in_parent() -> None:
+    state = _STATE
+    if state is not None and state.guard is not None and state.pid == os.getpid():
+        state.guard.exit()
+
+
+def _after_fork_in_child() -> None:
+    state = _STATE
+    if state is not None and state.guard is not None:
+        state.guard.in_child()
+
+
+def _hook_spawns() -> None:
+    """Wrap the standard library's ways to start a process (once per interpreter)."""
+    global _HOOKED
+    if _HOOKED:
+        return
+    _HOOKED = True
+    subprocess._fork_exec = _guarded(subprocess._fork_exec)  # type: ignore[attr-defined]
+    _posixsubprocess.fork_exec = _guarded(_posixsubprocess.fork_exec)  # multiprocessing
+    for name in ("posix_spawn", "posix_spawnp", "system"):
+        if hasattr(os, name):
+            setattr(os, name, _guarded(getattr(os, name)))
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
+
+
+def _data_bytes() -> int | None:
+    """The runtime's data size now (``VmData``), in bytes."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def _set_rlimit(which: int, value: int, *, hard: bool) -> bool:
+    _, hard_now = resource.getrlimit(which)
+    if hard_now != resource.RLIM_INFINITY and value > hard_now:
+        value = hard_now
+    try:
+        resource.setrlimit(which, (value, value if hard else hard_now))
+    except (OSError, ValueError) as exc:
+        log.warning("cannot set an rlimit", extra={"rlimit": which, "error": str(exc)})
+        return False
+    return True
+
+
+def install(limits: InstanceLimits) -> None:
+    """Apply ``limits`` to this process and the processes it starts, and watch them.
+
+    Call it in the instance's runtime process before it serves; in a runtime forked from a
+    serving one, call it again with the fork's own limits (without that, a fork keeps its
+    parent's process settings but watches nothing). Calling it again replaces what it set.
+    """
+    global _STATE
+    previous = _STATE
+    low: int | None = None
+    if previous is not None and previous.guard is not None:
+        low = previous.guard.low  # a fork inherits the children's value: go back to ours
+        previous.guard.close()
+    else:
+        with contextlib.suppress(OSError, ValueError):
+            low = int(Path("/proc/self/oom_score_adj").read_text())
+    guard = None
+    data: tuple[int, int] | None = None
+    if limits.memory is not None and limits.enforced:
+        soft, _ = resource.getrlimit(resource.RLIMIT_DATA)
+        if previous is not None and previous.guard is not None and previous.guard.data:
+            soft = previous.guard.data[1]
+        used = _data_bytes()
+        if used is not None and used + DATA_HEADROOM <= limits.memory:
+            data = (limits.memory, soft)
+        else:
+            log.warning(
+                "memory limit too close to the runtime's own data: no RLIMIT_DATA",
+                extra={"limit": limits.memory, "data": used},
+            )
+    if low is not None and low < CHILD_OOM_SCORE_ADJ:
+        try:
+            guard = _SpawnGuard(low, CHILD_OOM_SCORE_ADJ, data)
+        except OSError as exc:
+            log.warning("cannot adjust oom_score_adj", extra={"error": str(exc)})
+        else:
+            guard._set(low, data[0] if data else None)
+    elif data is not None:  # no guard: the runtime's limit would be its children's too
+        log.warning("oom_score_adj is at its maximum already: no RLIMIT_DATA")
+    if not limits.enforced:
+        if limits.memory is not None:
+            _set_rlimit(resource.RLIMIT_DATA, limits.memory, hard=True)
+        if limits.pids is not None:
+            _set_rlimit(resource.RLIMIT_NPROC, limits.pids, hard=True)
+    watch = None
+    if limits.enforced and (limits.memory_events is not None or limits.pids_events is not None):
+        watch = LimitWatch(limits)
+    _STATE = _State(os.getpid(), limits, guard, watch)
+    if guard is not None:
+        _hook_spawns()
+    log.info(
+        "instance limits installed",
+        extra={
+            "memory": limits.memory,
+            "pids": limits.pids,
+            "enforced": limits.enforced,
+            "rlimit_data": data[0] if data else None,
+            "watch": watch is not None,
+        },
+    )
+
+
+def reapply_if_forked() -> None:
+    """In a runtime forked from one that installed limits, and not installed again since: give
+    it back the runtime's process settings (a fork has its children's), without the parent's
+    counters, which describe the parent's cgroup. Called when a runtime starts serving."""
+    state = _STATE
+    if state is None or state.pid == os.getpid():
+        return
+    limits = state.limits
+    install(InstanceLimits(limits.memory, limits.pids, enforced=limits.enforced))
+
+
+def installed() -> InstanceLimits | None:
+    """The limits :func:`install` applied in this process (None: none, or installed in the
+    process this one was forked from)."""
+    state = _STATE
+    return state.limits if state is not None and state.pid == os.getpid() else None
+
+
+def current_watch() -> LimitWatch | None:
+    """The counters to watch in this process, if :func:`install` gave any."""
+    state = _STATE
+    return state.watch if state is not None and state.pid == os.getpid() else None
+
+
+def discover(root: str = "/sys/fs/cgroup") -> InstanceLimits:
+    """The limits of this process's own cgroup (v1 or v2), its event files opened: what
+    ``python -m sandbox_runtime --cgroup`` installs (a pod's container is such a cgroup)."""
+    memory = pids = memory_events = pids_events = None
+    base = Path(root)
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return InstanceLimits(enforced=False)
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        names = controllers.split(",") if controllers else []
+        rel = path.lstrip("/")
+        if not names:  # v2
+            group = base / rel
+            if not (group / "cgroup.controllers").exists():
+                group = base / "unified" / rel
+            memory = memory if memory is not None else _limit(group / "memory.max")
+            pids = pids if pids is not None else _limit(group / "pids.max")
+            memory_events = memory_events or _open(group / "memory.events")
+            pids_events = pids_events or _open(group / "pids.events")
+        if "memory" in names:
+            group = base / controllers / rel
+            memory = _limit(group / "memory.limit_in_bytes")
+            memory_events = _open(group / "memory.oom_control")
+        if "pids" in names:
+            group = base / controllers / rel
+            pids = _limit(group / "pids.max")
+            pids_events = _open(group / "pids.events")
+    enforced = memory_events is not None or pids_events is not None
+    return InstanceLimits(memory, pids, memory_events, pids_events, enforced)
+
+
+def _limit(path: Path) -> int | None:
+    """A cgroup limit file's number (None: ``max``, absent, or v1's "unlimited" value)."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if not text.isdigit() or int(text) >= 1 << 62:
+        return None
+    return int(text)
+
+
+def _open(path: Path) -> int | None:
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
