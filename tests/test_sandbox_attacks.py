@@ -467,3 +467,51 @@ def test_every_attack_holds_for_an_unprivileged_engine(
         shutil.rmtree(scratch, ignore_errors=True)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert " passed" in done.stdout
+
+
+# -- hostile calls in an engine's instance: limits named, the instance survives -----------------
+
+UNRULY = Path(__file__).parent / "envs" / "unruly"
+
+
+@pytest.fixture
+async def unruly(engine: LocalEngine) -> AsyncIterator[InstanceInfo]:
+    info = await engine.create(InstanceSpec("unruly@1.0.0", project=str(UNRULY)))
+    yield info
+    await engine.delete(info.id)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="cgroup limits need root")
+async def test_a_memory_hog_and_a_fork_bomb_end_their_call_naming_the_limit(
+    unruly: InstanceInfo,
+) -> None:
+    from aenv_ray import ToolErrorKind
+
+    async with Environment.attach(unruly.url or "", token=unruly.token, timeout=60) as env:
+        hog = await env.call_tool("child_hog", {"megabytes": 2048})
+        assert hog.error_kind is ToolErrorKind.RESOURCE_LIMIT, hog.text
+        assert "memory limit (256 MiB)" in hog.text
+        assert (await env.call_tool("sync_ping")).text == "pong"
+        inside = await env.call_tool("inprocess_hog", {"gigabytes": 10})
+        assert inside.error_kind is ToolErrorKind.RESOURCE_LIMIT, inside.text
+        assert "256 MiB" in inside.text
+        bomb = await env.call_tool("fork_bomb", {"seconds": 30})
+        assert bomb.error_kind is ToolErrorKind.RESOURCE_LIMIT, bomb.text
+        assert "process limit (64 processes)" in bomb.text
+        assert (await env.call_tool("ping")).text == "pong"  # the server serves on
+
+
+async def test_a_loop_that_cannot_be_cut_is_reported_broken_with_its_reason(
+    engine: LocalEngine, unruly: InstanceInfo
+) -> None:
+    async with Environment.attach(unruly.url or "", token=unruly.token) as env:
+        with pytest.raises((InstanceBrokenError, InstanceUnreachableError)):
+            await env.call_tool("async_sleep_blocking", {"seconds": 100})
+
+    async def reported() -> bool:
+        return (await engine.get(unruly.id)).state is InstanceState.TERMINATED
+
+    await wait_for(reported, "the engine to hear why the instance broke")
+    ended = await engine.get(unruly.id)
+    assert ended.reason is TerminationReason.CRASHED
+    assert "async_sleep_blocking" in ended.detail, ended.detail
