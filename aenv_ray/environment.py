@@ -450,7 +450,9 @@ class Environment:
             self.env_name = served
             assert self._client is not None
             self._client.env_name = served
-        elif served != self.env_name and served.split("@")[0] != self.env_name:
+        elif (asked := self.env_name.rpartition("/")[2]) != served and (  # hub: tenant/name
+            served.split("@")[0] != asked
+        ):
             log.warning(
                 "runtime serves another environment",
                 extra={"requested": self.env_name, "served": served},

@@ -18,6 +18,7 @@ import asyncio
 import base64
 import http.client
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -259,7 +260,7 @@ async def test_nobody_publishes_another_tenants_name_or_a_lookalike(
 
 
 async def test_a_name_alone_never_runs_another_tenants_code(
-    hub: Hub, alice: HubClient, bob: HubClient, tmp_path: Path
+    hub: Hub, alice: HubClient, bob: HubClient, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     name = unique("shared")
     # bob uses a name nobody publishes yet; then alice publishes it
@@ -288,9 +289,12 @@ async def test_a_name_alone_never_runs_another_tenants_code(
         assert answer["structured"] == {"owner": "alice's code"}
     finally:
         await cleanup(bob, doc["id"])
-    # the SDK takes the explicit form too
-    async with Environment(f"alice/{name}@1.0.0", aenv_url=hub.url, api_key=hub.keys["bob"]) as env:
-        assert (await env.call_tool("whose", {})).structured == {"owner": "alice's code"}
+    # the SDK takes the explicit form too, and knows that is what it asked for
+    with caplog.at_level(logging.WARNING, logger="aenv_ray.environment"):
+        explicit = Environment(f"alice/{name}@1.0.0", aenv_url=hub.url, api_key=hub.keys["bob"])
+        async with explicit as env:
+            assert (await env.call_tool("whose", {})).structured == {"owner": "alice's code"}
+    assert "serves another environment" not in caplog.text
     # alice runs it by its name
     own = await alice.create_instance(name, ttl="5m")
     try:

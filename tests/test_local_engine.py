@@ -29,6 +29,7 @@ from aenv_ray import (
     InstanceState,
     InstanceUnreachableError,
     TerminationReason,
+    ToolErrorKind,
 )
 from builtin_envs import builtin_path
 from sandbox_runtime.local import Isolation, LocalEngine
@@ -326,7 +327,15 @@ async def test_nothing_of_the_engine_leaks_in_as_open_files(instance: Any) -> No
     async with Environment.attach(instance.url or "", token=instance.token) as env:
         files = (await env.call_tool("open_files", {})).structured
     assert isinstance(files, list)
-    assert not [f for f in files if "cgroup" in f or f.startswith(("pid:", "/.host"))], files
+    # the runtime is given read-only descriptors of its own cgroup's event counters (to name a
+    # limit it hit), nothing else of the engine's: no cgroup directory, pid namespace or host root
+    given = ("/memory.oom_control", "/memory.events", "/pids.events")
+    leaked = [
+        f
+        for f in files
+        if ("cgroup" in f and not f.endswith(given)) or f.startswith(("pid:", "/.host"))
+    ]
+    assert not leaked, files
 
 
 @needs_namespaces
@@ -346,7 +355,12 @@ async def test_no_network_by_default(instance: Any) -> None:
 
 @needs_namespaces
 async def test_fork_bomb_stops_at_the_pids_limit(engine: LocalEngine, instance: Any) -> None:
-    result = await call(instance, "fork_bomb", {"limit": 5000})
+    async with Environment.attach(instance.url or "", token=instance.token) as env:
+        bombed = await env.call_tool("fork_bomb", {"limit": 5000})
+    if os.geteuid() == 0:  # the cgroup's limit, named in the result
+        assert bombed.error_kind is ToolErrorKind.RESOURCE_LIMIT, bombed.text
+        assert "process limit (64 processes)" in bombed.text
+    result = bombed.structured  # what the tool itself saw is kept
     assert result["error"] is not None
     assert "Resource temporarily unavailable" in result["error"]
     assert result["forked"] < 64  # deployConfig.pids
@@ -362,8 +376,14 @@ async def test_memory_past_the_limit_kills_only_that_instance(engine: LocalEngin
     bystander = await engine.create(hostile_spec())
     try:
         async with Environment.attach(victim.url or "", token=victim.token) as env:
+            # in the runtime's own memory: a MemoryError, named, and the instance serves on
+            hog = await env.call_tool("allocate", {"megabytes": 400})  # the limit is 256M
+            assert hog.error_kind is ToolErrorKind.RESOURCE_LIMIT, hog.text
+            assert "256 MiB" in hog.text
+            assert (await env.call_tool("identity", {})).structured["uid"] == 0
+            # memory no process holds (its tmpfs workspace): the kernel can only kill the runtime
             with pytest.raises((InstanceBrokenError, InstanceUnreachableError)):
-                await env.call_tool("allocate", {"megabytes": 400})  # the limit is 256M
+                await env.call_tool("fill_workspace", {"megabytes": 400})
 
         async def ended() -> bool:
             return (await engine.get(victim.id)).state is InstanceState.TERMINATED

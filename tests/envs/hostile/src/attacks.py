@@ -288,3 +288,20 @@ def write_kept(text: str) -> dict[str, object]:
     except (OSError, ValueError, AttributeError) as exc:
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     return {"ok": True}
+
+
+@register_tool
+def fill_workspace(megabytes: int) -> dict[str, object]:
+    """Write up to `megabytes` into /workspace (memory: a tmpfs), and keep it there."""
+    written = 0
+    chunk = b"x" * (1 << 20)
+    error = None
+    try:
+        with open("/workspace/fill", "wb") as handle:
+            for _ in range(megabytes):
+                handle.write(chunk)
+                handle.flush()
+                written += 1
+    except OSError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    return {"written_mb": written, "error": error}
