@@ -27,41 +27,18 @@ May import: the standard library, ``aenv_ray.errors``, starlette (the middleware
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Mapping
-from urllib.parse import urlsplit
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from aenv_ray._net import is_local_host, media_type
 from aenv_ray.errors import AEnvError, ConfigurationError, PermissionDeniedError
 
 __all__ = ["RequestGuard", "refusal"]
 
 UPLOAD = ("POST", "/v1/envs")
 _WITH_BODY = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-
-
-def _is_local_host(host: str) -> bool:
-    """``localhost`` or an IP literal, with or without a port."""
-    try:
-        name = urlsplit(f"//{host}").hostname
-        urlsplit(f"//{host}").port  # noqa: B018 (a bad port raises ValueError)
-    except ValueError:
-        return False
-    if not name or "@" in host:
-        return False
-    if name == "localhost":
-        return True
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    return True
-
-
-def _media_type(value: str) -> str:
-    return value.split(";", 1)[0].strip().lower()
 
 
 def refusal(
@@ -74,7 +51,7 @@ def refusal(
     """
     if not auth:
         host = headers.get("host", "")
-        if not _is_local_host(host):
+        if not is_local_host(host):
             return 403, PermissionDeniedError(
                 f"this hub (without auth) answers only requests addressed to localhost or an IP "
                 f"address, not Host `{host}`: a web page may be trying to reach it through DNS "
@@ -100,7 +77,7 @@ def refusal(
     if length.isdigit() and int(length) == 0 and "transfer-encoding" not in headers:
         return None  # no body: nothing to read as a form
     wanted = "application/gzip" if (method, path.rstrip("/")) == UPLOAD else "application/json"
-    if given is None or _media_type(given) != wanted:
+    if given is None or media_type(given) != wanted:
         return 415, ConfigurationError(
             f"{method} {path} takes a body of Content-Type {wanted}, not "
             f"{given or 'a body without one'}; send {wanted}"

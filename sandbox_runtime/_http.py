@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import ipaddress
 import logging
 import math
 import os
@@ -48,6 +47,7 @@ from urllib.parse import parse_qsl
 import orjson
 
 from aenv_ray import protocol as p
+from aenv_ray._net import is_local_host, media_type
 from aenv_ray.registry import Kind
 from sandbox_runtime import _limits
 from sandbox_runtime._dispatch import CallFailed, Dispatcher
@@ -112,31 +112,6 @@ def _parse_json(body: bytes) -> Any:
         raise
 
 
-def _is_local_host(host: bytes) -> bool:
-    """True for ``localhost`` and IP literals, with or without a port (``[::1]:8080``)."""
-    text = host.decode("latin-1").strip().lower()
-    if text.startswith("["):
-        name, closed, rest = text[1:].partition("]")
-        if not closed or (rest and not (rest.startswith(":") and rest[1:].isdigit())):
-            return False
-    else:
-        name, _, port = text.rpartition(":") if text.count(":") == 1 else (text, "", "")
-        if port and not port.isdigit():
-            return False
-    if name == "localhost":
-        return True
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    return True
-
-
-def _is_json_type(value: bytes) -> bool:
-    """``application/json``, parameters allowed (``; charset=utf-8``)."""
-    return value.split(b";", 1)[0].strip().lower() == b"application/json"
-
-
 def _forbidden(error: str, kind: str = "forbidden") -> dict[str, Any]:
     return {"success": False, "error": error, "error_type": kind}
 
@@ -196,7 +171,7 @@ class RuntimeApp:
             elif key == b"content-type":
                 kind = value
         if host is not None and host not in self._good_hosts:
-            if not _is_local_host(host):
+            if not is_local_host(host.decode("latin-1")):
                 return 403, _forbidden(
                     f"this runtime answers requests to an IP address or localhost only, not to "
                     f"Host `{host.decode('latin-1')}` (a page's DNS name pointing here, DNS "
@@ -212,7 +187,7 @@ class RuntimeApp:
                 "runtime; a web page may not call an environment's tools"
             )
         if scope["method"] == "POST" and (kind is None or kind not in self._good_types):
-            if kind is None or not _is_json_type(kind):
+            if kind is None or media_type(kind.decode("latin-1")) != "application/json":
                 got = "none" if kind is None else f"`{kind.decode('latin-1')}`"
                 return 415, _forbidden(
                     f"a POST body must be JSON with `Content-Type: application/json` (got {got})",

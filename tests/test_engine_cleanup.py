@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 NO_NAMESPACES = namespaces_available()
 needs_namespaces = pytest.mark.skipif(NO_NAMESPACES is not None, reason=str(NO_NAMESPACES))
 PROMPTLY = 15.0  # seconds: "a few", generous for a loaded 2-core machine
+CLEAN: dict[str, list[str]] = {"processes": [], "cgroups": [], "mounts": [], "temp": []}
 
 
 def leftovers(owner: str) -> dict[str, list[str]]:
@@ -115,23 +116,13 @@ def test_sigkill_of_the_owner_leaves_nothing() -> None:
     owner, said = run_owner("namespaces", 8)
     assert len(processes_of(str(said["owner"]))) > 8
     kill_owner(owner)
-    assert wait_clean(str(said["owner"])) == {
-        "processes": [],
-        "cgroups": [],
-        "mounts": [],
-        "temp": [],
-    }
+    assert wait_clean(str(said["owner"])) == CLEAN
 
 
 def test_sigkill_of_the_owner_of_plain_processes_leaves_nothing() -> None:
     owner, said = run_owner("none", 4)
     kill_owner(owner)
-    assert wait_clean(str(said["owner"])) == {
-        "processes": [],
-        "cgroups": [],
-        "mounts": [],
-        "temp": [],
-    }
+    assert wait_clean(str(said["owner"])) == CLEAN
 
 
 @needs_namespaces
@@ -140,7 +131,7 @@ def test_a_thousand_instances_go_with_their_owner() -> None:
     assert said["created"] == 1002
     kill_owner(owner)
     left = wait_clean(str(said["owner"]), seconds=60.0)  # 2,000+ processes to kill and reap
-    assert left == {"processes": [], "cgroups": [], "mounts": [], "temp": []}
+    assert left == CLEAN
 
 
 @needs_namespaces
@@ -162,14 +153,14 @@ async def test_sigkill_of_a_zygote_is_noticed_and_cleaned_up_by_the_engine() -> 
         assert ended.reason is TerminationReason.CRASHED
         assert "template" in ended.detail
         left = await asyncio.to_thread(wait_clean, engine.owner)
-        assert left == {"processes": [], "cgroups": [], "mounts": [], "temp": []}
+        assert left == CLEAN
         # and the engine goes on: a new zygote for the next instance
         again = await engine.create(hostile_spec())
         assert (await call(again, "identity"))["pids"] == [1, 2]
     finally:
         await engine.aclose()
     left = await asyncio.to_thread(wait_clean, engine.owner)
-    assert left == {"processes": [], "cgroups": [], "mounts": [], "temp": []}
+    assert left == CLEAN
 
 
 @needs_namespaces
@@ -182,12 +173,7 @@ async def test_closing_the_engine_with_many_instances_leaves_nothing() -> None:
     left = leftovers(engine.owner)
     assert left["processes"] == []
     assert left["cgroups"] == []
-    assert await asyncio.to_thread(wait_clean, engine.owner) == {
-        "processes": [],
-        "cgroups": [],
-        "mounts": [],
-        "temp": [],
-    }
+    assert await asyncio.to_thread(wait_clean, engine.owner) == CLEAN
 
 
 def _parent(pid: int) -> int | None:

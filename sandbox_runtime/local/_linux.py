@@ -33,6 +33,7 @@ __all__ = [
     "loopback_up",
     "mount",
     "pivot_root",
+    "reap_children",
     "set_child_subreaper",
     "set_no_new_privs",
     "set_parent_death_signal",
@@ -142,6 +143,19 @@ def set_child_subreaper() -> None:
 def set_no_new_privs() -> None:
     """execve can never grant privileges again (setuid binaries, file capabilities)."""
     _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, ctypes.c_ulong(1), 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+
+
+def reap_children() -> list[int]:
+    """Collect every child that has exited (never waits); their pids."""
+    reaped = []
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return reaped
+        if pid == 0:
+            return reaped
+        reaped.append(pid)
 
 
 def loopback_up() -> None:

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from sandbox_runtime.local import _channel
+from sandbox_runtime.local import _channel, _linux
 from sandbox_runtime.local._fds import neutralize
 
 __all__ = ["TemplateContext", "become_template", "python_init", "spawn_into_pid_namespace"]
@@ -85,8 +85,6 @@ def become_template(context: TemplateContext, channel: socket.socket, go: int) -
         if os.read(go, 1) != b"g":  # the zygote placed us in our cgroup
             os._exit(1)
         os.close(go)
-        from sandbox_runtime.local import _linux
-
         _linux.set_parent_death_signal(signal.SIGKILL)
         if context.isolated:
             _enter_sandbox(context, channel)
@@ -202,7 +200,7 @@ def _serve(state: _State, channel: socket.socket) -> NoReturn:
                 os.read(wake_read, 512)
             else:
                 _map(state, selector, key.fd)
-        _reap()
+        _linux.reap_children()
 
 
 def _spawn(
@@ -275,8 +273,6 @@ def spawn_into_pid_namespace(
         for fd in (map_r, map_w, go_r, go_w):
             os.close(fd)
         return pid, None
-    from sandbox_runtime.local import _linux
-
     _linux.unshare(_linux.CLONE_NEWPID)
     pid = -1
     try:
@@ -362,7 +358,6 @@ def python_init(
         if context_is_isolated():
             # our /proc is still our parent's pid namespace, where the pid fork() gives us
             # names someone else: see our own, in a mount namespace of our own
-            from sandbox_runtime.local import _linux
             from sandbox_runtime.local._sandbox import mount_own_proc
 
             _linux.unshare(_linux.CLONE_NEWNS)
@@ -395,7 +390,7 @@ def python_init(
                     os._exit(0)  # the zygote closed our end: the namespace ends with us
                 if key.fd == wake_read:
                     os.read(wake_read, 512)
-            _reap()
+            _linux.reap_children()
     except BaseException:
         log.exception("instance pid 1 failed")
     finally:
@@ -414,13 +409,3 @@ def _move_self(procs: Any) -> None:
             os.write(fd, b"0")
         except OSError:
             log.warning("cannot move into a cgroup", exc_info=True)
-
-
-def _reap() -> None:
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return

@@ -415,8 +415,35 @@ class Zygote:
         if iid in self.instances:
             raise ValueError(f"instance {iid} exists already")
         template = self._template((message.get("datasource"), message.get("storage")))
-        limits = _limits(message)
-        group = self.cgroups.create(f"i-{iid}", limits) if self.cgroups else None
+        instance, handed = self._new_instance(
+            iid, template, message, workspace=message.get("workspace")
+        )
+        request = {
+            "op": "spawn",
+            "id": iid,
+            "token": message.get("token"),
+            "env": message.get("env") or {},
+            "arguments": message.get("arguments") or [],
+            "tmp_bytes": message.get("tmp_bytes"),
+            "workspace_bytes": message.get("workspace_bytes"),
+            "workspace": message.get("workspace"),
+        }
+        placement = instance.group.procs_fds() if instance.group is not None else []
+        template.queued.append((request, [*handed, *placement]))
+        self._drain(template)
+
+    def _new_instance(
+        self,
+        iid: str,
+        template: _Template,
+        message: dict[str, Any],
+        *,
+        ns_parent: str | None = None,
+        workspace: str | None = None,
+    ) -> tuple[_Instance, list[socket.socket]]:
+        """A starting instance's record: its cgroup, its socket on the host's loopback and its
+        channels, remembered; with the three sockets to hand over (listen, channel, pid 1)."""
+        group = self.cgroups.create(f"i-{iid}", _limits(message)) if self.cgroups else None
         listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listen.bind(("127.0.0.1", 0))
         listen.listen(1024)
@@ -432,23 +459,11 @@ class Zygote:
             group,
             time.monotonic() + float(message.get("timeout") or _START_TIMEOUT),
             request=iid,
-            workspace=message.get("workspace"),
+            ns_parent=ns_parent,
+            workspace=workspace,
         )
         self._remember(instance)
-        request = {
-            "op": "spawn",
-            "id": iid,
-            "token": message.get("token"),
-            "env": message.get("env") or {},
-            "arguments": message.get("arguments") or [],
-            "tmp_bytes": message.get("tmp_bytes"),
-            "workspace_bytes": message.get("workspace_bytes"),
-            "workspace": message.get("workspace"),
-        }
-        placement = group.procs_fds() if group is not None else []
-        sockets: list[Any] = [listen, theirs, init_theirs or _null_socket(), *placement]
-        template.queued.append((request, sockets))
-        self._drain(template)
+        return instance, [listen, theirs, init_theirs or _null_socket()]
 
     def _drain(self, template: _Template) -> None:
         """Send queued spawns to a ready template, at most ``_IN_FLIGHT`` unanswered at once."""
@@ -628,30 +643,13 @@ class Zygote:
         tokens = message.get("tokens") or {}
         items, sockets, children = [], [], []
         for child_id in [str(i) for i in message["new_ids"]]:
-            listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            listen.bind(("127.0.0.1", 0))
-            listen.listen(1024)
-            ours, theirs = _channel.pair()
-            ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-            init_ours, init_theirs = self._init_pair()
-            group = self.cgroups.create(f"i-{child_id}", _limits(message)) if self.cgroups else None
             workspace = None if self.isolated else tempfile.mkdtemp(prefix=f"aenv-fork-{child_id}-")
-            child = _Instance(
-                child_id,
-                parent.template,
-                listen.getsockname()[1],
-                ours,
-                init_ours,
-                group,
-                time.monotonic() + float(message.get("timeout") or _START_TIMEOUT),
-                request=child_id,
-                ns_parent=parent.id,
-                workspace=workspace,
+            child, handed = self._new_instance(
+                child_id, parent.template, message, ns_parent=parent.id, workspace=workspace
             )
-            self._remember(child)
             children.append(child)
             items.append({"id": child_id, "token": tokens.get(child_id), "workspace": workspace})
-            sockets.extend([listen, theirs, init_theirs or _null_socket()])
+            sockets.extend(handed)
         try:
             _channel.send(
                 parent.channel,
@@ -750,13 +748,9 @@ class Zygote:
                 self.instances.pop(other.id, None)
 
     def _reap(self) -> None:
-        while True:
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        from sandbox_runtime.local._linux import reap_children
+
+        for pid in reap_children():
             for template in list(self.templates.values()):
                 if template.pid == pid and template.state != "dead":
                     self._template_gone(template, "its template process exited")

@@ -99,23 +99,29 @@ def allocate(megabytes: int) -> dict[str, object]:
     return {"allocated": megabytes}
 
 
-@register_tool
-def fill_tmp(megabytes: int) -> dict[str, object]:
-    """Write up to `megabytes` into /tmp; report how much fit."""
+def _fill(path: str, megabytes: int) -> dict[str, object]:
+    """Write up to `megabytes` into `path`; how much fit, and why no more."""
     written = 0
     chunk = b"x" * (1 << 20)
     error = None
     try:
-        with open("/tmp/fill", "wb") as handle:
+        with open(path, "wb") as handle:
             for _ in range(megabytes):
                 handle.write(chunk)
                 handle.flush()
                 written += 1
     except OSError as exc:
         error = f"{type(exc).__name__}: {exc}"
+    return {"written_mb": written, "error": error}
+
+
+@register_tool
+def fill_tmp(megabytes: int) -> dict[str, object]:
+    """Write up to `megabytes` into /tmp; report how much fit."""
+    try:
+        return _fill("/tmp/fill", megabytes)
     finally:
         os.unlink("/tmp/fill")
-    return {"written_mb": written, "error": error}
 
 
 @register_tool
@@ -293,15 +299,4 @@ def write_kept(text: str) -> dict[str, object]:
 @register_tool
 def fill_workspace(megabytes: int) -> dict[str, object]:
     """Write up to `megabytes` into /workspace (memory: a tmpfs), and keep it there."""
-    written = 0
-    chunk = b"x" * (1 << 20)
-    error = None
-    try:
-        with open("/workspace/fill", "wb") as handle:
-            for _ in range(megabytes):
-                handle.write(chunk)
-                handle.flush()
-                written += 1
-    except OSError as exc:
-        error = f"{type(exc).__name__}: {exc}"
-    return {"written_mb": written, "error": error}
+    return _fill("/workspace/fill", megabytes)
