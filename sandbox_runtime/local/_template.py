@@ -353,6 +353,7 @@ def python_init(
     then reap until ``init_fd`` (the zygote's end) closes, which ends the namespace."""
     code = 1
     try:
+        os.setsid()  # like the compiled init: no process group but its own can reach it
         os.close(map_w)
         os.close(go_r)
         if context_is_isolated():
