@@ -7,16 +7,16 @@ environment (:func:`register_tool`, :func:`register_function`, :func:`register_r
 EnvHub client (:mod:`aenv_ray.hub`) and the ``aenv`` CLI.
 
 May import: pydantic, pydantic-settings, aiohttp, orjson, httpx, the mcp/fastmcp clients, typer and
-rich (CLI only); lazily, inside functions: ``sandbox_runtime.local`` (the embedded default engine),
+rich (CLI only); lazily, inside functions: ``local_backend`` (the embedded default engine),
 ``builtin_envs`` (finding built-ins by name) and platformdirs (where the settings file lives).
-Must not import at import time: ray, kubernetes, gymnasium, the runtime.
+Must not import at import time: ray, kubernetes, gymnasium, the runtime, ``local_backend``
+(:func:`default_engine` imports it when first called: the one lazy import of an engine).
 
     >>> import aenv_ray, sys
     >>> any(m in sys.modules for m in ("ray", "kubernetes", "gymnasium"))
     False
 """
 
-from aenv_ray._resolve import available_environments
 from aenv_ray.config import EnvConfig
 from aenv_ray.engine import (
     InstanceInfo,
@@ -72,6 +72,7 @@ from aenv_ray.registry import (
     register_reward,
     register_tool,
 )
+from aenv_ray.resolve import available_environments
 
 __version__ = "0.1.0"
 

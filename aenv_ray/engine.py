@@ -1,6 +1,6 @@
 """The sandbox engine contract: what creates, tracks and destroys environment instances.
 
-Every engine (the local engine in ``sandbox_runtime.local``, the Kubernetes engine in
+Every engine (the local engine in ``local_backend``, the Kubernetes engine in
 ``k8s_backend``) implements :class:`SandboxEngine`; nothing above it (the SDK, pools, EnvHub)
 knows which one runs. Values crossing the boundary are small frozen dataclasses, so engines can
 live in another process (the local engine daemon, EnvHub) behind the same contract.
@@ -177,8 +177,8 @@ def default_engine() -> SandboxEngine:
     global _default_engine
     with _default_lock:
         if _default_engine is None:
-            # the embedded default lives with the runtime; imported only when first needed
-            from sandbox_runtime.local import LocalEngine
+            # the one lazy import of an engine: the embedded default, when first needed
+            from local_backend import LocalEngine
 
             engine = LocalEngine()
             atexit.register(engine.close)

@@ -38,7 +38,6 @@ from urllib.parse import urlparse, urlunparse
 import orjson
 
 from aenv_ray import protocol as p
-from aenv_ray._resolve import resolve_environment
 from aenv_ray._transport import InstanceClient
 from aenv_ray.config import parse_duration
 from aenv_ray.engine import (
@@ -65,6 +64,7 @@ from aenv_ray.errors import (
 )
 from aenv_ray.openai_tools import OpenAINames, to_agents_tools, to_openai_tools
 from aenv_ray.protocol import MAX_TIMEOUT, ToolErrorKind, ToolResult, json_problem
+from aenv_ray.resolve import resolve_environment
 from aenv_ray.settings import Settings, get_settings
 
 __all__ = ["Environment"]

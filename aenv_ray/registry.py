@@ -28,9 +28,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
-from aenv_ray._signature import CallSignature, _location
 from aenv_ray.errors import DefinitionError
 from aenv_ray.protocol import MAX_TIMEOUT
+from aenv_ray.signature import CallSignature, _location
 
 __all__ = [
     "Kind",

@@ -38,7 +38,7 @@ if str(ROOT) not in sys.path:
 
 from aenv_ray import Environment, InstanceSpec  # noqa: E402
 from aenv_ray.testing import RuntimeProcess  # noqa: E402
-from sandbox_runtime.local import LocalEngine  # noqa: E402
+from local_backend import LocalEngine  # noqa: E402
 
 ECHO = HERE / "envs" / "echo"
 TICKS = os.sysconf("SC_CLK_TCK")

@@ -32,8 +32,8 @@ from collections.abc import Mapping
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from aenv_ray._net import is_local_host, media_type
 from aenv_ray.errors import AEnvError, ConfigurationError, PermissionDeniedError
+from aenv_ray.net import is_local_host, media_type
 
 __all__ = ["RequestGuard", "refusal"]
 

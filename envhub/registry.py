@@ -26,13 +26,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from aenv_ray._resolve import _version_key, available_environments
 from aenv_ray.errors import (
     ConfigurationError,
     EnvironmentNotFoundError,
     PermissionDeniedError,
     VersionConflictError,
 )
+from aenv_ray.resolve import available_environments, version_key
 from envhub.keys import Caller
 from envhub.limits import Limits, over
 from envhub.names import name_key
@@ -230,7 +230,7 @@ class Registry:
             for doc in (await self.store.list(VERSIONS)).values()
             if doc["name"] == name and (include_deleted or not doc.get("deleted"))
         ]
-        return sorted(found, key=lambda d: _version_key(d["version"]))
+        return sorted(found, key=lambda d: version_key(d["version"]))
 
     async def get(self, name: str, version: str | None = None) -> Document:
         """One version (``None`` or ``"latest"``: the highest not deprecated, else the highest).
@@ -282,7 +282,7 @@ class Registry:
         needle = query.lower()
         out = []
         for name, docs in sorted(by_name.items()):
-            docs.sort(key=lambda d: _version_key(d["version"]))
+            docs.sort(key=lambda d: version_key(d["version"]))
             current = [d for d in docs if not d.get("deprecated")]
             if not current and not include_deprecated:
                 continue
@@ -388,4 +388,4 @@ class Registry:
 
 
 def _ref_key(ref: str) -> tuple[tuple[int, int | str], ...]:
-    return _version_key(split_ref(ref)[1] or "")
+    return version_key(split_ref(ref)[1] or "")

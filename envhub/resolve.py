@@ -25,9 +25,9 @@ import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aenv_ray._resolve import _version_key, available_environments
 from aenv_ray.config import EnvConfig
 from aenv_ray.errors import EnvironmentNotFoundError
+from aenv_ray.resolve import available_environments, version_key
 from envhub.registry import Registry, split_ref
 from envhub.store import Document
 
@@ -97,7 +97,7 @@ def _local(local: dict[str, Path], bare: str, name: str, version: str | None) ->
         return bare
     mine = [r for r in local if split_ref(r)[0] == name]
     if version in (None, "latest") and mine:
-        return max(mine, key=lambda r: _version_key(split_ref(r)[1] or ""))
+        return max(mine, key=lambda r: version_key(split_ref(r)[1] or ""))
     return None
 
 
@@ -119,7 +119,7 @@ def _not_here(
     """The registry's not-found error, with what the hub has built in under that name (or a
     close one): the registry alone does not know the built-ins the hub also resolves."""
     mine = [r for r in local if split_ref(r)[0] == name]
-    mine.sort(key=lambda r: _version_key(split_ref(r)[1] or ""))
+    mine.sort(key=lambda r: version_key(split_ref(r)[1] or ""))
     if mine:
         hint = f"; built into this hub: {', '.join(mine)}"
     else:

@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 import uvicorn
 
-from aenv_ray._net import bind_socket
 from aenv_ray.engine import SandboxEngine
 from aenv_ray.errors import ConfigurationError
+from aenv_ray.net import bind_socket
 from envhub.app import HubOptions, create_app
 from envhub.keys import LOCAL_TENANT
 from envhub.limits import Limits

@@ -9,7 +9,7 @@ calls return Ray ``ObjectRef``\\ s (:class:`Lease`), first-K-ready batched stepp
 ``rollout.synthesis`` (batch trajectory synthesis, ``aenv rollout``), ``rollout.areal`` and
 ``rollout.rllib`` (trainer adapters) say what they own in their own docstrings.
 
-May import: ``aenv_ray``, ray, gymnasium; lazily, inside functions: ``sandbox_runtime.local``
+May import: ``aenv_ray``, ray, gymnasium; lazily, inside functions: ``local_backend``
 (``engine="local"``: the local engine each pool actor runs). Must not import: kubernetes
 (engines are injected).
 """

@@ -109,7 +109,7 @@ class RolloutPool:
             project = str(Path(project).resolve())
             env_name = env_name or EnvConfig.load(project).ref
         else:
-            from aenv_ray._resolve import resolve_environment  # fail here, not in every actor
+            from aenv_ray.resolve import resolve_environment  # fail here, not in every actor
 
             assert env_name is not None
             resolve_environment(env_name, _env_path())

@@ -1,7 +1,7 @@
 """``PoolSpec``: what a pool's instances are and how they are kept, a small picklable value.
 
 Every pool actor receives the same spec; it builds its engine (``engine="local"``: one
-:class:`~sandbox_runtime.local.LocalEngine` per actor process) and opens each instance as an
+:class:`~local_backend.LocalEngine` per actor process) and opens each instance as an
 :class:`~aenv_ray.Environment` on it.
 """
 
@@ -67,7 +67,7 @@ class PoolSpec:
         if callable(self.engine):
             return self.engine()
         # the embedded local engine, imported only where instances are made
-        from sandbox_runtime.local import LocalEngine
+        from local_backend import LocalEngine
 
         return LocalEngine()
 

@@ -8,14 +8,15 @@ JSON. Run it with ``python -m sandbox_runtime PROJECT`` or ``aenv run``. An engi
 they hit (:mod:`sandbox_runtime._limits`).
 
 May import: ``aenv_ray`` (models, registry, errors), fastmcp (server side), starlette/uvicorn,
-orjson. Must not import: ray, kubernetes, envhub, rollout.
+orjson. Must not import: ray, kubernetes, envhub, rollout, ``local_backend`` (engines run the
+runtime, never the reverse: engine -> runtime -> SDK).
 """
 
 from sandbox_runtime._dispatch import Dispatcher
 from sandbox_runtime._limits import InstanceLimits
 from sandbox_runtime._limits import install as install_limits
 from sandbox_runtime._loader import LoadedProject, load_project
-from sandbox_runtime.server import BROKEN_EXIT_CODE, RuntimeServer, bind_socket
+from sandbox_runtime.server import BROKEN_EXIT_CODE, RuntimeServer, bind_socket, warm_imports
 
 __all__ = [
     "BROKEN_EXIT_CODE",
@@ -26,4 +27,5 @@ __all__ = [
     "bind_socket",
     "install_limits",
     "load_project",
+    "warm_imports",
 ]

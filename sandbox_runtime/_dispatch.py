@@ -25,9 +25,9 @@ import orjson
 import pydantic
 import pydantic_core
 
-from aenv_ray._signature import format_validation_error
 from aenv_ray.protocol import MAX_RESPONSE_BYTES, ToolErrorKind, ToolResult, json_problem
 from aenv_ray.registry import Kind, Registered, Registry
+from aenv_ray.signature import format_validation_error
 from sandbox_runtime import _limits
 from sandbox_runtime._limits import InstanceLimits, LimitHit
 from sandbox_runtime._runner import (

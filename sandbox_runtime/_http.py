@@ -47,7 +47,7 @@ from urllib.parse import parse_qsl
 import orjson
 
 from aenv_ray import protocol as p
-from aenv_ray._net import is_local_host, media_type
+from aenv_ray.net import is_local_host, media_type
 from aenv_ray.registry import Kind
 from sandbox_runtime import _limits
 from sandbox_runtime._dispatch import CallFailed, Dispatcher

@@ -30,7 +30,7 @@ from typing import Any
 
 import uvicorn
 
-from aenv_ray._net import bind_socket
+from aenv_ray.net import bind_socket
 from sandbox_runtime import _limits
 from sandbox_runtime._dispatch import STUCK_GRACE, Dispatcher
 from sandbox_runtime._http import RuntimeApp
@@ -51,6 +51,8 @@ _LAZY_MODULES = (
     "encodings.idna",
     "fastmcp.server.transforms.catalog",
     "httptools",
+    "sandbox_runtime._loader",
+    "sandbox_runtime._mcp",
     "uvicorn.lifespan.on",
     "uvicorn.protocols.http.flow_control",
     "uvicorn.protocols.http.httptools_impl",

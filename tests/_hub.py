@@ -120,7 +120,7 @@ class HubProcess:
     def close(self) -> None:
         self.stop()
         if self.engine == "local":  # the daemon outlives the hub: stop it and its instances
-            from sandbox_runtime.local.client import DaemonEngine
+            from local_backend.client import DaemonEngine
 
             engine = DaemonEngine(self.data_dir / "engine")
             # close() may run inside a test's event loop: shut down on a loop of its own

@@ -75,7 +75,7 @@ def _probed(home: Path) -> Iterator[tuple[list[str], dict[str, str]]]:
     if isinstance(how, str):
         pytest.skip(how)
     command, env = how
-    probe = "from sandbox_runtime.local._sandbox import namespaces_available as n; print(n() or '')"
+    probe = "from local_backend._sandbox import namespaces_available as n; print(n() or '')"
     why_not = subprocess.run(
         [*command, "-c", probe], env=env, capture_output=True, text=True, timeout=60, check=True
     ).stdout.strip()

@@ -25,7 +25,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ["aenv_ray", "sandbox_runtime", "envhub", "k8s_backend", "rollout", "builtin_envs"]
+PACKAGES = [
+    "aenv_ray",
+    "sandbox_runtime",
+    "local_backend",
+    "envhub",
+    "k8s_backend",
+    "rollout",
+    "builtin_envs",
+]
 STDLIB = frozenset(sys.stdlib_module_names)
 
 
@@ -39,6 +47,7 @@ class Import:
     target: str  # what it imports, absolute
     top_level: bool  # runs at import time, not inside a function
     line: int
+    names: tuple[str, ...] = ()  # ``from target import names``
 
     @property
     def root(self) -> str:
@@ -76,8 +85,8 @@ def _imports(path: Path, source: str | None = None) -> list[Import]:
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: list[Import] = []
 
-    def add(target: str, node: ast.AST, top: bool) -> None:
-        found.append(Import(module, path, target, top, getattr(node, "lineno", 0)))
+    def add(target: str, node: ast.AST, top: bool, names: tuple[str, ...] = ()) -> None:
+        found.append(Import(module, path, target, top, getattr(node, "lineno", 0), names))
 
     def walk(node: ast.AST, top: bool) -> None:
         if isinstance(node, ast.Import):
@@ -85,7 +94,7 @@ def _imports(path: Path, source: str | None = None) -> list[Import]:
                 add(alias.name, node, top)
         elif isinstance(node, ast.ImportFrom):
             if node.level == 0:
-                add(node.module or "", node, top)
+                add(node.module or "", node, top, tuple(a.name for a in node.names))
             else:
                 base = package.split(".")
                 base = base[: len(base) - (node.level - 1)]
@@ -124,9 +133,7 @@ def _violations(rule: str, bad: list[Import]) -> str:
 
 
 def test_the_walker_sees_lazy_top_level_relative_dynamic_and_type_only_imports() -> None:
-    lazy = [
-        i for i in IMPORTS if i.module == "aenv_ray.engine" and i.target == "sandbox_runtime.local"
-    ]
+    lazy = [i for i in IMPORTS if i.module == "aenv_ray.engine" and i.target == "local_backend"]
     assert lazy
     assert not any(i.top_level for i in lazy)
     top = [i for i in IMPORTS if i.module == "sandbox_runtime.server" and i.target == "uvicorn"]
@@ -189,13 +196,13 @@ def _covers(allowed: str, target: str) -> bool:
 
 RULES: dict[str, Rule] = {
     # "May import: pydantic, pydantic-settings, aiohttp, orjson, httpx, the mcp/fastmcp clients,
-    # typer and rich (CLI only); lazily, inside functions: ``sandbox_runtime.local`` (the embedded
+    # typer and rich (CLI only); lazily, inside functions: ``local_backend`` (the embedded
     # default engine) and ``builtin_envs`` (finding built-ins by name). Must not import at import
     # time: ray, kubernetes, gymnasium, the runtime."
     "aenv_ray": Rule(
         may=frozenset({"pydantic", "pydantic_settings", "aiohttp", "orjson", "httpx", "mcp"}),
-        lazy=frozenset({"sandbox_runtime.local", "builtin_envs", "platformdirs"}),
-        must_not=frozenset({"ray", "kubernetes", "gymnasium", "sandbox_runtime"}),
+        lazy=frozenset({"local_backend", "builtin_envs", "platformdirs"}),
+        must_not=frozenset({"ray", "kubernetes", "gymnasium", "sandbox_runtime", "local_backend"}),
         at_import_time=True,
     ),
     # "May import: the standard library only."
@@ -206,7 +213,16 @@ RULES: dict[str, Rule] = {
         may=frozenset(
             {"typer", "rich", "pydantic", "pydantic_settings", "aiohttp", "orjson", "httpx"}
         ),
-        lazy=frozenset({"sandbox_runtime", "builtin_envs", "rollout", "envhub", "platformdirs"}),
+        lazy=frozenset(
+            {
+                "sandbox_runtime",
+                "local_backend",
+                "builtin_envs",
+                "rollout",
+                "envhub",
+                "platformdirs",
+            }
+        ),
         must_not=frozenset({"ray", "kubernetes", "gymnasium", "sandbox_runtime"}),
         at_import_time=True,
     ),
@@ -219,12 +235,12 @@ RULES: dict[str, Rule] = {
     # starlette/uvicorn, orjson. Must not import: ray, kubernetes, envhub, rollout."
     "sandbox_runtime": Rule(
         may=frozenset({"aenv_ray", "fastmcp", "starlette", "uvicorn", "orjson"}),
-        must_not=frozenset({"ray", "kubernetes", "envhub", "rollout"}),
+        must_not=frozenset({"ray", "kubernetes", "envhub", "rollout", "local_backend"}),
     ),
     # "May import: ``aenv_ray`` (engine contract, config, errors), ``sandbox_runtime``,
     # platformdirs (where the compiled init is cached); Linux system calls through ctypes. Must
     # not import: ray, kubernetes, envhub, rollout."
-    "sandbox_runtime.local": Rule(
+    "local_backend": Rule(
         may=frozenset({"aenv_ray", "sandbox_runtime", "platformdirs"}),
         must_not=frozenset({"ray", "kubernetes", "envhub", "rollout"}),
     ),
@@ -254,11 +270,11 @@ RULES: dict[str, Rule] = {
         may=frozenset({"aenv_ray", "kubernetes"}), must_not=frozenset({"ray", "gymnasium"})
     ),
     # "May import: ``aenv_ray``, ray, gymnasium; lazily, inside functions:
-    # ``sandbox_runtime.local`` (``engine="local"``: the local engine each pool actor runs).
+    # ``local_backend`` (``engine="local"``: the local engine each pool actor runs).
     # Must not import: kubernetes (engines are injected)."
     "rollout": Rule(
         may=frozenset({"aenv_ray", "ray", "gymnasium"}),
-        lazy=frozenset({"sandbox_runtime.local"}),
+        lazy=frozenset({"local_backend"}),
         must_not=frozenset({"kubernetes"}),
     ),
     # "May import: ``aenv_ray``, gymnasium, numpy (the arrays of gymnasium's vector API). Must
@@ -299,9 +315,9 @@ UNDOCUMENTED: dict[tuple[str, str], str] = {
     ("sandbox_runtime", "pydantic_core"): "the same: pydantic's core (to_jsonable_python)",
     ("sandbox_runtime", "mcp"): "the MCP SDK fastmcp is built on (content types)",
     ("sandbox_runtime", "uvloop"): "uvicorn's event loop",
-    ("sandbox_runtime.local._sandbox", "builtin_envs"): "lazy: bind-mounts the built-ins' tree",
-    ("sandbox_runtime.local.daemon", "aiohttp"): "the daemon's HTTP server on a Unix socket",
-    ("sandbox_runtime.local.client", "aiohttp"): "DaemonEngine: HTTP client of the daemon's socket",
+    ("local_backend._sandbox", "builtin_envs"): "lazy: bind-mounts the built-ins' tree",
+    ("local_backend.daemon", "aiohttp"): "the daemon's HTTP server on a Unix socket",
+    ("local_backend.client", "aiohttp"): "DaemonEngine: HTTP client of the daemon's socket",
 }
 
 
@@ -385,9 +401,7 @@ def _must_not(doc: str) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize(
-    "scope", ["aenv_ray", "sandbox_runtime", "sandbox_runtime.local", *PACKAGES[2:], "rollout.gym"]
-)
+@pytest.mark.parametrize("scope", [*PACKAGES, "rollout.gym"])
 def test_must_not_lists_match_the_docstrings(scope: str) -> None:
     assert _must_not(_docstring(scope)) == set(RULES[scope].must_not)
 
@@ -429,7 +443,7 @@ def test_only_k8s_backend_imports_kubernetes_and_in_one_module() -> None:
 
 
 def test_the_sdk_reaches_the_runtime_only_lazily_outside_the_cli_and_testing() -> None:
-    lazily_allowed = ("sandbox_runtime.local", "builtin_envs")
+    lazily_allowed = ("local_backend", "builtin_envs")
     bad = [
         i
         for i in IMPORTS
@@ -440,7 +454,7 @@ def test_the_sdk_reaches_the_runtime_only_lazily_outside_the_cli_and_testing() -
         and (i.top_level or not any(_covers(a, i.target) for a in lazily_allowed))
     ]
     assert not bad, _violations(
-        "aenv_ray imports sandbox_runtime.local and builtin_envs inside functions only", bad
+        "aenv_ray imports local_backend and builtin_envs inside functions only", bad
     )
     cli = [
         i
@@ -448,6 +462,38 @@ def test_the_sdk_reaches_the_runtime_only_lazily_outside_the_cli_and_testing() -
         if i.module.startswith("aenv_ray.cli") and i.root == "sandbox_runtime" and i.top_level
     ]
     assert not cli, _violations("the CLI imports the runtime inside commands only", cli)
+
+
+def test_the_default_engine_is_the_sdks_one_lazy_import_of_an_engine() -> None:
+    users = [
+        i
+        for i in IMPORTS
+        if _root(i.module) == "aenv_ray"
+        and i.root in ("local_backend", "k8s_backend")
+        and not _covers("aenv_ray.cli", i.module)
+    ]
+    assert [(i.module, i.target, i.top_level) for i in users] == [
+        ("aenv_ray.engine", "local_backend", False)
+    ], _violations("the SDK reaches an engine through default_engine() only", users)
+
+
+def _private(imp: Import) -> list[str]:
+    """The private parts ``imp`` reaches: ``_module`` in its path, or ``_name`` it imports."""
+    parts = [p for p in imp.target.split(".")[1:] if p.startswith("_")]
+    return parts + [n for n in imp.names if n.startswith("_") and not n.startswith("__")]
+
+
+def test_no_package_imports_another_packages_private_modules_or_names() -> None:
+    bad = [
+        i
+        for i in IMPORTS + EXAMPLES
+        if i.root in PACKAGES and i.root != _root(i.module) and _private(i)
+    ]
+    assert not bad, _violations("what crosses packages is public (no _private imports)", bad)
+    probe = _imports(
+        ROOT / "envhub" / "probe.py", "from aenv_ray.x import _y\nimport aenv_ray._z\n"
+    )
+    assert [_private(i) for i in probe] == [["_y"], ["_z"]]  # the check sees both forms
 
 
 def test_environments_and_examples_use_public_names_only() -> None:
@@ -505,7 +551,7 @@ def test_importing_the_cli_imports_no_server() -> None:
 
 
 def test_importing_the_runtime_imports_no_layer_above_it() -> None:
-    _, added = _modules_added_by("import sandbox_runtime, sandbox_runtime.local")
+    _, added = _modules_added_by("import sandbox_runtime, local_backend")
     assert "aenv_ray" in _roots(added)
     heavy = _roots(added) & {"ray", "kubernetes", "gymnasium", "envhub", "rollout"}
     assert not heavy, f"import sandbox_runtime imports {sorted(heavy)}"
@@ -514,7 +560,7 @@ def test_importing_the_runtime_imports_no_layer_above_it() -> None:
 # -- docstrings and public names --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("package", [*PACKAGES, "sandbox_runtime.local"])
+@pytest.mark.parametrize("package", PACKAGES)
 def test_packages_say_what_they_own_and_may_import(package: str) -> None:
     doc = _docstring(package)
     assert doc.split("\n", 1)[0].startswith(f"{package}:"), doc[:80]
@@ -595,7 +641,7 @@ def test_all_is_a_sorted_list_of_names_the_module_defines(path: Path) -> None:
     assert not missing, f"__all__ lists names the module does not define: {sorted(missing)}"
 
 
-@pytest.mark.parametrize("package", [*PACKAGES, "sandbox_runtime.local", "aenv_ray.cli"])
+@pytest.mark.parametrize("package", [*PACKAGES, "aenv_ray.cli"])
 def test_every_package_declares_its_public_names_and_they_import(package: str) -> None:
     module = importlib.import_module(package)
     names = list(getattr(module, "__all__", None) or [])

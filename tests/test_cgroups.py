@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_runtime.local._cgroups import Cgroups, Limits
+from local_backend._cgroups import Cgroups, Limits
 
 
 def _unified_root() -> Path | None:

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from aenv_ray import InstanceSpec, InstanceState, TerminationReason
-from sandbox_runtime.local import Isolation, LocalEngine
-from sandbox_runtime.local._cgroups import hierarchy_roots
-from sandbox_runtime.local._sandbox import namespaces_available
+from local_backend import Isolation, LocalEngine
+from local_backend._cgroups import hierarchy_roots
+from local_backend._sandbox import namespaces_available
 from tests._hostile import HOSTILE, call, hostile_spec
 from tests._processes import processes_of
 
@@ -68,7 +68,7 @@ def wait_clean(owner: str, seconds: float = PROMPTLY) -> dict[str, list[str]]:
 _OWNER_SCRIPT = """
 import asyncio, json, sys
 from aenv_ray import InstanceSpec
-from sandbox_runtime.local import Isolation, LocalEngine
+from local_backend import Isolation, LocalEngine
 
 async def main():
     engine = LocalEngine(isolation=Isolation(sys.argv[2]))

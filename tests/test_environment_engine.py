@@ -22,8 +22,8 @@ from aenv_ray import (
 from aenv_ray.engine import DEFAULT_TTL, default_engine
 from aenv_ray.errors import HubUnreachableError
 from aenv_ray.settings import Settings
-from sandbox_runtime.local import LocalEngine
-from sandbox_runtime.local._sandbox import namespaces_available
+from local_backend import LocalEngine
+from local_backend._sandbox import namespaces_available
 
 HOSTILE = Path(__file__).parent / "envs" / "hostile"
 

@@ -320,7 +320,7 @@ def _configuration_error(tmp_path: Any) -> errors.AEnvError:
 
 
 def _not_found_error() -> errors.AEnvError:
-    from aenv_ray._resolve import resolve_environment
+    from aenv_ray.resolve import resolve_environment
 
     return _raised(lambda: resolve_environment("mini-terminl@1.0.0"))
 

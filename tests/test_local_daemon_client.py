@@ -31,7 +31,7 @@ from aenv_ray import (
     TerminationReason,
 )
 from aenv_ray.engine import SandboxEngine
-from sandbox_runtime.local.client import DaemonEngine
+from local_backend.client import DaemonEngine
 from tests._hostile import call, hostile_spec
 from tests._processes import processes_of
 

@@ -32,9 +32,9 @@ from aenv_ray import (
     ToolErrorKind,
 )
 from builtin_envs import builtin_path
-from sandbox_runtime.local import Isolation, LocalEngine
-from sandbox_runtime.local._init import init_binary
-from sandbox_runtime.local._sandbox import namespaces_available
+from local_backend import Isolation, LocalEngine
+from local_backend._init import init_binary
+from local_backend._sandbox import namespaces_available
 from tests._hostile import HOSTILE, call, hostile_spec
 from tests._processes import processes_of
 
@@ -207,7 +207,7 @@ async def test_fork_of_mini_terminal_keeps_files_and_gets_its_own_shell(
 _OWNER = """
 import asyncio, sys
 from aenv_ray import InstanceSpec
-from sandbox_runtime.local import LocalEngine
+from local_backend import LocalEngine
 
 async def main():
     engine = LocalEngine()
@@ -256,7 +256,7 @@ async def test_pid_1_reaps_orphans_in_either_form(
         info = await engine.create(hostile_spec())
         table = await call(info, "process_table")
         assert table[0]["pid"] == 1
-        expected = ".aenv-init" if pid1 == "compiled" else "sandbox_runtime.local.zygote"
+        expected = ".aenv-init" if pid1 == "compiled" else "local_backend.zygote"
         assert expected in table[0]["command"]
         assert await call(info, "orphans", {"count": 3}) == 3
 
@@ -409,7 +409,7 @@ async def test_tmp_is_size_limited(instance: Any) -> None:
 
 
 async def test_plain_process_fallback_works_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level("WARNING", logger="sandbox_runtime.local")
+    caplog.set_level("WARNING", logger="local_backend")
     engine = LocalEngine(isolation=Isolation.NONE)
     try:
         assert engine.is_isolated is False

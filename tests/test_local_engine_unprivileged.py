@@ -34,7 +34,7 @@ NOBODY = 65534
 _SCRIPT = r"""
 import asyncio, json, os, sys, time
 from aenv_ray import Environment, InstanceSpec, InstanceState
-from sandbox_runtime.local import Isolation, LocalEngine
+from local_backend import Isolation, LocalEngine
 
 HOSTILE, REPO, PORT, HOME = sys.argv[1], sys.argv[2], int(sys.argv[3]), os.getcwd()
 
@@ -171,7 +171,7 @@ def test_an_instance_answers_as_root_of_its_own_namespaces(
     assert me["cwd"] == "/workspace"
     assert me["hostname"].startswith("aenv-")
     assert me["pids"] == [1, 2]  # its own pid namespace: its init and its runtime
-    expected = ".aenv-init" if pid1 == "compiled" else "sandbox_runtime.local.zygote"
+    expected = ".aenv-init" if pid1 == "compiled" else "local_backend.zygote"
     assert out["pid1"]["pid"] == 1
     assert expected in out["pid1"]["command"]
 
@@ -230,8 +230,8 @@ def test_missing_cgroup_limits_are_said_loudly(attacked: dict[str, Any]) -> None
 _FORBIDDEN = r"""
 import asyncio, json, logging, sys
 from aenv_ray import Environment, InstanceSpec
-from sandbox_runtime.local import Isolation, LocalEngine
-from sandbox_runtime.local._sandbox import namespaces_available
+from local_backend import Isolation, LocalEngine
+from local_backend._sandbox import namespaces_available
 
 async def main():
     out = {"why_not": namespaces_available()}

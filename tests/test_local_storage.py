@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from aenv_ray import ConfigurationError
-from sandbox_runtime.local import Isolation, LocalEngine
-from sandbox_runtime.local._sandbox import NOBODY, namespaces_available
+from local_backend import Isolation, LocalEngine
+from local_backend._sandbox import NOBODY, namespaces_available
 from tests._hostile import call, hostile_spec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -143,7 +143,7 @@ async def test_a_missing_storage_directory_is_a_configuration_error(
 async def test_storage_nobody_may_not_write_is_warned_about(
     engine: LocalEngine, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level("WARNING", logger="sandbox_runtime.local")
+    caplog.set_level("WARNING", logger="local_backend")
     private = tmp_path / "private"
     private.mkdir(mode=0o755)
     info = await engine.create(hostile_spec(storage=str(private)))

@@ -31,9 +31,9 @@ from aenv_ray import (
     register_reward,
     register_tool,
 )
-from aenv_ray._signature import format_validation_error, parse_docstring
 from aenv_ray.protocol import MAX_TIMEOUT
 from aenv_ray.registry import RESERVED_NAMES, Kind, default_registry
+from aenv_ray.signature import format_validation_error, parse_docstring
 from sandbox_runtime import Dispatcher
 from sandbox_runtime._dispatch import CallFailed
 from sandbox_runtime._runner import SyncRunner

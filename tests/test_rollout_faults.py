@@ -476,7 +476,7 @@ def test_a_zygote_killed_mid_run_costs_retries_not_episodes(rollout: Rollout) ->
     driver = rollout.start()
     rollout.wait_for_records(driver, 2)
     actor = rollout.tracker.find(b"ray::PoolActor")
-    zygote = rollout.tracker.find(b"sandbox_runtime.local.zygote", child_of=actor.pid)
+    zygote = rollout.tracker.find(b"local_backend.zygote", child_of=actor.pid)
     rollout.tracker.wait_for_a_sleeping_episode(under=zygote.pid)
     os.kill(zygote.pid, signal.SIGKILL)
     rollout.finish(driver)

@@ -504,7 +504,7 @@ def _zygote_of(actor_pid: int) -> int:
         except OSError:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == actor_pid and b"sandbox_runtime.local.zygote" in command:
+        if ppid == actor_pid and b"local_backend.zygote" in command:
             return pid
     raise AssertionError(f"no zygote under pool actor {actor_pid}")
 

@@ -28,8 +28,8 @@ from aenv_ray import (
     InstanceUnreachableError,
     TerminationReason,
 )
-from sandbox_runtime.local import Isolation, LocalEngine
-from sandbox_runtime.local._sandbox import namespaces_available
+from local_backend import Isolation, LocalEngine
+from local_backend._sandbox import namespaces_available
 from tests._hostile import HOSTILE, call, hostile_spec
 from tests._processes import processes_of
 
@@ -336,7 +336,7 @@ import asyncio, json, sys
 from fastmcp import Client
 from fastmcp.client.transports import StreamableHttpTransport
 from aenv_ray import InstanceSpec
-from sandbox_runtime.local import Isolation, LocalEngine
+from local_backend import Isolation, LocalEngine
 
 async def main():
     engine = LocalEngine(isolation=Isolation.NAMESPACES)

@@ -2,7 +2,7 @@
 
 With a hub configured (``AENV_SYSTEM_URL`` or ``aenv config set url``) the commands talk to it:
 its instances belong to your key's tenant. Otherwise they talk to a local engine daemon
-(``sandbox_runtime.local.daemon``, through its client ``DaemonEngine``) over a Unix socket in
+(``local_backend.daemon``, through its client ``DaemonEngine``) over a Unix socket in
 the state directory (``AENV_STATE_DIR``, else the user's state directory), started on first
 use, so instances live on between commands; they die with the daemon, which exits after ten
 minutes without a running instance.
@@ -83,7 +83,7 @@ def _call(op: str, arg: Any, **kw: Any) -> Any:
 
             async with HubClient(settings.system_url, api_key=settings.api_key) as client:
                 return await _on_hub(client, op, arg, **kw)
-        from sandbox_runtime.local.client import DaemonEngine
+        from local_backend.client import DaemonEngine
 
         async with DaemonEngine(_state_dir(), env_path=settings.env_path) as engine:
             return await _on_engine(engine, op, arg, **kw)

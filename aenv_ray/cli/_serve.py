@@ -4,7 +4,7 @@ Keys are managed on the hub's machine, straight in its store (``--store``, the s
 hub uses): whoever can write the store is the hub's administrator. The hub's code (FastAPI,
 uvicorn, the stores) is imported inside the commands only.
 
-May import: typer, ``aenv_ray``; inside commands: ``envhub``, ``sandbox_runtime.local``.
+May import: typer, ``aenv_ray``; inside commands: ``envhub``, ``local_backend``.
 """
 
 from __future__ import annotations
@@ -108,11 +108,11 @@ def serve(
     root = _data_dir(data_dir)
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     if engine == "local":
-        from sandbox_runtime.local.client import DaemonEngine
+        from local_backend.client import DaemonEngine
 
         sandbox: Any = DaemonEngine(root / "engine")
     elif engine == "inprocess":
-        from sandbox_runtime.local import LocalEngine
+        from local_backend import LocalEngine
 
         sandbox = LocalEngine()
     else:

@@ -1,6 +1,6 @@
 """The zygote of one environment definition: sandboxes templates, places and watches instances.
 
-``python -m sandbox_runtime.local.zygote PROJECT --control-fd N [--isolation namespaces|none]``
+``python -m local_backend.zygote PROJECT --control-fd N [--isolation namespaces|none]``
 
 The engine starts one zygote per definition with one end of a ``SOCK_SEQPACKET`` pair. The zygote
 imports the runtime (never the environment), opens its cgroups, builds the template root
@@ -50,14 +50,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandbox_runtime.local import _channel
-from sandbox_runtime.local._cgroups import Cgroups, InstanceGroup, Limits
-from sandbox_runtime.local._channel import ProtocolViolation, Received
-from sandbox_runtime.local._template import TemplateContext
+from local_backend import _channel
+from local_backend._cgroups import Cgroups, InstanceGroup, Limits
+from local_backend._channel import ProtocolViolation, Received
+from local_backend._template import TemplateContext
 
 __all__ = ["Zygote", "main"]
 
-log = logging.getLogger("sandbox_runtime.zygote")
+log = logging.getLogger("local_backend.zygote")
 
 _START_TIMEOUT = 60.0  # seconds an instance (or a template) may take to come up
 _IDLE_TEMPLATE = 60.0  # seconds a template other than the first lives with no instance
@@ -145,10 +145,8 @@ class Zygote:
     # -- set-up --------------------------------------------------------------------------------
     def prepare(self) -> None:
         """Open cgroups, build the template root (isolated), warm the runtime's imports."""
-        import sandbox_runtime._loader
-        import sandbox_runtime._mcp
-        import sandbox_runtime.local._instance  # noqa: F401  (imported now: templates need not)
-        from sandbox_runtime.server import warm_imports
+        import local_backend._instance  # noqa: F401  (imported now: templates need not)
+        from sandbox_runtime import warm_imports
 
         warm_imports()
         if self.privileged:
@@ -160,8 +158,8 @@ class Zygote:
                 "memory, cpu and pids are not enforced (an instance can exhaust this machine)"
             )
         if self.isolated:
-            from sandbox_runtime.local import _linux, _sandbox
-            from sandbox_runtime.local._init import init_binary
+            from local_backend import _linux, _sandbox
+            from local_backend._init import init_binary
 
             paths = _sandbox.runtime_paths(Path(self.project))
             self.keep_under_tmp = tuple(_sandbox.under_tmp(paths))
@@ -209,7 +207,7 @@ class Zygote:
         go_read, go_write = os.pipe()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child
-            from sandbox_runtime.local._template import become_template
+            from local_backend._template import become_template
 
             os.close(go_write)
             signal.set_wakeup_fd(-1)
@@ -242,7 +240,7 @@ class Zygote:
                 return
             op = message.get("op")
             if op == "map" and template.state == "starting" and received.pid == template.pid:
-                from sandbox_runtime.local._sandbox import instance_root, write_id_maps
+                from local_backend._sandbox import instance_root, write_id_maps
 
                 write_id_maps(template.pid, instance_root(self.privileged))
                 _channel.send(template.channel, {"op": "mapped"}, block=False)
@@ -748,7 +746,7 @@ class Zygote:
                 self.instances.pop(other.id, None)
 
     def _reap(self) -> None:
-        from sandbox_runtime.local._linux import reap_children
+        from local_backend._linux import reap_children
 
         for pid in reap_children():
             for template in list(self.templates.values()):
@@ -826,10 +824,10 @@ def _checked_manifest(manifest: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m sandbox_runtime.local.zygote``."""
+    """Entry point of ``python -m local_backend.zygote``."""
     from aenv_ray.logs import configure_logging
 
-    parser = argparse.ArgumentParser(prog="python -m sandbox_runtime.local.zygote")
+    parser = argparse.ArgumentParser(prog="python -m local_backend.zygote")
     parser.add_argument("project")
     parser.add_argument("--control-fd", type=int, required=True)
     parser.add_argument("--isolation", choices=["namespaces", "none"], default="namespaces")
@@ -846,7 +844,7 @@ def main(argv: list[str] | None = None) -> int:
     isolated = args.isolation == "namespaces"
     privileged = os.geteuid() == 0  # before any user namespace: inside one, everyone is root
     if isolated and not privileged:
-        from sandbox_runtime.local._sandbox import enter_own_user_namespace
+        from local_backend._sandbox import enter_own_user_namespace
 
         try:
             enter_own_user_namespace()  # returns in the pid 1 of a pid namespace of our own

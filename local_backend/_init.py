@@ -16,7 +16,7 @@ from pathlib import Path
 
 __all__ = ["SOURCE", "init_binary"]
 
-log = logging.getLogger("sandbox_runtime.local")
+log = logging.getLogger("local_backend")
 
 SOURCE = Path(__file__).with_name("init.c")
 

@@ -2,7 +2,7 @@
 
 EnvHub (and anything else that restarts while its instances should not) talks to the local
 engine daemon (``daemon.py``) over its Unix socket ``STATE_DIR/engine.sock`` instead of
-embedding a :class:`~sandbox_runtime.local.LocalEngine`. The first call that finds nothing
+embedding a :class:`~local_backend.LocalEngine`. The first call that finds nothing
 answering there starts the daemon (detached, in a session of its own, logging to
 ``STATE_DIR/daemon.log``) and waits for it.
 
@@ -57,7 +57,7 @@ from aenv_ray.errors import (
     ProtocolError,
     StartupTimeoutError,
 )
-from sandbox_runtime.local.daemon import SOCKET_NAME
+from local_backend.daemon import SOCKET_NAME
 
 __all__ = ["DaemonEngine"]
 
@@ -262,7 +262,7 @@ class DaemonEngine:
         command = [
             sys.executable,
             "-m",
-            "sandbox_runtime.local.daemon",
+            "local_backend.daemon",
             "--state-dir",
             str(self.state_dir),
             "--idle-exit",
@@ -449,7 +449,7 @@ def _processes() -> list[tuple[int, list[str]]]:
 
 
 def _is_daemon_of(args: list[str], state_dir: Path) -> bool:
-    if "sandbox_runtime.local.daemon" not in args or "--state-dir" not in args:
+    if "local_backend.daemon" not in args or "--state-dir" not in args:
         return False
     given = args[args.index("--state-dir") + 1 :][:1]
     return bool(given) and Path(given[0]).absolute() == state_dir

@@ -65,11 +65,11 @@ from aenv_ray.errors import (
     InstanceNotFoundError,
     StartupTimeoutError,
 )
-from sandbox_runtime.local._channel import MAX_MESSAGE
+from local_backend._channel import MAX_MESSAGE
 
 __all__ = ["Isolation", "LocalEngine"]
 
-log = logging.getLogger("sandbox_runtime.local")
+log = logging.getLogger("local_backend")
 T = TypeVar("T")
 
 _KEEP_TERMINATED = 1000
@@ -137,7 +137,7 @@ class LocalEngine:
 
     # -- isolation -----------------------------------------------------------------------------
     def _decide_isolation(self) -> bool:
-        from sandbox_runtime.local._sandbox import namespaces_available
+        from local_backend._sandbox import namespaces_available
 
         why_not = "isolation='none' was asked for" if self.isolation is Isolation.NONE else None
         why_not = why_not or namespaces_available()
@@ -302,7 +302,7 @@ class LocalEngine:
         """Warn (once per directory) when an isolated instance's root cannot write ``storage``."""
         if os.geteuid() != 0 or storage in self._warned_storage:
             return  # unprivileged, instances' root is the invoking user
-        from sandbox_runtime.local._sandbox import NOBODY
+        from local_backend._sandbox import NOBODY
 
         if not _writable_by(Path(storage), NOBODY):
             self._warned_storage.add(storage)
@@ -422,7 +422,7 @@ class LocalEngine:
         it), killing it if it takes too long; then remove whatever it left in its cgroups."""
         _stop_process(zygote.process, grace=5.0 + 0.01 * instances)
         if os.geteuid() == 0:
-            from sandbox_runtime.local._cgroups import remove_tree
+            from local_backend._cgroups import remove_tree
 
             left = remove_tree(self.owner, zygote.name)
             if left:
@@ -469,7 +469,7 @@ class LocalEngine:
         command = [
             sys.executable,
             "-m",
-            "sandbox_runtime.local.zygote",
+            "local_backend.zygote",
             str(root),
             "--control-fd",
             str(theirs.fileno()),

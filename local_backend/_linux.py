@@ -168,4 +168,4 @@ def loopback_up() -> None:
 
 
 if not sys.platform.startswith("linux"):  # pragma: no cover - imported only on Linux
-    raise ImportError("sandbox_runtime.local._linux needs Linux")
+    raise ImportError("local_backend._linux needs Linux")

@@ -14,10 +14,15 @@ from pathlib import Path
 
 from aenv_ray.errors import EnvironmentNotFoundError
 
-__all__ = ["available_environments", "resolve_environment"]
+__all__ = ["available_environments", "resolve_environment", "version_key"]
 
 
-def _version_key(version: str) -> tuple[tuple[int, int | str], ...]:
+def version_key(version: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key of a version: numeric parts compare as numbers, others as text.
+
+    >>> sorted(["1.10.0", "1.2.0", "1.2.0-rc1"], key=version_key)
+    ['1.2.0', '1.2.0-rc1', '1.10.0']
+    """
     return tuple(
         (0, int(p)) if p.isdigit() else (1, p) for p in version.replace("-", ".").split(".")
     )
@@ -68,7 +73,7 @@ def resolve_environment(ref: str, env_path: str = "") -> tuple[str, Path]:
     if "@" not in ref:
         versions = [r for r in known if r.split("@", 1)[0] == ref]
         if versions:
-            best = max(versions, key=lambda r: _version_key(r.split("@", 1)[1]))
+            best = max(versions, key=lambda r: version_key(r.split("@", 1)[1]))
             return best, known[best]
     names = sorted(known)
     close = difflib.get_close_matches(ref, names, n=1, cutoff=0.5)

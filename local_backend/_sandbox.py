@@ -52,7 +52,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from sandbox_runtime.local import _linux as L
+from local_backend import _linux as L
 
 __all__ = [
     "HOST",
@@ -139,9 +139,10 @@ def runtime_paths(project: Path) -> list[Path]:
             wanted.add(Path(entry).resolve())
     import aenv_ray
     import builtin_envs
+    import local_backend
     import sandbox_runtime
 
-    for module in (aenv_ray, sandbox_runtime, builtin_envs):
+    for module in (aenv_ray, sandbox_runtime, local_backend, builtin_envs):
         wanted.add(Path(module.__file__ or "").resolve().parent.parent)
     # keep the outermost of nested paths; /usr and /etc cover their subtrees
     kept: list[Path] = []

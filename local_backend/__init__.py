@@ -1,4 +1,8 @@
-"""sandbox_runtime.local: the local engine, instances of environments on this machine.
+"""local_backend: the local engine, instances of environments on this machine.
+
+The host side of the embedded default engine, beside ``k8s_backend`` (the scale-out engine):
+what runs inside an instance is ``sandbox_runtime``; this package starts, isolates, limits and
+ends the processes that run it. The direction is engine -> runtime -> SDK, never back.
 
 Owns :class:`LocalEngine` (the embedded default :class:`~aenv_ray.engine.SandboxEngine`), the
 zygote that forks instances from a warm template, the namespace and mount recipe of an isolated
@@ -9,6 +13,6 @@ May import: ``aenv_ray`` (engine contract, config, errors), ``sandbox_runtime``,
 kubernetes, envhub, rollout.
 """
 
-from sandbox_runtime.local.engine import Isolation, LocalEngine
+from local_backend.engine import Isolation, LocalEngine
 
 __all__ = ["Isolation", "LocalEngine"]

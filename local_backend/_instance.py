@@ -30,15 +30,15 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from sandbox_runtime.local import _channel
-from sandbox_runtime.local._fds import neutralize
+from local_backend import _channel
+from local_backend._fds import neutralize
 
 if TYPE_CHECKING:
-    from sandbox_runtime.local._template import _State
+    from local_backend._template import _State
 
 __all__ = ["BASE_ENV", "become_instance", "fork_children"]
 
-log = logging.getLogger("sandbox_runtime.instance")
+log = logging.getLogger("local_backend.instance")
 
 BASE_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -81,7 +81,7 @@ def become_instance(
         iid = str(message["id"])
         neutralize(keep={listen_fd, channel_fd, map_w, go_r})
         if context.isolated:
-            from sandbox_runtime.local import _sandbox
+            from local_backend import _sandbox
 
             _sandbox.enter_instance_sandbox(
                 hostname=_hostname(iid),
@@ -150,14 +150,9 @@ def _serve(state: _State, server: Any, channel: socket.socket, limits: dict[str,
 
 def _install_limits(limits: dict[str, Any]) -> None:
     """Tell the runtime its limits and where their events show (to name them in results)."""
-    try:
-        from sandbox_runtime._limits import InstanceLimits, install
-    except ImportError:  # a runtime without limit reporting
-        for key in ("memory_events", "pids_events"):
-            if limits.get(key) is not None:
-                os.close(limits[key])
-        return
-    install(
+    from sandbox_runtime import InstanceLimits, install_limits
+
+    install_limits(
         InstanceLimits(
             memory=limits.get("memory"),
             pids=limits.get("pids"),
@@ -219,7 +214,7 @@ def fork_children(state: _State, items: list[dict[str, Any]], fds: list[int]) ->
 def _start_fork(
     state: _State, item: dict[str, Any], listen_fd: int, channel_fd: int, init_fd: int
 ) -> None:
-    from sandbox_runtime.local._template import map_one, spawn_into_pid_namespace
+    from local_backend._template import map_one, spawn_into_pid_namespace
 
     def child(map_w: int, go_r: int) -> NoReturn:
         become_fork(state, item, listen_fd, channel_fd, map_w, go_r)
@@ -257,7 +252,7 @@ def become_fork(
     """In a fork of a running instance: own copies, own namespaces, then serve (no return)."""
     code = 1
     try:
-        from sandbox_runtime.server import RuntimeServer
+        from sandbox_runtime import RuntimeServer
 
         context = state.context
         iid = str(item["id"])
@@ -267,7 +262,7 @@ def become_fork(
         limits = _handshake(channel, iid)
         given = {limits[k] for k in ("memory_events", "pids_events") if limits[k] is not None}
         if context.isolated:
-            from sandbox_runtime.local import _sandbox
+            from local_backend import _sandbox
 
             copied = {os.stat("/workspace").st_dev, os.stat("/tmp").st_dev}
             _private_copies(
@@ -308,7 +303,7 @@ def become_fork(
 def _private_copies(*, hostname: str, own_network: bool, keep_under_tmp: tuple[str, ...]) -> None:
     """In a fork (root of its parent's user namespace): its own namespaces; mounts of
     ``/workspace`` and ``/tmp`` holding copies of the parent's; its own ``/proc``."""
-    from sandbox_runtime.local import _linux, _sandbox
+    from local_backend import _linux, _sandbox
 
     flags = _linux.CLONE_NEWNS | _linux.CLONE_NEWIPC | _linux.CLONE_NEWUTS
     if own_network:

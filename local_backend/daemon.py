@@ -1,8 +1,8 @@
 """The local engine as a small daemon: instances that outlive the processes asking for them.
 
 ``aenv instance ...`` calls share instances through it, and EnvHub keeps its local instances in
-it across restarts (:class:`sandbox_runtime.local.client.DaemonEngine` is its client).
-``python -m sandbox_runtime.local.daemon --state-dir DIR`` runs one :class:`LocalEngine` and
+it across restarts (:class:`local_backend.client.DaemonEngine` is its client).
+``python -m local_backend.daemon --state-dir DIR`` runs one :class:`LocalEngine` and
 answers JSON over a Unix socket ``DIR/engine.sock`` (mode 0600: only its user):
 
 ==========================================  =================================================
@@ -59,11 +59,11 @@ from aenv_ray.errors import (
     EnvironmentNotFoundError,
     InstanceNotFoundError,
 )
-from sandbox_runtime.local.engine import LocalEngine
+from local_backend.engine import LocalEngine
 
 __all__ = ["SOCKET_NAME", "main", "make_app"]
 
-log = logging.getLogger("sandbox_runtime.local.daemon")
+log = logging.getLogger("local_backend.daemon")
 
 SOCKET_NAME = "engine.sock"
 PID_NAME = "engine.pid"
@@ -140,7 +140,7 @@ def _seconds(body: Mapping[str, Any], key: str) -> float | None:
 
 def _project(body: Mapping[str, Any], env_path: str) -> tuple[str, str]:
     """``(env_ref, project directory)``: ``project`` as given, else ``env`` looked up."""
-    from aenv_ray._resolve import resolve_environment
+    from aenv_ray.resolve import resolve_environment
 
     project = body.get("project")
     if project is None:
@@ -261,11 +261,11 @@ async def _serve(state_dir: Path, idle_exit: float, env_path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m sandbox_runtime.local.daemon``."""
+    """Entry point of ``python -m local_backend.daemon``."""
     from aenv_ray.logs import configure_logging
     from aenv_ray.settings import Settings
 
-    parser = argparse.ArgumentParser(prog="python -m sandbox_runtime.local.daemon")
+    parser = argparse.ArgumentParser(prog="python -m local_backend.daemon")
     parser.add_argument("--state-dir", required=True)
     parser.add_argument("--idle-exit", type=float, default=600.0)
     parser.add_argument(

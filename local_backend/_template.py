@@ -37,12 +37,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from sandbox_runtime.local import _channel, _linux
-from sandbox_runtime.local._fds import neutralize
+from local_backend import _channel, _linux
+from local_backend._fds import neutralize
 
 __all__ = ["TemplateContext", "become_template", "python_init", "spawn_into_pid_namespace"]
 
-log = logging.getLogger("sandbox_runtime.template")
+log = logging.getLogger("local_backend.template")
 
 MAP_DEADLINE = 30.0  # seconds a child may take to ask for its id maps
 
@@ -97,7 +97,7 @@ def become_template(context: TemplateContext, channel: socket.socket, go: int) -
                 exit_code = os.waitstatus_to_exitcode(status)
                 os._exit(exit_code if exit_code >= 0 else 128 - exit_code)
             _linux.set_parent_death_signal(signal.SIGKILL)
-            from sandbox_runtime.local._sandbox import mount_own_proc
+            from local_backend._sandbox import mount_own_proc
 
             mount_own_proc()
         _run(context, channel)
@@ -109,7 +109,7 @@ def become_template(context: TemplateContext, channel: socket.socket, go: int) -
 
 
 def _enter_sandbox(context: TemplateContext, channel: socket.socket) -> None:
-    from sandbox_runtime.local import _sandbox
+    from local_backend import _sandbox
 
     _sandbox.enter_template_sandbox(
         project=context.project,
@@ -132,14 +132,13 @@ def _enter_sandbox(context: TemplateContext, channel: socket.socket) -> None:
 def _run(context: TemplateContext, channel: socket.socket) -> NoReturn:
     """The template proper: import the environment (inside the sandbox), then serve."""
     global STATE
-    from sandbox_runtime._loader import load_project
-    from sandbox_runtime.server import RuntimeServer
+    from sandbox_runtime import RuntimeServer, load_project
 
     try:
         # the engine's environment (API keys, the user's variables) is not the environment's
         # business: its import sees the base variables and its definition's own
         from aenv_ray.config import EnvConfig
-        from sandbox_runtime.local._instance import BASE_ENV
+        from local_backend._instance import BASE_ENV
 
         os.environ.clear()
         os.environ.update(BASE_ENV, HOME="/tmp", TMPDIR="/tmp")
@@ -212,7 +211,7 @@ def _spawn(
     try:
         if message.get("op") != "spawn" or not 3 <= len(fds) <= 6:
             raise ValueError(f"unexpected request {message.get('op')!r}")
-        from sandbox_runtime.local import _instance
+        from local_backend import _instance
 
         listen_fd, channel_fd, init_fd, *placement = fds
 
@@ -316,7 +315,7 @@ def spawn_into_pid_namespace(
 
 def _map(state: _State, selector: selectors.BaseSelector, map_r: int) -> None:
     """A child asked for its id maps (or died): write them, let it go on."""
-    from sandbox_runtime.local._sandbox import write_id_maps
+    from local_backend._sandbox import write_id_maps
 
     pid, go_w = state.pending_maps.pop(map_r)
     selector.unregister(map_r)
@@ -333,7 +332,7 @@ def _map(state: _State, selector: selectors.BaseSelector, map_r: int) -> None:
 
 def map_one(pid: int, map_r: int, go_w: int, *, deadline: float = MAP_DEADLINE) -> None:
     """Wait (at most ``deadline`` seconds) for child ``pid`` to ask for its id maps; write them."""
-    from sandbox_runtime.local._sandbox import write_id_maps
+    from local_backend._sandbox import write_id_maps
 
     try:
         ready = selectors.DefaultSelector()
@@ -359,7 +358,7 @@ def python_init(
         if context_is_isolated():
             # our /proc is still our parent's pid namespace, where the pid fork() gives us
             # names someone else: see our own, in a mount namespace of our own
-            from sandbox_runtime.local._sandbox import mount_own_proc
+            from local_backend._sandbox import mount_own_proc
 
             _linux.unshare(_linux.CLONE_NEWNS)
             mount_own_proc()
