@@ -134,6 +134,10 @@ class SandboxEngine(Protocol):
     """
 
     name: str
+    closes_instances: bool
+    """What :meth:`aclose` does with the instances this engine created: ``True``, it terminates
+    them (the local engine: they are its processes); ``False``, they outlive this client until
+    deleted or expired (the engine daemon's, a hub's: another client finds them by id)."""
 
     async def create(self, spec: InstanceSpec, *, timeout: float = 60.0) -> InstanceInfo:
         """Start an instance and return once it answers calls (state ``RUNNING``)."""
@@ -160,7 +164,9 @@ class SandboxEngine(Protocol):
         ...
 
     async def aclose(self) -> None:
-        """Terminate every instance this engine owns and free its resources. Idempotent."""
+        """Free this engine's resources, and terminate its instances if
+        :attr:`closes_instances`. Idempotent; other calls after it raise an
+        :class:`~aenv_ray.errors.AEnvError`."""
         ...
 
 

@@ -22,6 +22,7 @@ The tree, by what the caller should do::
     │   ├── InstanceNotFoundError (LookupError)  the engine has no instance with that id
     │   └── LeaseLostError                       a pool took your lease back; retryable on a new one
     ├── CapacityError                            the engine cannot start more now; retryable
+    ├── NotSupportedError (NotImplementedError)  this engine cannot do that (e.g. fork); use another
     ├── RegistryError                            EnvHub refused a registry operation
     │   ├── VersionConflictError                 that name@version is published (or was): bump it
     │   ├── ArtifactError (ValueError)           an upload is corrupt or not a bundle; rebuild it
@@ -71,6 +72,7 @@ __all__ = [
     "InstanceNotFoundError",
     "InstanceUnreachableError",
     "LeaseLostError",
+    "NotSupportedError",
     "PermissionDeniedError",
     "ProtocolError",
     "QuotaExceededError",
@@ -258,6 +260,12 @@ class CapacityError(AEnvError):
     """The engine cannot start another instance now (a limit or the host is full)."""
 
     retryable = True
+
+
+class NotSupportedError(AEnvError, NotImplementedError):
+    """This engine cannot do that at all (e.g. fork an instance): the contract's typed refusal.
+
+    Not retryable: no retry makes it possible; use an engine that can, or do without."""
 
 
 class RegistryError(AEnvError):

@@ -72,6 +72,7 @@ class HubClient:
         self.api_key = api_key
         self.timeout = timeout
         self._session: aiohttp.ClientSession | None = None
+        self._closed = False
 
     async def __aenter__(self) -> HubClient:
         return self
@@ -85,7 +86,8 @@ class HubClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the connections. Idempotent."""
+        """Close the connections. Idempotent; requests after it raise ConfigurationError."""
+        self._closed = True
         session, self._session = self._session, None
         if session is not None:
             await session.close()
@@ -96,6 +98,10 @@ class HubClient:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def _get_session(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise ConfigurationError(
+                f"the client of the hub at {self.url} is closed; make a new one"
+            )
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 headers=self.headers,
@@ -371,6 +377,7 @@ class RemoteEngine:
     """
 
     name = "envhub"
+    closes_instances = False  # the hub keeps them until released or expired
 
     def __init__(self, client: HubClient) -> None:
         self.client = client

@@ -62,8 +62,9 @@ def available_environments(env_path: str | None = None) -> dict[str, Path]:
     return found
 
 
-def resolve_environment(ref: str, env_path: str = "") -> tuple[str, Path]:
-    """``(name@version, project_dir)`` for ``ref`` (``name`` alone: its highest version).
+def resolve_environment(ref: str, env_path: str | None = "") -> tuple[str, Path]:
+    """``(name@version, project_dir)`` for ``ref`` (``name`` alone: its highest version), among
+    the built-ins and ``env_path`` (``None``: the ``AENV_ENV_PATH`` setting).
 
     Raises :class:`EnvironmentNotFoundError` naming what exists and the closest match.
     """

@@ -12,6 +12,7 @@ a reason for the zygote to wait.
     >>> send(a, {"op": "hello", "id": "x"})
     >>> receive(b).message
     {'op': 'hello', 'id': 'x'}
+    >>> a.close(); b.close()
 """
 
 from __future__ import annotations

@@ -13,10 +13,9 @@ can call them. They end when deleted, when their TTL runs out, or with the daemo
 after ``idle_exit`` seconds without a running instance or a request, or when
 :meth:`DaemonEngine.shutdown` stops it (tests, ``aenv serve`` teardown).
 
-    >>> # doctest: +SKIP
-    >>> engine = DaemonEngine("/var/lib/aenv/engine")
-    >>> info = await engine.create(InstanceSpec("mini-terminal@1.0.0"))
-    >>> await engine.aclose()  # info.id still runs; DaemonEngine(...).get(info.id) finds it
+    engine = DaemonEngine("/var/lib/aenv/engine")
+    info = await engine.create(InstanceSpec("mini-terminal@1.0.0"))
+    await engine.aclose()  # info.id still runs; DaemonEngine(...).get(info.id) finds it
 
 Errors come back as the :mod:`aenv_ray.errors` class the daemon raised (its ``type``); a daemon
 that dies during a call is :class:`~aenv_ray.errors.InstanceBrokenError` (retryable: the next call
@@ -93,6 +92,7 @@ class DaemonEngine:
     """
 
     name = "local-daemon"
+    closes_instances = False  # the daemon keeps them: that is what it is for
 
     def __init__(
         self,

@@ -6,12 +6,10 @@ limited by cgroups as root, as plain processes (with a loud warning) where it do
 engine runs its own event loop on a daemon thread, so its async methods work from any event loop
 and any number of ``asyncio.run`` calls in one process.
 
-    >>> # doctest: +SKIP
-    >>> engine = LocalEngine()
-    >>> info = await engine.create(InstanceSpec("mini-terminal@1.0.0", project=path))
-    >>> info.url
-    'http://127.0.0.1:40123'
-    >>> await engine.delete(info.id)
+    engine = LocalEngine()
+    info = await engine.create(InstanceSpec("mini-terminal@1.0.0"))
+    info.url  # 'http://127.0.0.1:40123'
+    await engine.delete(info.id)
 
 Owner death: the zygotes watch their control socket; when this process dies, even by SIGKILL,
 they kill every instance and exit.
@@ -61,10 +59,10 @@ from aenv_ray.errors import (
     CapacityError,
     ConfigurationError,
     DefinitionError,
-    EnvironmentNotFoundError,
     InstanceNotFoundError,
     StartupTimeoutError,
 )
+from aenv_ray.resolve import resolve_environment
 from local_backend._channel import MAX_MESSAGE
 
 __all__ = ["Isolation", "LocalEngine"]
@@ -109,6 +107,7 @@ class LocalEngine:
     """Instances on this machine, forked from warm templates. See the module docstring."""
 
     name = "local"
+    closes_instances = True  # its instances are its processes
 
     def __init__(
         self,
@@ -116,8 +115,10 @@ class LocalEngine:
         isolation: Isolation | str = Isolation.AUTO,
         max_instances: int = 4096,
         default_timeout: float = 600.0,
+        env_path: str | None = None,
     ) -> None:
         self.isolation = Isolation(isolation)
+        self.env_path = env_path  # where names are looked up; None: the AENV_ENV_PATH setting
         self.max_instances = max_instances
         self.default_timeout = default_timeout
         self.owner = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -222,12 +223,9 @@ class LocalEngine:
 
     # -- implementation (engine thread) --------------------------------------------------------
     async def _create(self, spec: InstanceSpec, timeout: float) -> InstanceInfo:
-        if spec.project is None:
-            raise EnvironmentNotFoundError(
-                f"`{spec.env_ref}` has no project directory; resolve it first "
-                "(aenv_ray.resolve_environment) or pass InstanceSpec(project=...)",
-                env_name=spec.env_ref,
-            )
+        if spec.project is None:  # a name: the built-ins, then env_path (AENV_ENV_PATH)
+            ref, project = resolve_environment(spec.env_ref, self.env_path)
+            spec = replace(spec, env_ref=ref, project=str(project))
         running = sum(
             1 for r in self._records.values() if r.info.state is not InstanceState.TERMINATED
         )

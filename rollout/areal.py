@@ -8,12 +8,11 @@ each call runs one episode on a fresh instance, with the model behind AReaL's pr
 policy (or any :data:`~rollout.synthesis.Policy` you give), and returns the environment's
 reward as a Python ``float`` (AReaL rejects ints).
 
-    >>> # doctest: +SKIP
-    >>> workflow = AEnvWorkflow("mini-terminal@1.0.0", model="default", max_turns=10)
-    >>> reward = await workflow.run(
-    ...     {"prompt": "Write 42 into out.txt",
-    ...      "reward_arguments": {"path": "out.txt", "expected": "42"}},
-    ...     base_url=proxy_url, api_key=session_key, http_client=client)
+    workflow = AEnvWorkflow("mini-terminal@1.0.0", model="default", max_turns=10)
+    reward = await workflow.run(
+        {"prompt": "Write 42 into out.txt",
+         "reward_arguments": {"path": "out.txt", "expected": "42"}},
+        base_url=proxy_url, api_key=session_key, http_client=client)
 
 ``data`` is a task (see :mod:`rollout.synthesis`: ``prompt``, ``reward_arguments``, ``setup``).
 An episode whose instance failed is retried on a fresh one; if it still fails,

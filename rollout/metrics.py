@@ -6,8 +6,8 @@ every pool actor add up exactly and p50/p99 of the merge are as good as those of
     >>> h = LatencyHistogram()
     >>> for ms in range(1, 101):
     ...     h.observe(ms / 1000)
-    >>> round(h.quantile(0.5) * 1000)
-    50
+    >>> 48 <= h.quantile(0.5) * 1000 <= 52  # the true median is 50 ms; a bucket is 4 % wide
+    True
 """
 
 from __future__ import annotations

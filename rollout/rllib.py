@@ -8,11 +8,10 @@ default) or token ids of any tokenizer (:class:`TokenCodec`): a ``Box`` observat
 text and handed to the text environment (a JSON tool call, see :mod:`rollout.gym`); what does
 not decode to a valid action is the agent's error, answered as an observation.
 
-    >>> # doctest: +SKIP
-    >>> from ray.rllib.algorithms.ppo import PPOConfig
-    >>> import rollout.rllib
-    >>> name = rollout.rllib.register("mini-terminal@1.0.0", max_observation_len=2048)
-    >>> config = PPOConfig().environment(name, env_config={"max_steps": 20})
+    from ray.rllib.algorithms.ppo import PPOConfig
+    import rollout.rllib
+    name = rollout.rllib.register("mini-terminal@1.0.0", max_observation_len=2048)
+    config = PPOConfig().environment(name, env_config={"max_steps": 20})
 
 :func:`register` calls ``ray.tune.register_env(name, creator)``; the creator merges RLlib's
 ``env_config`` into the options of :func:`rollout.gym.make_env`. Needs ``ray[rllib]``

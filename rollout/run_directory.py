@@ -22,10 +22,9 @@ event loop never waits on the disk). At any moment at most one record is unsynce
 the process *or the machine* leaves at most the last line torn. The cost is one ``fdatasync``
 per episode (~0.1 ms here, a few ms on a slow disk): nothing next to an episode's seconds.
 
-    >>> # doctest: +SKIP
-    >>> with RunDirectory.open("runs/a") as run:
-    ...     done = run.records  # episode id -> record
-    ...     await run.append({"episode_id": "000000-t", "outcome": "ok"})
+    with RunDirectory.open("runs/a") as run:
+        done = run.records  # episode id -> record
+        await run.append({"episode_id": "000000-t", "outcome": "ok"})
 
 May import: the standard library and :mod:`aenv_ray.errors` only: ``aenv rollout`` takes the lock
 before it imports Ray.

@@ -5,11 +5,10 @@ back. :class:`SDKSource` creates one :class:`aenv_ray.Environment` per acquire (
 when no server is configured); :class:`PoolSource` leases warm instances of a Ray
 :class:`~rollout.pool.RolloutPool` and awaits each call's ``ObjectRef``.
 
-    >>> # doctest: +SKIP
-    >>> source = SDKSource("mini-terminal@1.0.0")
-    >>> env = await source.acquire()
-    >>> await env.call_tool("execute_command", {"command": "ls"})
-    >>> await source.release(env)
+    source = SDKSource("mini-terminal@1.0.0")
+    env = await source.acquire()
+    await env.call_tool("execute_command", {"command": "ls"})
+    await source.release(env)
 """
 
 from __future__ import annotations

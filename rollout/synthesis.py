@@ -11,10 +11,9 @@ written and synced as it finishes, by the one driver that holds the directory's 
 rerun into the same directory skips the episodes already recorded (``retry_failed=True``: all
 but the failed ones) and reruns the one whose line a killed driver left torn.
 
-    >>> # doctest: +SKIP
-    >>> summary = run_synthesis("mini-terminal@1.0.0", episodes=8, concurrency=4, out="runs/a")
-    >>> summary.outcomes
-    {'ok': 8}
+    summary = run_synthesis("mini-terminal@1.0.0", episodes=8, concurrency=4, out="runs/a")
+    summary.outcomes
+    # {'ok': 8}
 
 A **policy** is ``async def policy(task: dict, env: AgentEnv) -> str | None``: it calls tools
 through ``env`` (recorded) and may return a final answer. Without one, the environment's scripted

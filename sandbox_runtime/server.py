@@ -11,9 +11,8 @@ interruption, the HTTP server failed), it calls :attr:`RuntimeServer.on_broken` 
 saying why, then ends the process with status ``BROKEN_EXIT_CODE`` (70), so that every caller gets
 ``InstanceBrokenError`` at once instead of a hang.
 
-    >>> # doctest: +SKIP
-    >>> server = RuntimeServer(load_project("builtin_envs/mini_terminal"), ports=[8080, 8081])
-    >>> server.run()   # blocks until SIGTERM/SIGINT
+    server = RuntimeServer(load_project("builtin_envs/mini_terminal"), ports=[8080, 8081])
+    server.run()   # blocks until SIGTERM/SIGINT
 """
 
 from __future__ import annotations

@@ -630,12 +630,8 @@ def test_all_is_a_sorted_list_of_names_the_module_defines(path: Path) -> None:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     names = _declared_all(tree)
     assert names is not None, "__all__ must be a literal list of strings"
-    if path.name == "__init__.py":  # a package's public names: plainly sorted
-        assert names == sorted(names), f"sort __all__: {sorted(names)}"
-    else:  # the linter's order (constants first)
-        assert names == sorted(names, key=_isort_key), (
-            f"sort __all__: {sorted(names, key=_isort_key)}"
-        )
+    # the linter's order (constants first), which ruff keeps (RUF022)
+    assert names == sorted(names, key=_isort_key), f"sort __all__: {sorted(names, key=_isort_key)}"
     assert len(names) == len(set(names)), "a name is listed twice"
     missing = set(names) - _top_level_names(tree)
     assert not missing, f"__all__ lists names the module does not define: {sorted(missing)}"
@@ -646,7 +642,7 @@ def test_every_package_declares_its_public_names_and_they_import(package: str) -
     module = importlib.import_module(package)
     names = list(getattr(module, "__all__", None) or [])
     assert hasattr(module, "__all__"), f"{package} has no __all__"
-    assert names == sorted(names)
+    assert names == sorted(names, key=_isort_key)
     missing = [n for n in names if not hasattr(module, n)]
     assert not missing
     assert all(not n.startswith("_") or n == "__version__" for n in names)

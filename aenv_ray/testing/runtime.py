@@ -1,11 +1,7 @@
-"""Helpers for testing environments and tools built on aenv-ray: public API.
+"""RuntimeProcess: a project served by ``python -m sandbox_runtime`` in a child process.
 
-:class:`RuntimeProcess` serves a project in a child process on free loopback ports, the way
-``aenv run`` does, and hands out :class:`~aenv_ray.Environment` objects attached to it:
-
-    with RuntimeProcess("path/to/project") as runtime:
-        async with runtime.environment() as env:
-            result = await env.call_tool("echo", {"text": "hi"})
+:class:`RuntimeProcess` serves a project on free loopback ports, the way ``aenv run`` does, and
+hands out :class:`~aenv_ray.Environment` objects attached to it (see the package docstring).
 """
 
 from __future__ import annotations

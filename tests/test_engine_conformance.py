@@ -1,0 +1,143 @@
+"""The engine conformance kit (``aenv_ray.testing.check_sandbox_engine``) over every engine:
+the local engine, the engine daemon's client, and a real hub's ``RemoteEngine``; and the kit
+itself catching an engine that breaks the contract.
+
+Each (engine, check) pair is one test, so a failure names both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aenv_ray import InstanceInfo, InstanceSpec, InstanceState, NotSupportedError
+from aenv_ray.engine import SandboxEngine
+from aenv_ray.hub import HubClient, RemoteEngine
+from aenv_ray.testing import ENGINE_CHECKS, ConformanceError, check_sandbox_engine
+from local_backend import LocalEngine
+from local_backend.client import DaemonEngine
+from tests._hub import HubProcess
+
+
+@pytest.fixture(scope="module")
+def daemon_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="aenv-k-"))  # short: it holds a Unix socket
+    yield path
+    asyncio.run(DaemonEngine(path).shutdown())
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubProcess]:
+    with HubProcess(tmp_path_factory.mktemp("conformance"), auth=False) as process:
+        yield process
+
+
+@pytest.fixture(params=["local", "daemon", "hub"])
+def factory(
+    request: pytest.FixtureRequest,
+) -> Callable[[], SandboxEngine]:
+    if request.param == "local":
+        return LocalEngine
+    if request.param == "daemon":
+        state = request.getfixturevalue("daemon_dir")
+        return lambda: DaemonEngine(state)
+    url = request.getfixturevalue("hub").url
+    return lambda: RemoteEngine(HubClient(url))
+
+
+@pytest.mark.parametrize("check", ENGINE_CHECKS)
+async def test_engine_keeps_the_contract(factory: Callable[[], SandboxEngine], check: str) -> None:
+    assert await check_sandbox_engine(factory, only=[check]) == [check]
+
+
+# -- the kit catches what it should -------------------------------------------------------------
+
+
+class _Lying:
+    """A local engine that breaks one rule of the contract, chosen by ``lie``."""
+
+    name = "lying"
+
+    def __init__(self, lie: str) -> None:
+        self.inner = LocalEngine()
+        self.lie = lie
+        self.closes_instances = lie != "keeps_instances"
+
+    async def create(self, spec: InstanceSpec, *, timeout: float = 60.0) -> InstanceInfo:
+        return await self.inner.create(spec, timeout=timeout)
+
+    async def get(self, instance_id: str) -> InstanceInfo:
+        info = await self.inner.get(instance_id)
+        if self.lie == "revives" and info.state is InstanceState.TERMINATED:
+            return InstanceInfo(info.id, info.env_ref, InstanceState.RUNNING, url=info.url)
+        return info
+
+    async def list(self, *, env_ref: str | None = None) -> list[InstanceInfo]:
+        found = await self.inner.list(env_ref=env_ref)
+        return found[::-1] if self.lie == "oldest_first" else found
+
+    async def delete(self, instance_id: str) -> InstanceInfo:
+        if self.lie == "delete_twice_fails":
+            info = await self.inner.get(instance_id)
+            if info.state is InstanceState.TERMINATED:
+                raise RuntimeError("already deleted")
+        return await self.inner.delete(instance_id)
+
+    async def renew(self, instance_id: str, ttl: float) -> InstanceInfo:
+        if self.lie == "renew_ignored":
+            return await self.inner.get(instance_id)
+        return await self.inner.renew(instance_id, ttl)
+
+    async def fork(self, instance_id: str, n: int, *, timeout: float = 60.0) -> list[InstanceInfo]:
+        if self.lie == "fork_refused_untyped":
+            raise RuntimeError("no forks here")
+        if self.lie == "fork_refused":
+            raise NotSupportedError("this engine cannot fork")
+        if self.lie == "fork_fresh":  # children that start from nothing, not from the parent
+            parent = await self.inner.get(instance_id)
+            spec = InstanceSpec(parent.env_ref, ttl=600.0)
+            fresh = [await self.inner.create(spec, timeout=timeout) for _ in range(n)]
+            return [_with_parent(i, instance_id) for i in fresh]
+        return await self.inner.fork(instance_id, n, timeout=timeout)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _with_parent(info: InstanceInfo, parent: str) -> InstanceInfo:
+    fields: dict[str, Any] = {k: getattr(info, k) for k in info.__dataclass_fields__}
+    return InstanceInfo(**{**fields, "parent": parent})
+
+
+@pytest.mark.parametrize(
+    ("lie", "check", "says"),
+    [
+        ("revives", "delete", "came back as InstanceState.RUNNING"),
+        ("oldest_first", "list", "is not newest first"),
+        ("delete_twice_fails", "delete", "already deleted"),
+        ("renew_ignored", "renew", "is not about now \\+ 3600"),
+        ("fork_refused_untyped", "fork", "no forks here"),
+        ("fork_fresh", "fork", "lost its state"),
+        ("keeps_instances", "aclose", "yet another engine does not find"),
+    ],
+)
+async def test_the_kit_names_the_broken_rule(lie: str, check: str, says: str) -> None:
+    with pytest.raises(ConformanceError, match=says) as caught:
+        await check_sandbox_engine(lambda: _Lying(lie), only=[check])
+    assert str(caught.value).startswith(f"{check}:")
+
+
+async def test_a_typed_fork_refusal_conforms() -> None:
+    assert await check_sandbox_engine(lambda: _Lying("fork_refused"), only=["fork"]) == ["fork"]
+
+
+async def test_unknown_check_names_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown checks \\['forks'\\]"):
+        await check_sandbox_engine(LocalEngine, only=["forks"])
