@@ -6,7 +6,7 @@ environment (:func:`register_tool`, :func:`register_function`, :func:`register_r
 (:class:`SandboxEngine`), ``config.json`` and wire models, settings, structured logging, the
 EnvHub client (:mod:`aenv_ray.hub`) and the ``aenv`` CLI.
 
-May import: pydantic, pydantic-settings, aiohttp, orjson, httpx, the mcp/fastmcp clients, typer and
+May import: pydantic, pydantic-settings, aiohttp, orjson, the mcp/fastmcp clients, typer and
 rich (CLI only); lazily, inside functions: ``local_backend`` (the embedded default engine),
 ``builtin_envs`` (finding built-ins by name) and platformdirs (where the settings file lives).
 Must not import at import time: ray, kubernetes, gymnasium, the runtime, ``local_backend``

@@ -195,12 +195,12 @@ def _covers(allowed: str, target: str) -> bool:
 
 
 RULES: dict[str, Rule] = {
-    # "May import: pydantic, pydantic-settings, aiohttp, orjson, httpx, the mcp/fastmcp clients,
+    # "May import: pydantic, pydantic-settings, aiohttp, orjson, the mcp/fastmcp clients,
     # typer and rich (CLI only); lazily, inside functions: ``local_backend`` (the embedded
     # default engine) and ``builtin_envs`` (finding built-ins by name). Must not import at import
     # time: ray, kubernetes, gymnasium, the runtime."
     "aenv_ray": Rule(
-        may=frozenset({"pydantic", "pydantic_settings", "aiohttp", "orjson", "httpx", "mcp"}),
+        may=frozenset({"pydantic", "pydantic_settings", "aiohttp", "orjson", "mcp"}),
         lazy=frozenset({"local_backend", "builtin_envs", "platformdirs"}),
         must_not=frozenset({"ray", "kubernetes", "gymnasium", "sandbox_runtime", "local_backend"}),
         at_import_time=True,
@@ -210,9 +210,7 @@ RULES: dict[str, Rule] = {
     # "May import: typer, rich, ``aenv_ray``, ``sandbox_runtime`` and ``rollout`` (inside
     # commands)." The CLI is part of aenv_ray, so aenv_ray's own allowances hold there too.
     "aenv_ray.cli": Rule(
-        may=frozenset(
-            {"typer", "rich", "pydantic", "pydantic_settings", "aiohttp", "orjson", "httpx"}
-        ),
+        may=frozenset({"typer", "rich", "pydantic", "pydantic_settings", "aiohttp", "orjson"}),
         lazy=frozenset(
             {
                 "sandbox_runtime",
@@ -228,7 +226,7 @@ RULES: dict[str, Rule] = {
     ),
     # the test helpers start runtimes; they may use the runtime (as the CLI may)
     "aenv_ray.testing": Rule(
-        may=frozenset({"pydantic", "aiohttp", "orjson", "httpx", "sandbox_runtime"}),
+        may=frozenset({"pydantic", "aiohttp", "orjson", "sandbox_runtime"}),
         must_not=frozenset({"ray", "kubernetes", "gymnasium"}),
     ),
     # "May import: ``aenv_ray`` (models, registry, errors), fastmcp (server side),
@@ -646,3 +644,49 @@ def test_every_package_declares_its_public_names_and_they_import(package: str) -
     missing = [n for n in names if not hasattr(module, n)]
     assert not missing
     assert all(not n.startswith("_") or n == "__version__" for n in names)
+
+
+# -- dependencies match imports ---------------------------------------------------------------
+
+# a distribution whose import name is not its normalized name
+_IMPORT_NAMES = {"openai-agents": "agents", "pydantic-core": "pydantic_core"}
+# declared, yet no source imports it (yet): each with why; the list only shrinks
+_DECLARED_UNUSED = {"kubernetes": "k8s_backend's engine (the Kubernetes engine issue) uses it"}
+
+
+def _requirement_names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[\[<>=!~; ]", r, maxsplit=1)[0].strip().lower() for r in requirements}
+
+
+def _declared() -> tuple[set[str], set[str]]:
+    """(import names of the runtime dependencies, of the optional/dev ones)."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    extras = [r for reqs in project.get("optional-dependencies", {}).values() for r in reqs]
+
+    def imports(names: set[str]) -> set[str]:
+        return {_IMPORT_NAMES.get(n, n.replace("-", "_")) for n in names}
+
+    return imports(_requirement_names(project["dependencies"])), imports(_requirement_names(extras))
+
+
+def test_dependencies_match_imports() -> None:
+    required, optional = _declared()
+    used = {
+        i.root
+        for i in IMPORTS
+        if i.root not in STDLIB
+        and i.root not in PACKAGES
+        and i.root != "__future__"
+        and i.root not in _project_siblings(i.path)
+    }
+    undeclared = used - required - optional
+    assert not undeclared, f"imported, not declared in pyproject.toml: {sorted(undeclared)}"
+    unused = required - used - set(_DECLARED_UNUSED)
+    assert not unused, f"required, imported by no source (move to dev or drop): {sorted(unused)}"
+    stale = {name for name in _DECLARED_UNUSED if name in used or name not in required}
+    assert not stale, f"remove from _DECLARED_UNUSED: {sorted(stale)}"
+    # an optional dependency is imported lazily only: the package works without it
+    eager = [i for i in IMPORTS if i.root in optional - required and i.top_level]
+    assert not eager, _violations("optional dependencies are imported inside functions", eager)
