@@ -16,6 +16,7 @@ An instance moves ``PENDING -> RUNNING -> TERMINATED``; a terminated instance ke
 from __future__ import annotations
 
 import atexit
+import builtins
 import enum
 import threading
 from collections.abc import Mapping, Sequence
@@ -147,7 +148,7 @@ class SandboxEngine(Protocol):
         """The instance's current state; terminated ones keep their reason."""
         ...
 
-    async def list(self, *, env_ref: str | None = None) -> list[InstanceInfo]:
+    async def list(self, *, env_ref: str | None = None) -> builtins.list[InstanceInfo]:
         """Instances this engine knows, newest first, optionally of one definition."""
         ...
 
@@ -159,7 +160,9 @@ class SandboxEngine(Protocol):
         """Set the instance to expire ``ttl`` seconds from now."""
         ...
 
-    async def fork(self, instance_id: str, n: int, *, timeout: float = 60.0) -> list[InstanceInfo]:
+    async def fork(
+        self, instance_id: str, n: int, *, timeout: float = 60.0
+    ) -> builtins.list[InstanceInfo]:
         """``n`` new running instances whose state equals the instance's at this moment."""
         ...
 

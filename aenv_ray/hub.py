@@ -16,6 +16,7 @@ Nothing is pooled across event loops: a client belongs to the loop that first us
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import hashlib
 from collections.abc import Mapping
@@ -417,7 +418,9 @@ class RemoteEngine:
         """Expire ``ttl`` seconds from now."""
         return self._info(await self.client.renew_instance(instance_id, ttl))
 
-    async def fork(self, instance_id: str, n: int, *, timeout: float = 60.0) -> list[InstanceInfo]:
+    async def fork(
+        self, instance_id: str, n: int, *, timeout: float = 60.0
+    ) -> builtins.list[InstanceInfo]:
         """``n`` copies, made by the hub's engine."""
         return [self._info(d) for d in await self.client.fork_instance(instance_id, n)]
 

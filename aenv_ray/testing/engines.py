@@ -25,7 +25,13 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from aenv_ray.engine import InstanceInfo, InstanceSpec, InstanceState, SandboxEngine
+from aenv_ray.engine import (
+    InstanceInfo,
+    InstanceSpec,
+    InstanceState,
+    SandboxEngine,
+    TerminationReason,
+)
 from aenv_ray.environment import Environment
 from aenv_ray.errors import (
     AEnvError,
@@ -123,7 +129,7 @@ async def _answers(info: InstanceInfo) -> bool:
     """True when the instance's runtime answers a health check at ``info.url``."""
     try:
         async with Environment.attach(info.url or "", token=info.token) as env:
-            return await env.check_health()
+            return (await env.check_health()).get("status") == "healthy"
     except InstanceError:
         return False
 
@@ -293,8 +299,8 @@ async def _check_ttl_expiry(run: _Run) -> None:
 
     _expect(await _until(expired, 30.0 + run.timeout), c, f"{info.id} outlived its 2 s TTL")
     if ended:
-        _expect(ended[0].reason is not None, c, "an expired instance has no reason")
-        _expect(ended[0].reason.value == "expired", c, f"its reason is {ended[0].reason}")
+        reason = ended[0].reason
+        _expect(reason is TerminationReason.EXPIRED, c, f"its reason is {reason}, not expired")
 
 
 def _spec_fields(spec: InstanceSpec) -> dict[str, Any]:

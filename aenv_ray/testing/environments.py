@@ -170,9 +170,10 @@ async def check_environment(
                 problems.append(
                     f"tool {name}: {arguments} gave a {kind} result: {result.text[:300]}{hint}"
                 )
-        report.healthy = await env.check_health()
+        health = await env.check_health()
+        report.healthy = health.get("status") == "healthy"
         if not report.healthy:
-            problems.append("its health check says it is not healthy")
+            problems.append(f"its health check says it is not healthy: {health}")
     finally:
         await env.release()
     if problems:
