@@ -107,16 +107,7 @@ def serve(
     configure_logging(log_level.upper())
     root = _data_dir(data_dir)
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if engine == "local":
-        from local_backend.client import DaemonEngine
-
-        sandbox: Any = DaemonEngine(root / "engine")
-    elif engine == "inprocess":
-        from local_backend import LocalEngine
-
-        sandbox = LocalEngine()
-    else:
-        raise typer.BadParameter(f"`{engine}`: use local or inprocess", param_hint="--engine")
+    sandbox = _engine(engine, root)
     options = HubOptions(
         auth=auth,
         data_dir=root,
@@ -126,7 +117,7 @@ def serve(
     )
     store_url = store or default_store_url()
 
-    def ready(url: str) -> None:
+    def ready(url: str) -> None:  # the line tests and scripts wait for
         mode = "on" if auth else "off (loopback only)"
         print(
             f"EnvHub on {url} (store {_safe(store_url)}, engine {engine}, auth {mode}); "
@@ -153,6 +144,20 @@ def serve(
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
+
+
+def _engine(kind: str, root: Path) -> Any:
+    """The hub's sandbox engine: ``local``, the engine daemon under ``root/engine`` (instances
+    outlive a hub restart); ``inprocess``, a local engine in this process."""
+    if kind == "local":
+        from local_backend.client import DaemonEngine
+
+        return DaemonEngine(root / "engine")
+    if kind == "inprocess":
+        from local_backend import LocalEngine
+
+        return LocalEngine()
+    raise typer.BadParameter(f"`{kind}`: use local or inprocess", param_hint="--engine")
 
 
 def _safe(url: str) -> str:
