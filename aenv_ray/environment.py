@@ -48,6 +48,7 @@ from aenv_ray.engine import (
     TerminationReason,
     default_engine,
 )
+from aenv_ray.envref import EnvRef
 from aenv_ray.errors import (
     AEnvError,
     AuthenticationError,
@@ -450,9 +451,7 @@ class Environment:
             self.env_name = served
             assert self._client is not None
             self._client.env_name = served
-        elif (asked := self.env_name.rpartition("/")[2]) != served and (  # hub: tenant/name
-            served.split("@")[0] != asked
-        ):
+        elif not _serves(served, self.env_name):
             log.warning(
                 "runtime serves another environment",
                 extra={"requested": self.env_name, "served": served},
@@ -603,7 +602,7 @@ class Environment:
         if "/" in name:
             env, tool = name.rsplit("/", 1)
             accepted = {self.env_name, self._served_ref or self.env_name}
-            if env not in accepted and env.split("@")[0] not in accepted:
+            if env not in accepted and _unversioned(env) not in accepted:
                 return ToolResult(
                     content=[
                         {
@@ -755,3 +754,21 @@ class Environment:
 
     def __repr__(self) -> str:
         return f"Environment({self.env_name!r}, state={self._state}, url={self.url!r})"
+
+
+def _serves(served: str, asked: str) -> bool:
+    """True when a runtime serving ``served`` (``name@version``) is what ``asked`` names: the
+    same ``name@version``, or its name alone (a hub's ``tenant/`` prefix aside)."""
+    try:
+        got, wanted = EnvRef.parse(served), EnvRef.parse(asked)
+    except ConfigurationError:  # a name attach() was given: compare the text
+        return served == asked
+    return wanted.bare == got.bare or (wanted.version is None and wanted.name == got.name)
+
+
+def _unversioned(text: str) -> str:
+    """``text`` without its ``@version`` (``text`` itself when it is no environment reference)."""
+    try:
+        return str(EnvRef.parse(text).without_version())
+    except ConfigurationError:
+        return text

@@ -49,6 +49,7 @@ from aenv_ray.engine import (
     TerminationReason,
     info_to_json,
 )
+from aenv_ray.envref import EnvRef
 from aenv_ray.errors import (
     AEnvError,
     ConfigurationError,
@@ -66,8 +67,8 @@ from envhub.limits import (
     instance_ttl,
     over,
 )
-from envhub.registry import Registry, split_ref
-from envhub.resolve import Definition, resolve, split_tenant
+from envhub.registry import Registry
+from envhub.resolve import Definition, resolve
 from envhub.store import Document, Store
 
 __all__ = ["ControlPlane"]
@@ -246,7 +247,7 @@ class ControlPlane:
             for d in (await self.store.list(INSTANCES)).values()
             if d.get("tenant") == caller.tenant
             and (include_terminated or d["state"] != InstanceState.TERMINATED.value)
-            and (env is None or d["env_ref"] == env or split_ref(d["env_ref"])[0] == env)
+            and (env is None or EnvRef.parse(d["env_ref"]).is_selected_by(env))
         ]
         return sorted(docs, key=lambda d: d["created_at"], reverse=True)
 
@@ -448,7 +449,7 @@ class ControlPlane:
             now = time.time()
             doc: Document = {
                 "id": sid,
-                "name": name or split_ref(split_tenant(found.ref)[1])[0],
+                "name": name or EnvRef.parse(found.ref).name,
                 "tenant": caller.tenant,
                 "env_ref": found.ref,
                 "replicas": replicas,

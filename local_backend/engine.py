@@ -56,6 +56,7 @@ from aenv_ray.engine import (
     InstanceState,
     TerminationReason,
 )
+from aenv_ray.envref import EnvRef
 from aenv_ray.errors import (
     AEnvError,
     CapacityError,
@@ -321,7 +322,7 @@ class LocalEngine:
     async def _list(self, env_ref: str | None) -> builtins.list[InstanceInfo]:
         infos = [r.info for r in reversed(self._records.values())]
         if env_ref is not None:
-            infos = [i for i in infos if i.env_ref == env_ref or i.env_ref.split("@")[0] == env_ref]
+            infos = [i for i in infos if EnvRef.parse(i.env_ref).is_selected_by(env_ref)]
         return infos
 
     async def _delete(

@@ -34,6 +34,7 @@ from ray.util.scheduling_strategies import (
     PlacementGroupSchedulingStrategy,
 )
 
+from aenv_ray.envref import EnvRef
 from aenv_ray.errors import AcquireTimeoutError, ConfigurationError, LeaseLostError
 from rollout._actor import limiter_actor, pool_actor_class
 from rollout._ray import alive_nodes, ensure_ray, get, translate
@@ -117,7 +118,7 @@ class RolloutPool:
         ensure_ray()
         self.spec = PoolSpec(
             env_name=env_name,
-            name=name or f"{env_name.split('@')[0]}-{uuid.uuid4().hex[:6]}",
+            name=name or f"{EnvRef.parse(env_name).name}-{uuid.uuid4().hex[:6]}",
             project=project,
             engine=engine,
             ttl=PoolSpec.parse_ttl(ttl),
