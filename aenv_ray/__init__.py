@@ -3,14 +3,16 @@
 Owns the public SDK (:class:`Environment`, :class:`ToolResult`), the decorators that define an
 environment (:func:`register_tool`, :func:`register_function`, :func:`register_reward`,
 :func:`register_health`), the error tree (:mod:`aenv_ray.errors`), the engine contract
-(:class:`SandboxEngine`), ``config.json`` and wire models, settings, structured logging, the
-EnvHub client (:mod:`aenv_ray.hub`) and the ``aenv`` CLI.
+(:class:`SandboxEngine`), ``config.json`` and wire models, environment references
+(:mod:`aenv_ray.envref`), the bundle format (:mod:`aenv_ray.bundle`), settings, structured
+logging, the EnvHub client (:mod:`aenv_ray.hub`) and the ``aenv`` CLI.
 
-May import: pydantic, pydantic-settings, aiohttp, orjson, httpx, the mcp/fastmcp clients, typer and
-rich (CLI only); lazily, inside functions: ``local_backend`` (the embedded default engine),
-``builtin_envs`` (finding built-ins by name) and platformdirs (where the settings file lives).
-Must not import at import time: ray, kubernetes, gymnasium, the runtime, ``local_backend``
-(:func:`default_engine` imports it when first called: the one lazy import of an engine).
+May import: pydantic, pydantic-settings, aiohttp, orjson, httpx, the mcp/fastmcp clients, packaging
+(requirement specifiers in a bundle's lock), typer and rich (CLI only); lazily, inside functions:
+``local_backend`` (the embedded default engine), ``builtin_envs`` (finding built-ins by name) and
+platformdirs (where the settings file lives). Must not import at import time: ray, kubernetes,
+gymnasium, the runtime, ``local_backend`` (:func:`default_engine` imports it when first called: the
+one lazy import of an engine).
 
     >>> import aenv_ray, sys
     >>> any(m in sys.modules for m in ("ray", "kubernetes", "gymnasium"))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
@@ -27,6 +26,7 @@ import aiohttp
 import orjson
 
 from aenv_ray import errors
+from aenv_ray.bundle import digest_of
 from aenv_ray.engine import InstanceInfo, InstanceSpec, info_from_json
 from aenv_ray.errors import (
     AEnvError,
@@ -36,14 +36,9 @@ from aenv_ray.errors import (
     ProtocolError,
 )
 
-__all__ = ["DIGEST_HEADER", "HubClient", "RemoteEngine", "digest_of", "reachable"]
+__all__ = ["DIGEST_HEADER", "HubClient", "RemoteEngine", "reachable"]
 
 DIGEST_HEADER = "X-Aenv-Digest"
-
-
-def digest_of(data: bytes) -> str:
-    """``"sha256:<hex>"`` of ``data``: how bundles are addressed."""
-    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def _error_class(name: str, status: int) -> type[AEnvError]:

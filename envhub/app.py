@@ -438,7 +438,7 @@ def create_app(store: Store, engine: SandboxEngine, options: HubOptions | None =
         data = b"".join(chunks)
         if not data:
             raise ArtifactError("the upload is empty: send the bundle `aenv build` wrote")
-        from envhub.bundle import inspect_bundle
+        from aenv_ray.bundle import inspect_bundle
 
         checked = inspect_bundle(
             data, max_size=options.max_bundle, expected_digest=request.headers.get(DIGEST_HEADER)

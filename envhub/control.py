@@ -143,7 +143,7 @@ class ControlPlane:
         """Load an uploaded bundle in a sandbox of the engine's; its manifest (None when the
         engine cannot inspect). A bundle that does not load raises DefinitionError and leaves
         nothing behind; one that does stays unpacked where instances will need it."""
-        from envhub.bundle import extract_bundle
+        from aenv_ray.bundle import extract_bundle
 
         inspect = getattr(self.engine, "inspect", None)
         if inspect is None:

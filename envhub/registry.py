@@ -1,6 +1,6 @@
 """The registry of environment definitions: publish, look up, search, deprecate, delete.
 
-A version is published once, from a bundle made by ``aenv build`` (see :mod:`envhub.bundle`),
+A version is published once, from a bundle made by ``aenv build`` (see :mod:`aenv_ray.bundle`),
 and never changes: its record holds the bundle's digest (in ``digest`` and in the config's
 ``artifacts``), and publishing the same ``name@version`` again is a
 :class:`~aenv_ray.errors.VersionConflictError`, even after it was deleted (deletion leaves a
@@ -14,7 +14,7 @@ Publishing is crash-safe: the bundle is stored first (content-addressed, marked 
 progress), then the version record is created in one atomic step; a crash in between leaves an
 unreferenced blob, which :meth:`Registry.collect_garbage` removes, never a partial version.
 
-May import: the standard library, ``aenv_ray``, ``envhub`` (store, bundle).
+May import: the standard library, ``aenv_ray`` (the bundle format among it), ``envhub`` (store).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from envhub.names import name_key
 from envhub.store import Document, Store
 
 if TYPE_CHECKING:
-    from envhub.bundle import BundleInfo
+    from aenv_ray.bundle import BundleInfo
 
 __all__ = ["DEFAULT_MAX_BUNDLE", "Registry", "hub_names"]
 
@@ -81,7 +81,7 @@ class Registry:
         tenant's ``bundle_bytes``) and :class:`~aenv_ray.errors.VersionConflictError` (already
         published, or deleted).
         """
-        from envhub.bundle import inspect_bundle
+        from aenv_ray.bundle import inspect_bundle
 
         info = inspect_bundle(data, max_size=self.max_bundle, expected_digest=expected_digest)
         # one push of a tenant at a time on this hub: its quota is checked against the others;

@@ -15,7 +15,7 @@ A tenant therefore never runs another's code because of a name alone: not when i
 name, not when another tenant publishes a name it uses later, and not through a service, whose
 record keeps the resolved form (``alice/notes@1.0.0`` when another tenant's).
 
-May import: the standard library, ``aenv_ray``, ``envhub`` (registry, bundle).
+May import: the standard library, ``aenv_ray`` (the bundle format among it), ``envhub`` (registry).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def _local(local: dict[str, Path], wanted: EnvRef) -> str | None:
 
 
 async def _unpack(registry: Registry, data_dir: Path, doc: Document) -> Path:
-    from envhub.bundle import extract_bundle
+    from aenv_ray.bundle import extract_bundle
 
     dest = data_dir / "bundles" / str(doc["digest"]).replace(":", "-")
     if (dest / ".aenv-digest").is_file():

@@ -5,7 +5,8 @@ The hub is ``AENV_SYSTEM_URL`` (``aenv config set url URL``) and the key ``AENV_
 (``aenv config set api-key KEY``); the variables win over the file. Every hub error comes back
 as its :mod:`aenv_ray.errors` class and leaves through ``aenv``'s one-line error rule.
 
-May import: typer, rich, ``aenv_ray``; inside commands: ``envhub.bundle``.
+May import: typer, rich, ``aenv_ray`` (its bundle format inside commands). Not ``envhub`` nor
+the runtime: the load check before a push runs in a sandbox (``_loadcheck``).
 """
 
 from __future__ import annotations
@@ -88,13 +89,12 @@ def push(
 ) -> None:
     """Publish a project (or a built bundle) to the hub as its name@version."""
     if path.is_dir():
-        from envhub.bundle import build_bundle
+        from aenv_ray.bundle import build_bundle
 
         bundle = build_bundle(path)
         data, digest, ref = bundle.data, bundle.digest, bundle.config.ref
     else:
-        from aenv_ray.hub import digest_of
-        from envhub.bundle import inspect_bundle
+        from aenv_ray.bundle import digest_of, inspect_bundle
 
         data = path.read_bytes()
         info = inspect_bundle(data, max_size=max(len(data), 1))
@@ -128,7 +128,7 @@ def pull(
     ] = None,
 ) -> None:
     """Download a version's bundle (its digest checked) and unpack it as a project."""
-    from envhub.bundle import extract_bundle
+    from aenv_ray.bundle import extract_bundle
 
     wanted = _ref(ref)
 
