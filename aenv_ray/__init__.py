@@ -19,6 +19,8 @@ one lazy import of an engine).
     False
 """
 
+from typing import Any
+
 from aenv_ray.config import EnvConfig
 from aenv_ray.engine import (
     InstanceInfo,
@@ -68,7 +70,7 @@ from aenv_ray.errors import (
 )
 from aenv_ray.protocol import ToolErrorKind, ToolResult
 from aenv_ray.registry import (
-    Registry,
+    DefinitionRegistry,
     register_function,
     register_health,
     register_reward,
@@ -89,6 +91,7 @@ __all__ = [
     "CapacityError",
     "ConfigurationError",
     "DefinitionError",
+    "DefinitionRegistry",
     "EnvConfig",
     "Environment",
     "EnvironmentNotFoundError",
@@ -108,7 +111,6 @@ __all__ = [
     "PermissionDeniedError",
     "ProtocolError",
     "QuotaExceededError",
-    "Registry",
     "RegistryError",
     "ResponseTooLargeError",
     "SandboxEngine",
@@ -132,3 +134,18 @@ __all__ = [
     "register_reward",
     "register_tool",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``aenv_ray.Registry``: the old name of :class:`DefinitionRegistry`, kept for a while."""
+    if name == "Registry":
+        import warnings
+
+        warnings.warn(
+            "aenv_ray.Registry is now aenv_ray.DefinitionRegistry (the hub's registry of "
+            "versions is envhub.registry.VersionRegistry); import the new name",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return DefinitionRegistry
+    raise AttributeError(f"module 'aenv_ray' has no attribute {name!r}")

@@ -67,7 +67,7 @@ from envhub.limits import (
     instance_ttl,
     over,
 )
-from envhub.registry import Registry
+from envhub.registry import VersionRegistry
 from envhub.resolve import Definition, resolve
 from envhub.store import Document, Store
 
@@ -87,7 +87,7 @@ class ControlPlane:
 
     store: Store
     engine: SandboxEngine
-    registry: Registry
+    registry: VersionRegistry
     data_dir: Path
     reap_interval: float = 1.0
     sync_interval: float = 5.0

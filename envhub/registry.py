@@ -12,7 +12,7 @@ most its ``bundle_bytes`` quota (:mod:`envhub.limits`).
 
 Publishing is crash-safe: the bundle is stored first (content-addressed, marked as an upload in
 progress), then the version record is created in one atomic step; a crash in between leaves an
-unreferenced blob, which :meth:`Registry.collect_garbage` removes, never a partial version.
+unreferenced blob, which :meth:`VersionRegistry.collect_garbage` removes, never a partial version.
 
 May import: the standard library, ``aenv_ray`` (the bundle format among it), ``envhub`` (store).
 """
@@ -41,7 +41,7 @@ from envhub.store import Document, Store
 if TYPE_CHECKING:
     from aenv_ray.bundle import BundleInfo
 
-__all__ = ["DEFAULT_MAX_BUNDLE", "Registry", "hub_names"]
+__all__ = ["DEFAULT_MAX_BUNDLE", "VersionRegistry", "hub_names"]
 
 DEFAULT_MAX_BUNDLE = 64 * 1024 * 1024
 """Bytes a bundle may have (``aenv serve --max-bundle``)."""
@@ -60,8 +60,10 @@ def hub_names() -> list[str]:
 
 
 @dataclass
-class Registry:
-    """The registry's operations over a :class:`~envhub.store.Store`."""
+class VersionRegistry:
+    """The hub's registry of published versions: its operations over a
+    :class:`~envhub.store.Store` (not :class:`aenv_ray.registry.DefinitionRegistry`, what one
+    environment's decorators register)."""
 
     store: Store
     max_bundle: int = DEFAULT_MAX_BUNDLE

@@ -28,7 +28,7 @@ from aenv_ray.config import EnvConfig
 from aenv_ray.envref import EnvRef, closest
 from aenv_ray.errors import EnvironmentNotFoundError
 from aenv_ray.resolve import available_environments
-from envhub.registry import Registry
+from envhub.registry import VersionRegistry
 from envhub.store import Document
 
 __all__ = ["Definition", "resolve"]
@@ -45,7 +45,7 @@ class Definition:
     warnings: list[str] = field(default_factory=list)
 
 
-async def resolve(registry: Registry, data_dir: Path, tenant: str, ref: str) -> Definition:
+async def resolve(registry: VersionRegistry, data_dir: Path, tenant: str, ref: str) -> Definition:
     """The definition ``ref`` names for ``tenant`` (see the module's rule); its bundle is
     unpacked once into ``data_dir/bundles/<digest>``."""
     wanted = EnvRef.parse(ref)
@@ -95,7 +95,7 @@ def _local(local: dict[str, Path], wanted: EnvRef) -> str | None:
     return None
 
 
-async def _unpack(registry: Registry, data_dir: Path, doc: Document) -> Path:
+async def _unpack(registry: VersionRegistry, data_dir: Path, doc: Document) -> Path:
     from aenv_ray.bundle import extract_bundle
 
     dest = data_dir / "bundles" / str(doc["digest"]).replace(":", "-")

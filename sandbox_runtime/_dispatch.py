@@ -26,7 +26,7 @@ import pydantic_core
 
 from aenv_ray.envref import did_you_mean
 from aenv_ray.protocol import MAX_RESPONSE_BYTES, ToolErrorKind, ToolResult, json_problem
-from aenv_ray.registry import Kind, Registered, Registry
+from aenv_ray.registry import DefinitionRegistry, Kind, Registered
 from aenv_ray.signature import format_validation_error
 from sandbox_runtime import _limits
 from sandbox_runtime._limits import InstanceLimits, LimitHit
@@ -94,7 +94,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        registry: Registry,
+        registry: DefinitionRegistry,
         *,
         env_ref: str,
         runner: SyncRunner,
