@@ -31,6 +31,7 @@ from aenv_ray.engine import InstanceInfo, InstanceSpec, info_from_json
 from aenv_ray.errors import (
     AEnvError,
     ArtifactError,
+    ClosedError,
     ConfigurationError,
     HubUnreachableError,
     ProtocolError,
@@ -67,6 +68,7 @@ class HubClient:
         self.api_key = api_key
         self.timeout = timeout
         self._session: aiohttp.ClientSession | None = None
+        self._closed = False
 
     async def __aenter__(self) -> HubClient:
         return self
@@ -80,7 +82,9 @@ class HubClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the connections. Idempotent."""
+        """Close the connections. Idempotent; requests after it raise
+        :class:`~aenv_ray.errors.ClosedError`."""
+        self._closed = True
         session, self._session = self._session, None
         if session is not None:
             await session.close()
@@ -91,6 +95,8 @@ class HubClient:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def _get_session(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise ClosedError(f"the hub client of {self.url} is closed; create a new HubClient")
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 headers=self.headers,

@@ -60,6 +60,7 @@ from aenv_ray.envref import EnvRef
 from aenv_ray.errors import (
     AEnvError,
     CapacityError,
+    ClosedError,
     ConfigurationError,
     DefinitionError,
     EnvironmentNotFoundError,
@@ -166,7 +167,10 @@ class LocalEngine:
     async def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._closed:
             coro.close()
-            raise ConfigurationError("the local engine is closed; create a new one")
+            raise ClosedError(
+                f"the local engine {self.owner} is closed (its instances were deleted); create "
+                "a new LocalEngine"
+            )
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         return await asyncio.wrap_future(future)
 

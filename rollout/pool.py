@@ -35,7 +35,12 @@ from ray.util.scheduling_strategies import (
 )
 
 from aenv_ray.envref import EnvRef
-from aenv_ray.errors import AcquireTimeoutError, ConfigurationError, LeaseLostError
+from aenv_ray.errors import (
+    AcquireTimeoutError,
+    ClosedError,
+    ConfigurationError,
+    LeaseLostError,
+)
 from rollout._actor import limiter_actor, pool_actor_class
 from rollout._ray import alive_nodes, ensure_ray, get, translate
 from rollout.lease import Lease, LeaseInfo, current_owner
@@ -219,7 +224,7 @@ class RolloutPool:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise ConfigurationError(f"pool `{self.name}` is closed; create a new RolloutPool")
+            raise ClosedError(f"pool `{self.name}` is closed; create a new RolloutPool")
 
     # -- leases ----------------------------------------------------------------------------------
     def acquire(self, *, timeout: float = 60.0, attempt: int = 0) -> Lease:
