@@ -343,7 +343,7 @@ async def test_reward_missing_is_function_not_found(tmp_path: Path) -> None:
                 await env.call_reward({})
 
 
-async def test_dummy_instance_ip_local_mode(
+async def test_dummy_instance_ip_aenv_run_mode(
     probe_runtime: RuntimeProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DUMMY_INSTANCE_IP", probe_runtime.url)

@@ -68,10 +68,11 @@ def serve(
     engine: Annotated[
         str,
         typer.Option(
-            help="local: the local engine in its own daemon (instances outlive a hub restart); "
-            "inprocess: in this process (instances end with it)"
+            help="daemon: the local engine in an engine daemon of its own (instances outlive a "
+            "hub restart; `local` is its old name); inprocess: the local engine in this process "
+            "(instances end with it)"
         ),
-    ] = "local",
+    ] = "daemon",
     max_bundle: Annotated[str, typer.Option(help="largest bundle accepted, e.g. 64M")] = "64M",
     datasource_root: Annotated[
         Path | None, typer.Option(help="instances may mount directories under this as /data")
@@ -107,7 +108,7 @@ def serve(
     configure_logging(log_level.upper())
     root = _data_dir(data_dir)
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if engine == "local":
+    if engine in ("daemon", "local"):  # `local`: the old name, kept for scripts
         from local_backend.client import DaemonEngine
 
         sandbox: Any = DaemonEngine(root / "engine")
@@ -116,7 +117,7 @@ def serve(
 
         sandbox = LocalEngine()
     else:
-        raise typer.BadParameter(f"`{engine}`: use local or inprocess", param_hint="--engine")
+        raise typer.BadParameter(f"`{engine}`: use daemon or inprocess", param_hint="--engine")
     options = HubOptions(
         auth=auth,
         data_dir=root,
