@@ -47,7 +47,6 @@ from urllib.parse import parse_qsl
 import orjson
 
 from aenv_ray import protocol as p
-from aenv_ray.envref import EnvRef
 from aenv_ray.net import is_local_host, media_type
 from aenv_ray.registry import Kind
 from sandbox_runtime import _limits
@@ -134,10 +133,9 @@ class RuntimeApp:
         self._tools_payload = orjson.dumps(
             {"tools": [entry.describe() for entry in registry.tools.values()]}
         )
-        served = EnvRef.parse(dispatcher.env_ref)
         self._info = {
-            "name": served.name,
-            "version": served.version,
+            "name": dispatcher.env_ref.split("@", 1)[0],
+            "version": dispatcher.env_ref.split("@", 1)[-1],
             "ref": dispatcher.env_ref,
             "tools": sorted(registry.tools),
             "functions": sorted(registry.functions),
