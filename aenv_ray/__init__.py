@@ -3,19 +3,24 @@
 Owns the public SDK (:class:`Environment`, :class:`ToolResult`), the decorators that define an
 environment (:func:`register_tool`, :func:`register_function`, :func:`register_reward`,
 :func:`register_health`), the error tree (:mod:`aenv_ray.errors`), the engine contract
-(:class:`SandboxEngine`), ``config.json`` and wire models, settings, structured logging, the
-EnvHub client (:mod:`aenv_ray.hub`) and the ``aenv`` CLI.
+(:class:`SandboxEngine`), ``config.json`` and wire models, environment references
+(:mod:`aenv_ray.envref`), the bundle format (:mod:`aenv_ray.bundle`), settings, structured
+logging, the EnvHub client (:mod:`aenv_ray.hub`) and the ``aenv`` CLI.
 
-May import: pydantic, pydantic-settings, aiohttp, orjson, the mcp/fastmcp clients, typer and
-rich (CLI only); lazily, inside functions: ``local_backend`` (the embedded default engine),
-``builtin_envs`` (finding built-ins by name) and platformdirs (where the settings file lives).
-Must not import at import time: ray, kubernetes, gymnasium, the runtime, ``local_backend``
-(:func:`default_engine` imports it when first called: the one lazy import of an engine).
+May import: pydantic, pydantic-settings, aiohttp, orjson, the mcp/fastmcp clients, packaging
+(requirement specifiers in a bundle's lock), typer and rich (CLI only); lazily, inside functions:
+``local_backend`` (the embedded default engine), ``builtin_envs`` (finding built-ins by name) and
+platformdirs (where the settings file lives). Must not import at import time: ray, kubernetes,
+gymnasium, the runtime, ``local_backend`` (:func:`default_engine` imports it when first called: the
+one lazy import of an engine).
 
-    >>> import aenv_ray, sys
-    >>> any(m in sys.modules for m in ("ray", "kubernetes", "gymnasium"))
-    False
+In a fresh interpreter (``tests/test_architecture.py`` checks it)::
+
+    import aenv_ray, sys
+    assert not any(m in sys.modules for m in ("ray", "kubernetes", "gymnasium"))
 """
+
+from typing import Any
 
 from aenv_ray.config import EnvConfig
 from aenv_ray.engine import (
@@ -35,6 +40,7 @@ from aenv_ray.errors import (
     AuthenticationError,
     CallTimeoutError,
     CapacityError,
+    ClosedError,
     ConfigurationError,
     DefinitionError,
     EnvironmentNotFoundError,
@@ -67,7 +73,7 @@ from aenv_ray.errors import (
 )
 from aenv_ray.protocol import ToolErrorKind, ToolResult
 from aenv_ray.registry import (
-    Registry,
+    DefinitionRegistry,
     register_function,
     register_health,
     register_reward,
@@ -86,8 +92,10 @@ __all__ = [
     "AuthenticationError",
     "CallTimeoutError",
     "CapacityError",
+    "ClosedError",
     "ConfigurationError",
     "DefinitionError",
+    "DefinitionRegistry",
     "EnvConfig",
     "Environment",
     "EnvironmentNotFoundError",
@@ -108,7 +116,6 @@ __all__ = [
     "PermissionDeniedError",
     "ProtocolError",
     "QuotaExceededError",
-    "Registry",
     "RegistryError",
     "ResponseTooLargeError",
     "SandboxEngine",
@@ -132,3 +139,18 @@ __all__ = [
     "register_reward",
     "register_tool",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``aenv_ray.Registry``: the old name of :class:`DefinitionRegistry`, kept for a while."""
+    if name == "Registry":
+        import warnings
+
+        warnings.warn(
+            "aenv_ray.Registry is now aenv_ray.DefinitionRegistry (the hub's registry of "
+            "versions is envhub.registry.VersionRegistry); import the new name",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return DefinitionRegistry
+    raise AttributeError(f"module 'aenv_ray' has no attribute {name!r}")

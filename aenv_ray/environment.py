@@ -7,8 +7,9 @@
 
 Where the instance comes from:
 
-- ``DUMMY_INSTANCE_IP=http://localhost`` (the seeds' local mode): talk to a server started with
-  ``aenv run`` (functions on 8080, MCP on 8081; a URL with an explicit port uses that port);
+- ``DUMMY_INSTANCE_IP=http://localhost``, the *aenv run mode* (the seeds called it "local
+  mode"; "local" here means only the local engine): talk to a server started with ``aenv run``
+  (functions on 8080, MCP on 8081; a URL with an explicit port uses that port);
 - :meth:`Environment.attach`: talk to a runtime at any URL you name;
 - ``AENV_SYSTEM_URL=http://hub:8000`` (or ``aenv_url=``; the key in ``AENV_API_KEY`` or
   ``api_key=``): remote mode, an EnvHub (``aenv serve``) creates the instance from its registry;
@@ -48,6 +49,7 @@ from aenv_ray.engine import (
     TerminationReason,
     default_engine,
 )
+from aenv_ray.envref import EnvRef
 from aenv_ray.errors import (
     AEnvError,
     AuthenticationError,
@@ -70,6 +72,10 @@ from aenv_ray.settings import Settings, get_settings
 __all__ = ["Environment"]
 
 log = logging.getLogger("aenv_ray.environment")
+
+RUN_SERVER_INSTANCE_ID = "local"
+"""``instance_id`` in the aenv run mode (``DUMMY_INSTANCE_IP``): the seeds' value, kept because
+user code and logs compare against it; it does not mean the local engine."""
 
 
 def _with_port(url: str, port: int | None) -> str:
@@ -203,14 +209,15 @@ class Environment:
         """``n`` new environments whose instances equal this one's at this moment: Python
         state and workspace are copied (copy-on-write). Each is open; release each.
 
-        Only for instances an engine created (not :meth:`attach` or local mode).
+        Only for instances an engine created (not :meth:`attach` or the aenv run mode).
         """
         if self._state == "new":
             await self.initialize()
         if self._owned is None or self._engine is None:
             raise ConfigurationError(
-                f"`{self.env_name}` was not created by an engine (attach or local mode): it "
-                "cannot be forked; create it with Environment(name) or from_project(path)"
+                f"`{self.env_name}` was not created by an engine (attach, or the aenv run mode "
+                "of DUMMY_INSTANCE_IP): it cannot be forked; create it with Environment(name) "
+                "or from_project(path)"
             )
         limit = timeout if timeout is not None else self.settings.startup_timeout
         infos = await self._engine.fork(self._owned.id, n, timeout=limit)
@@ -262,12 +269,12 @@ class Environment:
     def mcp_url(self) -> str | None:
         """The instance's standard MCP endpoint, for any MCP client (once initialized).
 
-        In local mode (``DUMMY_INSTANCE_IP``) that is the MCP port (``AENV_MCP_PORT``, 8081);
+        In the aenv run mode (``DUMMY_INSTANCE_IP``) that is the MCP port (``AENV_MCP_PORT``, 8081);
         elsewhere every port of the runtime serves MCP at ``/mcp``.
         """
         if self._client is None:
             return None
-        if self.instance_id == "local" and self.settings.dummy_instance_ip:
+        if self.instance_id == RUN_SERVER_INSTANCE_ID and self.settings.dummy_instance_ip:
             return _with_port(self.settings.dummy_instance_ip, self.settings.mcp_port) + p.MCP_PATH
         return self._client.base_url + p.MCP_PATH
 
@@ -317,7 +324,7 @@ class Environment:
             self._headers = dict(self._owned.headers)
             return _with_port(self._owned.url or "", None)
         if self.settings.dummy_instance_ip:
-            self.instance_id = "local"
+            self.instance_id = RUN_SERVER_INSTANCE_ID
             return _with_port(self.settings.dummy_instance_ip, self.settings.functions_port)
         if self.aenv_url and self._engine is None and self._project is None:
             from aenv_ray.hub import HubClient, RemoteEngine
@@ -450,9 +457,7 @@ class Environment:
             self.env_name = served
             assert self._client is not None
             self._client.env_name = served
-        elif (asked := self.env_name.rpartition("/")[2]) != served and (  # hub: tenant/name
-            served.split("@")[0] != asked
-        ):
+        elif not _serves(served, self.env_name):
             log.warning(
                 "runtime serves another environment",
                 extra={"requested": self.env_name, "served": served},
@@ -603,7 +608,7 @@ class Environment:
         if "/" in name:
             env, tool = name.rsplit("/", 1)
             accepted = {self.env_name, self._served_ref or self.env_name}
-            if env not in accepted and env.split("@")[0] not in accepted:
+            if env not in accepted and _unversioned(env) not in accepted:
                 return ToolResult(
                     content=[
                         {
@@ -755,3 +760,21 @@ class Environment:
 
     def __repr__(self) -> str:
         return f"Environment({self.env_name!r}, state={self._state}, url={self.url!r})"
+
+
+def _serves(served: str, asked: str) -> bool:
+    """True when a runtime serving ``served`` (``name@version``) is what ``asked`` names: the
+    same ``name@version``, or its name alone (a hub's ``tenant/`` prefix aside)."""
+    try:
+        got, wanted = EnvRef.parse(served), EnvRef.parse(asked)
+    except ConfigurationError:  # a name attach() was given: compare the text
+        return served == asked
+    return wanted.bare == got.bare or (wanted.version is None and wanted.name == got.name)
+
+
+def _unversioned(text: str) -> str:
+    """``text`` without its ``@version`` (``text`` itself when it is no environment reference)."""
+    try:
+        return str(EnvRef.parse(text).without_version())
+    except ConfigurationError:
+        return text

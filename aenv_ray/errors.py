@@ -14,8 +14,9 @@ The tree, by what the caller should do::
     │   └── ToolTimeoutError (+ AEnvTimeoutError) the tool ran past its timeout and was interrupted
     ├── FunctionError                            a function, reward or health check failed
     │   └── FunctionNotFoundError (LookupError)
+    ├── ClosedError                              you closed that engine, pool or client; new one
     ├── InstanceError                            the instance itself is the problem
-    │   ├── InstanceClosedError                  you released it; create a new one
+    │   ├── InstanceClosedError (+ ClosedError)  you released it; create a new one
     │   ├── InstanceBrokenError                  it died under you (cause in __cause__); retryable
     │   ├── InstanceUnreachableError             nothing answers at its address; retryable
     │   ├── InstanceExpiredError                 its TTL ran out; retryable on a fresh instance
@@ -59,6 +60,7 @@ __all__ = [
     "AuthenticationError",
     "CallTimeoutError",
     "CapacityError",
+    "ClosedError",
     "ConfigurationError",
     "DefinitionError",
     "EnvironmentNotFoundError",
@@ -219,11 +221,16 @@ class FunctionNotFoundError(FunctionError, LookupError):
     """The instance has no function (or no reward) of that name."""
 
 
+class ClosedError(AEnvError):
+    """You closed this object (an engine, a pool, a hub client, a run directory) and then used
+    it; create a new one. ``except ClosedError`` also catches :class:`InstanceClosedError`."""
+
+
 class InstanceError(AEnvError):
     """The instance, not the call, is the problem."""
 
 
-class InstanceClosedError(InstanceError):
+class InstanceClosedError(InstanceError, ClosedError):
     """You released this environment; create a new one to go on."""
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
-import hashlib
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
@@ -28,23 +27,20 @@ import aiohttp
 import orjson
 
 from aenv_ray import errors
+from aenv_ray.bundle import digest_of
 from aenv_ray.engine import InstanceInfo, InstanceSpec, info_from_json
 from aenv_ray.errors import (
     AEnvError,
     ArtifactError,
+    ClosedError,
     ConfigurationError,
     HubUnreachableError,
     ProtocolError,
 )
 
-__all__ = ["DIGEST_HEADER", "HubClient", "RemoteEngine", "digest_of", "reachable"]
+__all__ = ["DIGEST_HEADER", "HubClient", "RemoteEngine", "reachable"]
 
 DIGEST_HEADER = "X-Aenv-Digest"
-
-
-def digest_of(data: bytes) -> str:
-    """``"sha256:<hex>"`` of ``data``: how bundles are addressed."""
-    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def _error_class(name: str, status: int) -> type[AEnvError]:
@@ -87,7 +83,8 @@ class HubClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the connections. Idempotent; requests after it raise ConfigurationError."""
+        """Close the connections. Idempotent; requests after it raise
+        :class:`~aenv_ray.errors.ClosedError`."""
         self._closed = True
         session, self._session = self._session, None
         if session is not None:
@@ -100,9 +97,7 @@ class HubClient:
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._closed:
-            raise ConfigurationError(
-                f"the client of the hub at {self.url} is closed; make a new one"
-            )
+            raise ClosedError(f"the hub client of {self.url} is closed; create a new HubClient")
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 headers=self.headers,

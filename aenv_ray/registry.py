@@ -2,12 +2,14 @@
 
 An environment project's modules call :func:`register_tool`, :func:`register_function`,
 :func:`register_reward` and :func:`register_health` at import time. The runtime loads a project
-inside :meth:`Registry.collecting`, so each project fills its own :class:`Registry`; outside of
-it the decorators fill :data:`default_registry`. Decorated functions are returned unchanged, so
-they stay directly callable in the project's own unit tests.
+inside :meth:`DefinitionRegistry.collecting`, so each project fills its own
+:class:`DefinitionRegistry` (what one environment definition registers; not the hub's
+:class:`envhub.registry.VersionRegistry` of published versions); outside of it the decorators
+fill :data:`default_registry`. Decorated functions are returned unchanged, so they stay directly
+callable in the project's own unit tests.
 
     >>> from aenv_ray import register_tool
-    >>> reg = Registry()
+    >>> reg = DefinitionRegistry()
     >>> with reg.collecting():
     ...     @register_tool
     ...     def echo(text: str) -> str:
@@ -33,9 +35,9 @@ from aenv_ray.protocol import MAX_TIMEOUT
 from aenv_ray.signature import CallSignature, _location
 
 __all__ = [
+    "DefinitionRegistry",
     "Kind",
     "Registered",
-    "Registry",
     "default_registry",
     "register_function",
     "register_health",
@@ -88,8 +90,10 @@ class Registered:
         return out
 
 
-class Registry:
-    """The tools, functions, reward and health check of one environment."""
+class DefinitionRegistry:
+    """The tools, functions, reward and health check of one environment definition (what its
+    decorators registered). It was named ``Registry``, like the hub's registry of versions;
+    ``aenv_ray.Registry`` still names it, with a ``DeprecationWarning``."""
 
     def __init__(self) -> None:
         self.tools: dict[str, Registered] = {}
@@ -106,7 +110,7 @@ class Registry:
         )
 
     @contextlib.contextmanager
-    def collecting(self) -> Iterator[Registry]:
+    def collecting(self) -> Iterator[DefinitionRegistry]:
         """Route every decorator used inside the block into this registry."""
         _ACTIVE.append(self)
         try:
@@ -196,11 +200,11 @@ def _python_name(fn: Any) -> str:
     return str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn))
 
 
-default_registry = Registry()
-_ACTIVE: list[Registry] = []
+default_registry = DefinitionRegistry()
+_ACTIVE: list[DefinitionRegistry] = []
 
 
-def _target() -> Registry:
+def _target() -> DefinitionRegistry:
     return _ACTIVE[-1] if _ACTIVE else default_registry
 
 

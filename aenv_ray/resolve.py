@@ -7,31 +7,20 @@ its highest version.
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 from pathlib import Path
 
+from aenv_ray.envref import EnvRef, closest
 from aenv_ray.errors import EnvironmentNotFoundError
 
-__all__ = ["available_environments", "resolve_environment", "version_key"]
-
-
-def version_key(version: str) -> tuple[tuple[int, int | str], ...]:
-    """Sort key of a version: numeric parts compare as numbers, others as text.
-
-    >>> sorted(["1.10.0", "1.2.0", "1.2.0-rc1"], key=version_key)
-    ['1.2.0', '1.2.0-rc1', '1.10.0']
-    """
-    return tuple(
-        (0, int(p)) if p.isdigit() else (1, p) for p in version.replace("-", ".").split(".")
-    )
+__all__ = ["available_environments", "resolve_environment"]
 
 
 def _read_ref(config: Path) -> str | None:
     try:
         data = json.loads(config.read_text(encoding="utf-8"))
-        return f"{data['name']}@{data.get('version', '1.0.0')}"
+        return str(EnvRef(data["name"], data.get("version", "1.0.0")))  # checks both parts
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -71,14 +60,16 @@ def resolve_environment(ref: str, env_path: str | None = "") -> tuple[str, Path]
     known = available_environments(env_path)
     if ref in known:
         return ref, known[ref]
-    if "@" not in ref:
-        versions = [r for r in known if r.split("@", 1)[0] == ref]
+    wanted = EnvRef.parse(ref)
+    if wanted.is_latest and wanted.tenant is None:
+        refs = [EnvRef.parse(r) for r in known]
+        versions = [r for r in refs if r.name == wanted.name]
         if versions:
-            best = max(versions, key=lambda r: version_key(r.split("@", 1)[1]))
+            best = str(max(versions, key=EnvRef.sort_key))
             return best, known[best]
     names = sorted(known)
-    close = difflib.get_close_matches(ref, names, n=1, cutoff=0.5)
-    hint = f"; did you mean `{close[0]}`?" if close else "."
+    close = closest(ref, names, cutoff=0.5)
+    hint = f"; did you mean `{close}`?" if close else "."
     where = "the built-in environments" + (f" and AENV_ENV_PATH={env_path}" if env_path else "")
     listing = ", ".join(f"`{n}`" for n in names) or "none"
     raise EnvironmentNotFoundError(

@@ -1,7 +1,9 @@
 """The one settings tree. Only this module reads ``os.environ``.
 
 Variables use the ``AENV_`` prefix (``AENV_SYSTEM_URL``, ``AENV_API_KEY``, ``AENV_TIMEOUT``, ...);
-``DUMMY_INSTANCE_IP`` is read as well, for compatibility with the seeds' local mode. Below the
+``DUMMY_INSTANCE_IP`` is read as well, for compatibility with the seeds (their "local mode"; here
+the *aenv run mode*: the SDK talks to a server started with ``aenv run``; "local" means only the
+local engine). Below the
 variables comes the user's settings file that ``aenv config set`` writes (:func:`config_file`).
 
     >>> Settings(system_url="http://hub:8000").system_url
@@ -47,7 +49,7 @@ class Settings(BaseSettings):
     dummy_instance_ip: str | None = Field(
         default=None,
         validation_alias=AliasChoices("DUMMY_INSTANCE_IP", "AENV_DUMMY_INSTANCE_IP"),
-        description="local mode: talk to an `aenv run` server at this address",
+        description="aenv run mode: talk to an `aenv run` server at this address",
     )
     api_key: str | None = Field(default=None, description="Bearer key for the control plane")
     timeout: float = Field(default=60.0, gt=0, description="default per-call timeout, seconds")
@@ -65,8 +67,8 @@ class Settings(BaseSettings):
         description="how long past a call's timeout the SDK waits for the runtime's own timeout "
         "answer (the runtime answers by timeout + 2 s even for code that ignores interruption)",
     )
-    functions_port: int = Field(default=8080, description="local mode: functions/health port")
-    mcp_port: int = Field(default=8081, description="local mode: MCP port")
+    functions_port: int = Field(default=8080, description="aenv run mode: functions/health port")
+    mcp_port: int = Field(default=8081, description="aenv run mode: MCP port")
     env_path: str = Field(default="", description="colon-separated project directories")
     hub_route: Literal["auto", "direct", "proxy"] = Field(
         default="auto",

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from aenv_ray.envref import EnvRef
+
 __all__ = ["builtin_path", "builtin_refs"]
 
 _ROOT = Path(__file__).resolve().parent
@@ -21,7 +23,7 @@ def builtin_refs() -> dict[str, Path]:
     refs = {}
     for config in sorted(_ROOT.glob("*/config.json")):
         data = json.loads(config.read_text(encoding="utf-8"))
-        refs[f"{data['name']}@{data['version']}"] = config.parent
+        refs[str(EnvRef(data["name"], data["version"]))] = config.parent
     return refs
 
 
@@ -30,5 +32,8 @@ def builtin_path(ref: str) -> Path | None:
     refs = builtin_refs()
     if ref in refs:
         return refs[ref]
-    matches = sorted((r for r in refs if r.split("@", 1)[0] == ref), reverse=True)
-    return refs[matches[0]] if matches else None
+    wanted = EnvRef.parse(ref)
+    if not wanted.is_latest:
+        return None
+    matches = [r for r in map(EnvRef.parse, refs) if r.name == wanted.name]
+    return refs[str(max(matches, key=EnvRef.sort_key))] if matches else None

@@ -69,7 +69,7 @@ from envhub.control import ControlPlane
 from envhub.guard import RequestGuard
 from envhub.keys import LOCAL_TENANT, Caller, authenticate
 from envhub.limits import Limits
-from envhub.registry import DEFAULT_MAX_BUNDLE, Registry
+from envhub.registry import DEFAULT_MAX_BUNDLE, VersionRegistry
 from envhub.store import Store
 
 __all__ = ["HubOptions", "create_app"]
@@ -309,7 +309,7 @@ def create_app(store: Store, engine: SandboxEngine, options: HubOptions | None =
     """The hub's ASGI app over ``store`` and ``engine``; its lifespan runs the control plane's
     upkeep (sync with the engine, reap expired instances, keep services at their replicas)."""
     options = options or HubOptions()
-    registry = Registry(store, max_bundle=options.max_bundle, limits=options.limits)
+    registry = VersionRegistry(store, max_bundle=options.max_bundle, limits=options.limits)
     control = ControlPlane(
         store,
         engine,
@@ -438,7 +438,7 @@ def create_app(store: Store, engine: SandboxEngine, options: HubOptions | None =
         data = b"".join(chunks)
         if not data:
             raise ArtifactError("the upload is empty: send the bundle `aenv build` wrote")
-        from envhub.bundle import inspect_bundle
+        from aenv_ray.bundle import inspect_bundle
 
         checked = inspect_bundle(
             data, max_size=options.max_bundle, expected_digest=request.headers.get(DIGEST_HEADER)

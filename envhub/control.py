@@ -49,6 +49,7 @@ from aenv_ray.engine import (
     TerminationReason,
     info_to_json,
 )
+from aenv_ray.envref import EnvRef
 from aenv_ray.errors import (
     AEnvError,
     ConfigurationError,
@@ -66,8 +67,8 @@ from envhub.limits import (
     instance_ttl,
     over,
 )
-from envhub.registry import Registry, split_ref
-from envhub.resolve import Definition, resolve, split_tenant
+from envhub.registry import VersionRegistry
+from envhub.resolve import Definition, resolve
 from envhub.store import Document, Store
 
 __all__ = ["ControlPlane"]
@@ -86,7 +87,7 @@ class ControlPlane:
 
     store: Store
     engine: SandboxEngine
-    registry: Registry
+    registry: VersionRegistry
     data_dir: Path
     reap_interval: float = 1.0
     sync_interval: float = 5.0
@@ -142,7 +143,7 @@ class ControlPlane:
         """Load an uploaded bundle in a sandbox of the engine's; its manifest (None when the
         engine cannot inspect). A bundle that does not load raises DefinitionError and leaves
         nothing behind; one that does stays unpacked where instances will need it."""
-        from envhub.bundle import extract_bundle
+        from aenv_ray.bundle import extract_bundle
 
         inspect = getattr(self.engine, "inspect", None)
         if inspect is None:
@@ -246,7 +247,7 @@ class ControlPlane:
             for d in (await self.store.list(INSTANCES)).values()
             if d.get("tenant") == caller.tenant
             and (include_terminated or d["state"] != InstanceState.TERMINATED.value)
-            and (env is None or d["env_ref"] == env or split_ref(d["env_ref"])[0] == env)
+            and (env is None or EnvRef.parse(d["env_ref"]).is_selected_by(env))
         ]
         return sorted(docs, key=lambda d: d["created_at"], reverse=True)
 
@@ -448,7 +449,7 @@ class ControlPlane:
             now = time.time()
             doc: Document = {
                 "id": sid,
-                "name": name or split_ref(split_tenant(found.ref)[1])[0],
+                "name": name or EnvRef.parse(found.ref).name,
                 "tenant": caller.tenant,
                 "env_ref": found.ref,
                 "replicas": replicas,

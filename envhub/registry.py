@@ -1,6 +1,6 @@
 """The registry of environment definitions: publish, look up, search, deprecate, delete.
 
-A version is published once, from a bundle made by ``aenv build`` (see :mod:`envhub.bundle`),
+A version is published once, from a bundle made by ``aenv build`` (see :mod:`aenv_ray.bundle`),
 and never changes: its record holds the bundle's digest (in ``digest`` and in the config's
 ``artifacts``), and publishing the same ``name@version`` again is a
 :class:`~aenv_ray.errors.VersionConflictError`, even after it was deleted (deletion leaves a
@@ -12,36 +12,36 @@ most its ``bundle_bytes`` quota (:mod:`envhub.limits`).
 
 Publishing is crash-safe: the bundle is stored first (content-addressed, marked as an upload in
 progress), then the version record is created in one atomic step; a crash in between leaves an
-unreferenced blob, which :meth:`Registry.collect_garbage` removes, never a partial version.
+unreferenced blob, which :meth:`VersionRegistry.collect_garbage` removes, never a partial version.
 
-May import: the standard library, ``aenv_ray``, ``envhub`` (store, bundle).
+May import: the standard library, ``aenv_ray`` (the bundle format among it), ``envhub`` (store).
 """
 
 from __future__ import annotations
 
 import asyncio
-import difflib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from aenv_ray.envref import EnvRef, did_you_mean, version_key
 from aenv_ray.errors import (
     ConfigurationError,
     EnvironmentNotFoundError,
     PermissionDeniedError,
     VersionConflictError,
 )
-from aenv_ray.resolve import available_environments, version_key
+from aenv_ray.resolve import available_environments
 from envhub.keys import Caller
 from envhub.limits import Limits, over
 from envhub.names import name_key
 from envhub.store import Document, Store
 
 if TYPE_CHECKING:
-    from envhub.bundle import BundleInfo
+    from aenv_ray.bundle import BundleInfo
 
-__all__ = ["DEFAULT_MAX_BUNDLE", "Registry", "hub_names", "split_ref"]
+__all__ = ["DEFAULT_MAX_BUNDLE", "VersionRegistry", "hub_names"]
 
 DEFAULT_MAX_BUNDLE = 64 * 1024 * 1024
 """Bytes a bundle may have (``aenv serve --max-bundle``)."""
@@ -53,21 +53,17 @@ UPLOADS = "uploads"
 _STALE_UPLOAD = 3600.0  # an upload marker older than this belonged to a crashed push
 
 
-def split_ref(ref: str) -> tuple[str, str | None]:
-    """``"name@1.0"`` -> ``("name", "1.0")``; ``"name"`` -> ``("name", None)``."""
-    name, sep, version = ref.partition("@")
-    return name, (version or None) if sep else None
-
-
 def hub_names() -> list[str]:
     """The names of the environments the hub runs without its registry: the built-ins and
     those on its ``AENV_ENV_PATH`` (nobody may publish them or their lookalikes)."""
-    return sorted({split_ref(ref)[0] for ref in available_environments()})
+    return sorted({EnvRef.parse(ref).name for ref in available_environments()})
 
 
 @dataclass
-class Registry:
-    """The registry's operations over a :class:`~envhub.store.Store`."""
+class VersionRegistry:
+    """The hub's registry of published versions: its operations over a
+    :class:`~envhub.store.Store` (not :class:`aenv_ray.registry.DefinitionRegistry`, what one
+    environment's decorators register)."""
 
     store: Store
     max_bundle: int = DEFAULT_MAX_BUNDLE
@@ -87,7 +83,7 @@ class Registry:
         tenant's ``bundle_bytes``) and :class:`~aenv_ray.errors.VersionConflictError` (already
         published, or deleted).
         """
-        from envhub.bundle import inspect_bundle
+        from aenv_ray.bundle import inspect_bundle
 
         info = inspect_bundle(data, max_size=self.max_bundle, expected_digest=expected_digest)
         # one push of a tenant at a time on this hub: its quota is checked against the others;
@@ -243,26 +239,29 @@ class Registry:
                 raise await self._not_found(name)
             current = [v for v in versions if not v.get("deprecated")]
             return (current or versions)[-1]
-        doc = await self.store.get(VERSIONS, f"{name}@{version}")
+        ref = str(EnvRef(name, version))
+        doc = await self.store.get(VERSIONS, ref)
         if doc is None or doc.get("deleted"):
-            raise await self._not_found(f"{name}@{version}", deleted=bool(doc))
+            raise await self._not_found(ref, deleted=bool(doc))
         return doc
 
     async def _not_found(self, ref: str, *, deleted: bool = False) -> EnvironmentNotFoundError:
         if deleted:
             return EnvironmentNotFoundError(
                 f"`{ref}` was deleted from the registry; use another version "
-                f"(`aenv get {split_ref(ref)[0]}`)",
+                f"(`aenv get {EnvRef.parse(ref).name}`)",
                 env_name=ref,
             )
         docs = [d for d in (await self.store.list(VERSIONS)).values() if not d.get("deleted")]
-        name = split_ref(ref)[0]
-        same = sorted((d["ref"] for d in docs if d["name"] == name), key=_ref_key)
+        name = EnvRef.parse(ref).name
+        same = sorted(
+            (EnvRef.parse(d["ref"]) for d in docs if d["name"] == name), key=EnvRef.sort_key
+        )
         if same:
-            hint = f"; published versions: {', '.join(same)}"
+            hint = f"; published versions: {', '.join(map(str, same))}"
         else:
-            close = difflib.get_close_matches(name, sorted({d["name"] for d in docs}), n=1)
-            hint = f"; did you mean `{close[0]}`?" if close else "; push it with `aenv push`"
+            hint = did_you_mean(name, sorted({d["name"] for d in docs}))
+            hint = hint or "; push it with `aenv push`"
         return EnvironmentNotFoundError(f"no `{ref}` in the registry{hint}", env_name=ref)
 
     async def search(
@@ -385,7 +384,3 @@ class Registry:
                 await self.store.delete_blob(digest)
                 removed.append(digest)
         return removed
-
-
-def _ref_key(ref: str) -> tuple[tuple[int, int | str], ...]:
-    return version_key(split_ref(ref)[1] or "")

@@ -15,23 +15,23 @@ A tenant therefore never runs another's code because of a name alone: not when i
 name, not when another tenant publishes a name it uses later, and not through a service, whose
 record keeps the resolved form (``alice/notes@1.0.0`` when another tenant's).
 
-May import: the standard library, ``aenv_ray``, ``envhub`` (registry, bundle).
+May import: the standard library, ``aenv_ray`` (the bundle format among it), ``envhub`` (registry).
 """
 
 from __future__ import annotations
 
 import asyncio
-import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aenv_ray.config import EnvConfig
+from aenv_ray.envref import EnvRef, closest
 from aenv_ray.errors import EnvironmentNotFoundError
-from aenv_ray.resolve import available_environments, version_key
-from envhub.registry import Registry, split_ref
+from aenv_ray.resolve import available_environments
+from envhub.registry import VersionRegistry
 from envhub.store import Document
 
-__all__ = ["Definition", "resolve", "split_tenant"]
+__all__ = ["Definition", "resolve"]
 
 
 @dataclass(frozen=True)
@@ -45,26 +45,20 @@ class Definition:
     warnings: list[str] = field(default_factory=list)
 
 
-def split_tenant(ref: str) -> tuple[str | None, str]:
-    """``"alice/notes@1.0"`` -> ``("alice", "notes@1.0")``; ``"notes"`` -> ``(None, "notes")``."""
-    tenant, sep, rest = ref.partition("/")
-    return (tenant, rest) if sep else (None, ref)
-
-
-async def resolve(registry: Registry, data_dir: Path, tenant: str, ref: str) -> Definition:
+async def resolve(registry: VersionRegistry, data_dir: Path, tenant: str, ref: str) -> Definition:
     """The definition ``ref`` names for ``tenant`` (see the module's rule); its bundle is
     unpacked once into ``data_dir/bundles/<digest>``."""
-    explicit, bare = split_tenant(ref)
-    name, version = split_ref(bare)
+    wanted = EnvRef.parse(ref)
+    explicit, bare, name = wanted.tenant, wanted.bare, wanted.name
     local = available_environments()
     if explicit is None:
-        found = _local(local, bare, name, version)
+        found = _local(local, wanted)
         if found is not None:
             project = local[found]
             config = await asyncio.to_thread(EnvConfig.load, project)
             return Definition(found, project, config, None)
     try:
-        doc = await registry.get(name, version)
+        doc = await registry.get(name, wanted.version)
     except EnvironmentNotFoundError as missing:
         raise (missing if explicit else _not_here(missing, name, list(local))) from None
     publisher = doc["publisher"]
@@ -91,18 +85,18 @@ async def resolve(registry: Registry, data_dir: Path, tenant: str, ref: str) -> 
     return Definition(qualified, project, config, publisher, warnings)
 
 
-def _local(local: dict[str, Path], bare: str, name: str, version: str | None) -> str | None:
-    """The built-in (or ``AENV_ENV_PATH``) ref ``bare`` means, if any."""
-    if bare in local:
-        return bare
-    mine = [r for r in local if split_ref(r)[0] == name]
-    if version in (None, "latest") and mine:
-        return max(mine, key=lambda r: version_key(split_ref(r)[1] or ""))
+def _local(local: dict[str, Path], wanted: EnvRef) -> str | None:
+    """The built-in (or ``AENV_ENV_PATH``) ref ``wanted`` (without a tenant) means, if any."""
+    if wanted.bare in local:
+        return wanted.bare
+    mine = [ref for ref in map(EnvRef.parse, local) if ref.name == wanted.name]
+    if wanted.is_latest and mine:
+        return str(max(mine, key=EnvRef.sort_key))
     return None
 
 
-async def _unpack(registry: Registry, data_dir: Path, doc: Document) -> Path:
-    from envhub.bundle import extract_bundle
+async def _unpack(registry: VersionRegistry, data_dir: Path, doc: Document) -> Path:
+    from aenv_ray.bundle import extract_bundle
 
     dest = data_dir / "bundles" / str(doc["digest"]).replace(":", "-")
     if (dest / ".aenv-digest").is_file():
@@ -118,13 +112,13 @@ def _not_here(
 ) -> EnvironmentNotFoundError:
     """The registry's not-found error, with what the hub has built in under that name (or a
     close one): the registry alone does not know the built-ins the hub also resolves."""
-    mine = [r for r in local if split_ref(r)[0] == name]
-    mine.sort(key=lambda r: version_key(split_ref(r)[1] or ""))
+    refs = [EnvRef.parse(r) for r in local]
+    mine = sorted((r for r in refs if r.name == name), key=EnvRef.sort_key)
     if mine:
-        hint = f"; built into this hub: {', '.join(mine)}"
+        hint = f"; built into this hub: {', '.join(map(str, mine))}"
     else:
-        close = difflib.get_close_matches(name, sorted({split_ref(r)[0] for r in local}), n=1)
-        if not close or "did you mean" in str(missing):
+        close = closest(name, sorted({r.name for r in refs}))
+        if close is None or "did you mean" in str(missing):
             return missing
-        hint = f"; did you mean `{close[0]}` (built into this hub)?"
+        hint = f"; did you mean `{close}` (built into this hub)?"
     return EnvironmentNotFoundError(f"{missing}{hint}", env_name=missing.env_name)

@@ -50,6 +50,7 @@ from aenv_ray.errors import (
     AEnvError,
     CallTimeoutError,
     CapacityError,
+    ClosedError,
     ConfigurationError,
     InstanceBrokenError,
     InstanceNotFoundError,
@@ -204,7 +205,7 @@ class DaemonEngine:
         """Close this client's HTTP sessions. Idempotent.
 
         **The daemon and its instances keep running** (that is what this engine is for); stop
-        them with :meth:`shutdown`. Calls after this raise ConfigurationError.
+        them with :meth:`shutdown`. Calls after this raise :class:`~aenv_ray.errors.ClosedError`.
         """
         self._closed = True
         with self._lock:
@@ -322,7 +323,7 @@ class DaemonEngine:
     # -- requests ------------------------------------------------------------------------------
     async def _state(self) -> _LoopState:
         if self._closed:
-            raise ConfigurationError(
+            raise ClosedError(
                 f"{self!r} is closed; create a new DaemonEngine (the daemon and its instances "
                 "live on)"
             )

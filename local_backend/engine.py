@@ -54,9 +54,11 @@ from aenv_ray.engine import (
     InstanceState,
     TerminationReason,
 )
+from aenv_ray.envref import EnvRef
 from aenv_ray.errors import (
     AEnvError,
     CapacityError,
+    ClosedError,
     ConfigurationError,
     DefinitionError,
     InstanceNotFoundError,
@@ -166,7 +168,10 @@ class LocalEngine:
     async def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._closed:
             coro.close()
-            raise ConfigurationError("the local engine is closed; create a new one")
+            raise ClosedError(
+                f"the local engine {self.owner} is closed (its instances were deleted); create "
+                "a new LocalEngine"
+            )
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         return await asyncio.wrap_future(future)
 
@@ -319,7 +324,7 @@ class LocalEngine:
     async def _list(self, env_ref: str | None) -> builtins.list[InstanceInfo]:
         infos = [r.info for r in reversed(self._records.values())]
         if env_ref is not None:
-            infos = [i for i in infos if i.env_ref == env_ref or i.env_ref.split("@")[0] == env_ref]
+            infos = [i for i in infos if EnvRef.parse(i.env_ref).is_selected_by(env_ref)]
         return infos
 
     async def _delete(

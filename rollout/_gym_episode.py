@@ -7,16 +7,16 @@ when the episode ends and what it earned. Where the instances come from is an
 
 from __future__ import annotations
 
-import difflib
 import enum
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import gymnasium.error
 
 from aenv_ray import ToolResult
+from aenv_ray.envref import did_you_mean
 from aenv_ray.errors import AEnvError, ConfigurationError, FunctionError, FunctionNotFoundError
 from rollout.sources import InstanceHandle, InstanceSource
 
@@ -81,7 +81,7 @@ class Task:
         unknown = sorted(set(value) - set(_TASK_KEYS))
         if unknown:
             raise ConfigurationError(
-                f"unknown task key(s) {unknown}{_did_you_mean(unknown[0], _TASK_KEYS)}; "
+                f"unknown task key(s) {unknown}{did_you_mean(unknown[0], _TASK_KEYS)}; "
                 f"a task has {list(_TASK_KEYS)}"
             )
         for key in ("reward_arguments", "reset_arguments"):
@@ -125,7 +125,7 @@ def parse_action(action: Any) -> ToolCall | InvalidAction:
         return InvalidAction(f"the action must be a JSON object, got {type(action).__name__}")
     unknown = sorted(str(k) for k in set(action) - set(_ACTION_KEYS))
     if unknown:
-        hint = _did_you_mean(unknown[0], _ACTION_KEYS)
+        hint = did_you_mean(unknown[0], _ACTION_KEYS)
         return InvalidAction(f"unknown key(s) {unknown} in the action{hint}")
     tool = action.get("tool")
     if not isinstance(tool, str) or not tool:
@@ -139,11 +139,6 @@ def parse_action(action: Any) -> ToolCall | InvalidAction:
     if not isinstance(arguments, Mapping):
         return InvalidAction(f'"arguments" of `{tool}` must be an object')
     return ToolCall(tool, dict(arguments))
-
-
-def _did_you_mean(word: str, choices: Sequence[str]) -> str:
-    close = difflib.get_close_matches(word, choices, n=1)
-    return f"; did you mean `{close[0]}`?" if close else ""
 
 
 @dataclass(frozen=True)
@@ -206,7 +201,7 @@ class Episode:
         unknown = sorted(set(options) - set(_OPTION_KEYS))
         if unknown:
             raise ConfigurationError(
-                f"unknown reset option(s) {unknown}{_did_you_mean(unknown[0], _OPTION_KEYS)}; "
+                f"unknown reset option(s) {unknown}{did_you_mean(unknown[0], _OPTION_KEYS)}; "
                 f"options are {list(_OPTION_KEYS)}"
             )
         tasks = self.config.tasks

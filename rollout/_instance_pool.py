@@ -29,7 +29,7 @@ from aenv_ray import Environment
 from aenv_ray.engine import InstanceState, SandboxEngine, TerminationReason
 from aenv_ray.errors import (
     AEnvError,
-    ConfigurationError,
+    ClosedError,
     InstanceBrokenError,
     InstanceClosedError,
     InstanceExpiredError,
@@ -120,7 +120,7 @@ class InstancePool:
     async def start(self, *, wait: float = 0.0) -> int:
         """Start keeping the pool warm; wait up to ``wait`` s for it to fill. Returns idle count."""
         if self._closed:
-            raise ConfigurationError(f"pool `{self.spec.name}` is closed")
+            raise ClosedError(f"pool actor `{self.spec.name}` is closed; create a new pool")
         if self._engine is None:
             self._engine = self.spec.make_engine()
         if self._maintainer is None:
@@ -394,7 +394,7 @@ class InstancePool:
     # -- warm keeping ----------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
-            raise LeaseLostError(f"pool `{self.spec.name}` is closed; create a new pool")
+            raise ClosedError(f"pool actor `{self.spec.name}` is closed; create a new pool")
 
     def _kick(self) -> None:
         if self._wake is not None:

@@ -69,6 +69,7 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, iterate
 
+from aenv_ray.envref import EnvRef
 from aenv_ray.errors import ConfigurationError
 from rollout._gym_episode import (
     Episode,
@@ -149,9 +150,15 @@ def gym_id(ref: str) -> str:
     >>> gym_id("mini-terminal@1.0.0"), gym_id("mini-terminal")
     ('aenv/mini-terminal.1.0.0', 'aenv/mini-terminal')
     """
-    name, _, version = ref.partition("@")
+    parsed = EnvRef.parse(ref)
+    name, version = parsed.name, parsed.version
     joined = f"{name}.{version}" if version else name
-    if "." in name or not _GYM_NAME.fullmatch(joined) or re.search(r"-v\d+$", joined):
+    if (
+        parsed.tenant is not None
+        or "." in name
+        or not _GYM_NAME.fullmatch(joined)
+        or re.search(r"-v\d+$", joined)
+    ):
         raise ConfigurationError(
             f"`{ref}` has no gymnasium id: an id is `aenv/NAME[.VERSION]` in letters, digits, "
             "`_ . -`, not ending in `-v<digits>` (gymnasium's own version suffix)"
@@ -168,7 +175,8 @@ def env_ref(env_id: str) -> str:
     prefix = NAMESPACE + "/"
     if not env_id.startswith(prefix):
         raise ConfigurationError(f"`{env_id}` is not an aenv id (`{prefix}NAME[.VERSION]`)")
-    return env_id[len(prefix) :].replace(".", "@", 1)
+    name, dot, version = env_id[len(prefix) :].partition(".")
+    return str(EnvRef(name, version if dot else None))
 
 
 def register_envs(refs: Iterable[str] | None = None) -> list[str]:
@@ -178,7 +186,7 @@ def register_envs(refs: Iterable[str] | None = None) -> list[str]:
         from aenv_ray import available_environments
 
         found = list(available_environments())
-        refs = [*found, *dict.fromkeys(ref.split("@", 1)[0] for ref in found)]
+        refs = [*found, *dict.fromkeys(EnvRef.parse(ref).name for ref in found)]
     added = []
     for ref in refs:
         env_id = gym_id(ref)

@@ -34,7 +34,13 @@ from ray.util.scheduling_strategies import (
     PlacementGroupSchedulingStrategy,
 )
 
-from aenv_ray.errors import AcquireTimeoutError, ConfigurationError, LeaseLostError
+from aenv_ray.envref import EnvRef
+from aenv_ray.errors import (
+    AcquireTimeoutError,
+    ClosedError,
+    ConfigurationError,
+    LeaseLostError,
+)
 from rollout._actor import limiter_actor, pool_actor_class
 from rollout._ray import alive_nodes, ensure_ray, get, translate
 from rollout.lease import Lease, LeaseInfo, current_owner
@@ -117,7 +123,7 @@ class RolloutPool:
         ensure_ray()
         self.spec = PoolSpec(
             env_name=env_name,
-            name=name or f"{env_name.split('@')[0]}-{uuid.uuid4().hex[:6]}",
+            name=name or f"{EnvRef.parse(env_name).name}-{uuid.uuid4().hex[:6]}",
             project=project,
             engine=engine,
             ttl=PoolSpec.parse_ttl(ttl),
@@ -218,7 +224,7 @@ class RolloutPool:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise ConfigurationError(f"pool `{self.name}` is closed; create a new RolloutPool")
+            raise ClosedError(f"pool `{self.name}` is closed; create a new RolloutPool")
 
     # -- leases ----------------------------------------------------------------------------------
     def acquire(self, *, timeout: float = 60.0, attempt: int = 0) -> Lease:

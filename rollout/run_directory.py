@@ -47,7 +47,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from aenv_ray.errors import ConfigurationError
+from aenv_ray.errors import ClosedError, ConfigurationError
 
 __all__ = [
     "JSONL",
@@ -293,7 +293,7 @@ class RunDirectory:
 
     def _write(self, data: bytes) -> None:
         if self._journal is None:
-            raise ConfigurationError(f"run directory {self.path} is closed; open it again")
+            raise ClosedError(f"run directory {self.path} is closed; open it again")
         view = memoryview(data)
         while view:  # one write; a short one (a signal, a full disk) goes on where it stopped
             view = view[os.write(self._journal, view) :]

@@ -13,7 +13,6 @@ What goes back is checked by :meth:`Dispatcher.encode_tool_result` and
 from __future__ import annotations
 
 import asyncio
-import difflib
 import logging
 import time
 import traceback
@@ -25,8 +24,9 @@ import orjson
 import pydantic
 import pydantic_core
 
+from aenv_ray.envref import did_you_mean
 from aenv_ray.protocol import MAX_RESPONSE_BYTES, ToolErrorKind, ToolResult, json_problem
-from aenv_ray.registry import Kind, Registered, Registry
+from aenv_ray.registry import DefinitionRegistry, Kind, Registered
 from aenv_ray.signature import format_validation_error
 from sandbox_runtime import _limits
 from sandbox_runtime._limits import InstanceLimits, LimitHit
@@ -59,9 +59,9 @@ class CallFailed(Exception):
 
 
 def _suggest(name: str, known: list[str], what: str, owner: str) -> str:
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
-    if close:
-        return f"{what} `{name}` not found in `{owner}`; did you mean `{close[0]}`?"
+    hint = did_you_mean(name, known, cutoff=0.5)
+    if hint:
+        return f"{what} `{name}` not found in `{owner}`{hint}"
     if known:
         return f"{what} `{name}` not found in `{owner}`; it has: {', '.join(sorted(known))}"
     return f"{what} `{name}` not found in `{owner}`, which has no {what}s"
@@ -94,7 +94,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        registry: Registry,
+        registry: DefinitionRegistry,
         *,
         env_ref: str,
         runner: SyncRunner,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from aenv_ray.config import EnvConfig
 from aenv_ray.errors import ConfigurationError, DefinitionError
-from aenv_ray.registry import Registry
+from aenv_ray.registry import DefinitionRegistry
 
 __all__ = ["LoadedProject", "load_project"]
 
@@ -21,7 +21,7 @@ _LOADED_SOURCES: set[Path] = set()
 class LoadedProject:
     """A project's parsed configuration and the registry its modules filled."""
 
-    def __init__(self, root: Path, config: EnvConfig, registry: Registry) -> None:
+    def __init__(self, root: Path, config: EnvConfig, registry: DefinitionRegistry) -> None:
         self.root = root
         self.config = config
         self.registry = registry
@@ -149,7 +149,7 @@ def load_project(root: str | Path) -> LoadedProject:
     _forget_earlier_load(src)
     _check_no_foreign_module(every_file, src)
     _LOADED_SOURCES.add(src)
-    registry = Registry()
+    registry = DefinitionRegistry()
     with registry.collecting():
         for path in files:
             module_name = _module_name(path, src)

@@ -196,11 +196,12 @@ def _covers(allowed: str, target: str) -> bool:
 
 RULES: dict[str, Rule] = {
     # "May import: pydantic, pydantic-settings, aiohttp, orjson, the mcp/fastmcp clients,
-    # typer and rich (CLI only); lazily, inside functions: ``local_backend`` (the embedded
-    # default engine) and ``builtin_envs`` (finding built-ins by name). Must not import at import
-    # time: ray, kubernetes, gymnasium, the runtime."
+    # packaging (requirement specifiers in a bundle's lock), typer and rich (CLI only); lazily,
+    # inside functions: ``local_backend`` (the embedded default engine) and ``builtin_envs``
+    # (finding built-ins by name). Must not import at import time: ray, kubernetes, gymnasium,
+    # the runtime."
     "aenv_ray": Rule(
-        may=frozenset({"pydantic", "pydantic_settings", "aiohttp", "orjson", "mcp"}),
+        may=frozenset({"pydantic", "pydantic_settings", "aiohttp", "orjson", "mcp", "packaging"}),
         lazy=frozenset({"local_backend", "builtin_envs", "platformdirs"}),
         must_not=frozenset({"ray", "kubernetes", "gymnasium", "sandbox_runtime", "local_backend"}),
         at_import_time=True,
@@ -243,9 +244,8 @@ RULES: dict[str, Rule] = {
         must_not=frozenset({"ray", "kubernetes", "envhub", "rollout"}),
     ),
     # "May import: ``aenv_ray``, fastapi, starlette, pydantic, uvicorn, aiohttp (the proxy's
-    # client), redis (the Redis store), packaging (requirement specifiers in a bundle's lock);
-    # lazily, inside functions: platformdirs (the default store's place). Must not import: ray,
-    # kubernetes (engines are injected)."
+    # client), redis (the Redis store); lazily, inside functions: platformdirs (the default
+    # store's place). Must not import: ray, kubernetes (engines are injected)."
     "envhub": Rule(
         may=frozenset(
             {
@@ -256,7 +256,6 @@ RULES: dict[str, Rule] = {
                 "uvicorn",
                 "aiohttp",
                 "redis",
-                "packaging",
             }
         ),
         lazy=frozenset({"platformdirs"}),
@@ -460,6 +459,62 @@ def test_the_sdk_reaches_the_runtime_only_lazily_outside_the_cli_and_testing() -
         if i.module.startswith("aenv_ray.cli") and i.root == "sandbox_runtime" and i.top_level
     ]
     assert not cli, _violations("the CLI imports the runtime inside commands only", cli)
+
+
+# what ``aenv build`` and ``aenv push`` run: their commands, with the bundle format and image
+BUILD_AND_PUSH = ("aenv_ray.cli._build", "aenv_ray.cli._hub", "aenv_ray.cli._loadcheck")
+MODULES = frozenset(imp.module for imp in IMPORTS)
+
+
+def _modules_named(imp: Import) -> set[str]:
+    """The modules of ours ``imp`` loads: its target (or the nearest package holding it), and
+    ``from package import module`` names that are modules."""
+    found = {f"{imp.target}.{name}" for name in imp.names} & MODULES
+    target = imp.target
+    while target and target not in MODULES:
+        target = target.rpartition(".")[0]
+    return found | ({target} if target else set())
+
+
+def _reached(starts: tuple[str, ...]) -> dict[str, bool]:
+    """Every module of ours that running ``starts`` may load, each with whether its functions
+    may run (True) or only its top level (False: loaded as a package or a sibling). An engine's
+    package is not entered: an engine is where environment code runs (in a sandbox)."""
+    seen: dict[str, bool] = {}
+    todo = [(m, True) for m in starts]
+    while todo:
+        module, runs = todo.pop()
+        if seen.get(module) in (runs, True) or _root(module) in ("local_backend", "k8s_backend"):
+            continue
+        seen[module] = runs
+        parts = module.split(".")
+        todo += [(".".join(parts[:n]), False) for n in range(1, len(parts))]  # its packages
+        for imp in IMPORTS:
+            if imp.module == module and (runs or imp.top_level):
+                todo += [(m, runs) for m in _modules_named(imp)]
+    return seen
+
+
+def test_aenv_build_and_push_import_neither_the_hub_nor_the_runtime() -> None:
+    reached = _reached(BUILD_AND_PUSH)
+    # the walk means something: the commands reach the format, the image, the hub client and
+    # the engine contract, and load the other commands' modules without running them
+    assert reached["aenv_ray.bundle"]
+    assert reached["aenv_ray.cli._image"]
+    assert reached["aenv_ray.hub"]
+    assert reached["aenv_ray.engine"]
+    assert reached["aenv_ray.cli._serve"] is False  # a sibling: `aenv serve` imports envhub
+    bad = [
+        imp
+        for imp in IMPORTS
+        if imp.module in reached
+        and (reached[imp.module] or imp.top_level)
+        and imp.root in ("envhub", "sandbox_runtime")
+    ]
+    assert not bad, _violations("aenv build/push reach the hub or the runtime", bad)
+    # what the walk would report, so the check can fail: `aenv serve` reaches the hub
+    served = _reached(("aenv_ray.cli._serve",))
+    assert any(i.module in served and i.root == "envhub" for i in IMPORTS)
 
 
 def test_the_default_engine_is_the_sdks_one_lazy_import_of_an_engine() -> None:

@@ -1,4 +1,4 @@
-"""Bundles (``envhub.bundle``) and ``aenv build``: deterministic, content-addressed, and checked.
+"""Bundles (``aenv_ray.bundle``) and ``aenv build``: deterministic, content-addressed, checked.
 
 Projects are what ``aenv init`` writes (``write_project``); hostile uploads are made here with
 :mod:`tarfile`; the command runs as users run it, the console script in a subprocess, with PATH
@@ -7,6 +7,7 @@ holding only a directory of our own (so no real docker, podman or buildah is fou
 
 from __future__ import annotations
 
+import doctest
 import gzip
 import io
 import json
@@ -20,19 +21,20 @@ from pathlib import Path
 
 import pytest
 
+import aenv_ray.bundle
 from aenv_ray import __version__
-from aenv_ray.cli._scaffold import write_project
-from aenv_ray.errors import ArtifactError, ArtifactTooLargeError, ConfigurationError
-from envhub.bundle import (
+from aenv_ray.bundle import (
     DIGEST_MARKER,
     Bundle,
     build_bundle,
+    digest_of,
     extract_bundle,
-    find_image_builder,
     inspect_bundle,
     lock_requirements,
-    write_dockerfile,
 )
+from aenv_ray.cli._image import find_image_builder, write_dockerfile
+from aenv_ray.cli._scaffold import write_project
+from aenv_ray.errors import ArtifactError, ArtifactTooLargeError, ConfigurationError
 
 AENV = str(Path(sys.executable).with_name("aenv"))
 CONFIG = json.dumps({"name": "hostile", "version": "1.0.0"}).encode()
@@ -70,6 +72,12 @@ def lock_pins(lock: str) -> dict[str, str]:
 # -- building: determinism and contents ----------------------------------------------------------
 
 
+def test_the_docstring_examples_run() -> None:
+    result = doctest.testmod(aenv_ray.bundle)
+    assert result.attempted > 0
+    assert result.failed == 0
+
+
 def test_the_same_content_gives_the_same_bytes(project: Path) -> None:
     first = build_bundle(project)
     again = build_bundle(project)
@@ -77,6 +85,8 @@ def test_the_same_content_gives_the_same_bytes(project: Path) -> None:
     assert first.digest == again.digest
     assert first.digest.startswith("sha256:")
     assert len(first.digest) == 7 + 64
+    assert first.digest == digest_of(first.data)
+    assert digest_of(b"x") != digest_of(b"y")
 
     for path in project.rglob("*"):
         os.utime(path, (2_000_000_000, 2_000_000_000))  # `touch`: only times change
@@ -612,6 +622,40 @@ def test_build_writes_the_outputs_and_says_when_no_builder_exists(
     # building again (the outputs now inside the project) gives the same bundle
     assert aenv("build", str(project), PATH=empty_path).returncode == 0
     assert (dist / "demo-1.0.0.aenv.tgz").read_bytes() == data
+
+
+def _imported_by(*args: str, **env: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    """Run ``python -m aenv_ray.cli ARGS`` under ``-X importtime``: its result, and every module
+    the CLI's process imported (the sandbox that loads the project is another process)."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "aenv_ray.cli", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    lines = [line for line in result.stderr.splitlines() if line.startswith("import time:")]
+    return result, {line.rsplit("|", 1)[1].strip() for line in lines}
+
+
+def test_build_and_push_import_neither_the_hub_nor_the_runtime(
+    project: Path, tmp_path: Path
+) -> None:
+    # the bundle format is the SDK's and the load check runs in a sandbox: `aenv build` and
+    # `aenv push` need no hub package and no runtime in their own process
+    built, imported = _imported_by("build", str(project), "--no-image")
+    assert built.returncode == 0, built.stderr
+    assert {"aenv_ray.bundle", "aenv_ray.cli._image", "aenv_ray.cli._loadcheck"} <= imported
+    server = {m for m in imported if m.split(".")[0] in ("envhub", "sandbox_runtime")}
+    assert not server, f"aenv build imported {sorted(server)}"
+    no_hub = {"AENV_SYSTEM_URL": "", "AENV_CONFIG_FILE": str(tmp_path / "none.json")}
+    pushed, imported = _imported_by("push", str(project), **no_hub)
+    assert pushed.returncode == 2, pushed.stderr  # loaded, then: no hub configured
+    assert "no hub configured" in pushed.stderr
+    assert {"aenv_ray.bundle", "aenv_ray.cli._loadcheck", "aenv_ray.hub"} <= imported
+    server = {m for m in imported if m.split(".")[0] in ("envhub", "sandbox_runtime")}
+    assert not server, f"aenv push imported {sorted(server)}"
 
 
 def test_build_json_prints_the_manifest_alone(project: Path, tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 import aenv_ray
 from aenv_ray import errors
 from aenv_ray.config import EnvConfig
-from aenv_ray.registry import Registry, register_tool
+from aenv_ray.registry import DefinitionRegistry, register_tool
 
 CLASSES: list[type[errors.AEnvError]] = sorted(
     (
@@ -310,7 +310,7 @@ def _definition_error() -> errors.AEnvError:
     def list() -> str:  # a reserved name
         return ""
 
-    with Registry().collecting():
+    with DefinitionRegistry().collecting():
         return _raised(lambda: register_tool(list))
 
 

@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from aenv_ray import Environment
+from aenv_ray.bundle import LOCK_NAME, _tar_gz, build_bundle
 from aenv_ray.errors import (
     ArtifactError,
     AuthenticationError,
@@ -44,7 +45,6 @@ from aenv_ray.errors import (
 )
 from aenv_ray.hub import HubClient
 from aenv_ray.settings import Settings
-from envhub.bundle import LOCK_NAME, _tar_gz, build_bundle
 from envhub.keys import create_key, revoke_key
 from envhub.store import open_store
 from tests._hub import HubProcess, call_tool, eventually, raw, refused, run

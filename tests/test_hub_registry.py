@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from aenv_ray import Environment
+from aenv_ray.bundle import Bundle, build_bundle, digest_of
 from aenv_ray.cli._scaffold import write_project
 from aenv_ray.errors import (
     ArtifactError,
@@ -34,8 +35,7 @@ from aenv_ray.errors import (
     StoreError,
     VersionConflictError,
 )
-from aenv_ray.hub import HubClient, digest_of
-from envhub.bundle import Bundle, build_bundle
+from aenv_ray.hub import HubClient
 from envhub.keys import create_key, revoke_key
 from envhub.store import open_store
 from tests._hub import HubProcess, eventually, raw

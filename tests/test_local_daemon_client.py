@@ -22,6 +22,7 @@ import pytest
 
 from aenv_ray import (
     AEnvError,
+    ClosedError,
     ConfigurationError,
     Environment,
     EnvironmentNotFoundError,
@@ -193,7 +194,7 @@ async def test_started_on_demand_and_instances_outlive_the_client(
     await call(info, "remember", {"key": "k", "value": "v"})
     await engine.aclose()
     await engine.aclose()  # idempotent
-    with pytest.raises(ConfigurationError, match="closed"):
+    with pytest.raises(ClosedError, match="is closed; create a new DaemonEngine"):
         await engine.get(info.id)
 
     async with DaemonEngine(state_dir) as second:  # e.g. a restarted hub

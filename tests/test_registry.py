@@ -1,7 +1,7 @@
 """The decorators, the schema derived from a signature, validation, and load-time errors.
 
-Every registration here goes into a fresh ``Registry().collecting()`` block, so nothing leaks into
-``default_registry``. Return values are checked end to end through an in-process
+Every registration here goes into a fresh ``DefinitionRegistry().collecting()`` block, so nothing
+leaks into ``default_registry``. Return values are checked end to end through an in-process
 :class:`~sandbox_runtime.Dispatcher` whose :class:`SyncRunner` serves on a background thread.
 """
 
@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 
 from aenv_ray import (
     DefinitionError,
-    Registry,
+    DefinitionRegistry,
     ToolErrorKind,
     register_function,
     register_health,
@@ -74,8 +74,8 @@ def _assert_names(exc: DefinitionError, *parts: str) -> str:
 
 
 @pytest.fixture
-def reg() -> Iterator[Registry]:
-    registry = Registry()
+def reg() -> Iterator[DefinitionRegistry]:
+    registry = DefinitionRegistry()
     before = len(default_registry)
     with registry.collecting():
         yield registry
@@ -85,7 +85,7 @@ def reg() -> Iterator[Registry]:
 # -- decorators ------------------------------------------------------------------------------
 
 
-def test_bare_decorator_registers_and_returns_function_unchanged(reg: Registry) -> None:
+def test_bare_decorator_registers_and_returns_function_unchanged(reg: DefinitionRegistry) -> None:
     def echo(text: str) -> str:
         """Say it back."""
         return text
@@ -102,7 +102,7 @@ def test_bare_decorator_registers_and_returns_function_unchanged(reg: Registry) 
     assert not entry.is_async
 
 
-def test_decorator_syntax_with_options(reg: Registry) -> None:
+def test_decorator_syntax_with_options(reg: DefinitionRegistry) -> None:
     @register_tool(name="run-it", description="Runs it.", timeout=2.5)
     def run(command: str) -> str:
         """Ignored: description= wins."""
@@ -120,7 +120,7 @@ def test_decorator_syntax_with_options(reg: Registry) -> None:
     assert described["inputSchema"]["required"] == ["command"]
 
 
-def test_describe_omits_timeout_when_none(reg: Registry) -> None:
+def test_describe_omits_timeout_when_none(reg: DefinitionRegistry) -> None:
     @register_tool
     def plain() -> str:
         return "x"
@@ -132,7 +132,7 @@ def test_describe_omits_timeout_when_none(reg: Registry) -> None:
     assert described["description"] == ""
 
 
-def test_empty_description_option_overrides_docstring(reg: Registry) -> None:
+def test_empty_description_option_overrides_docstring(reg: DefinitionRegistry) -> None:
     @register_tool(description="")
     def documented() -> str:
         """A docstring."""
@@ -141,7 +141,7 @@ def test_empty_description_option_overrides_docstring(reg: Registry) -> None:
     assert reg.tools["documented"].description == ""
 
 
-def test_async_functions_register_and_stay_awaitable(reg: Registry) -> None:
+def test_async_functions_register_and_stay_awaitable(reg: DefinitionRegistry) -> None:
     @register_tool
     async def aecho(text: str, times: int = 1) -> str:
         """Async echo."""
@@ -159,7 +159,7 @@ def test_async_functions_register_and_stay_awaitable(reg: Registry) -> None:
     }
 
 
-def test_wrapped_async_function_counts_as_async(reg: Registry) -> None:
+def test_wrapped_async_function_counts_as_async(reg: DefinitionRegistry) -> None:
     async def inner(text: str) -> str:
         return text
 
@@ -174,7 +174,7 @@ def test_wrapped_async_function_counts_as_async(reg: Registry) -> None:
     assert entry.signature.parameters == ("text",)
 
 
-def test_every_decorator_kind_fills_its_slot(reg: Registry) -> None:
+def test_every_decorator_kind_fills_its_slot(reg: DefinitionRegistry) -> None:
     @register_tool
     def tool_a() -> str:
         return "a"
@@ -205,7 +205,7 @@ def test_every_decorator_kind_fills_its_slot(reg: Registry) -> None:
     assert alive() is True
 
 
-def test_reward_and_health_may_use_reserved_words(reg: Registry) -> None:
+def test_reward_and_health_may_use_reserved_words(reg: DefinitionRegistry) -> None:
     @register_reward
     def reward() -> float:
         return 1.0
@@ -220,7 +220,7 @@ def test_reward_and_health_may_use_reserved_words(reg: Registry) -> None:
     assert reg.health.name == "health"
 
 
-def test_tool_and_function_namespaces_are_separate(reg: Registry) -> None:
+def test_tool_and_function_namespaces_are_separate(reg: DefinitionRegistry) -> None:
     def same(x: int) -> int:
         return x
 
@@ -229,7 +229,7 @@ def test_tool_and_function_namespaces_are_separate(reg: Registry) -> None:
     assert set(reg.tools) == set(reg.functions) == {"same"}
 
 
-def test_no_health_means_none_in_the_registry(reg: Registry) -> None:
+def test_no_health_means_none_in_the_registry(reg: DefinitionRegistry) -> None:
     @register_tool
     def only() -> str:
         return ""
@@ -240,7 +240,7 @@ def test_no_health_means_none_in_the_registry(reg: Registry) -> None:
 
 
 def test_collecting_nests_and_restores() -> None:
-    outer, inner = Registry(), Registry()
+    outer, inner = DefinitionRegistry(), DefinitionRegistry()
     with outer.collecting():
 
         @register_tool
@@ -262,14 +262,14 @@ def test_collecting_nests_and_restores() -> None:
 
 
 def test_collecting_restores_after_an_error() -> None:
-    registry = Registry()
+    registry = DefinitionRegistry()
     with pytest.raises(DefinitionError), registry.collecting():
 
         @register_tool
         def bad(x) -> str:  # type: ignore[no-untyped-def]
             return ""
 
-    other = Registry()
+    other = DefinitionRegistry()
     with other.collecting():
 
         @register_tool
@@ -283,11 +283,11 @@ def test_collecting_restores_after_an_error() -> None:
 # -- input schema ------------------------------------------------------------------------------
 
 
-def _schema(reg: Registry, name: str) -> dict[str, Any]:
+def _schema(reg: DefinitionRegistry, name: str) -> dict[str, Any]:
     return reg.tools[name].signature.input_schema
 
 
-def test_schema_scalars_and_required(reg: Registry) -> None:
+def test_schema_scalars_and_required(reg: DefinitionRegistry) -> None:
     @register_tool
     def scalars(s: str, i: int, f: float, b: bool, opt_i: int = 3, opt_s: str = "x") -> str:
         return ""
@@ -308,7 +308,7 @@ def test_schema_scalars_and_required(reg: Registry) -> None:
     assert all("title" not in p for p in props.values())
 
 
-def test_schema_containers(reg: Registry) -> None:
+def test_schema_containers(reg: DefinitionRegistry) -> None:
     @register_tool
     def containers(
         tags: list[str],
@@ -333,7 +333,7 @@ def test_schema_containers(reg: Registry) -> None:
     assert _schema(reg, "containers")["required"] == ["tags", "nums", "meta", "counts", "nested"]
 
 
-def test_schema_optional_is_anyof_null(reg: Registry) -> None:
+def test_schema_optional_is_anyof_null(reg: DefinitionRegistry) -> None:
     @register_tool
     def optionals(
         a: Optional[str] = None,  # noqa: UP045 - Optional[X] is one of the listed spellings
@@ -351,7 +351,7 @@ def test_schema_optional_is_anyof_null(reg: Registry) -> None:
     assert schema["required"] == ["required_but_nullable"]
 
 
-def test_schema_literal_and_enum(reg: Registry) -> None:
+def test_schema_literal_and_enum(reg: DefinitionRegistry) -> None:
     @register_tool
     def choices(
         mode: Literal["fast", "slow"],
@@ -374,7 +374,7 @@ def test_schema_literal_and_enum(reg: Registry) -> None:
     assert schema["required"] == ["mode"]
 
 
-def test_schema_pydantic_models(reg: Registry) -> None:
+def test_schema_pydantic_models(reg: DefinitionRegistry) -> None:
     @register_tool
     def shapes(shape: Shape, origin: Point | None = None) -> str:
         return ""
@@ -399,7 +399,7 @@ def test_schema_pydantic_models(reg: Registry) -> None:
     assert all("title" not in d for d in defs.values())
 
 
-def test_unsupported_argument_type_is_a_definition_error(reg: Registry) -> None:
+def test_unsupported_argument_type_is_a_definition_error(reg: DefinitionRegistry) -> None:
     def takes_lock(lock: threading.Lock) -> str:  # type: ignore[valid-type]
         return ""
 
@@ -410,7 +410,7 @@ def test_unsupported_argument_type_is_a_definition_error(reg: Registry) -> None:
     assert info.value.location == _where(takes_lock)
 
 
-def test_unresolvable_annotation_is_a_definition_error(reg: Registry) -> None:
+def test_unresolvable_annotation_is_a_definition_error(reg: DefinitionRegistry) -> None:
     class Local(BaseModel):
         a: int
 
@@ -428,7 +428,7 @@ def test_unresolvable_annotation_is_a_definition_error(reg: Registry) -> None:
 # -- descriptions ----------------------------------------------------------------------------
 
 
-def test_descriptions_from_docstring_and_args_section(reg: Registry) -> None:
+def test_descriptions_from_docstring_and_args_section(reg: DefinitionRegistry) -> None:
     @register_tool
     def execute(command: str, timeout: int = 60, env: dict[str, str] | None = None) -> str:
         """Run a shell command.
@@ -454,7 +454,7 @@ def test_descriptions_from_docstring_and_args_section(reg: Registry) -> None:
     assert "the output" not in entry.description
 
 
-def test_annotated_field_descriptions_and_constraints_are_kept(reg: Registry) -> None:
+def test_annotated_field_descriptions_and_constraints_are_kept(reg: DefinitionRegistry) -> None:
     @register_tool
     def pick(
         count: Annotated[int, Field(description="how many, at least 1", ge=1)],
@@ -496,7 +496,7 @@ def test_parse_docstring_edges() -> None:
 
 
 @pytest.fixture
-def typed(reg: Registry) -> Any:
+def typed(reg: DefinitionRegistry) -> Any:
     @register_tool
     def typed(
         count: int,
@@ -580,7 +580,7 @@ def test_validation_names_missing_and_unexpected_arguments(typed: Any) -> None:
     assert "it takes: count, ratio, flag, tags, meta, mode, color, note, point" in message
 
 
-def test_unexpected_argument_for_a_tool_without_arguments(reg: Registry) -> None:
+def test_unexpected_argument_for_a_tool_without_arguments(reg: DefinitionRegistry) -> None:
     @register_tool
     def nothing() -> str:
         return ""
@@ -596,7 +596,7 @@ def test_unexpected_argument_for_a_tool_without_arguments(reg: Registry) -> None
 # -- load-time errors --------------------------------------------------------------------------
 
 
-def test_duplicate_tool_names_both_locations(reg: Registry) -> None:
+def test_duplicate_tool_names_both_locations(reg: DefinitionRegistry) -> None:
     def dup(x: int) -> int:
         return x
 
@@ -611,7 +611,7 @@ def test_duplicate_tool_names_both_locations(reg: Registry) -> None:
     assert reg.tools["dup"].fn is dup
 
 
-def test_duplicate_function_names(reg: Registry) -> None:
+def test_duplicate_function_names(reg: DefinitionRegistry) -> None:
     @register_function
     def helper() -> int:
         return 1
@@ -626,7 +626,7 @@ def test_duplicate_function_names(reg: Registry) -> None:
     _assert_names(info.value, "function `helper`", first, _where(helper_two), "rename one")
 
 
-def test_second_reward_names_both(reg: Registry) -> None:
+def test_second_reward_names_both(reg: DefinitionRegistry) -> None:
     @register_reward
     def first_reward() -> float:
         return 1.0
@@ -648,7 +648,7 @@ def test_second_reward_names_both(reg: Registry) -> None:
     assert reg.reward.fn is first_reward
 
 
-def test_second_health_names_both(reg: Registry) -> None:
+def test_second_health_names_both(reg: DefinitionRegistry) -> None:
     @register_health
     def first_health() -> bool:
         return True
@@ -699,7 +699,9 @@ def _underscore_arg(_hidden: int) -> str:
     ],
 )
 @pytest.mark.parametrize("decorator", [register_tool, register_function, register_reward])
-def test_unsupported_parameters(reg: Registry, fn: Any, hint: str, decorator: Any) -> None:
+def test_unsupported_parameters(
+    reg: DefinitionRegistry, fn: Any, hint: str, decorator: Any
+) -> None:
     with pytest.raises(DefinitionError) as info:
         decorator(name="subject")(fn)
     _assert_names(info.value, fn.__name__, _where(fn), hint)
@@ -707,7 +709,7 @@ def test_unsupported_parameters(reg: Registry, fn: Any, hint: str, decorator: An
     assert len(reg) == 0
 
 
-def test_decorator_syntax_error_points_at_the_decorator_line(reg: Registry) -> None:
+def test_decorator_syntax_error_points_at_the_decorator_line(reg: DefinitionRegistry) -> None:
     # co_firstlineno of a decorated function is its first decorator's line.
     line = inspect.currentframe().f_lineno + 3  # type: ignore[union-attr]
     with pytest.raises(DefinitionError) as info:
@@ -721,7 +723,7 @@ def test_decorator_syntax_error_points_at_the_decorator_line(reg: Registry) -> N
 
 @pytest.mark.parametrize("reserved", sorted(RESERVED_NAMES))
 @pytest.mark.parametrize("decorator", [register_tool, register_function])
-def test_reserved_names(reg: Registry, reserved: str, decorator: Any) -> None:
+def test_reserved_names(reg: DefinitionRegistry, reserved: str, decorator: Any) -> None:
     def renamed() -> str:
         return ""
 
@@ -731,7 +733,7 @@ def test_reserved_names(reg: Registry, reserved: str, decorator: Any) -> None:
     assert len(reg) == 0
 
 
-def test_reserved_name_from_the_function_name(reg: Registry) -> None:
+def test_reserved_name_from_the_function_name(reg: DefinitionRegistry) -> None:
     def list() -> str:  # the function's own name is reserved
         return ""
 
@@ -744,7 +746,7 @@ def test_reserved_name_from_the_function_name(reg: Registry) -> None:
     "bad",
     ["a/b", "env@1.0", "has space", "1starts_with_digit", "-dash", "x" * 65, "dots.no"],
 )
-def test_invalid_names(reg: Registry, bad: str) -> None:
+def test_invalid_names(reg: DefinitionRegistry, bad: str) -> None:
     def subject() -> str:
         return ""
 
@@ -754,7 +756,7 @@ def test_invalid_names(reg: Registry, bad: str) -> None:
     assert len(reg) == 0
 
 
-def test_name_with_trailing_newline_is_invalid(reg: Registry) -> None:
+def test_name_with_trailing_newline_is_invalid(reg: DefinitionRegistry) -> None:
     def subject() -> str:
         return ""
 
@@ -764,7 +766,7 @@ def test_name_with_trailing_newline_is_invalid(reg: Registry) -> None:
 
 @given(name=st.from_regex(r"[A-Za-z][A-Za-z0-9_-]{0,63}", fullmatch=True))
 def test_every_valid_name_registers(name: str) -> None:
-    registry = Registry()
+    registry = DefinitionRegistry()
 
     def subject() -> str:
         return ""
@@ -783,7 +785,7 @@ def test_every_valid_name_registers(name: str) -> None:
     bad=st.sampled_from(["/", "@", " ", ".", ":", "é", "\t", "!"]),
 )
 def test_names_with_forbidden_characters_are_rejected(prefix: str, bad: str) -> None:
-    registry = Registry()
+    registry = DefinitionRegistry()
 
     def subject() -> str:
         return ""
@@ -798,7 +800,7 @@ def test_names_with_forbidden_characters_are_rejected(prefix: str, bad: str) -> 
 @pytest.mark.parametrize(
     "decorator", [register_tool, register_function, register_reward, register_health]
 )
-def test_non_positive_timeout(reg: Registry, timeout: float, decorator: Any) -> None:
+def test_non_positive_timeout(reg: DefinitionRegistry, timeout: float, decorator: Any) -> None:
     def slow() -> str:
         return ""
 
@@ -808,13 +810,13 @@ def test_non_positive_timeout(reg: Registry, timeout: float, decorator: Any) -> 
     assert len(reg) == 0
 
 
-def test_non_callable_is_rejected(reg: Registry) -> None:
+def test_non_callable_is_rejected(reg: DefinitionRegistry) -> None:
     with pytest.raises(DefinitionError) as info:
         register_tool("not a function")  # type: ignore[call-overload]
     assert "@register_tool needs a function" in str(info.value)
 
 
-def test_name_given_as_empty_string_is_invalid_not_ignored(reg: Registry) -> None:
+def test_name_given_as_empty_string_is_invalid_not_ignored(reg: DefinitionRegistry) -> None:
     def subject() -> str:
         return ""
 
@@ -827,7 +829,9 @@ def test_name_given_as_empty_string_is_invalid_not_ignored(reg: Registry) -> Non
 @pytest.mark.parametrize(
     "timeout", [math.inf, 1e300, MAX_TIMEOUT + 1, True, "30", [1], complex(1, 0)]
 )
-def test_timeout_of_the_wrong_kind_is_a_definition_error(reg: Registry, timeout: Any) -> None:
+def test_timeout_of_the_wrong_kind_is_a_definition_error(
+    reg: DefinitionRegistry, timeout: Any
+) -> None:
     # not a TypeError from comparing a str with 0, not an endless limit (1e300 ended in an
     # OverflowError from setitimer, blamed on the tool), not True-as-one-second
     def slow() -> str:
@@ -847,7 +851,7 @@ def test_timeout_of_the_wrong_kind_is_a_definition_error(reg: Registry, timeout:
 
 
 @pytest.mark.parametrize("timeout", [0.001, 1, 2.5, 86400, MAX_TIMEOUT])
-def test_positive_finite_timeouts_are_kept(reg: Registry, timeout: float) -> None:
+def test_positive_finite_timeouts_are_kept(reg: DefinitionRegistry, timeout: float) -> None:
     def quick() -> str:
         return ""
 
@@ -923,7 +927,9 @@ def _renamed_second_reward() -> Case:
         _renamed_second_reward,
     ],
 )
-def test_errors_for_renamed_functions_name_the_python_function(reg: Registry, case: Any) -> None:
+def test_errors_for_renamed_functions_name_the_python_function(
+    reg: DefinitionRegistry, case: Any
+) -> None:
     act, fn, requested, remedy = case()
     with pytest.raises(DefinitionError) as info:
         act()
@@ -933,7 +939,7 @@ def test_errors_for_renamed_functions_name_the_python_function(reg: Registry, ca
     assert info.value.location == where
 
 
-def test_second_reward_names_the_function_behind_the_first_one(reg: Registry) -> None:
+def test_second_reward_names_the_function_behind_the_first_one(reg: DefinitionRegistry) -> None:
     @register_reward(name="grade")
     def first_impl() -> float:
         return 1.0
@@ -946,7 +952,7 @@ def test_second_reward_names_the_function_behind_the_first_one(reg: Registry) ->
     _assert_names(info.value, "`grade`", "first_impl`", _where(first_impl), "`second_impl`")
 
 
-def test_errors_without_a_rename_do_not_repeat_the_function(reg: Registry) -> None:
+def test_errors_without_a_rename_do_not_repeat_the_function(reg: DefinitionRegistry) -> None:
     def list() -> str:  # reserved, and not renamed
         return ""
 
@@ -971,7 +977,7 @@ def runner() -> Iterator[SyncRunner]:
 
 @pytest.fixture
 def returns(runner: SyncRunner) -> Dispatcher:
-    registry = Registry()
+    registry = DefinitionRegistry()
     with registry.collecting():
 
         @register_tool
@@ -1099,3 +1105,13 @@ async def test_functions_and_reward_return_json(returns: Dispatcher) -> None:
         await returns.call_function(Kind.FUNCTION, "helper", {"a": "x"})
     assert info.value.status == 400
     assert "argument `a` must be an integer" in info.value.message
+
+
+def test_the_old_name_registry_still_names_the_definition_registry_with_a_warning() -> None:
+    import aenv_ray
+
+    with pytest.warns(DeprecationWarning, match="aenv_ray.DefinitionRegistry"):
+        old = aenv_ray.Registry  # type: ignore[attr-defined]
+    assert old is DefinitionRegistry
+    with pytest.raises(AttributeError, match="no_such_name"):
+        aenv_ray.no_such_name  # type: ignore[attr-defined]  # noqa: B018

@@ -12,6 +12,7 @@ import pytest
 
 from aenv_ray import (
     CallTimeoutError,
+    ClosedError,
     ConfigurationError,
     Environment,
     EnvironmentNotFoundError,
@@ -288,7 +289,7 @@ async def test_release_is_idempotent_and_closes(probe_runtime: RuntimeProcess) -
     assert not env.is_open
     with pytest.raises(InstanceClosedError, match="was released"):
         await env.call_tool("echo", {"text": "x"})
-    with pytest.raises(InstanceClosedError):
+    with pytest.raises(ClosedError):  # the one class every closed object raises
         await env.initialize()
 
 
@@ -342,7 +343,7 @@ async def test_reward_missing_is_function_not_found(tmp_path: Path) -> None:
                 await env.call_reward({})
 
 
-async def test_dummy_instance_ip_local_mode(
+async def test_dummy_instance_ip_aenv_run_mode(
     probe_runtime: RuntimeProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DUMMY_INSTANCE_IP", probe_runtime.url)

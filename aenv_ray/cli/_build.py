@@ -11,7 +11,8 @@ Then, unless ``--no-image``, it builds the image with the first of docker, podma
 PATH, in a context directory holding the extracted bundle and the Dockerfile; with none, it says
 so in one line and stops there (exit 0: the bundle is what EnvHub needs).
 
-May import: typer, ``aenv_ray``, ``envhub.bundle`` (inside the command).
+May import: typer, ``aenv_ray`` (its bundle format and the CLI's image module inside the
+command). Not ``envhub`` nor the runtime: the load check runs in a sandbox (``_loadcheck``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from aenv_ray.cli._common import EXIT_FAILURE, die
 from aenv_ray.config import EnvConfig
 
 if TYPE_CHECKING:
-    from envhub.bundle import Bundle
+    from aenv_ray.bundle import Bundle
 
 __all__ = ["default_tag", "register"]
 
@@ -82,7 +83,7 @@ def _manifest(bundle: Bundle) -> dict[str, Any]:
 
 def _write_outputs(bundle: Bundle, out: Path) -> dict[str, Path]:
     """Write the bundle, lock, Dockerfile and manifest into ``out``; their paths by label."""
-    from envhub.bundle import dockerfile_text
+    from aenv_ray.cli._image import dockerfile_text
 
     dockerfile = dockerfile_text(bundle)  # first: a bad baseImage must leave nothing written
     stem = f"{bundle.config.name}-{bundle.config.version}"
@@ -108,7 +109,8 @@ def _build_image(
     bundle: Bundle, builder: str, tag: str, timeout: float, say: Callable[[str], None]
 ) -> None:
     """Run ``builder build -t TAG -f Dockerfile CONTEXT`` on the extracted bundle."""
-    from envhub.bundle import extract_bundle, write_dockerfile
+    from aenv_ray.bundle import extract_bundle
+    from aenv_ray.cli._image import write_dockerfile
 
     name = Path(builder).name
     say(f"building image {tag} with {name} ...")
@@ -179,7 +181,8 @@ def build(
     The image is built with the first of docker, podman, buildah on PATH; without one, the
     Dockerfile is written for building elsewhere.
     """
-    from envhub.bundle import build_bundle, find_image_builder
+    from aenv_ray.bundle import build_bundle
+    from aenv_ray.cli._image import find_image_builder
 
     if tag is not None and not _TAG.fullmatch(tag):
         raise typer.BadParameter(

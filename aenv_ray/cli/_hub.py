@@ -5,7 +5,8 @@ The hub is ``AENV_SYSTEM_URL`` (``aenv config set url URL``) and the key ``AENV_
 (``aenv config set api-key KEY``); the variables win over the file. Every hub error comes back
 as its :mod:`aenv_ray.errors` class and leaves through ``aenv``'s one-line error rule.
 
-May import: typer, rich, ``aenv_ray``; inside commands: ``envhub.bundle``.
+May import: typer, rich, ``aenv_ray`` (its bundle format inside commands). Not ``envhub`` nor
+the runtime: the load check before a push runs in a sandbox (``_loadcheck``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from aenv_ray.cli._common import EXIT_USAGE, die
-from aenv_ray.errors import VersionConflictError
+from aenv_ray.envref import LATEST, EnvRef
+from aenv_ray.errors import ConfigurationError, VersionConflictError
 
 __all__ = ["config_app", "hub_call", "register"]
 
@@ -57,11 +59,17 @@ def hub_call(work: Callable[[Any], Awaitable[T]]) -> T:
     return asyncio.run(main())
 
 
-def _ref(ref: str) -> tuple[str, str]:
-    name, _, version = ref.partition("@")
-    if not name:
-        raise typer.BadParameter(f"`{ref}` is not NAME or NAME@VERSION")
-    return name, version or "latest"
+def _ref(text: str) -> EnvRef:
+    """``NAME[@VERSION]`` of the caller's own registry; BadParameter when it is not."""
+    try:
+        ref = EnvRef.parse(text)
+    except ConfigurationError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if ref.tenant is not None:
+        raise typer.BadParameter(
+            f"`{text}` names tenant `{ref.tenant}`: registry commands take NAME or NAME@VERSION"
+        )
+    return ref
 
 
 def _when(seconds: float | None) -> str:
@@ -81,13 +89,12 @@ def push(
 ) -> None:
     """Publish a project (or a built bundle) to the hub as its name@version."""
     if path.is_dir():
-        from envhub.bundle import build_bundle
+        from aenv_ray.bundle import build_bundle
 
         bundle = build_bundle(path)
         data, digest, ref = bundle.data, bundle.digest, bundle.config.ref
     else:
-        from aenv_ray.hub import digest_of
-        from envhub.bundle import inspect_bundle
+        from aenv_ray.bundle import digest_of, inspect_bundle
 
         data = path.read_bytes()
         info = inspect_bundle(data, max_size=max(len(data), 1))
@@ -121,12 +128,14 @@ def pull(
     ] = None,
 ) -> None:
     """Download a version's bundle (its digest checked) and unpack it as a project."""
-    from envhub.bundle import extract_bundle
+    from aenv_ray.bundle import extract_bundle
 
-    name, version = _ref(ref)
+    wanted = _ref(ref)
 
     async def work(client: Any) -> tuple[dict[str, Any], bytes]:
-        result: tuple[dict[str, Any], bytes] = await client.pull(name, version)
+        result: tuple[dict[str, Any], bytes] = await client.pull(
+            wanted.name, wanted.version or LATEST
+        )
         return result
 
     record, data = hub_call(work)
@@ -173,7 +182,8 @@ def get(
     as_json: JsonOption = False,
 ) -> None:
     """Show a version (NAME@VERSION) or every version of a name (NAME)."""
-    name, version = ref.partition("@")[0], ref.partition("@")[2]
+    wanted = _ref(ref)
+    name, version = wanted.name, wanted.version
 
     async def work(client: Any) -> Any:
         if version:
@@ -201,7 +211,8 @@ def deprecate(
     undo: Annotated[bool, typer.Option("--undo", help="undeprecate")] = False,
 ) -> None:
     """Deprecate a version: still usable by NAME@VERSION, skipped by NAME alone and listings."""
-    name, version = _ref(ref)
+    wanted = _ref(ref)
+    name, version = wanted.name, wanted.version or LATEST
 
     async def work(client: Any) -> dict[str, Any]:
         result: dict[str, Any] = await client.deprecate(
@@ -218,11 +229,12 @@ def delete(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] = False,
 ) -> None:
     """Delete a version from the registry; its number can never be published again."""
-    name, version = _ref(ref)
-    if version == "latest":
+    wanted = _ref(ref)
+    if wanted.is_latest:
         raise typer.BadParameter("name the version to delete: NAME@VERSION")
+    name, version = wanted.name, str(wanted.version)
     if not yes:
-        typer.confirm(f"delete {name}@{version} for good?", abort=True)
+        typer.confirm(f"delete {wanted} for good?", abort=True)
 
     async def work(client: Any) -> dict[str, Any]:
         result: dict[str, Any] = await client.delete_version(name, version)

@@ -5,7 +5,7 @@ decorators register something), so that a project that cannot load is never publ
 check runs the project's import-time code, which is environment code like any other: it runs in
 an instance's isolation (the local engine's template), not in the CLI.
 
-May import: ``aenv_ray`` (the engine contract), ``envhub.bundle`` (inside the function).
+May import: ``aenv_ray`` (the engine contract, the bundle format; inside the function).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ _TIMEOUT = 120.0
 def check_loads(data: bytes, what: str) -> dict[str, Any] | None:
     """The manifest of the bundle ``data`` loaded in a sandbox (None: no engine can inspect);
     exit 2 with the load error when it does not load."""
+    from aenv_ray.bundle import extract_bundle
     from aenv_ray.engine import default_engine
-    from envhub.bundle import extract_bundle
 
     inspect = getattr(default_engine(), "inspect", None)
     if inspect is None:

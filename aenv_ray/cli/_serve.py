@@ -68,10 +68,11 @@ def serve(
     engine: Annotated[
         str,
         typer.Option(
-            help="local: the local engine in its own daemon (instances outlive a hub restart); "
-            "inprocess: in this process (instances end with it)"
+            help="daemon: the local engine in an engine daemon of its own (instances outlive a "
+            "hub restart; `local` is its old name); inprocess: the local engine in this process "
+            "(instances end with it)"
         ),
-    ] = "local",
+    ] = "daemon",
     max_bundle: Annotated[str, typer.Option(help="largest bundle accepted, e.g. 64M")] = "64M",
     datasource_root: Annotated[
         Path | None, typer.Option(help="instances may mount directories under this as /data")
@@ -147,9 +148,9 @@ def serve(
 
 
 def _engine(kind: str, root: Path) -> Any:
-    """The hub's sandbox engine: ``local``, the engine daemon under ``root/engine`` (instances
-    outlive a hub restart); ``inprocess``, a local engine in this process."""
-    if kind == "local":
+    """The hub's sandbox engine: ``daemon``, the local engine in its daemon under ``root/engine``
+    (instances outlive a hub restart); ``inprocess``, a local engine in this process."""
+    if kind in ("daemon", "local"):  # `local`: the old name, kept for scripts
         from local_backend.client import DaemonEngine
 
         return DaemonEngine(root / "engine")
@@ -157,7 +158,7 @@ def _engine(kind: str, root: Path) -> Any:
         from local_backend import LocalEngine
 
         return LocalEngine()
-    raise typer.BadParameter(f"`{kind}`: use local or inprocess", param_hint="--engine")
+    raise typer.BadParameter(f"`{kind}`: use daemon or inprocess", param_hint="--engine")
 
 
 def _safe(url: str) -> str:

@@ -1,11 +1,12 @@
 """Bundles: an environment project as one immutable, content-addressed ``.tar.gz``.
 
-Owns what ``aenv build`` makes and what the hub accepts: :func:`build_bundle` (a project
+The format belongs to the SDK: ``aenv build``/``aenv push`` make bundles, the hub checks and
+unpacks them, and both address them by :func:`digest_of`. Owns :func:`build_bundle` (a project
 directory -> :class:`Bundle`, the same bytes for the same content), :func:`lock_requirements` (the
 project's ``requirements.txt`` pinned from the packages installed in this interpreter),
 :func:`inspect_bundle` (the hub's check of every upload, safe on hostile input, never
-extracting), :func:`extract_bundle` (atomic, idempotent), :func:`write_dockerfile` and
-:func:`find_image_builder`.
+extracting), :func:`extract_bundle` (atomic, idempotent) and :func:`digest_of`. An image of a
+bundle (its Dockerfile, the container builder) is the CLI's business (``aenv build``).
 
 A bundle holds ``config.json``, everything under ``src/``, ``requirements.txt`` and ``README.md``
 when present, and a generated ``aenv.lock``. The project's ``tests/`` stay out (they test the
@@ -13,18 +14,18 @@ project; the instance does not run them), as do hidden files and directories, ``
 ``*.pyc`` and the build output directory.
 
     >>> import tempfile
-    >>> from aenv_ray.cli._scaffold import write_project
     >>> with tempfile.TemporaryDirectory() as tmp:
-    ...     _ = write_project(Path(tmp, "demo"), "demo")
-    ...     bundle = build_bundle(Path(tmp, "demo"))
-    ...     info = inspect_bundle(bundle.data, max_size=1 << 20)
-    >>> info.config.ref, info.digest == bundle.digest
+    ...     _ = Path(tmp, "src").mkdir()
+    ...     _ = Path(tmp, "src", "demo.py").write_text("X = 1")
+    ...     _ = Path(tmp, "config.json").write_text('{"name": "demo", "version": "1.0.0"}')
+    ...     bundle = build_bundle(tmp)
+    >>> info = inspect_bundle(bundle.data, max_size=1 << 20)
+    >>> info.config.ref, info.digest == bundle.digest == digest_of(bundle.data)
     ('demo@1.0.0', True)
     >>> info.files
-    ('README.md', 'aenv.lock', 'config.json', 'requirements.txt', 'src/demo.py')
+    ('aenv.lock', 'config.json', 'src/demo.py')
 
-May import: the standard library, ``aenv_ray`` (config, errors, protocol ports, version),
-packaging.
+May import: the standard library, ``aenv_ray`` (config, errors), packaging.
 """
 
 from __future__ import annotations
@@ -52,32 +53,23 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from aenv_ray import __version__
 from aenv_ray.config import EnvConfig
 from aenv_ray.errors import ArtifactError, ArtifactTooLargeError, ConfigurationError
-from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT, DEFAULT_MCP_PORT
 
 __all__ = [
-    "DEFAULT_BASE_IMAGE",
     "DIGEST_MARKER",
-    "IMAGE_BUILDERS",
     "LOCK_NAME",
     "Bundle",
     "BundleInfo",
-    "base_image",
     "build_bundle",
-    "dockerfile_text",
+    "digest_of",
     "extract_bundle",
-    "find_image_builder",
     "inspect_bundle",
     "lock_requirements",
-    "write_dockerfile",
 ]
 
 LOCK_NAME = "aenv.lock"
 DIGEST_MARKER = ".aenv-digest"  # in an extracted bundle: the digest it was extracted from
-DEFAULT_BASE_IMAGE = "python:3.11-slim"
-IMAGE_BUILDERS = ("docker", "podman", "buildah")
 
 _OPTIONAL_FILES = ("requirements.txt", "README.md")
 _MAX_MEMBERS = 10_000
@@ -112,7 +104,13 @@ class BundleInfo:
     files: tuple[str, ...]
 
 
-def _digest(data: bytes) -> str:
+def digest_of(data: bytes) -> str:
+    """``"sha256:<hex>"`` of ``data``: how bundles are addressed (in the hub, its store and on
+    the wire).
+
+    >>> digest_of(b"")
+    'sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855'
+    """
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
@@ -241,7 +239,7 @@ def build_bundle(project: str | Path, *, exclude: Iterable[str | Path] = ()) -> 
         entries[name] = (path.read_bytes(), 0o755 if executable else 0o644)
     entries[LOCK_NAME] = (lock.encode("utf-8"), 0o644)
     data = _tar_gz(entries)
-    return Bundle(data, _digest(data), config, tuple(sorted(entries)), lock)
+    return Bundle(data, digest_of(data), config, tuple(sorted(entries)), lock)
 
 
 # -- the lock ------------------------------------------------------------------------------------
@@ -540,7 +538,7 @@ def inspect_bundle(
             f"the upload is {size} bytes, over the hub's limit of {max_size} bytes; keep data "
             "files out of src/, or raise the limit (`aenv serve --max-bundle`)"
         )
-    digest = _digest(data)
+    digest = digest_of(data)
     if expected_digest is not None:
         expected = expected_digest.lower()
         expected = expected if expected.startswith("sha256:") else f"sha256:{expected}"
@@ -654,61 +652,3 @@ def extract_bundle(data: bytes, dest: str | Path) -> Path:
         raise
     shutil.rmtree(partial, ignore_errors=True)  # gone after a rename; left after a lost race
     return dest
-
-
-# -- images --------------------------------------------------------------------------------------
-
-_IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$")
-
-
-def base_image(config: EnvConfig) -> str:
-    """``buildConfig.baseImage`` when set, else :data:`DEFAULT_BASE_IMAGE`."""
-    extra = config.build_config.model_extra or {}
-    image = extra.get("baseImage", extra.get("base_image"))
-    if image is None or image == "":
-        return DEFAULT_BASE_IMAGE
-    if not isinstance(image, str) or not _IMAGE.fullmatch(image) or len(image) > 255:
-        raise ConfigurationError(
-            f"buildConfig.baseImage `{image!r}` is not an image reference; write e.g. "
-            '"python:3.12-slim"'
-        )
-    return image
-
-
-def dockerfile_text(bundle: Bundle) -> str:
-    """The Dockerfile of :func:`write_dockerfile`."""
-    top_files = [n for n in bundle.files if "/" not in n and n != LOCK_NAME]
-    top_dirs = sorted({n.split("/", 1)[0] for n in bundle.files if "/" in n})
-    copies = [f"COPY {json.dumps([*top_files, '/env/'])}"]
-    copies += [f"COPY {json.dumps([f'{d}/', f'/env/{d}/'])}" for d in top_dirs]
-    return "\n".join(
-        [
-            f"# {bundle.config.ref}, bundle {bundle.digest}",
-            "# Written by `aenv build`; build it in a directory holding the bundle's files.",
-            f"FROM {base_image(bundle.config)}",
-            "ENV PYTHONUNBUFFERED=1",
-            "WORKDIR /env",
-            f'COPY ["{LOCK_NAME}", "/env/{LOCK_NAME}"]',
-            f'RUN pip install --no-cache-dir "aenv-ray=={__version__}" -r /env/{LOCK_NAME}',
-            *copies,
-            f"EXPOSE {DEFAULT_FUNCTIONS_PORT} {DEFAULT_MCP_PORT}",
-            'CMD ["python", "-m", "sandbox_runtime", "/env", "--host", "0.0.0.0"]',
-            "",
-        ]
-    )
-
-
-def write_dockerfile(bundle: Bundle, out_dir: str | Path) -> Path:
-    """Write ``out_dir/Dockerfile`` for the bundle's files (the build context holds them)."""
-    path = Path(out_dir) / "Dockerfile"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(dockerfile_text(bundle), encoding="utf-8")
-    return path
-
-
-def find_image_builder() -> str | None:
-    """The path of the first of docker, podman, buildah on PATH, or None."""
-    for name in IMAGE_BUILDERS:
-        if found := shutil.which(name):
-            return found
-    return None
