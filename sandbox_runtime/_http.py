@@ -249,11 +249,11 @@ class RuntimeApp:
         path: str = scope["path"]
         method: str = scope["method"]
         if not self._is_authorized(scope):
-            refused = AuthenticationError(
+            no_token = AuthenticationError(
                 "this instance's runtime needs its token: send the header "
                 "`Authorization: Bearer TOKEN` (InstanceInfo.token, or InstanceInfo.headers)"
             )
-            await _send_json(send, 401, _error_body(refused, "unauthorized"))
+            await _send_json(send, 401, _error_body(no_token, "unauthorized"))
             return
         if self._authorization is None and (refused := self._cross_site(scope)) is not None:
             await _send_json(send, *refused)
