@@ -4,7 +4,9 @@
 
 - nothing listening: retried with backoff within ``reconnect_window``, then
   :class:`InstanceUnreachableError` (or :class:`InstanceBrokenError` once it had answered);
-- connection dropped mid-call (the process died): :class:`InstanceBrokenError`, at once;
+- connection dropped mid-call (the process died): :class:`InstanceBrokenError`; a read
+  (``GET``, ``HEAD``) is first sent again on a new connection, ``max_retries`` times at most
+  within its timeout (the error is retryable; a ``POST`` may have run, and is never repeated);
 - no answer within the timeout: :class:`CallTimeoutError`;
 - an answer that is not HTTP, or not our JSON: :class:`ProtocolError`;
 - an answer over ``MAX_RESPONSE_BYTES`` (not read further): :class:`ResponseTooLargeError`.
@@ -27,9 +29,12 @@ from aenv_ray.errors import (
     InstanceUnreachableError,
     ProtocolError,
     ResponseTooLargeError,
+    is_retryable,
 )
 
 __all__ = ["InstanceClient"]
+
+_IDEMPOTENT = frozenset({"GET", "HEAD"})
 
 
 class InstanceClient:
@@ -83,14 +88,20 @@ class InstanceClient:
         timeout: float,
         headers: dict[str, str] | None = None,
         body: bytes | None = None,
+        max_retries: int = 0,
     ) -> tuple[int, Any]:
         """Send one request (``payload`` as JSON, or ``body`` already encoded); return (HTTP
-        status, parsed JSON body)."""
+        status, parsed JSON body).
+
+        A read (``GET``, ``HEAD``) whose connection drops before its answer is sent again on a
+        new connection, at most ``max_retries`` times, while ``timeout`` (counted from the
+        first try) allows; a connection refused is retried within ``reconnect_window``."""
         wire = self._get_wire()
         if body is None and payload is not None:
             body = orjson.dumps(payload)
         started = time.monotonic()
         delay = 0.02
+        retries = 0
         while True:
             try:
                 status, raw = await wire.request(
@@ -109,12 +120,24 @@ class InstanceClient:
                         f"`{self.env_name}` was released during {method} {path}",
                         **self._context(),
                     ) from exc
-                raise InstanceBrokenError(
+                broken = InstanceBrokenError(
                     f"`{self.env_name}` at {self.base_url} dropped the connection during "
                     f"{method} {path} ({exc}); the instance probably crashed. "
                     "Release it and create a new one",
                     **self._context(),
-                ) from exc
+                )
+                pause = min(0.05 * 2**retries, 1.0)
+                left = started + timeout - time.monotonic() - pause
+                if not (
+                    method in _IDEMPOTENT
+                    and is_retryable(broken)
+                    and retries < max_retries
+                    and left > 0
+                ):
+                    raise broken from exc
+                retries += 1
+                await asyncio.sleep(pause)
+                timeout, started = left, time.monotonic()
             except ResponseTooLarge as exc:
                 raise ResponseTooLargeError(
                     f"{method} {self.base_url}{path} answered with {exc}: stopped reading it. "

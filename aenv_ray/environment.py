@@ -55,7 +55,7 @@ from aenv_ray.errors import (
     AuthenticationError,
     ConfigurationError,
     FunctionError,
-    FunctionNotFoundError,
+    FunctionErrorKind,
     InstanceBrokenError,
     InstanceClosedError,
     InstanceExpiredError,
@@ -63,6 +63,7 @@ from aenv_ray.errors import (
     ProtocolError,
     StartupTimeoutError,
     ToolArgumentError,
+    decode_error,
 )
 from aenv_ray.openai_tools import OpenAINames, to_agents_tools, to_openai_tools
 from aenv_ray.protocol import MAX_TIMEOUT, ToolErrorKind, ToolResult, json_problem
@@ -120,7 +121,10 @@ class Environment:
         arguments: passed to the instance's entrypoint.
         aenv_url: control plane URL (remote mode); defaults to ``AENV_SYSTEM_URL``.
         timeout: default per-call timeout in seconds.
-        max_retries: attempts for idempotent requests that fail to connect.
+        max_retries: how often a read (``list_tools``, ``check_health``, the runtime's info)
+            that failed retryably (a dropped connection, nothing answering) is sent again,
+            within its timeout; a call that may have run (``call_tool``, ``call_function``,
+            ``call_reward``) is never repeated.
         api_key: Bearer key for the control plane; defaults to ``AENV_API_KEY``.
         engine: the :class:`~aenv_ray.engine.SandboxEngine` that creates the instance when no
             server is configured (default: the embedded local engine).
@@ -426,10 +430,11 @@ class Environment:
                 )
                 if status == 200:
                     return
-                if status == 401 and isinstance(data, dict):
-                    raise AuthenticationError(
-                        f"`{self.env_name}` at {self._client.base_url} refused the request: "
-                        f"{data.get('error')}",
+                if status == 401:
+                    raise decode_error(
+                        data,
+                        status,
+                        fallback=AuthenticationError,
                         env_name=self.env_name,
                         instance_id=self.instance_id,
                     )
@@ -449,7 +454,7 @@ class Environment:
 
     async def _read_info(self) -> None:
         assert self._client is not None
-        status, info = await self._client.request("GET", p.FAST_INFO_PATH, timeout=self.timeout)
+        status, info = await self._send("GET", p.FAST_INFO_PATH, None, self.timeout, None, None)
         if status != 200 or not isinstance(info, dict) or "ref" not in info:
             raise ProtocolError(f"{self.url}{p.FAST_INFO_PATH} answered HTTP {status}: {info!r}")
         served = str(info["ref"])
@@ -501,55 +506,55 @@ class Environment:
         timeout: float,
         headers: dict[str, str] | None = None,
         body: bytes | None = None,
+        function: str | None = None,
     ) -> tuple[int, Any]:
+        """Send one request; return (status, JSON) of a success, raise the error an error
+        answer carries (:func:`~aenv_ray.errors.decode_error`; ``function`` names what failed).
+
+        A read (``GET``) whose connection dropped before it was answered is sent again, at most
+        ``max_retries`` times and within its ``timeout``
+        (:meth:`~aenv_ray._transport.InstanceClient.request`); a request that may have changed
+        something (``POST``: a tool call, a function, the reward) is never repeated."""
         if self._state == "new":
             await self.initialize()
-        attempt = 0
-        while True:
-            try:
-                status, data = await self._require_client().request(
-                    method, path, payload, timeout=timeout, headers=headers, body=body
-                )
-                break
-            except InstanceBrokenError as exc:
-                explained = await self._why_broken(exc)
-                if explained is exc:
-                    raise
-                raise explained from exc
-            except InstanceUnreachableError:
-                # only reads are repeated: a call may have run before the connection failed
-                attempt += 1
-                if method != "GET" or attempt > self.max_retries:
-                    raise
-                await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
-        if status >= 400 and isinstance(data, dict) and isinstance(data.get("error"), dict):
-            raise self._hub_error(data["error"])  # the hub's proxy answered, not the runtime
-        if status == 401 and isinstance(data, dict) and data.get("error_type") == "unauthorized":
-            raise AuthenticationError(
-                f"`{self.env_name}` at {self.url} refused the request: {data.get('error')}",
+        status, data = await self._send(method, path, payload, timeout, headers, body)
+        if status >= 400 and isinstance(data, dict) and data.get("success") is not True:
+            raise decode_error(
+                data,
+                status,
+                fallback=FunctionError if function else None,
                 env_name=self.env_name,
                 instance_id=self.instance_id,
-            )
-        if status == 503 and isinstance(data, dict) and data.get("error_type") == "instance_broken":
-            raise InstanceBrokenError(
-                f"`{self.env_name}` is broken: {data.get('error')}",
-                env_name=self.env_name,
-                instance_id=self.instance_id,
+                function=function,
             )
         return status, data
 
-    def _hub_error(self, detail: dict[str, Any]) -> AEnvError:
-        """The error a hub's proxy answered (``{"type", "message"}``), as its own class."""
-        from aenv_ray import errors
-
-        cls = getattr(errors, str(detail.get("type")), None)
-        if not (isinstance(cls, type) and issubclass(cls, AEnvError)):
-            cls = ProtocolError
-        return cls(
-            f"`{self.env_name}`: the hub says: {detail.get('message')}",
-            env_name=self.env_name,
-            instance_id=self.instance_id,
-        )
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        payload: Any,
+        timeout: float,
+        headers: dict[str, str] | None,
+        body: bytes | None,
+    ) -> tuple[int, Any]:
+        """One request (a read retried as :meth:`_request` says); a broken instance's error
+        is the engine's account of its end when the engine has one."""
+        try:
+            return await self._require_client().request(
+                method,
+                path,
+                payload,
+                timeout=timeout,
+                headers=headers,
+                body=body,
+                max_retries=self.max_retries,
+            )
+        except InstanceBrokenError as exc:
+            explained = await self._why_broken(exc)
+            if explained is exc:
+                raise
+            raise explained from exc
 
     def _limit(self, declared: Any, explicit: float | None) -> float:
         """Seconds a call may run: ``timeout=`` of the call, else what the tool or function
@@ -689,7 +694,8 @@ class Environment:
                 f"arguments for {label} cannot be sent: {body} has no JSON form; send finite "
                 "numbers and Unicode text",
                 function=label,
-                error_type="invalid_arguments",
+                error_type=FunctionErrorKind.INVALID_ARGUMENTS.value,
+                kind=FunctionErrorKind.INVALID_ARGUMENTS,
                 env_name=self.env_name,
                 instance_id=self.instance_id,
             )
@@ -699,20 +705,11 @@ class Environment:
             body=body,
             timeout=limit + self.settings.call_grace,
             headers={p.TIMEOUT_HEADER.decode(): repr(limit)},
-        )
-        if not isinstance(data, dict) or "success" not in data:
-            raise ProtocolError(f"{label} answered HTTP {status}: {data!r}")
-        if data["success"]:
-            return data.get("data")
-        kind = data.get("error_type")
-        cls = FunctionNotFoundError if status == 404 else FunctionError
-        raise cls(
-            str(data.get("error") or f"{label} failed"),
             function=label,
-            error_type=kind,
-            env_name=self.env_name,
-            instance_id=self.instance_id,
         )
+        if not isinstance(data, dict) or data.get("success") is not True:
+            raise ProtocolError(f"{label} answered HTTP {status}: {data!r}")
+        return data.get("data")
 
     async def call_function(
         self, name: str, arguments: dict[str, Any] | None = None, timeout: float | None = None
@@ -744,17 +741,9 @@ class Environment:
         """The health check's report, e.g. ``{"status": "healthy"}``; unhealthy is not an error
         here (look at ``status``), a health check that raised is :class:`FunctionError`."""
         limit = float(timeout if timeout is not None else self.timeout)
-        status, data = await self._request("GET", p.HEALTH_PATH, timeout=limit)
-        if not isinstance(data, dict) or "success" not in data:
+        status, data = await self._request("GET", p.HEALTH_PATH, timeout=limit, function="health")
+        if not isinstance(data, dict) or data.get("success") is not True:
             raise ProtocolError(f"health answered HTTP {status}: {data!r}")
-        if not data["success"]:
-            raise FunctionError(
-                str(data.get("error")),
-                function="health",
-                error_type=data.get("error_type"),
-                env_name=self.env_name,
-                instance_id=self.instance_id,
-            )
         report = data.get("data")
         return report if isinstance(report, dict) else {"status": str(report)}
 

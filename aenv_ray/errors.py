@@ -20,7 +20,7 @@ The tree, by what the caller should do::
     │   ├── InstanceBrokenError                  it died under you (cause in __cause__); retryable
     │   ├── InstanceUnreachableError             nothing answers at its address; retryable
     │   ├── InstanceExpiredError                 its TTL ran out; retryable on a fresh instance
-    │   ├── InstanceNotFoundError (LookupError)  the engine has no instance with that id
+    │   ├── InstanceNotFoundError (LookupError)  the engine has no such instance; retryable anew
     │   └── LeaseLostError                       a pool took your lease back; retryable on a new one
     ├── CapacityError                            the engine cannot start more now; retryable
     ├── NotSupportedError (NotImplementedError)  this engine cannot do that (e.g. fork); use another
@@ -31,24 +31,43 @@ The tree, by what the caller should do::
     │   └── ServiceNotFoundError (LookupError)   no service with that id (for your key)
     ├── AuthenticationError                      no API key, or a wrong or revoked one (HTTP 401)
     ├── PermissionDeniedError                    the key may not do that (HTTP 403)
-│   └── QuotaExceededError                   over a hub's quota or cap; free some, ask less
+    │   └── QuotaExceededError                   over a hub's quota or cap; free some, ask less
     ├── HubUnreachableError                      nothing answers at AENV_SYSTEM_URL; retryable
     ├── StoreError                               the hub's store failed (SQLite file, Redis)
     ├── AEnvTimeoutError (TimeoutError)
     │   ├── AcquireTimeoutError                  no pooled instance became free in time; retryable
-    │   ├── CallTimeoutError                     no answer within the call's timeout
+    │   ├── CallTimeoutError                     no answer within the call's timeout; retryable
     │   └── StartupTimeoutError                  the instance did not become healthy in time
     └── ProtocolError                            the server answered something we cannot read
         └── ResponseTooLargeError                an answer over protocol.MAX_RESPONSE_BYTES
 
-Retryability is the class attribute ``retryable``: a retry policy reads it and nothing else.
-Every class survives :mod:`pickle` with its attributes, because Ray ships errors between processes.
+Retryability is the class attribute ``retryable``: every retry policy reads it (through
+:func:`is_retryable`) and nothing else. It means: the same work may succeed if run again, on a
+fresh instance when the instance is the problem; it never means a call that may have run is
+safe to send twice. Every class survives :mod:`pickle` with its attributes, because Ray ships
+errors between processes.
+
+On the wire (the runtime, the engine daemon, EnvHub) an error is one JSON object, written by
+:func:`encode_error` and read back by :func:`decode_error`::
+
+    {"error": MESSAGE, "type": CLASS NAME, "retryable": BOOL, <the class's typed fields>}
+
+    >>> wire = encode_error(VersionConflictError("x@1 is taken", existing_digest="sha256:ab"))
+    >>> wire["type"], wire["retryable"], wire["existing_digest"]
+    ('VersionConflictError', False, 'sha256:ab')
+    >>> error = decode_error(wire, 409)
+    >>> type(error).__name__, error.existing_digest
+    ('VersionConflictError', 'sha256:ab')
 
 May import: the standard library only.
 """
 
 from __future__ import annotations
 
+import enum
+import math
+import typing
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 __all__ = [
@@ -65,6 +84,7 @@ __all__ = [
     "DefinitionError",
     "EnvironmentNotFoundError",
     "FunctionError",
+    "FunctionErrorKind",
     "FunctionNotFoundError",
     "HubUnreachableError",
     "InstanceBrokenError",
@@ -90,6 +110,9 @@ __all__ = [
     "ToolResourceLimitError",
     "ToolTimeoutError",
     "VersionConflictError",
+    "decode_error",
+    "encode_error",
+    "is_retryable",
 ]
 
 
@@ -194,15 +217,45 @@ class AcquireTimeoutError(AEnvTimeoutError):
 
 
 class CallTimeoutError(AEnvTimeoutError):
-    """The instance did not answer a call within the call's timeout."""
+    """The instance did not answer a call within the call's timeout (plus ``AENV_CALL_GRACE``).
+
+    Retryable, as every :class:`AEnvTimeoutError` but :class:`ToolTimeoutError`: the runtime
+    answers a tool that overruns its own limit within that grace, so silence means the
+    instance (or the host, or the network) is stuck: run the work again on a fresh instance.
+    The call may have run: a policy repeats whole episodes, never this call on this instance."""
 
 
 class StartupTimeoutError(AEnvTimeoutError):
     """The instance did not become healthy within the startup timeout."""
 
 
+class FunctionErrorKind(enum.Enum):
+    """Why a function, the reward or the health check failed (:attr:`FunctionError.kind`); the
+    values are those of :class:`~aenv_ray.protocol.ToolErrorKind` for the same causes.
+
+        >>> FunctionErrorKind("timeout")
+        <FunctionErrorKind.TIMEOUT: 'timeout'>
+    """
+
+    NOT_FOUND = "not_found"
+    """No function of that name (the message suggests the closest), or no reward registered."""
+    INVALID_ARGUMENTS = "invalid_arguments"
+    """The arguments are not an object, or do not fit the signature; nothing ran."""
+    EXECUTION = "execution"
+    """It raised (``error_type`` is the exception's class name), or returned no JSON value."""
+    TIMEOUT = "timeout"
+    """It ran past its limit and was interrupted."""
+    RESOURCE_LIMIT = "resource_limit"
+    """The call hit the instance's memory or process limit; the message names the limit."""
+
+
 class FunctionError(AEnvError):
-    """A registered function, the reward or the health check failed inside the instance."""
+    """A registered function, the reward or the health check failed inside the instance.
+
+    ``kind`` says why (a :class:`FunctionErrorKind`); ``error_type`` is the seeds' string for
+    it: the exception's class name when the function raised (``"RuntimeError"``), else the
+    kind's value (``"invalid_arguments"``).
+    """
 
     def __init__(
         self,
@@ -210,11 +263,13 @@ class FunctionError(AEnvError):
         *,
         function: str | None = None,
         error_type: str | None = None,
+        kind: FunctionErrorKind | None = None,
         **kw: Any,
     ) -> None:
         super().__init__(message, **kw)
         self.function = function
         self.error_type = error_type
+        self.kind = kind
 
 
 class FunctionNotFoundError(FunctionError, LookupError):
@@ -253,7 +308,14 @@ class InstanceExpiredError(InstanceError):
 
 
 class InstanceNotFoundError(InstanceError, LookupError):
-    """The engine has no instance with that id (never created, or forgotten long ago)."""
+    """The engine has no instance with that id (never created, or forgotten long ago).
+
+    Retryable: met in use, the instance is gone under you (the engine or the hub restarted and
+    forgot it, a reaper took it), and work run again on a fresh instance succeeds, as after
+    :class:`InstanceExpiredError`. A mistyped id fails again the same way; bounded retries
+    show that soon enough."""
+
+    retryable = True
 
 
 class LeaseLostError(InstanceError):
@@ -281,7 +343,13 @@ class RegistryError(AEnvError):
 
 class VersionConflictError(RegistryError):
     """That ``name@version`` is already published (or was, and was deleted): published versions
-    are immutable and never reused. Bump the version in config.json and push again."""
+    are immutable and never reused. Bump the version in config.json and push again.
+    ``existing_digest`` is the published bundle's digest (pushing the very same bundle again is
+    then no conflict at all)."""
+
+    def __init__(self, message: str = "", *, existing_digest: str | None = None, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.existing_digest = existing_digest
 
 
 class ArtifactError(RegistryError, ValueError):
@@ -340,7 +408,10 @@ class StoreError(AEnvError):
 
 
 class ProtocolError(AEnvError):
-    """The server answered with something that is not the protocol we speak."""
+    """The server answered with something that is not the protocol we speak.
+
+    Not retryable: it is not the agent's failure (rollout counts it as the infrastructure's),
+    but the same URL, version mismatch or proxy answers the same way on the next instance."""
 
 
 class ToolResourceLimitError(ToolExecutionError):
@@ -353,3 +424,154 @@ class ResponseTooLargeError(ProtocolError):
     """An answer is larger than :data:`aenv_ray.protocol.MAX_RESPONSE_BYTES`: the SDK stopped
     reading it. A runtime never sends one (it turns a result that large into an error result),
     so something else answered, or a proxy in between."""
+
+
+# -- the wire ---------------------------------------------------------------------------------
+
+_TREE: dict[str, type[AEnvError]] = {
+    cls.__name__: cls
+    for cls in list(globals().values())
+    if isinstance(cls, type) and issubclass(cls, AEnvError) and cls.__module__ == __name__
+}
+"""Every class a wire may name: a decoder instantiates nothing else."""
+
+_BY_STATUS: dict[int, type[AEnvError]] = {
+    400: ConfigurationError,
+    401: AuthenticationError,
+    403: PermissionDeniedError,
+}
+_FIELDS: dict[type[AEnvError], dict[str, Any]] = {}
+
+
+def _fields(cls: type[AEnvError]) -> dict[str, Any]:
+    """The typed attributes of ``cls`` (its constructors' keyword-only parameters along the
+    MRO, with their type hints), in declaration order, root's last."""
+    found = _FIELDS.get(cls)
+    if found is None:
+        found = {}
+        for klass in cls.__mro__:
+            init = vars(klass).get("__init__")
+            if init is None or not issubclass(klass, AEnvError):
+                continue
+            hints = typing.get_type_hints(init)
+            code = init.__code__
+            names = code.co_varnames[code.co_argcount : code.co_argcount + code.co_kwonlyargcount]
+            for name in names:
+                found.setdefault(name, hints[name])
+            if not code.co_flags & 0x08:  # no **kw: this constructor passes nothing further up
+                break
+        _FIELDS[cls] = found
+    return found
+
+
+def _coerce(value: Any, hint: Any) -> Any:
+    """``value`` as one of the types ``hint`` allows (``str | None``, ``float | None``, an
+    enum), or None when it is none of them: a wire's values are checked, not trusted."""
+    for kind in typing.get_args(hint) or (hint,):
+        if isinstance(kind, type) and issubclass(kind, enum.Enum):
+            try:
+                return kind(value)
+            except ValueError:
+                continue
+        if kind is str and isinstance(value, str):
+            return value
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if kind is float and number and math.isfinite(value):
+            return float(value)
+    return None
+
+
+def _known(cls: type[AEnvError]) -> type[AEnvError]:
+    """The nearest class of this module's tree (a subclass defined elsewhere is sent as it)."""
+    return next(k for k in cls.__mro__ if _TREE.get(k.__name__) is k)
+
+
+def encode_error(exc: AEnvError) -> dict[str, Any]:
+    """``exc`` as the JSON object every aenv-ray server answers an error with.
+
+    ``error`` is the message, ``type`` the class's name in this module's tree (the nearest one
+    for a subclass defined elsewhere), ``retryable`` the class's (for clients in other
+    languages; :func:`decode_error` takes it from the class, never from the wire), and each
+    typed attribute of the class that is set, under its own name (an enum as its value).
+
+        >>> encode_error(QuotaExceededError("too much", limit="memory", allowed=4.0))
+        {'error': 'too much', 'type': 'QuotaExceededError', 'retryable': False, \
+'limit': 'memory', 'allowed': 4.0}
+    """
+    cls = _known(type(exc))
+    body: dict[str, Any] = {"error": exc.message, "type": cls.__name__, "retryable": cls.retryable}
+    for name in _fields(cls):
+        value = getattr(exc, name, None)
+        if value is not None:
+            body[name] = value.value if isinstance(value, enum.Enum) else value
+    return body
+
+
+def decode_error(
+    payload: Any, status: int, *, fallback: type[AEnvError] | None = None, **context: Any
+) -> AEnvError:
+    """The error an answer of HTTP ``status`` with the JSON ``payload`` carries, as its class.
+
+    Only a class of this module's tree is made: a ``type`` that names none (or none given)
+    gives ``fallback``, else the class of the status (400 :class:`ConfigurationError`, 401
+    :class:`AuthenticationError`, 403 :class:`PermissionDeniedError`), else :class:`AEnvError`.
+    A typed field is taken when its value has the field's type (else left unset); ``retryable``
+    is the class's. ``context`` (``env_name="x@1"``, ``function="reward"``) is what the
+    caller knows better than the server: it wins over the wire, for the fields the class has.
+    A payload that is no error envelope gives :class:`ProtocolError`.
+
+        >>> error = decode_error({"error": "gone", "type": "InstanceBrokenError"}, 503,
+        ...                      instance_id="i-1")
+        >>> type(error).__name__, error.retryable, error.instance_id
+        ('InstanceBrokenError', True, 'i-1')
+        >>> type(decode_error({"error": "no", "type": "SystemExit"}, 401)).__name__
+        'AuthenticationError'
+    """
+    if not isinstance(payload, Mapping) or not isinstance(payload.get("error"), str):
+        shown = repr(payload)[:200]
+        return ProtocolError(
+            f"an error answer (HTTP {status}) that is not aenv-ray's error envelope: {shown}",
+            env_name=context.get("env_name"),
+            instance_id=context.get("instance_id"),
+        )
+    name = payload.get("type")
+    cls = _TREE.get(name) if isinstance(name, str) else None
+    if cls is None:
+        cls = fallback or _BY_STATUS.get(status, AEnvError)
+    values: dict[str, Any] = {}
+    for field, hint in _fields(cls).items():
+        value = context.get(field)
+        if value is None:
+            value = _coerce(payload.get(field), hint)
+        if value is not None:
+            values[field] = value
+    return cls(payload["error"], **values)
+
+
+def is_retryable(exc: BaseException | None) -> bool:
+    """The one retry rule: whether the work that raised ``exc`` may succeed if run again.
+
+    An :class:`AEnvError` answers with its class's ``retryable``. Any other exception is
+    retryable when what it was raised ``from`` is (a policy that wraps a broken instance's
+    error still lost its instance), and an exception group when one of its members is.
+
+        >>> is_retryable(InstanceBrokenError("gone")), is_retryable(ToolTimeoutError("slow"))
+        (True, False)
+        >>> try:
+        ...     try:
+        ...         raise CapacityError("full")
+        ...     except CapacityError as exc:
+        ...         raise RuntimeError("my policy gave up") from exc
+        ... except RuntimeError as wrapped:
+        ...     is_retryable(wrapped)
+        True
+    """
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, AEnvError):
+            return exc.retryable
+        if isinstance(exc, BaseExceptionGroup):
+            return any(is_retryable(inner) for inner in exc.exceptions)
+        exc = exc.__cause__
+    return False

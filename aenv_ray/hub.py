@@ -26,7 +26,6 @@ from urllib.parse import urlparse
 import aiohttp
 import orjson
 
-from aenv_ray import errors
 from aenv_ray.bundle import digest_of
 from aenv_ray.engine import InstanceInfo, InstanceSpec, info_from_json
 from aenv_ray.errors import (
@@ -36,18 +35,12 @@ from aenv_ray.errors import (
     ConfigurationError,
     HubUnreachableError,
     ProtocolError,
+    decode_error,
 )
 
 __all__ = ["DIGEST_HEADER", "HubClient", "RemoteEngine", "reachable"]
 
 DIGEST_HEADER = "X-Aenv-Digest"
-
-
-def _error_class(name: str, status: int) -> type[AEnvError]:
-    cls = getattr(errors, name, None)
-    if isinstance(cls, type) and issubclass(cls, AEnvError):
-        return cls
-    return ConfigurationError if status == 400 else AEnvError
 
 
 class HubClient:
@@ -148,21 +141,15 @@ class HubClient:
 
     def _error(self, status: int, payload: bytes, method: str, path: str) -> AEnvError:
         try:
-            detail = orjson.loads(payload)["error"]
-            name, message = str(detail["type"]), str(detail["message"])
-        except (orjson.JSONDecodeError, KeyError, TypeError):
+            detail = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            detail = None
+        if not (isinstance(detail, dict) and isinstance(detail.get("error"), str)):
             return ProtocolError(
                 f"{method} {self.url}{path} answered HTTP {status} with {payload[:120]!r}; "
                 "is this an EnvHub (`aenv serve`)?"
             )
-        error = _error_class(name, status)(message)
-        if "existing_digest" in detail:
-            error.existing_digest = detail["existing_digest"]  # type: ignore[attr-defined]
-        if isinstance(error, errors.QuotaExceededError):
-            error.limit = detail.get("limit")
-            error.requested = detail.get("requested")
-            error.allowed = detail.get("allowed")
-        return error
+        return decode_error(detail, status)
 
     # -- meta ------------------------------------------------------------------------------------
     async def health(self) -> dict[str, Any]:

@@ -2,11 +2,12 @@
 
 Every route but ``/v1/health`` and the OpenAPI document (``/openapi.json``, browsable at
 ``/docs``) needs ``Authorization: Bearer KEY`` unless the hub runs with ``auth=False``. Errors
-are ``{"error": {"type": "<aenv_ray.errors class>", "message": "..."}}`` with the status of
-their kind (401, 403, 404, 409, 410, 413, 415, 400, 502, 503, 500), so a client re-raises the
-same class. Before any route, :class:`envhub.guard.RequestGuard` refuses what a web page could
-make a browser send (415 for a body that is not JSON; without auth, 403 for a foreign ``Host``
-or ``Origin``).
+are :func:`aenv_ray.errors.encode_error`'s envelope, ``{"error": "MESSAGE", "type":
+"<aenv_ray.errors class>", "retryable": BOOL, ...typed fields}``, with the status of their
+kind (401, 403, 404, 409, 410, 413, 415, 400, 502, 503, 500), so a client re-raises the same
+class (:func:`aenv_ray.errors.decode_error`). Before any route,
+:class:`envhub.guard.RequestGuard` refuses what a web page could make a browser send (415 for a
+body that is not JSON; without auth, 403 for a foreign ``Host`` or ``Origin``).
 
 ==============================================  ============================================
 ``POST   /v1/envs``                             publish a bundle (body: its bytes)
@@ -64,6 +65,7 @@ from aenv_ray.errors import (
     ServiceNotFoundError,
     StoreError,
     VersionConflictError,
+    encode_error,
 )
 from envhub.control import ControlPlane
 from envhub.guard import RequestGuard
@@ -233,9 +235,14 @@ class Service(_Out):
 
 
 class ErrorBody(BaseModel):
-    """Every error's body."""
+    """Every error's body (:func:`aenv_ray.errors.encode_error`): the class's typed fields
+    follow (``existing_digest``, ``limit``, ``instance_id``, ...)."""
 
-    error: dict[str, str]
+    model_config = ConfigDict(extra="allow")
+
+    error: str = Field(description="what happened and what to do")
+    type: str = Field(description="the aenv_ray.errors class")
+    retryable: bool = Field(description="whether running the work again may succeed")
 
 
 _STATUS: list[tuple[type[AEnvError], int]] = [
@@ -270,14 +277,8 @@ def status_of(exc: AEnvError) -> int:
 
 
 def _error(exc: AEnvError) -> JSONResponse:
-    body: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
-    existing = getattr(exc, "existing_digest", None)
-    if existing:
-        body["existing_digest"] = existing
-    if isinstance(exc, QuotaExceededError):
-        body.update(limit=exc.limit, requested=exc.requested, allowed=exc.allowed)
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, AuthenticationError) else None
-    return JSONResponse({"error": body}, status_code=status_of(exc), headers=headers)
+    return JSONResponse(encode_error(exc), status_code=status_of(exc), headers=headers)
 
 
 async def _probe(store: Store, timeout: float = 5.0) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from aenv_ray.errors import AEnvError, ConfigurationError, PermissionDeniedError
+from aenv_ray.errors import AEnvError, ConfigurationError, PermissionDeniedError, encode_error
 from aenv_ray.net import is_local_host, media_type
 
 __all__ = ["RequestGuard", "refusal"]
@@ -101,7 +101,7 @@ class RequestGuard:
             refused = refusal(scope["method"], scope["path"], headers, auth=self.auth)
             if refused is not None:
                 status, error = refused
-                body = {"error": {"type": type(error).__name__, "message": str(error)}}
+                body = encode_error(error)
                 await JSONResponse(body, status_code=status)(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -214,9 +214,7 @@ class VersionRegistry:
                 f"{digest}); published versions are immutable. Bump `version` in config.json "
                 "and push again"
             )
-        error = VersionConflictError(message, env_name=ref)
-        error.existing_digest = existing.get("digest")  # type: ignore[attr-defined]
-        return error
+        return VersionConflictError(message, env_name=ref, existing_digest=existing.get("digest"))
 
     # -- reading -------------------------------------------------------------------------------
     async def versions(self, name: str, *, include_deleted: bool = False) -> list[Document]:

@@ -44,7 +44,6 @@ from urllib.parse import quote
 
 import aiohttp
 
-from aenv_ray import errors
 from aenv_ray.engine import InstanceInfo, InstanceSpec, info_from_json
 from aenv_ray.errors import (
     AEnvError,
@@ -56,6 +55,7 @@ from aenv_ray.errors import (
     InstanceNotFoundError,
     ProtocolError,
     StartupTimeoutError,
+    decode_error,
 )
 from local_backend.daemon import SOCKET_NAME
 
@@ -398,15 +398,14 @@ class DaemonEngine:
 
 
 def _error(data: Any, status: int, *, instance_id: str | None, env_name: str | None) -> AEnvError:
-    """The daemon's ``{"error", "type"}`` as the :mod:`aenv_ray.errors` class it names."""
-    if not isinstance(data, dict):
-        data = {}
-    kind = str(data.get("type") or "")
-    message = str(data.get("error") or f"the local engine daemon answered HTTP {status}")
-    cls = getattr(errors, kind, None) if kind in errors.__all__ else None
-    if not (isinstance(cls, type) and issubclass(cls, AEnvError)):
-        cls = _BY_STATUS.get(status, AEnvError)
-    return cls(message, instance_id=instance_id, env_name=env_name)
+    """The daemon's error envelope as the :mod:`aenv_ray.errors` class it names."""
+    return decode_error(
+        data,
+        status,
+        fallback=_BY_STATUS.get(status),
+        instance_id=instance_id,
+        env_name=env_name,
+    )
 
 
 def _info(data: Any) -> InstanceInfo:

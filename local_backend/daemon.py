@@ -25,10 +25,11 @@ then the built-ins) unless ``project`` is given: an absolute project directory u
 seconds to wait for the instance to start (default 60). An instance is
 :func:`~aenv_ray.engine.info_to_json`'s document.
 
-Errors are ``{"error", "type"}``, ``type`` the name of the :mod:`aenv_ray.errors` class, with 400
-(configuration), 404 (unknown instance or environment), 503 (capacity), 504 (a start timed out),
-500. The daemon owns its instances: they die with it. It exits after ``--idle-exit`` seconds
-with neither a running instance nor a request (default 600), or on SIGTERM.
+Errors are :func:`aenv_ray.errors.encode_error`'s envelope (``{"error", "type", "retryable",
+...}``, ``type`` the name of the :mod:`aenv_ray.errors` class), with 400 (configuration), 404
+(unknown instance or environment), 503 (capacity), 504 (a start timed out), 500. The daemon
+owns its instances: they die with it. It exits after ``--idle-exit`` seconds with neither a
+running instance nor a request (default 600), or on SIGTERM.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from aenv_ray.errors import (
     ConfigurationError,
     EnvironmentNotFoundError,
     InstanceNotFoundError,
+    encode_error,
 )
 from local_backend.engine import LocalEngine
 
@@ -82,8 +84,8 @@ def _status(exc: AEnvError) -> int:
     return 500
 
 
-def _error(message: str, kind: str, status: int) -> web.Response:
-    return web.json_response({"error": message, "type": kind}, status=status)
+def _error(exc: AEnvError) -> web.Response:
+    return web.json_response(encode_error(exc), status=_status(exc))
 
 
 @web.middleware
@@ -92,14 +94,14 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         response: web.StreamResponse = await handler(request)
         return response
     except AEnvError as exc:
-        return _error(str(exc), type(exc).__name__, _status(exc))
+        return _error(exc)
     except (ValueError, KeyError, TypeError) as exc:
-        return _error(f"bad request: {exc!r}", "ConfigurationError", 400)
+        return _error(ConfigurationError(f"bad request: {exc!r}"))
     except web.HTTPException:
         raise  # aiohttp's own answers (no such route, wrong method)
     except Exception as exc:
         log.exception("request failed", extra={"path": request.path})
-        return _error(f"the engine daemon failed: {exc!r}", "AEnvError", 500)
+        return _error(AEnvError(f"the engine daemon failed: {exc!r}"))
 
 
 @dataclass

@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rollout._ray import get, init_local
-    from rollout.failures import EpisodeOutcome, EpisodeResult, classify, run_episode
+    from rollout.failures import (
+        EpisodeOutcome,
+        EpisodeResult,
+        classify,
+        is_retryable,
+        run_episode,
+    )
     from rollout.lease import Lease, LeaseInfo
     from rollout.metrics import PhaseSummary, PoolStats
     from rollout.pool import RolloutPool
@@ -36,6 +42,7 @@ _LAZY = {
     "EpisodeOutcome": "rollout.failures",
     "EpisodeResult": "rollout.failures",
     "classify": "rollout.failures",
+    "is_retryable": "rollout.failures",
     "run_episode": "rollout.failures",
     "Lease": "rollout.lease",
     "LeaseInfo": "rollout.lease",
@@ -71,5 +78,6 @@ __all__ = [
     "classify",
     "get",
     "init_local",
+    "is_retryable",
     "run_episode",
 ]

@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from aenv_ray.errors import AEnvError
+from aenv_ray.errors import AEnvError, ConfigurationError
 from rollout.failures import EpisodeOutcome
 from rollout.sources import InstanceSource, SDKSource
 from rollout.synthesis import OpenAIPolicy, Policy, Trajectory, play_episode
@@ -99,7 +99,7 @@ class AEnvWorkflow:
     def _model_policy(self, extra: dict[str, Any]) -> Policy:
         base_url = extra.get("base_url") or self.base_url
         if not base_url:
-            raise AEnvError(
+            raise ConfigurationError(
                 "no model to play the episode: AReaL passes base_url= to run(); "
                 "give AEnvWorkflow(base_url=...) or policy= to call it yourself"
             )

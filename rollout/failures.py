@@ -1,8 +1,9 @@
 """The failure model: how an episode ended, and running one again on a fresh instance.
 
 Every episode ends as one :class:`EpisodeOutcome`. :func:`classify` maps an exception to it
-(Ray's wrappers are looked through); :func:`run_episode` runs an episode callable on a leased
-instance and retries it on a fresh one while the failure is the infrastructure's.
+(Ray's wrappers are looked through); :func:`is_retryable` is the one retry rule of the rollout
+layer (the errors' ``retryable``, and Ray's own failures); :func:`run_episode` runs an episode
+callable on a leased instance and runs it again on a fresh one while the failure is retryable.
 
     >>> from aenv_ray.errors import InstanceBrokenError, ToolArgumentError
     >>> classify(InstanceBrokenError("gone")).value
@@ -24,20 +25,18 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 import ray.exceptions as rex
 
 from aenv_ray.errors import (
-    AcquireTimeoutError,
+    AEnvError,
     AEnvTimeoutError,
-    CapacityError,
     InstanceClosedError,
     InstanceError,
     ProtocolError,
-    StartupTimeoutError,
 )
 
 if TYPE_CHECKING:
     from rollout.lease import Lease
     from rollout.pool import RolloutPool
 
-__all__ = ["EpisodeOutcome", "EpisodeResult", "classify", "run_episode"]
+__all__ = ["EpisodeOutcome", "EpisodeResult", "classify", "is_retryable", "run_episode"]
 
 log = logging.getLogger("rollout.failures")
 T = TypeVar("T")
@@ -55,11 +54,14 @@ class EpisodeOutcome(enum.Enum):
 def classify(exc: BaseException | None) -> EpisodeOutcome:
     """The :class:`EpisodeOutcome` of an episode that raised ``exc`` (``None``: it did not).
 
-    Infrastructure: the instance died, expired or was lost with its lease (but not one *you*
-    released), no instance could be had or started, a runtime that speaks something else, and
-    every error of Ray's own (a dead actor, worker, node or raylet, a lost object, a cancelled
-    task, ...). Timeout: a call, tool or wait that ran out of time. Anything else (a tool or
-    function error, the policy's own exception) is the agent's.
+    Infrastructure: every retryable error (the instance died, expired, vanished, went silent
+    past its call's timeout or was lost with its lease; no instance could be had or started;
+    the hub did not answer), a runtime that speaks something else (:class:`ProtocolError`: not
+    retryable), and every error of Ray's own (a dead actor, worker, node or raylet, a lost
+    object, a cancelled task, ...). Timeout: a tool or wait that ran out of time and is not
+    retryable (:class:`~aenv_ray.errors.ToolTimeoutError`, the episode's own limit). Anything
+    else (a tool or function error, using an instance you released, the policy's own
+    exception) is the agent's.
 
     Wrappers are looked through: Ray's ``RayTaskError`` is classified by its cause; an
     exception raised ``from`` an infrastructure failure is one (a policy that wraps a broken
@@ -97,14 +99,50 @@ def _classify_one(exc: BaseException, seen: set[int]) -> EpisodeOutcome:
         return EpisodeOutcome.AGENT_ERROR  # a task's own code failed; Ray did not
     if isinstance(exc, InstanceClosedError):
         return EpisodeOutcome.AGENT_ERROR  # the episode used an instance after releasing it
-    infrastructure = (InstanceError, CapacityError, ProtocolError, StartupTimeoutError)
-    if isinstance(exc, (*infrastructure, AcquireTimeoutError)):
+    if isinstance(exc, AEnvError) and (exc.retryable or isinstance(exc, InstanceError)):
         return EpisodeOutcome.INFRASTRUCTURE_ERROR
+    if isinstance(exc, ProtocolError):
+        return EpisodeOutcome.INFRASTRUCTURE_ERROR  # not the agent's; not retried either
     if isinstance(exc, (AEnvTimeoutError, TimeoutError)):  # Ray's GetTimeoutError is one
         return EpisodeOutcome.TIMEOUT
     if isinstance(exc, rex.RayError):
         return EpisodeOutcome.INFRASTRUCTURE_ERROR  # Ray's own failures (not a task's code)
     return EpisodeOutcome.AGENT_ERROR
+
+
+def is_retryable(exc: BaseException | None) -> bool:
+    """Whether an episode that failed with ``exc`` is run again on a fresh instance: the one
+    retry rule of :func:`run_episode`, :func:`rollout.synthesize` and the AReaL adapter.
+
+    An aenv-ray error answers with its class's ``retryable``
+    (:func:`aenv_ray.errors.is_retryable`; the table is in docs/errors.md). Ray's own failures
+    (a dead actor, worker, node or raylet, a lost object, a cancelled task) are retryable, but
+    not its timeouts; a task's error (``RayTaskError``) is judged by its cause, any other
+    exception by what it was raised ``from``, an exception group by its members (any).
+
+        >>> from aenv_ray.errors import CallTimeoutError, ProtocolError, ToolTimeoutError
+        >>> is_retryable(CallTimeoutError("silent")), is_retryable(ProtocolError("html"))
+        (True, False)
+        >>> is_retryable(ToolTimeoutError("slow tool")), is_retryable(rex.ActorDiedError())
+        (False, True)
+    """
+    return _is_retryable(exc, set())
+
+
+def _is_retryable(exc: BaseException | None, seen: set[int]) -> bool:
+    if exc is None or id(exc) in seen:
+        return False
+    seen.add(id(exc))
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_is_retryable(inner, seen) for inner in exc.exceptions)
+    if isinstance(exc, rex.RayTaskError):
+        cause = exc.cause if isinstance(exc.cause, BaseException) else None
+        return cause is not exc and _is_retryable(cause, seen)
+    if isinstance(exc, AEnvError):
+        return exc.retryable
+    if isinstance(exc, rex.RayError) and not isinstance(exc, TimeoutError):
+        return True
+    return _is_retryable(exc.__cause__, seen)
 
 
 @dataclass(frozen=True)
@@ -128,20 +166,23 @@ def run_episode(
     pool: RolloutPool,
     episode: Callable[[Lease], T],
     *,
-    max_attempts: int = 3,
+    max_retries: int = 2,
     acquire_timeout: float = 60.0,
     retry_on: Collection[EpisodeOutcome] = (EpisodeOutcome.INFRASTRUCTURE_ERROR,),
 ) -> EpisodeResult[T]:
-    """Run ``episode(lease)`` on a fresh lease; on a failure whose outcome is in ``retry_on``
-    run it again on another fresh instance, at most ``max_attempts`` times in all.
+    """Run ``episode(lease)`` on a fresh lease; on a failure that :func:`is_retryable` and
+    whose outcome is in ``retry_on`` run it again on another fresh instance, at most
+    ``max_retries`` times (``max_retries + 1`` attempts in all; ``result.attempts`` says how
+    many ran).
 
     Never raises for the episode's failure: the result says how it ended (failure is data).
     Each lease is released whatever happens.
     """
-    if max_attempts < 1:
-        raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+    if max_retries < 0:
+        raise ValueError(f"max_retries must be >= 0, got {max_retries}")
     error: BaseException | None = None
     outcome = EpisodeOutcome.OK
+    max_attempts = max_retries + 1
     for attempt in range(max_attempts):
         lease = None
         try:
@@ -154,7 +195,7 @@ def run_episode(
                 "episode failed",
                 extra={"attempt": attempt + 1, "outcome": outcome.value, "error": str(exc)},
             )
-            if outcome not in retry_on:
+            if outcome not in retry_on or not is_retryable(exc):
                 break
         finally:
             if lease is not None:

@@ -3,13 +3,14 @@
 An *episode* takes one task, gets a fresh instance, runs the policy against it, asks the
 environment's reward and records everything: every tool call with its arguments, result and
 timings, the reward, and how the episode ended (:class:`~rollout.failures.EpisodeOutcome`).
-Infrastructure failures (an instance that broke or could not be reached or created) are retried
-on a fresh instance up to ``max_retries``; every other failure is recorded once, with its
-reason. No episode is lost or doubled: each one ends as one line of ``trajectories.jsonl``,
-written and synced as it finishes, by the one driver that holds the directory's lock
-(:mod:`rollout.run_directory`), and ``trajectories.parquet`` is rewritten from it at the end. A
-rerun into the same directory skips the episodes already recorded (``retry_failed=True``: all
-but the failed ones) and reruns the one whose line a killed driver left torn.
+Retryable failures (:func:`rollout.failures.is_retryable`: an instance that broke, went silent
+or could not be reached or created) are retried on a fresh instance up to ``max_retries``;
+every other failure is recorded once, with its reason. No episode is lost or doubled: each
+one ends as one line of ``trajectories.jsonl``, written and synced as it finishes, by the one
+driver that holds the directory's lock (:mod:`rollout.run_directory`), and
+``trajectories.parquet`` is rewritten from it at the end. A rerun into the
+same directory skips the episodes already recorded (``retry_failed=True``: all but the failed
+ones) and reruns the one whose line a killed driver left torn.
 
     summary = run_synthesis("mini-terminal@1.0.0", episodes=8, concurrency=4, out="runs/a")
     summary.outcomes
@@ -50,10 +51,11 @@ from aenv_ray import ToolResult
 from aenv_ray.errors import (
     AEnvError,
     AEnvTimeoutError,
+    CapacityError,
     ConfigurationError,
     EnvironmentNotFoundError,
 )
-from rollout.failures import EpisodeOutcome, classify
+from rollout.failures import EpisodeOutcome, classify, is_retryable
 from rollout.run_directory import RunDirectory, TornRecord, read_records
 from rollout.sources import InstanceHandle, InstanceSource, SDKSource
 
@@ -321,8 +323,9 @@ class PolicyError(Exception):
     """The policy (the agent) failed: recorded as an agent error, not retried."""
 
 
-class _InfrastructureFailure(Exception):
-    """No instance could be had for a reason that is not an aenv error (retried)."""
+class _InfrastructureFailure(CapacityError):
+    """No instance could be had for a reason that is not an aenv error: the source (an engine,
+    a pool) failed; like a full engine, retryable."""
 
 
 # -- the job -----------------------------------------------------------------------------------
@@ -403,18 +406,18 @@ async def play_episode(
     episode_timeout: float | None,
 ) -> Trajectory:
     """Play one episode of ``task`` with ``policy`` on instances from ``source``; retry it on a
-    fresh instance after an infrastructure error, at most ``max_retries`` times. Never raises
-    for the episode's failure: the :class:`Trajectory` says how it ended."""
+    fresh instance after a retryable failure (:func:`rollout.failures.is_retryable`), at most
+    ``max_retries`` times. Never raises for the episode's failure: the :class:`Trajectory`
+    says how it ended."""
     attempts = 0
     retried: list[str] = []
     while True:
         attempts += 1
-        trajectory = await _attempt(
+        trajectory, retryable = await _attempt(
             source, env_name, episode_id, task, policy, episode_timeout=episode_timeout
         )
         trajectory.attempts = attempts
         trajectory.retried = list(retried)
-        retryable = trajectory.outcome == EpisodeOutcome.INFRASTRUCTURE_ERROR.value
         if not retryable or attempts > max_retries:
             return trajectory
         retried.append(trajectory.reason or "")
@@ -432,8 +435,10 @@ async def _attempt(
     policy: Policy,
     *,
     episode_timeout: float | None,
-) -> Trajectory:
+) -> tuple[Trajectory, bool]:
+    """One attempt: its trajectory, and whether its failure is retryable."""
     started = time.perf_counter()
+    retryable = False
     trajectory = Trajectory(
         episode_id, str(task["id"]), env_name, EpisodeOutcome.OK.value, task=task
     )
@@ -467,12 +472,8 @@ async def _attempt(
     except (ConfigurationError, EnvironmentNotFoundError):
         raise  # the environment or the task cannot work at all: no episode can
     except Exception as exc:
-        if isinstance(exc, PolicyError):
-            outcome = EpisodeOutcome.AGENT_ERROR
-        elif isinstance(exc, _InfrastructureFailure):
-            outcome = EpisodeOutcome.INFRASTRUCTURE_ERROR
-        else:
-            outcome = classify(exc)
+        outcome = EpisodeOutcome.AGENT_ERROR if isinstance(exc, PolicyError) else classify(exc)
+        retryable = not isinstance(exc, PolicyError) and is_retryable(exc)
         broken = outcome is EpisodeOutcome.INFRASTRUCTURE_ERROR
         trajectory.outcome = outcome.value
         trajectory.reason = _reason(exc, episode_timeout)
@@ -483,7 +484,7 @@ async def _attempt(
             with contextlib.suppress(Exception):
                 await source.release(instance, broken=broken)
         trajectory.seconds = round(time.perf_counter() - started, 6)
-    return trajectory
+    return trajectory, retryable
 
 
 def _reason(exc: BaseException, episode_timeout: float | None) -> str:

@@ -25,6 +25,13 @@ import pydantic
 import pydantic_core
 
 from aenv_ray.envref import did_you_mean
+from aenv_ray.errors import (
+    AEnvError,
+    FunctionError,
+    FunctionErrorKind,
+    FunctionNotFoundError,
+    InstanceBrokenError,
+)
 from aenv_ray.protocol import MAX_RESPONSE_BYTES, ToolErrorKind, ToolResult, json_problem
 from aenv_ray.registry import DefinitionRegistry, Kind, Registered
 from aenv_ray.signature import format_validation_error
@@ -46,16 +53,41 @@ STUCK_GRACE = 2.0  # seconds a sync job may take to stop after its deadline befo
 log = logging.getLogger("sandbox_runtime.dispatch")
 
 
+_STATUS = {
+    FunctionErrorKind.NOT_FOUND: 404,
+    FunctionErrorKind.INVALID_ARGUMENTS: 400,
+    FunctionErrorKind.EXECUTION: 500,
+    FunctionErrorKind.RESOURCE_LIMIT: 500,
+    FunctionErrorKind.TIMEOUT: 504,
+}
+
+
 @dataclass
 class CallFailed(Exception):
-    """A function/reward/health call that did not produce a value. ``status`` is the HTTP code."""
+    """A function/reward/health call that did not produce a value: ``error`` (a
+    :class:`FunctionError`, or :class:`InstanceBrokenError` when a sync call is stuck) is
+    answered with the HTTP ``status``."""
 
     status: int
-    kind: str
-    message: str
+    error: AEnvError
+
+    @property
+    def message(self) -> str:
+        """The error's message."""
+        return self.error.message
 
     def __str__(self) -> str:
-        return self.message
+        return self.error.message
+
+
+def _failed(
+    kind: FunctionErrorKind, message: str, function: str | None, error_type: str | None = None
+) -> CallFailed:
+    """The failure of ``function`` for ``kind``; ``error_type`` is the seeds' string (the
+    exception's class name when it raised, else the kind's value)."""
+    cls = FunctionNotFoundError if kind is FunctionErrorKind.NOT_FOUND else FunctionError
+    error = cls(message, function=function, kind=kind, error_type=error_type or kind.value)
+    return CallFailed(_STATUS[kind], error)
 
 
 def _suggest(name: str, known: list[str], what: str, owner: str) -> str:
@@ -277,16 +309,16 @@ class Dispatcher:
                 message = _suggest(
                     name or "", list(self.registry.functions), "function", self.env_ref
                 )
-            raise CallFailed(404, "not_found", message)
+            raise _failed(FunctionErrorKind.NOT_FOUND, message, name)
         label = f"{kind.value} `{entry.name}`"
         if arguments is None:
             arguments = {}
         if not isinstance(arguments, Mapping):
-            raise CallFailed(
-                400,
-                "invalid_arguments",
+            raise _failed(
+                FunctionErrorKind.INVALID_ARGUMENTS,
                 f"invalid arguments for {label}: "
                 f"expected a JSON object, got {type(arguments).__name__}",
+                entry.name,
             )
         try:
             kwargs = entry.signature.validate(arguments)
@@ -294,7 +326,7 @@ class Dispatcher:
             message = format_validation_error(
                 exc, what=label, parameters=entry.signature.parameters
             )
-            raise CallFailed(400, "invalid_arguments", message) from None
+            raise _failed(FunctionErrorKind.INVALID_ARGUMENTS, message, entry.name) from None
         limit, deadline = self._deadline(entry, timeout)
         call = self.watchdog.enter(kind.value, entry.name, limit, deadline, is_async=entry.is_async)
         try:
@@ -302,11 +334,11 @@ class Dispatcher:
         except CallFailed as failed:
             hit = self.watchdog.leave(call)
             if hit is not None:
-                raise _limit_failure(label, hit, failed.message) from None
+                raise _limit_failure(label, entry.name, hit, failed.message) from None
             raise
         hit = self.watchdog.leave(call)
         if hit is not None:
-            raise _limit_failure(label, hit, None)
+            raise _limit_failure(label, entry.name, hit, None)
         return value
 
     async def _run_function(
@@ -315,50 +347,55 @@ class Dispatcher:
         try:
             value = await self._invoke(entry, kwargs, limit, deadline)
         except WorkerStuckError as exc:
-            raise CallFailed(503, "instance_broken", str(exc)) from None
+            raise CallFailed(503, InstanceBrokenError(str(exc))) from None
         except DeadlineExceeded as exc:
-            raise CallFailed(504, "timeout", _timeout_message(label, limit, exc)) from None
+            message = _timeout_message(label, limit, exc)
+            raise _failed(FunctionErrorKind.TIMEOUT, message, entry.name) from None
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
             limits = _limits.installed()
             if isinstance(exc, MemoryError) and limits is not None and limits.memory:
-                raise CallFailed(
-                    500,
-                    "resource_limit",
+                raise _failed(
+                    FunctionErrorKind.RESOURCE_LIMIT,
                     f"{label} ran out of memory ({self._describe_exception(exc)}): "
                     + _limits.memory_error_message(limits),
+                    entry.name,
                 ) from None
-            raise CallFailed(
-                500,
-                getattr(exc, "original_type", type(exc).__name__),
+            raise _failed(
+                FunctionErrorKind.EXECUTION,
                 f"{label} raised {self._describe_exception(exc)}",
+                entry.name,
+                getattr(exc, "original_type", type(exc).__name__),
             ) from None
         try:
             if isinstance(value, pydantic.BaseModel):
                 return value.model_dump(mode="json")
             return pydantic_core.to_jsonable_python(value)
         except (TypeError, ValueError, pydantic_core.PydanticSerializationError) as exc:
-            raise CallFailed(
-                500,
-                "execution",
+            raise _failed(
+                FunctionErrorKind.EXECUTION,
                 f"{label} returned a value of type `{type(value).__name__}`, not JSON ({exc})",
+                entry.name,
             ) from None
 
-    def encode_value(self, label: str, envelope: dict[str, Any]) -> bytes:
+    def encode_value(
+        self, label: str, envelope: dict[str, Any], *, function: str | None = None
+    ) -> bytes:
         """``envelope`` (``{"success": true, "data": VALUE}``) as sent, checked as
         :meth:`encode_tool_result` checks a tool's result; raise :class:`CallFailed` (500,
-        ``execution``) naming the problem."""
+        ``execution``) naming the problem; ``function`` is the name it names."""
+        execution = FunctionErrorKind.EXECUTION
         try:
             body = orjson.dumps(envelope)
         except TypeError as exc:
             problem = json_problem(envelope.get("data"))
             message = _no_json_form(label, problem) if problem else f"{label}: not JSON ({exc})"
-            raise CallFailed(500, "execution", message) from None
+            raise _failed(execution, message, function) from None
         if len(body) > MAX_RESPONSE_BYTES:
-            raise CallFailed(500, "execution", _too_large(label, len(body), "value"))
+            raise _failed(execution, _too_large(label, len(body), "value"), function)
         if b"null" in body and (problem := json_problem(envelope.get("data"))) is not None:
-            raise CallFailed(500, "execution", _no_json_form(label, problem))
+            raise _failed(execution, _no_json_form(label, problem), function)
         return body
 
 
@@ -397,12 +434,12 @@ def _limit_result(label: str, hit: LimitHit, result: ToolResult) -> ToolResult:
     )
 
 
-def _limit_failure(label: str, hit: LimitHit, detail: str | None) -> CallFailed:
+def _limit_failure(label: str, function: str, hit: LimitHit, detail: str | None) -> CallFailed:
     limits = _limits.installed() or InstanceLimits()
     message = f"{label}: {hit.describe(limits)}"
     if detail:
         message += f" ({detail})"
-    return CallFailed(500, "resource_limit", message)
+    return _failed(FunctionErrorKind.RESOURCE_LIMIT, message, function)
 
 
 def _timeout_message(label: str, limit: float, exc: DeadlineExceeded) -> str:

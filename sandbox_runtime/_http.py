@@ -19,6 +19,10 @@ Routes (on every port the runtime listens on):
 ``/mcp``                    MCP streamable HTTP (FastMCP)
 ==========================  ====================================================================
 
+Every error is :func:`aenv_ray.errors.encode_error`'s envelope (``{"error", "type",
+"retryable", ...}``) with the seeds' keys added: ``"success": false`` and ``"error_type"`` (the
+function's kind or exception class name; ``unauthorized``, ``forbidden``, ``bad_request``, ...).
+
 An instance an engine creates has a token (:attr:`~aenv_ray.engine.InstanceInfo.token`): every
 request on every route must then carry ``Authorization: Bearer TOKEN``, else it is answered
 401. Its port is reachable by whatever shares the network with it (other instances allowed the
@@ -47,6 +51,18 @@ from urllib.parse import parse_qsl
 import orjson
 
 from aenv_ray import protocol as p
+from aenv_ray.errors import (
+    AEnvError,
+    AuthenticationError,
+    ConfigurationError,
+    FunctionError,
+    FunctionErrorKind,
+    InstanceBrokenError,
+    PermissionDeniedError,
+    ProtocolError,
+    ToolArgumentError,
+    encode_error,
+)
 from aenv_ray.net import is_local_host, media_type
 from aenv_ray.registry import Kind
 from sandbox_runtime import _limits
@@ -112,8 +128,17 @@ def _parse_json(body: bytes) -> Any:
         raise
 
 
-def _forbidden(error: str, kind: str = "forbidden") -> dict[str, Any]:
-    return {"success": False, "error": error, "error_type": kind}
+def _error_body(exc: AEnvError, seeds_kind: str | None = None) -> dict[str, Any]:
+    """The answer to a failed request: the one envelope, plus the seeds' ``success`` and
+    ``error_type`` (a :class:`FunctionError` carries its own ``error_type``)."""
+    body = {"success": False, **encode_error(exc)}
+    if seeds_kind is not None and "error_type" not in body:
+        body["error_type"] = seeds_kind
+    return body
+
+
+def _forbidden(error: str) -> dict[str, Any]:
+    return _error_body(PermissionDeniedError(error), "forbidden")
 
 
 class RuntimeApp:
@@ -189,8 +214,11 @@ class RuntimeApp:
         if scope["method"] == "POST" and (kind is None or kind not in self._good_types):
             if kind is None or media_type(kind.decode("latin-1")) != "application/json":
                 got = "none" if kind is None else f"`{kind.decode('latin-1')}`"
-                return 415, _forbidden(
-                    f"a POST body must be JSON with `Content-Type: application/json` (got {got})",
+                return 415, _error_body(
+                    ConfigurationError(
+                        f"a POST body must be JSON with `Content-Type: application/json` "
+                        f"(got {got})"
+                    ),
                     "unsupported_media_type",
                 )
             if len(self._good_types) < _KNOWN_MAX:
@@ -221,16 +249,11 @@ class RuntimeApp:
         path: str = scope["path"]
         method: str = scope["method"]
         if not self._is_authorized(scope):
-            await _send_json(
-                send,
-                401,
-                {
-                    "success": False,
-                    "error": "this instance's runtime needs its token: send the header "
-                    "`Authorization: Bearer TOKEN` (InstanceInfo.token, or InstanceInfo.headers)",
-                    "error_type": "unauthorized",
-                },
+            no_token = AuthenticationError(
+                "this instance's runtime needs its token: send the header "
+                "`Authorization: Bearer TOKEN` (InstanceInfo.token, or InstanceInfo.headers)"
             )
+            await _send_json(send, 401, _error_body(no_token, "unauthorized"))
             return
         if self._authorization is None and (refused := self._cross_site(scope)) is not None:
             await _send_json(send, *refused)
@@ -240,7 +263,8 @@ class RuntimeApp:
                 await self._fast_call(receive, send)
             elif path == p.MCP_PATH or path.startswith(p.MCP_PATH + "/"):
                 if self.mcp_app is None or self._mcp_lifespan is None:
-                    await _send_json(send, 404, {"error": "MCP is not enabled on this runtime"})
+                    off = ConfigurationError("MCP is not enabled on this runtime")
+                    await _send_json(send, 404, _error_body(off))
                 else:
                     await self._mcp_lifespan.started()
                     await self.mcp_app(scope, receive, send)
@@ -258,31 +282,29 @@ class RuntimeApp:
                 name = path[len(p.FUNCTIONS_PREFIX) :]
                 await self._function(Kind.FUNCTION, name, scope, receive, send)
             else:
-                await _send_json(
-                    send, 404, {"success": False, "error": f"no route {method} {path}"}
-                )
+                unknown = ProtocolError(f"no route {method} {path}")
+                await _send_json(send, 404, _error_body(unknown))
         except ConnectionAbortedError:
             return
         except WorkerStuckError as exc:
             await _send_json(
-                send, 503, {"success": False, "error": str(exc), "error_type": "instance_broken"}
+                send, 503, _error_body(InstanceBrokenError(str(exc)), "instance_broken")
             )
         except BadArguments as exc:
-            await _send_json(
-                send,
-                400,
-                {
-                    "success": False,
-                    "error": f"bad request: {exc}",
-                    "error_type": "invalid_arguments",
-                },
+            message = f"bad request: {exc}"
+            bad: AEnvError = (
+                ToolArgumentError(message)
+                if path == p.FAST_CALL_PATH
+                else FunctionError(
+                    message,
+                    kind=FunctionErrorKind.INVALID_ARGUMENTS,
+                    error_type=FunctionErrorKind.INVALID_ARGUMENTS.value,
+                )
             )
+            await _send_json(send, 400, _error_body(bad, "invalid_arguments"))
         except (ValueError, orjson.JSONDecodeError) as exc:
-            await _send_json(
-                send,
-                400,
-                {"success": False, "error": f"bad request: {exc}", "error_type": "bad_request"},
-            )
+            unreadable = ProtocolError(f"bad request: {exc}")
+            await _send_json(send, 400, _error_body(unreadable, "bad_request"))
 
     async def _fast_call(self, receive: Receive, send: Send) -> None:
         request = _parse_json(await _read_body(receive))
@@ -317,13 +339,12 @@ class RuntimeApp:
             )
             entry = self.dispatcher.find_function(kind, name)
             label = f"{kind.value} `{entry.name if entry else name}`"
-            body = self.dispatcher.encode_value(label, {"success": True, "data": data})
-        except CallFailed as failed:
-            await _send_json(
-                send,
-                failed.status,
-                {"success": False, "error": failed.message, "error_type": failed.kind},
+            envelope = {"success": True, "data": data}
+            body = self.dispatcher.encode_value(
+                label, envelope, function=entry.name if entry else None
             )
+        except CallFailed as failed:
+            await _send_json(send, failed.status, _error_body(failed.error, "instance_broken"))
             return
         await _send_raw(send, body)
 
@@ -361,11 +382,10 @@ class RuntimeApp:
                 data = {"status": "healthy", "detail": value}
             healthy = str(data.get("status")).lower() in ("healthy", "success", "ok")
             label = f"health `{health.name}`"
-            body = self.dispatcher.encode_value(label, {"success": True, "data": data})
+            envelope = {"success": True, "data": data}
+            body = self.dispatcher.encode_value(label, envelope, function=health.name)
         except CallFailed as failed:
-            await _send_json(
-                send, 503, {"success": False, "error": failed.message, "error_type": failed.kind}
-            )
+            await _send_json(send, 503, _error_body(failed.error, "instance_broken"))
             return
         await _send_raw(send, body, 200 if healthy else 503)
 

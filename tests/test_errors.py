@@ -47,6 +47,8 @@ SAMPLES: dict[str, object] = {
     "limit": "memory",
     "requested": 8.0,
     "allowed": 4.0,
+    "existing_digest": "sha256:" + "ab" * 32,
+    "kind": errors.FunctionErrorKind.TIMEOUT,
 }
 
 COPIERS: dict[str, Callable[[Any], Any]] = {
@@ -108,8 +110,10 @@ def test_every_class_is_an_aenv_error_exported_and_documented(cls: type[Exceptio
     assert re.search(rf"\b{cls.__name__}\b", doc), f"{cls.__name__} is missing from the tree"
 
 
-def test_all_lists_exactly_the_classes() -> None:
-    assert sorted(errors.__all__) == sorted(cls.__name__ for cls in CLASSES)
+def test_all_lists_exactly_the_classes_and_the_wire_functions() -> None:
+    functions = ["FunctionErrorKind", "decode_error", "encode_error", "is_retryable"]
+    assert sorted(errors.__all__) == sorted([cls.__name__ for cls in CLASSES] + functions)
+    assert errors.__all__ == sorted(errors.__all__)
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
@@ -200,6 +204,8 @@ def test_round_trips_with_defaults(cls: type[errors.AEnvError]) -> None:
             "limit": st.text(),
             "requested": st.floats(allow_nan=False),
             "allowed": st.floats(allow_nan=False),
+            "existing_digest": st.text(),
+            "kind": st.sampled_from(errors.FunctionErrorKind),
         },
     ),
     note=st.none() | st.text(),
@@ -247,6 +253,7 @@ RETRYABLE = {
     "HubUnreachableError",
     "InstanceBrokenError",
     "InstanceExpiredError",
+    "InstanceNotFoundError",
     "InstanceUnreachableError",
     "LeaseLostError",
     "StartupTimeoutError",

@@ -572,7 +572,7 @@ async def test_another_tenants_instance_is_out_of_reach(
         ):
             status, _, body = await raw("GET", url, key=hub.keys["bob"])
             assert status == 404, (url, body)
-            assert body["error"]["type"] in ("InstanceNotFoundError", "ServiceNotFoundError")
+            assert body["type"] in ("InstanceNotFoundError", "ServiceNotFoundError")
         with pytest.raises(ServiceNotFoundError):
             await bob.get_service(svc["id"])
         # bob's view holds none of alice's ids or tokens
@@ -628,8 +628,8 @@ def test_a_no_auth_hub_refuses_what_a_web_page_can_send(open_hub: HubProcess) ->
     for host in (f"evil.example:{port}", "evil.example", f"127.0.0.1.nip.io:{port}", ""):
         status, body = send(open_hub.url, "GET", "/v1/envs", {"Host": host})
         assert status == 403, (host, body)
-        assert body["error"]["type"] == "PermissionDeniedError"
-        assert "DNS rebinding" in body["error"]["message"]
+        assert body["type"] == "PermissionDeniedError"
+        assert "DNS rebinding" in body["error"]
     for host in (own, f"localhost:{port}", "localhost", f"[::1]:{port}"):
         status, body = send(open_hub.url, "GET", "/v1/envs", {"Host": host})
         assert status == 200, (host, body)
@@ -639,7 +639,7 @@ def test_a_no_auth_hub_refuses_what_a_web_page_can_send(open_hub: HubProcess) ->
         for method, path in (("GET", "/v1/instances"), ("DELETE", "/v1/instances/x")):
             status, body = send(open_hub.url, method, path, {"Host": own, "Origin": origin})
             assert status == 403, (origin, method, body)
-            assert "other sites" in body["error"]["message"]
+            assert "other sites" in body["error"]
     status, _ = send(open_hub.url, "GET", "/v1/envs", {"Host": own, "Origin": f"http://{own}"})
     assert status == 200
     status, body = send(
@@ -659,16 +659,16 @@ def test_a_no_auth_hub_refuses_what_a_web_page_can_send(open_hub: HubProcess) ->
         headers = {"Host": own} | ({"Content-Type": kind} if kind else {})
         status, body = send(open_hub.url, "POST", "/v1/instances", headers, create)
         assert status == 415, (kind, body)
-        assert "application/json" in body["error"]["message"]
+        assert "application/json" in body["error"]
     headers = {"Host": own, "Content-Type": "application/json"}
     status, body = send(open_hub.url, "POST", "/v1/instances", headers, create)
-    assert (status, body["error"]["type"]) == (404, "EnvironmentNotFoundError")  # got through
+    assert (status, body["type"]) == (404, "EnvironmentNotFoundError")  # got through
     # the upload takes gzip only
     status, body = send(open_hub.url, "POST", "/v1/envs", headers, b'{"not": "a bundle"}')
     assert status == 415, body
     headers = {"Host": own, "Content-Type": "application/gzip"}
     status, body = send(open_hub.url, "POST", "/v1/envs", headers, b"not gzip either")
-    assert (status, body["error"]["type"]) == (400, "ArtifactError")  # got through
+    assert (status, body["type"]) == (400, "ArtifactError")  # got through
     # and health answers a local caller
     status, body = send(open_hub.url, "GET", "/v1/health", {"Host": own})
     assert (status, body["status"], body["store"]["ok"]) == (200, "ok", True)

@@ -196,7 +196,7 @@ async def test_published_versions_are_immutable_and_never_reused(hub: Hub, tmp_p
         await client.push(first.data)
         with pytest.raises(VersionConflictError, match="immutable") as other:
             await client.push(second.data)
-        assert other.value.existing_digest == first.digest  # type: ignore[attr-defined]
+        assert other.value.existing_digest == first.digest
         with pytest.raises(VersionConflictError, match="this very bundle"):
             await client.push(first.data)
         record, data = await client.pull(name, "1.0.0")

@@ -22,6 +22,7 @@ import pytest
 
 from aenv_ray import (
     AuthenticationError,
+    ConfigurationError,
     Environment,
     InstanceBrokenError,
     InstanceNotFoundError,
@@ -435,5 +436,6 @@ def test_unavailable_namespaces_are_a_clear_error_when_required() -> None:
         assert engine.is_isolated
         engine.close()
     else:
-        with pytest.raises(Exception, match="isolation=namespaces"):
+        with pytest.raises(ConfigurationError, match="isolation=namespaces") as caught:
             LocalEngine(isolation=Isolation.NAMESPACES)
+        assert type(caught.value) is ConfigurationError

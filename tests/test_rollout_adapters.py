@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
+from aenv_ray.errors import ConfigurationError
 from rollout.areal import AEnvWorkflow, EpisodeFailedError
 from rollout.gym import make_env
 from rollout.rllib import ByteCodec, NumericToolEnv, TokenCodec, register
@@ -76,8 +77,9 @@ async def test_areal_never_scores_an_episode_whose_instances_kept_failing(
 
 
 async def test_areal_without_a_model_says_what_to_pass() -> None:
-    with pytest.raises(Exception, match="base_url"):
+    with pytest.raises(ConfigurationError, match="base_url") as caught:
         await AEnvWorkflow(TERMINAL).run(TASK)
+    assert type(caught.value) is ConfigurationError
 
 
 # -- RLlib -------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from aenv_ray import (
     ToolErrorKind,
     ToolResult,
 )
-from rollout import EpisodeOutcome, Lease, RolloutPool, classify, run_episode
+from rollout import EpisodeOutcome, Lease, RolloutPool, classify, is_retryable, run_episode
 from rollout._limiter import TokenBucket
 from rollout.metrics import LatencyHistogram
 from tests._processes import processes_of
@@ -157,33 +157,49 @@ def test_latency_histograms_merge_exactly() -> None:
     assert LatencyHistogram().quantile(0.5) == 0.0
 
 
-def test_classify_sorts_failures_into_outcomes() -> None:
+def test_classify_sorts_failures_into_outcomes_and_the_retry_rule_reads_retryable() -> None:
     from aenv_ray.errors import (
         CallTimeoutError,
         CapacityError,
+        HubUnreachableError,
         InstanceExpiredError,
+        InstanceNotFoundError,
+        ProtocolError,
+        ResponseTooLargeError,
         StartupTimeoutError,
+        ToolTimeoutError,
     )
 
     assert classify(None) is EpisodeOutcome.OK
-    for exc in (
+    assert not is_retryable(None)
+    retried = (
         InstanceBrokenError("x"),
         InstanceExpiredError("x"),
+        InstanceNotFoundError("x"),  # gone under you: a fresh instance helps
         LeaseLostError("x"),
         CapacityError("x"),
         StartupTimeoutError("x"),
         AcquireTimeoutError("x"),
+        CallTimeoutError("x"),  # the runtime answers overruns itself: silence is the instance's
+        HubUnreachableError("x"),
         rex.ActorDiedError(),
-    ):
+    )
+    for exc in retried:
         assert classify(exc) is EpisodeOutcome.INFRASTRUCTURE_ERROR, exc
-    for exc in (CallTimeoutError("x"), TimeoutError(), rex.GetTimeoutError()):
+        assert is_retryable(exc), exc
+    for exc in (ProtocolError("x"), ResponseTooLargeError("x")):  # the next instance: the same
+        assert classify(exc) is EpisodeOutcome.INFRASTRUCTURE_ERROR, exc
+        assert not is_retryable(exc), exc
+    for exc in (ToolTimeoutError("x"), TimeoutError(), rex.GetTimeoutError()):
         assert classify(exc) is EpisodeOutcome.TIMEOUT, exc
+        assert not is_retryable(exc), exc
     for exc in (ToolArgumentError("x"), FunctionError("x"), InstanceClosedError("x"), KeyError()):
         assert classify(exc) is EpisodeOutcome.AGENT_ERROR, exc
+        assert not is_retryable(exc), exc
 
 
 def test_classify_looks_through_ray_and_every_wrapper_to_find_the_infrastructure() -> None:
-    from aenv_ray.errors import CallTimeoutError
+    from aenv_ray.errors import ToolTimeoutError
 
     infrastructure, timeout, agent = (
         EpisodeOutcome.INFRASTRUCTURE_ERROR,
@@ -200,6 +216,7 @@ def test_classify_looks_through_ray_and_every_wrapper_to_find_the_infrastructure
         rex.RaySystemError("x"),
     ):
         assert classify(exc) is infrastructure, exc
+        assert is_retryable(exc), exc
 
     def through_ray(cause: BaseException) -> BaseException:
         # what ray.get raises for an error raised inside an actor: a RayTaskError that is also
@@ -212,7 +229,9 @@ def test_classify_looks_through_ray_and_every_wrapper_to_find_the_infrastructure
     assert classify(through_ray(InstanceBrokenError("gone"))) is infrastructure
     assert classify(through_ray(rex.ActorDiedError())) is infrastructure  # nested actors
     assert classify(through_ray(ToolArgumentError("bad"))) is agent
-    assert classify(through_ray(CallTimeoutError("slow"))) is timeout
+    assert classify(through_ray(ToolTimeoutError("slow"))) is timeout
+    assert is_retryable(through_ray(InstanceBrokenError("gone")))
+    assert not is_retryable(through_ray(ToolArgumentError("bad")))
 
     def wrapped(outer: BaseException, cause: BaseException) -> BaseException:
         outer.__cause__ = cause  # raise outer from cause
@@ -223,21 +242,27 @@ def test_classify_looks_through_ray_and_every_wrapper_to_find_the_infrastructure
     )
     assert classify(wrapped(RuntimeError("x"), rex.ActorDiedError())) is infrastructure
     assert classify(wrapped(RuntimeError("x"), ValueError("y"))) is agent
+    assert is_retryable(wrapped(RuntimeError("tool failed"), InstanceBrokenError("x")))
+    assert not is_retryable(wrapped(RuntimeError("x"), ValueError("y")))
     context = RuntimeError("while handling")  # only explicit causes count, not the context
     context.__context__ = InstanceBrokenError("x")
     assert classify(context) is agent
+    assert not is_retryable(context)
     cycle = wrapped(RuntimeError("a"), RuntimeError("b"))
     assert cycle.__cause__ is not None
     cycle.__cause__.__cause__ = cycle
     assert classify(cycle) is agent
+    assert not is_retryable(cycle)
 
     # a policy's TaskGroup: the infrastructure's if any is, else a timeout if any is
     group = BaseExceptionGroup
     assert classify(group("g", [KeyError(), InstanceBrokenError("x")])) is infrastructure
-    assert classify(group("g", [KeyError(), CallTimeoutError("x")])) is timeout
+    assert classify(group("g", [KeyError(), ToolTimeoutError("x")])) is timeout
     assert classify(group("g", [KeyError(), ValueError()])) is agent
     nested = group("outer", [ValueError(), group("inner", [through_ray(LeaseLostError("x"))])])
     assert classify(nested) is infrastructure
+    assert is_retryable(nested)
+    assert not is_retryable(group("g", [KeyError(), ToolTimeoutError("x")]))
 
 
 # -- one node ----------------------------------------------------------------------------------
@@ -426,7 +451,7 @@ def test_episodes_survive_an_instance_killed_mid_episode() -> None:
 
     with probe_pool(size=2) as pool:
         pids = actor_pids(pool)
-        result = run_episode(pool, episode, max_attempts=3)
+        result = run_episode(pool, episode, max_retries=2)
         assert result.outcome is EpisodeOutcome.OK
         assert result.value == 1.0
         assert result.attempts == 2
@@ -440,7 +465,7 @@ def test_episodes_survive_an_instance_killed_mid_episode() -> None:
         def always_broken(lease: Lease) -> float:
             raise InstanceBrokenError("simulated")
 
-        gave_up = run_episode(pool, always_broken, max_attempts=2)
+        gave_up = run_episode(pool, always_broken, max_retries=1)
         assert gave_up.outcome is EpisodeOutcome.INFRASTRUCTURE_ERROR
         assert gave_up.attempts == 2
 

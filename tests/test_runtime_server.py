@@ -64,7 +64,10 @@ async def test_mcp_starts_on_its_first_request_and_the_server_stops_cleanly() ->
             names = {tool.name for tool in await client.list_tools()}
             result = await client.call_tool("echo", {"text": "b"})
         assert "echo" in names
-        assert result.data is not None or result.content
+        assert not result.is_error
+        assert [(item.type, getattr(item, "text", None)) for item in result.content] == [
+            ("text", "b")
+        ]
 
 
 def test_a_server_whose_mcp_never_started_stops_cleanly() -> None:

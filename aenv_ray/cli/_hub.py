@@ -111,7 +111,7 @@ def push(
     try:
         record = hub_call(work)
     except VersionConflictError as exc:
-        if getattr(exc, "existing_digest", None) == digest:
+        if exc.existing_digest == digest:
             print(f"{ref} is already published with this bundle ({digest}); nothing to do")
             return
         raise

@@ -56,7 +56,10 @@ def rollout_command(
     ] = None,
     max_turns: Annotated[int, typer.Option(min=1, help="model turns per episode")] = 20,
     retries: Annotated[
-        int, typer.Option(min=0, help="retries of an episode after an infrastructure error")
+        int,
+        typer.Option(
+            min=0, help="retries of an episode after a retryable failure (docs/errors.md#retries)"
+        ),
     ] = 2,
     episode_timeout: Annotated[
         float, typer.Option(min=0.001, help="seconds an episode may take")
