@@ -22,9 +22,9 @@ import aiohttp
 import httpx
 import orjson
 import pytest
-from envhub.bundle import build_bundle
 
 from aenv_ray import Environment, errors
+from aenv_ray.bundle import build_bundle
 from aenv_ray.cli._scaffold import write_project
 from aenv_ray.engine import InstanceSpec
 from aenv_ray.errors import (
