@@ -27,10 +27,11 @@ from aenv_ray.engine import (
     InstanceInfo,
     InstanceSpec,
     InstanceState,
+    Route,
     SandboxEngine,
     TerminationReason,
 )
-from aenv_ray.environment import Environment
+from aenv_ray.environment import Environment, EnvironmentState
 from aenv_ray.errors import (
     AcquireTimeoutError,
     AEnvError,
@@ -100,6 +101,7 @@ __all__ = [
     "EnvConfig",
     "Environment",
     "EnvironmentNotFoundError",
+    "EnvironmentState",
     "FunctionError",
     "FunctionErrorKind",
     "FunctionNotFoundError",
@@ -120,6 +122,7 @@ __all__ = [
     "QuotaExceededError",
     "RegistryError",
     "ResponseTooLargeError",
+    "Route",
     "SandboxEngine",
     "ServiceNotFoundError",
     "StartupTimeoutError",

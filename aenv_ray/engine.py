@@ -23,11 +23,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from aenv_ray.errors import InstanceUnreachableError
+
 __all__ = [
     "DEFAULT_TTL",
     "InstanceInfo",
     "InstanceSpec",
     "InstanceState",
+    "Route",
     "SandboxEngine",
     "TerminationReason",
     "default_engine",
@@ -64,10 +67,12 @@ class InstanceSpec:
     """What to create: an environment definition and how to run it.
 
     ``env_ref`` names the definition (``name@version``); ``project`` is its directory when the
-    caller has already resolved it (the local engine needs one of the two). ``ttl`` is seconds
-    (``None``: ``deployConfig.ttl``, else :data:`DEFAULT_TTL`). ``storage`` is persistent storage
-    the engine mounts read-write at ``/storage``: a host directory for the local engine, a
-    PersistentVolumeClaim name for Kubernetes.
+    caller has already resolved it. ``ttl`` is seconds (``None``: ``deployConfig.ttl``, else
+    :data:`DEFAULT_TTL`). ``storage`` is persistent storage the engine mounts read-write at
+    ``/storage``: a host directory for the local engine, a PersistentVolumeClaim name for
+    Kubernetes. ``env_path`` is where an engine that looks names up on this host (the local
+    engine, its daemon's client) finds projects besides the built-ins (``None``: the
+    ``AENV_ENV_PATH`` setting); an engine with a registry of its own (a hub) ignores it.
     """
 
     env_ref: str
@@ -79,6 +84,7 @@ class InstanceSpec:
     owner: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     storage: str | None = None
+    env_path: str | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +130,31 @@ class InstanceInfo:
         return f"{text} ({self.detail})" if self.detail else text
 
 
+@dataclass(frozen=True)
+class Route:
+    """How this process reaches an instance's runtime: its base URL and the headers every
+    request carries (its token; a hub's key when calls go through the hub)."""
+
+    url: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def direct(cls, info: InstanceInfo) -> Route:
+        """The instance's own address and token: the route of every engine whose instances this
+        process can reach.
+
+        >>> Route.direct(InstanceInfo("i1", "demo@1.0.0", InstanceState.RUNNING,
+        ...                           url="http://127.0.0.1:9", token="t"))
+        Route(url='http://127.0.0.1:9', headers={'Authorization': 'Bearer t'})
+        """
+        if not info.url:
+            raise InstanceUnreachableError(
+                f"instance {info.id} has no address ({info.describe_end()})",
+                instance_id=info.id,
+            )
+        return cls(info.url, info.headers)
+
+
 @runtime_checkable
 class SandboxEngine(Protocol):
     """Creates and tracks isolated instances of environment definitions.
@@ -146,6 +177,11 @@ class SandboxEngine(Protocol):
 
     async def get(self, instance_id: str) -> InstanceInfo:
         """The instance's current state; terminated ones keep their reason."""
+        ...
+
+    async def route(self, info: InstanceInfo) -> Route:
+        """How this process reaches the instance (usually :meth:`Route.direct`; a hub's engine
+        may route through the hub). The SDK asks this, never which engine it has."""
         ...
 
     async def list(self, *, env_ref: str | None = None) -> builtins.list[InstanceInfo]:

@@ -27,24 +27,22 @@ HTTP routes. The constructor keeps the seeds' parameters.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import enum
 import logging
-import sys
 import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any
-from urllib.parse import urlparse, urlunparse
 
 import orjson
 
 from aenv_ray import protocol as p
+from aenv_ray._origin import Attached, Engined, Origin, RunServer
 from aenv_ray._transport import InstanceClient
 from aenv_ray.config import parse_duration
 from aenv_ray.engine import (
-    InstanceInfo,
     InstanceSpec,
-    InstanceState,
+    Route,
     SandboxEngine,
     TerminationReason,
     default_engine,
@@ -67,26 +65,11 @@ from aenv_ray.errors import (
 )
 from aenv_ray.openai_tools import OpenAINames, to_agents_tools, to_openai_tools
 from aenv_ray.protocol import MAX_TIMEOUT, ToolErrorKind, ToolResult, json_problem
-from aenv_ray.resolve import resolve_environment
 from aenv_ray.settings import Settings, get_settings
 
-__all__ = ["Environment"]
+__all__ = ["Environment", "EnvironmentState"]
 
 log = logging.getLogger("aenv_ray.environment")
-
-RUN_SERVER_INSTANCE_ID = "local"
-"""``instance_id`` in the aenv run mode (``DUMMY_INSTANCE_IP``): the seeds' value, kept because
-user code and logs compare against it; it does not mean the local engine."""
-
-
-def _with_port(url: str, port: int | None) -> str:
-    if "://" not in url:
-        url = f"http://{url}"
-    parsed = urlparse(url)
-    if parsed.port is not None or port is None:
-        return urlunparse(parsed._replace(path="", params="", query="", fragment=""))
-    netloc = f"{parsed.hostname}:{port}"
-    return urlunparse(parsed._replace(netloc=netloc, path="", params="", query="", fragment=""))
 
 
 def _encode(payload: Any, arguments: Any) -> bytes | str:
@@ -101,12 +84,16 @@ def _encode(payload: Any, arguments: Any) -> bytes | str:
     return body
 
 
-def _is_remote(engine: SandboxEngine | None) -> bool:
-    """True for a hub's engine. Only asked of the module when loaded: an engine cannot be a
-    RemoteEngine before :mod:`aenv_ray.hub` (and its aiohttp, ~0.14 s) is imported, and local
-    instances need neither."""
-    hub = sys.modules.get("aenv_ray.hub")
-    return hub is not None and isinstance(engine, hub.RemoteEngine)
+class EnvironmentState(enum.Enum):
+    """Where an :class:`Environment` is in its life: ``NEW`` until :meth:`~Environment.initialize`
+    (or the first call), then ``OPEN``; ``BROKEN`` once its engine says the instance ended under
+    it (every call then raises that end again); ``CLOSED`` after
+    :meth:`~Environment.release`, from any state."""
+
+    NEW = "new"
+    OPEN = "open"
+    BROKEN = "broken"
+    CLOSED = "closed"
 
 
 class Environment:
@@ -168,9 +155,9 @@ class Environment:
         self.startup_timeout = startup_timeout
         self.owner = owner
         self.instance_id: str | None = None
-        self._attach_url: str | None = None
         self._client: InstanceClient | None = None
-        self._state = "new"  # new -> open -> closed
+        self._state = EnvironmentState.NEW
+        self._broken: AEnvError | None = None  # the end that made it BROKEN
         self._init_lock = asyncio.Lock()
         self._tools: list[dict[str, Any]] | None = None
         self._served_ref: str | None = None
@@ -179,9 +166,8 @@ class Environment:
         self._openai_names: OpenAINames | None = None
         self._engine = engine
         self._project: Path | None = None
-        self._owned: InstanceInfo | None = None  # an instance this object created, or adopted
-        self._own_engine = False  # a hub client made for this object, closed on release
-        self._headers: dict[str, str] = {}  # sent with every runtime call (the hub's key)
+        self._origin: Origin | None = None  # where the instance comes from: chosen once
+        self._route: Route | None = None
 
     @classmethod
     def attach(
@@ -192,10 +178,8 @@ class Environment:
         ``token`` is the instance's (:attr:`~aenv_ray.engine.InstanceInfo.token`) when an
         engine created it."""
         env = cls(env_name or "unknown", **kwargs)
-        env._attach_url = url
+        env._origin = Attached(url, {"Authorization": f"Bearer {token}"} if token else {})
         env._served_ref = None if env_name else ""
-        if token:
-            env._headers = {"Authorization": f"Bearer {token}"}
         return env
 
     @classmethod
@@ -215,27 +199,25 @@ class Environment:
 
         Only for instances an engine created (not :meth:`attach` or the aenv run mode).
         """
-        if self._state == "new":
+        if self._state is EnvironmentState.NEW:
             await self.initialize()
-        if self._owned is None or self._engine is None:
-            raise ConfigurationError(
-                f"`{self.env_name}` was not created by an engine (attach, or the aenv run mode "
-                "of DUMMY_INSTANCE_IP): it cannot be forked; create it with Environment(name) "
-                "or from_project(path)"
-            )
+        self._require_client()
+        assert self._origin is not None
         limit = timeout if timeout is not None else self.settings.startup_timeout
-        infos = await self._engine.fork(self._owned.id, n, timeout=limit)
+        try:
+            origins = await self._origin.fork(n, limit)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"`{self.env_name}`: {exc}") from exc
         children = []
-        for info in infos:
+        for origin in origins:
             child = Environment(
                 self.env_name,
                 timeout=self.timeout,
                 max_retries=self.max_retries,
                 startup_timeout=self.startup_timeout,
                 settings=self.settings,
-                engine=self._engine,
             )
-            child._owned = info
+            child._origin = origin
             children.append(child)
         try:
             for child in children:
@@ -260,9 +242,14 @@ class Environment:
         await self.release()
 
     @property
+    def state(self) -> EnvironmentState:
+        """Where this environment is in its life (:class:`EnvironmentState`)."""
+        return self._state
+
+    @property
     def is_open(self) -> bool:
-        """True between a successful :meth:`initialize` and :meth:`release`."""
-        return self._state == "open"
+        """True between a successful :meth:`initialize` and :meth:`release` (or a break)."""
+        return self._state is EnvironmentState.OPEN
 
     @property
     def url(self) -> str | None:
@@ -273,36 +260,33 @@ class Environment:
     def mcp_url(self) -> str | None:
         """The instance's standard MCP endpoint, for any MCP client (once initialized).
 
-        In the aenv run mode (``DUMMY_INSTANCE_IP``) that is the MCP port (``AENV_MCP_PORT``, 8081);
-        elsewhere every port of the runtime serves MCP at ``/mcp``.
+        In the aenv run mode (``DUMMY_INSTANCE_IP``) that is the MCP port (``AENV_MCP_PORT``,
+        8081); elsewhere every port of the runtime serves MCP at ``/mcp``.
         """
-        if self._client is None:
+        if self._origin is None or self._route is None:
             return None
-        if self.instance_id == RUN_SERVER_INSTANCE_ID and self.settings.dummy_instance_ip:
-            return _with_port(self.settings.dummy_instance_ip, self.settings.mcp_port) + p.MCP_PATH
-        return self._client.base_url + p.MCP_PATH
+        return self._origin.mcp_url(self._route)
 
     async def initialize(self) -> bool:
         """Get an instance and wait until it is healthy. Idempotent; returns True."""
         async with self._init_lock:
-            if self._state == "open":
+            if self._state is not EnvironmentState.NEW:
+                self._require_client()  # CLOSED and BROKEN raise; OPEN returns
                 return True
-            if self._state == "closed":
-                raise InstanceClosedError(
-                    f"`{self.env_name}` was released; create a new Environment",
-                    env_name=self.env_name,
-                    instance_id=self.instance_id,
-                )
+            origin = self._origin = self._origin or self._choose_origin()
             try:
-                base_url = await self._resolve_url()
+                route = await origin.open(self.startup_timeout or self.settings.startup_timeout)
             except BaseException:
-                await self._delete_owned()
+                await origin.close()
                 raise
+            self.instance_id = origin.instance_id
+            self._route = route
+            base_url = route.url
             self._client = InstanceClient(
                 base_url,
                 connect_timeout=self.settings.connect_timeout,
                 reconnect_window=self.settings.reconnect_window,
-                headers=self._headers,
+                headers=dict(route.headers),
                 env_name=self.env_name,
                 instance_id=self.instance_id,
             )
@@ -312,115 +296,63 @@ class Environment:
             except BaseException:
                 await self._client.aclose()
                 self._client = None
-                await self._delete_owned()
+                await origin.close()
                 raise
-            self._state = "open"
+            self._state = EnvironmentState.OPEN
             log.info("environment ready", extra={"env": self.env_name, "url": base_url})
             return True
 
-    async def _resolve_url(self) -> str:
-        if self._attach_url:
-            return _with_port(self._attach_url, None)
-        if self._owned is not None:  # adopted (a fork): the engine made it already
-            self.instance_id = self._owned.id
-            if _is_remote(self._engine):
-                return await self._remote_route(self._owned)
-            self._headers = dict(self._owned.headers)
-            return _with_port(self._owned.url or "", None)
+    def _choose_origin(self) -> Origin:
+        """Where the instance comes from (see the class docstring): decided once."""
         if self.settings.dummy_instance_ip:
-            self.instance_id = RUN_SERVER_INSTANCE_ID
-            return _with_port(self.settings.dummy_instance_ip, self.settings.functions_port)
-        if self.aenv_url and self._engine is None and self._project is None:
-            from aenv_ray.hub import HubClient, RemoteEngine
-
-            self._engine = RemoteEngine(HubClient(self.aenv_url, api_key=self.api_key))
-            self._own_engine = True
-        return await self._create_instance()
-
-    async def _create_instance(self) -> str:
-        remote = _is_remote(self._engine)
-        if remote:  # the hub resolves the name (its registry, then its built-ins)
-            ref, project = self.env_name, None
-        elif self._project is None:
-            ref, project = resolve_environment(self.env_name, self.settings.env_path)
-        else:
-            ref, project = self.env_name, self._project
-        if self._engine is None:
-            self._engine = default_engine()
+            settings = self.settings
+            return RunServer(settings.dummy_instance_ip, settings.functions_port, settings.mcp_port)
         spec = InstanceSpec(
-            env_ref=ref,
-            project=str(project) if project is not None else None,
+            env_ref=self.env_name,
+            project=str(self._project) if self._project is not None else None,
             ttl=self.ttl,
             environment_variables=self.environment_variables,
             arguments=tuple(self.arguments),
             datasource=self.datasource or None,
             owner=self.owner,
+            env_path=self.settings.env_path,
         )
-        limit = self.startup_timeout or self.settings.startup_timeout
-        self._owned = await self._engine.create(spec, timeout=limit)
-        self.instance_id = self._owned.id
-        if remote:
-            return await self._remote_route(self._owned)
-        self._headers = dict(self._owned.headers)
-        return _with_port(self._owned.url or "", None)
+        if self.aenv_url and self._engine is None and self._project is None:
+            from aenv_ray.hub import HubClient, RemoteEngine
 
-    async def _remote_route(self, info: InstanceInfo) -> str:
-        """The runtime's own address when this process can reach it (no hop through the hub
-        on the hot path), else the hub's proxy for it (``AENV_HUB_ROUTE`` forces either)."""
-        from aenv_ray.hub import RemoteEngine, reachable
-
-        assert isinstance(self._engine, RemoteEngine)
-        route = self.settings.hub_route
-        direct = _with_port(info.url or "", None) if info.url else None
-        if direct and (
-            route == "direct"
-            or (route == "auto" and await reachable(direct, timeout=self.settings.connect_timeout))
-        ):
-            self._headers = dict(info.headers)
-            return direct
-        proxy = self._engine.proxy_urls.get(info.id)
-        if proxy is None:
-            raise ProtocolError(f"the hub gave no proxy address for instance {info.id}")
-        self._headers = self._engine.client.headers
-        log.info("calls go through the hub", extra={"instance": info.id, "proxy": proxy})
-        return proxy
-
-    async def _delete_owned(self) -> None:
-        owned, self._owned = self._owned, None
-        if owned is not None and self._engine is not None:
-            with contextlib.suppress(AEnvError):
-                await self._engine.delete(owned.id)
-        if self._own_engine and self._engine is not None:
-            self._own_engine = False
-            await self._engine.aclose()
+            hub = RemoteEngine(
+                HubClient(self.aenv_url, api_key=self.api_key),
+                route=self.settings.hub_route,
+                connect_timeout=self.settings.connect_timeout,
+            )
+            return Engined(hub, spec=spec, owns_engine=True)
+        return Engined(self._engine or default_engine(), spec=spec)
 
     async def _why_broken(self, exc: InstanceBrokenError) -> AEnvError:
-        """The engine's account of a dead instance, when it has one."""
-        if self._owned is None or self._engine is None:
-            return exc
-        try:
-            info = await self._engine.get(self._owned.id)
-        except AEnvError:
-            return exc
-        if info.state is not InstanceState.TERMINATED:
+        """The engine's account of a dead instance, when it has one (the environment is then
+        ``BROKEN``: its instance is gone for good)."""
+        info = await self._origin.ended() if self._origin is not None else None
+        if info is None:
             return exc
         cls = (
             InstanceExpiredError
             if info.reason is TerminationReason.EXPIRED
             else InstanceBrokenError
         )
-        return cls(
+        self._state = EnvironmentState.BROKEN
+        self._broken = cls(
             f"`{self.env_name}`: {info.describe_end()}; create a new environment",
             env_name=self.env_name,
             instance_id=info.id,
         )
+        return self._broken
 
     async def _wait_until_healthy(self) -> None:
         assert self._client is not None
         # a local server is there or not: 10 s unless AENV_STARTUP_TIMEOUT or the argument says
         explicit = "startup_timeout" in self.settings.model_fields_set
-        local = self.instance_id in (None, "local") and not explicit
-        limit = self.startup_timeout or (10.0 if local else self.settings.startup_timeout)
+        quick = self._origin.startup_wait if self._origin is not None and not explicit else None
+        limit = self.startup_timeout or quick or self.settings.startup_timeout
         deadline = time.monotonic() + limit
         delay, last = 0.02, "no answer yet"
         while True:
@@ -475,24 +407,29 @@ class Environment:
 
     async def release(self) -> None:
         """Give the instance back. Idempotent; later calls raise :class:`InstanceClosedError`."""
-        if self._state == "closed":
+        if self._state is EnvironmentState.CLOSED:
             return
-        self._state = "closed"
+        self._state = EnvironmentState.CLOSED
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
-        await self._delete_owned()
+        if self._origin is not None:
+            await self._origin.close()
         log.info("environment released", extra={"env": self.env_name})
 
     destroy = release
 
     # -- calls -------------------------------------------------------------------------------
     def _require_client(self) -> InstanceClient:
-        if self._state == "closed":
+        if self._state is EnvironmentState.CLOSED:
             raise InstanceClosedError(
                 f"`{self.env_name}` was released; create a new Environment",
                 env_name=self.env_name,
                 instance_id=self.instance_id,
+            )
+        if self._broken is not None:  # BROKEN: the engine said its instance ended
+            raise type(self._broken)(
+                str(self._broken), env_name=self.env_name, instance_id=self.instance_id
             )
         assert self._client is not None
         return self._client
@@ -515,7 +452,7 @@ class Environment:
         ``max_retries`` times and within its ``timeout``
         (:meth:`~aenv_ray._transport.InstanceClient.request`); a request that may have changed
         something (``POST``: a tool call, a function, the reward) is never repeated."""
-        if self._state == "new":
+        if self._state is EnvironmentState.NEW:
             await self.initialize()
         status, data = await self._send(method, path, payload, timeout, headers, body)
         if status >= 400 and isinstance(data, dict) and data.get("success") is not True:
@@ -651,7 +588,7 @@ class Environment:
                 tool=tool_name,
                 env_name=self.env_name,
             )
-        if self._state == "new":
+        if self._state is EnvironmentState.NEW:
             await self.initialize()
         if not self._tool_names and self._tools is None and "/" not in tool_name:
             await self.list_tools()  # a runtime that did not list its tools in /aenv/v1/info
@@ -716,7 +653,7 @@ class Environment:
     ) -> Any:
         """Call a ``@register_function`` helper; return its JSON value or raise
         :class:`FunctionError` (:class:`FunctionNotFoundError` for an unknown name)."""
-        if self._state == "new":
+        if self._state is EnvironmentState.NEW:
             await self.initialize()
         return await self._call_envelope(
             "POST",
@@ -731,7 +668,7 @@ class Environment:
         self, arguments: dict[str, Any] | None = None, timeout: float | None = None
     ) -> Any:
         """Call the environment's reward; return its value (often a float)."""
-        if self._state == "new":
+        if self._state is EnvironmentState.NEW:
             await self.initialize()
         return await self._call_envelope(
             "POST", p.REWARD_PATH, "reward", arguments or {}, timeout, self._declared.get("reward")
@@ -748,7 +685,7 @@ class Environment:
         return report if isinstance(report, dict) else {"status": str(report)}
 
     def __repr__(self) -> str:
-        return f"Environment({self.env_name!r}, state={self._state}, url={self.url!r})"
+        return f"Environment({self.env_name!r}, state={self._state.value}, url={self.url!r})"
 
 
 def _serves(served: str, asked: str) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import logging
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
@@ -27,7 +28,7 @@ import aiohttp
 import orjson
 
 from aenv_ray.bundle import digest_of
-from aenv_ray.engine import InstanceInfo, InstanceSpec, info_from_json
+from aenv_ray.engine import InstanceInfo, InstanceSpec, Route, info_from_json
 from aenv_ray.errors import (
     AEnvError,
     ArtifactError,
@@ -41,6 +42,8 @@ from aenv_ray.errors import (
 __all__ = ["DIGEST_HEADER", "HubClient", "RemoteEngine", "reachable"]
 
 DIGEST_HEADER = "X-Aenv-Digest"
+
+log = logging.getLogger("aenv_ray.hub")
 
 
 class HubClient:
@@ -362,8 +365,14 @@ class RemoteEngine:
     name = "envhub"
     closes_instances = False  # the hub keeps them until released or expired
 
-    def __init__(self, client: HubClient) -> None:
+    def __init__(
+        self, client: HubClient, *, route: str = "auto", connect_timeout: float = 5.0
+    ) -> None:
+        if route not in ("auto", "direct", "proxy"):
+            raise ConfigurationError(f"route `{route}`: use auto, direct or proxy")
         self.client = client
+        self.routing = route  # AENV_HUB_ROUTE: how calls reach the instances
+        self.connect_timeout = connect_timeout
         self.proxy_urls: dict[str, str] = {}  # instance id -> the hub's proxy for it
 
     def _info(self, doc: Mapping[str, Any]) -> InstanceInfo:
@@ -388,7 +397,25 @@ class RemoteEngine:
         """The instance's state, as the hub knows it."""
         return self._info(await self.client.get_instance(instance_id))
 
-    async def list(self, *, env_ref: str | None = None) -> list[InstanceInfo]:
+    async def route(self, info: InstanceInfo) -> Route:
+        """The runtime's own address when this process can reach it (no hop through the hub on
+        the hot path), else the hub's proxy for it, with the hub's key (``route`` forces
+        either)."""
+        direct = Route.direct(info) if info.url else None
+        if direct is not None and (
+            self.routing == "direct"
+            or (
+                self.routing == "auto" and await reachable(direct.url, timeout=self.connect_timeout)
+            )
+        ):
+            return direct
+        proxy = self.proxy_urls.get(info.id)
+        if proxy is None:
+            raise ProtocolError(f"the hub gave no proxy address for instance {info.id}")
+        log.info("calls go through the hub", extra={"instance": info.id, "proxy": proxy})
+        return Route(proxy, self.client.headers)
+
+    async def list(self, *, env_ref: str | None = None) -> builtins.list[InstanceInfo]:
         """This key's live instances."""
         return [self._info(d) for d in await self.client.list_instances(env=env_ref)]
 

@@ -37,14 +37,14 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import aiohttp
 
-from aenv_ray.engine import InstanceInfo, InstanceSpec, info_from_json
+from aenv_ray.engine import InstanceInfo, InstanceSpec, Route, info_from_json
 from aenv_ray.errors import (
     AEnvError,
     CallTimeoutError,
@@ -142,9 +142,15 @@ class DaemonEngine:
         Relative ``project``, ``datasource`` and ``storage`` paths are made absolute here (the
         daemon runs in ``/``).
         """
+        project = spec.project
+        if project is None and spec.env_path is not None:  # looked up here, as the caller asks
+            from aenv_ray.resolve import resolve_environment
+
+            ref, found = resolve_environment(spec.env_ref, spec.env_path)
+            spec, project = replace(spec, env_ref=ref), str(found)
         body = {
             "env": spec.env_ref,
-            "project": _absolute(spec.project),
+            "project": _absolute(project),
             "ttl": spec.ttl,
             "timeout": timeout,
             "environment_variables": dict(spec.environment_variables),
@@ -162,6 +168,10 @@ class DaemonEngine:
     async def get(self, instance_id: str) -> InstanceInfo:
         """The instance's current state, as the daemon knows it."""
         return _info(await self._request("GET", _path(instance_id), instance_id=instance_id))
+
+    async def route(self, info: InstanceInfo) -> Route:
+        """The instance's own address and token (the daemon's instances run on this machine)."""
+        return Route.direct(info)
 
     async def list(self, *, env_ref: str | None = None) -> list[InstanceInfo]:
         """The daemon's instances, newest first, optionally of one definition."""

@@ -52,6 +52,7 @@ from aenv_ray.engine import (
     InstanceInfo,
     InstanceSpec,
     InstanceState,
+    Route,
     TerminationReason,
 )
 from aenv_ray.envref import EnvRef
@@ -184,6 +185,10 @@ class LocalEngine:
         """The instance's current state."""
         return await self._call(self._get(instance_id))
 
+    async def route(self, info: InstanceInfo) -> Route:
+        """The instance's own address and token (this machine reaches it directly)."""
+        return Route.direct(info)
+
     async def list(self, *, env_ref: str | None = None) -> list[InstanceInfo]:
         """Known instances, newest first."""
         return await self._call(self._list(env_ref))
@@ -229,7 +234,8 @@ class LocalEngine:
     # -- implementation (engine thread) --------------------------------------------------------
     async def _create(self, spec: InstanceSpec, timeout: float) -> InstanceInfo:
         if spec.project is None:  # a name: the built-ins, then env_path (AENV_ENV_PATH)
-            ref, project = resolve_environment(spec.env_ref, self.env_path)
+            where = spec.env_path if spec.env_path is not None else self.env_path
+            ref, project = resolve_environment(spec.env_ref, where)
             spec = replace(spec, env_ref=ref, project=str(project))
         running = sum(
             1 for r in self._records.values() if r.info.state is not InstanceState.TERMINATED

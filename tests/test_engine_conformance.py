@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from aenv_ray import InstanceInfo, InstanceSpec, InstanceState, NotSupportedError
+from aenv_ray import InstanceInfo, InstanceSpec, InstanceState, NotSupportedError, Route
 from aenv_ray.engine import SandboxEngine
 from aenv_ray.hub import HubClient, RemoteEngine
 from aenv_ray.testing import ENGINE_CHECKS, ConformanceError, check_sandbox_engine
@@ -78,6 +78,9 @@ class _Lying:
         if self.lie == "revives" and info.state is InstanceState.TERMINATED:
             return InstanceInfo(info.id, info.env_ref, InstanceState.RUNNING, url=info.url)
         return info
+
+    async def route(self, info: InstanceInfo) -> Route:
+        return await self.inner.route(info)
 
     async def list(self, *, env_ref: str | None = None) -> list[InstanceInfo]:
         found = await self.inner.list(env_ref=env_ref)

@@ -29,6 +29,7 @@ from aenv_ray.engine import (
     InstanceInfo,
     InstanceSpec,
     InstanceState,
+    Route,
     SandboxEngine,
     TerminationReason,
 )
@@ -186,6 +187,10 @@ async def _check_create(run: _Run) -> None:
             f"expires_at {info.expires_at} is not created_at + ttl ({info.created_at} + {ttl})",
         )
     _expect(await _answers(info), c, f"instance {info.id} does not answer at {info.url}")
+    route = await run.engine.route(info) if run.engine is not None else None
+    _expect(
+        isinstance(route, Route) and route.url, c, f"route() gave {route!r}, not a Route with a url"
+    )
 
 
 async def _check_get(run: _Run) -> None:

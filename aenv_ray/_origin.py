@@ -1,0 +1,181 @@
+"""Where an :class:`~aenv_ray.Environment`'s instance comes from, decided once.
+
+An origin opens once (the route to the instance's runtime), closes once, and knows what it can:
+whether the instance ended and why, and how to fork it. :class:`Environment` holds one and never
+asks which engine, or which mode, it has:
+
+- :class:`Attached`: a runtime at a URL someone names (not owned: closing it leaves it running);
+- :class:`RunServer`: the aenv run mode (``DUMMY_INSTANCE_IP``): functions and MCP on the
+  server's two ports;
+- :class:`Engined`: an instance an engine creates (or created: a fork's child) and deletes;
+  the engine says how to reach it (:meth:`~aenv_ray.engine.SandboxEngine.route`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Protocol
+from urllib.parse import urlparse, urlunparse
+
+from aenv_ray import protocol as p
+from aenv_ray.engine import InstanceInfo, InstanceSpec, InstanceState, Route, SandboxEngine
+from aenv_ray.errors import AEnvError, ConfigurationError
+
+__all__ = ["RUN_SERVER_INSTANCE_ID", "Attached", "Engined", "Origin", "RunServer", "with_port"]
+
+RUN_SERVER_INSTANCE_ID = "local"
+"""``instance_id`` in the aenv run mode (``DUMMY_INSTANCE_IP``): the seeds' value, kept because
+user code and logs compare against it; it does not mean the local engine."""
+
+
+def with_port(url: str, port: int | None) -> str:
+    """``url`` reduced to scheme, host and port; ``port`` when the URL names none.
+
+    >>> with_port("localhost", 8080), with_port("http://h:9/x?y", 8080)
+    ('http://localhost:8080', 'http://h:9')
+    """
+    if "://" not in url:
+        url = f"http://{url}"
+    parsed = urlparse(url)
+    if parsed.port is not None or port is None:
+        return urlunparse(parsed._replace(path="", params="", query="", fragment=""))
+    netloc = f"{parsed.hostname}:{port}"
+    return urlunparse(parsed._replace(netloc=netloc, path="", params="", query="", fragment=""))
+
+
+class Origin(Protocol):
+    """What an Environment needs of where its instance comes from."""
+
+    instance_id: str | None
+    startup_wait: float | None  # default seconds to wait for health (None: the setting's)
+
+    async def open(self, timeout: float) -> Route:
+        """Get the instance (create it, if that is this origin's job); how to reach it."""
+        ...
+
+    async def close(self) -> None:
+        """Give the instance back (delete it, if this origin made it). Idempotent."""
+        ...
+
+    async def ended(self) -> InstanceInfo | None:
+        """The engine's account of the instance if it has terminated, else None."""
+        ...
+
+    async def fork(self, n: int, timeout: float) -> list[Origin]:
+        """Origins of ``n`` copies of the instance, each already running."""
+        ...
+
+    def mcp_url(self, route: Route) -> str:
+        """Where the instance's standard MCP endpoint is."""
+        ...
+
+
+class _Unforkable:
+    why = ""
+
+    async def ended(self) -> InstanceInfo | None:
+        return None
+
+    async def fork(self, n: int, timeout: float) -> list[Origin]:
+        raise ConfigurationError(
+            f"this instance was not created by an engine ({self.why}): it cannot be forked; "
+            "create it with Environment(name) or from_project(path)"
+        )
+
+    async def close(self) -> None:
+        return None
+
+
+class Attached(_Unforkable):
+    """A runtime already serving at ``url``; closing leaves it running."""
+
+    instance_id: str | None = None
+    startup_wait: float | None = 10.0  # a server is there or not
+    why = "attach"
+
+    def __init__(self, url: str, headers: dict[str, str]) -> None:
+        self.url = with_port(url, None)
+        self.headers = headers
+
+    async def open(self, timeout: float) -> Route:
+        return Route(self.url, self.headers)
+
+    def mcp_url(self, route: Route) -> str:
+        return route.url + p.MCP_PATH
+
+
+class RunServer(_Unforkable):
+    """The aenv run mode: a server started with ``aenv run`` at ``DUMMY_INSTANCE_IP``, functions
+    on ``functions_port`` and MCP on ``mcp_port`` (a URL with an explicit port uses that)."""
+
+    instance_id: str | None = RUN_SERVER_INSTANCE_ID
+    startup_wait: float | None = 10.0
+    why = "the aenv run mode of DUMMY_INSTANCE_IP"
+
+    def __init__(self, address: str, functions_port: int, mcp_port: int) -> None:
+        self.address = address
+        self.functions_port = functions_port
+        self.mcp_port = mcp_port
+
+    async def open(self, timeout: float) -> Route:
+        return Route(with_port(self.address, self.functions_port))
+
+    def mcp_url(self, route: Route) -> str:
+        return with_port(self.address, self.mcp_port) + p.MCP_PATH
+
+
+class Engined:
+    """An instance ``engine`` creates from ``spec`` (or ``adopted``: one it already made) and
+    deletes on close; ``owns_engine``: the engine was made for this instance and closes too."""
+
+    startup_wait: float | None = None
+
+    def __init__(
+        self,
+        engine: SandboxEngine,
+        *,
+        spec: InstanceSpec | None = None,
+        adopted: InstanceInfo | None = None,
+        owns_engine: bool = False,
+    ) -> None:
+        if (spec is None) == (adopted is None):
+            raise ValueError("give spec (to create an instance) or adopted (one made), not both")
+        self.engine = engine
+        self.spec = spec
+        self.info = adopted
+        self.owns_engine = owns_engine
+        self.instance_id: str | None = adopted.id if adopted else None
+
+    async def open(self, timeout: float) -> Route:
+        if self.info is None:
+            assert self.spec is not None
+            self.info = await self.engine.create(self.spec, timeout=timeout)
+            self.instance_id = self.info.id
+        return await self.engine.route(self.info)
+
+    async def close(self) -> None:
+        info, self.info = self.info, None
+        if info is not None:
+            with contextlib.suppress(AEnvError):
+                await self.engine.delete(info.id)
+        if self.owns_engine:
+            self.owns_engine = False
+            await self.engine.aclose()
+
+    async def ended(self) -> InstanceInfo | None:
+        if self.info is None:
+            return None
+        try:
+            now = await self.engine.get(self.info.id)
+        except AEnvError:
+            return None
+        return now if now.state is InstanceState.TERMINATED else None
+
+    async def fork(self, n: int, timeout: float) -> list[Origin]:
+        if self.info is None:
+            raise ConfigurationError("open the environment before forking it")
+        infos = await self.engine.fork(self.info.id, n, timeout=timeout)
+        return [Engined(self.engine, adopted=info) for info in infos]
+
+    def mcp_url(self, route: Route) -> str:
+        return route.url + p.MCP_PATH
