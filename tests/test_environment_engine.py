@@ -14,7 +14,9 @@ from aenv_ray import (
     ConfigurationError,
     Environment,
     EnvironmentNotFoundError,
+    EnvironmentState,
     InstanceBrokenError,
+    InstanceClosedError,
     InstanceExpiredError,
     InstanceState,
     TerminationReason,
@@ -191,6 +193,36 @@ async def test_an_expired_instance_is_instance_expired(
         await until_terminated(engine, env.instance_id)
         with pytest.raises(InstanceExpiredError, match="TTL"):
             await env.call_tool("identity", {})
+
+
+async def test_the_lifecycle_new_open_broken_closed(
+    engine: LocalEngine, settings: Settings
+) -> None:
+    env = Environment.from_project(HOSTILE, engine=engine, settings=settings)
+    assert env.state is EnvironmentState.NEW
+    assert not env.is_open
+    assert repr(env) == "Environment('hostile@1.0.0', state=new, url=None)"
+    await env.initialize()
+    assert env.state is EnvironmentState.OPEN
+    assert env.is_open
+    assert env.mcp_url == f"{env.url}/mcp"
+    await engine.delete(env.instance_id or "")  # ended behind its back: the engine says so
+    with pytest.raises(InstanceBrokenError, match="ended: deleted") as first:
+        await env.call_tool("identity", {})
+    assert env.state is EnvironmentState.BROKEN
+    assert not env.is_open
+    # from now on every call raises the same end, without another request or engine lookup
+    instances_before = len(await engine.list())
+    for call in (env.list_tools(), env.call_tool("identity", {}), env.fork(1), env.initialize()):
+        with pytest.raises(InstanceBrokenError) as again:
+            await call
+        assert str(again.value) == str(first.value)
+    assert len(await engine.list()) == instances_before  # the fork made nothing
+    await env.release()
+    assert env.state is EnvironmentState.CLOSED
+    with pytest.raises(InstanceClosedError):
+        await env.call_tool("identity", {})
+    await env.release()  # idempotent
 
 
 async def test_remote_mode_without_a_hub_listening_is_a_clear_error() -> None:
