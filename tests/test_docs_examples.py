@@ -18,7 +18,7 @@ ends without an exception. An HTML comment on the lines just above a fence chang
     - ``repo-root``: the working directory is the repository root, as in a clone (for blocks
       naming ``builtin_envs/mini_terminal``).
     - ``notes-project``: ``aenv init notes`` in the temporary directory, its ``src/notes.py``
-      replaced by README's file block; ``AENV_ENV_PATH`` names the directory, so
+      replaced by README's file block; ``AENV_ENV_PATH=.`` (the working directory), so
       ``notes@1.0.0`` resolves by name.
     - ``guess-project``: environments.md's ``guess`` project written from its file blocks, on
       ``AENV_ENV_PATH`` likewise.
@@ -31,8 +31,10 @@ ends without an exception. An HTML comment on the lines just above a fence chang
     - ``pytest``: the block is a test module: run by pytest (``asyncio_mode=auto``, as this
       repository's tests), which must pass at least one test.
     - ``continues``: the block goes on from the previous Python block of its page, in the same
-      process and under its set-ups (a page that builds a pool once and uses it in later
-      sections; a Ray started once).
+      process and under its set-ups: a page that builds a pool once and uses it in later
+      sections (rollout.md), or one Ray shared by sections that each need one (rollout.md's
+      gymnasium section, which needs none itself, goes on in the pool sections' process so that
+      its `PoolSource` example finds Ray started).
 
 A ``print(...)`` whose line ends in a comment claims its output: ``print(x)  # lazy True`` passes
 only if the block printed a line ``lazy True`` (whitespace ignored; ``...`` matches anything,
@@ -284,7 +286,7 @@ def notes_project(ctx: Context) -> None:
     if not (ctx.tmp / "notes").exists():
         ctx.run("init", "notes")
         write_files(ctx, "notes")
-    ctx.env["AENV_ENV_PATH"] = str(ctx.tmp)
+    ctx.env["AENV_ENV_PATH"] = "."  # as README says: run from the directory holding notes/
 
 
 def guess_project(ctx: Context) -> None:
