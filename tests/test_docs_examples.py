@@ -1,0 +1,559 @@
+"""Every ```python block of README.md and docs/*.md runs, for real, in a subprocess.
+
+One test per block, named by page and the line of its fence (``docs/sdk.md:121``). A block runs
+with ``sys.executable`` in a fresh temporary directory, its output captured, and passes when it
+ends without an exception. An HTML comment on the lines just above a fence changes that:
+
+``<!-- fragment: REASON -->``
+    Not run, on purpose: a signature listing, a snippet with placeholders for a user's own
+    service, or code that needs what a test cannot have (an OpenAI key, a real trainer). The
+    reason is mandatory, and fragments are few (:data:`MAX_FRAGMENTS`).
+``<!-- file: PATH -->``
+    The block (of any language) is the file PATH of a project the page builds (README's
+    ``notes/src/notes.py``, environments.md's ``guess/...``). The set-ups below write those
+    projects; a Python file block's own test loads its project with ``check_environment``.
+``<!-- setup: NAME[, NAME] -->``
+    Run under the named set-ups, in order:
+
+    - ``repo-root``: the working directory is the repository root, as in a clone (for blocks
+      naming ``builtin_envs/mini_terminal``).
+    - ``notes-project``: ``aenv init notes`` in the temporary directory, its ``src/notes.py``
+      replaced by README's file block; ``AENV_ENV_PATH=.`` (the working directory), so
+      ``notes@1.0.0`` resolves by name.
+    - ``guess-project``: environments.md's ``guess`` project written from its file blocks, on
+      ``AENV_ENV_PATH`` likewise.
+    - ``mini-terminal-served`` / ``guess-served``: the project served as ``aenv run`` serves it
+      (``RuntimeProcess``) and ``DUMMY_INSTANCE_IP=http://localhost``, on free ports, not
+      8080/8081: ``AENV_FUNCTIONS_PORT``/``AENV_MCP_PORT`` name them, and ``127.0.0.1:8080`` and
+      ``127.0.0.1:8081`` in the block's text are replaced by them.
+    - ``hub-notes``: a real hub (``aenv serve`` via ``tests/_hub.py``, no auth, engine in
+      process) with README's ``notes`` pushed to it by ``aenv push``; ``AENV_SYSTEM_URL`` names it.
+    - ``pytest``: the block is a test module: run by pytest (``asyncio_mode=auto``, as this
+      repository's tests), which must pass at least one test.
+    - ``continues``: the block goes on from the previous Python block of its page, in the same
+      process and under its set-ups: a page that builds a pool once and uses it in later
+      sections (rollout.md), or one Ray shared by sections that each need one (rollout.md's
+      gymnasium section, which needs none itself, goes on in the pool sections' process so that
+      its `PoolSource` example finds Ray started).
+
+A ``print(...)`` whose line ends in a comment claims its output: ``print(x)  # lazy True`` passes
+only if the block printed a line ``lazy True`` (whitespace ignored; ``...`` matches anything,
+``PORT`` any number). Comment lines right after it that start with ``#  `` (two spaces) continue
+the claim; a ``print`` with no comment of its own takes the next comment line. Comment lines right
+after ``asyncio.run(...)`` claim one output line each. A claim is borne out by any line of the
+block's output (not in order: a function's prints come when it is called).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tokenize
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from aenv_ray.testing import RuntimeProcess
+from tests._hub import HubProcess
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
+MAX_FRAGMENTS = 6
+SESSION_TIMEOUT = 300.0  # a guard against a hang, not a measurement
+MARK = "@@docs-example@@"
+
+_FENCE = re.compile(r"^```(\S*)\s*$")
+_MARKER = re.compile(r"^<!--\s*([a-z-]+)\s*:\s*(.*?)\s*-->\s*$")
+
+
+@dataclass
+class Block:
+    page: str
+    line: int  # of the opening fence, 1-based
+    lang: str
+    code: str
+    fragment: str | None = None
+    file: str | None = None
+    setups: list[str] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def _parse(page: str) -> tuple[list[Block], list[str]]:
+    """The fenced blocks of a page, with their markers, and the problems with its markers."""
+    lines = (ROOT / page).read_text(encoding="utf-8").splitlines()
+    blocks: list[Block] = []
+    problems: list[str] = []
+    used: set[int] = set()
+    i = 0
+    while i < len(lines):
+        opening = _FENCE.match(lines[i])
+        if not opening:
+            i += 1
+            continue
+        end = i + 1
+        while end < len(lines) and lines[end].rstrip() != "```":
+            end += 1
+        block = Block(page, i + 1, opening.group(1), "\n".join(lines[i + 1 : end]) + "\n")
+        j = i - 1
+        while j >= 0 and _MARKER.match(lines[j]):
+            used.add(j)
+            kind, value = _MARKER.match(lines[j]).groups()  # type: ignore[union-attr]
+            where = f"{page}:{j + 1}"
+            if kind == "fragment":
+                block.fragment = value
+                if len(value.split()) < 3:
+                    problems.append(f"{where}: a fragment marker must say why, in a few words")
+            elif kind == "file":
+                block.file = value
+            elif kind == "setup":
+                names = [name.strip() for name in value.split(",")]
+                unknown = [name for name in names if name not in SETUPS]
+                if unknown:
+                    problems.append(f"{where}: unknown set-up {unknown}; known: {sorted(SETUPS)}")
+                block.setups = names + block.setups
+            else:
+                problems.append(f"{where}: unknown marker `{kind}`")
+            j -= 1
+        blocks.append(block)
+        i = end + 1
+    for n, text in enumerate(lines):
+        if text.startswith("<!--") and _MARKER.match(text) and n not in used:
+            problems.append(f"{page}:{n + 1}: a marker must be on the line(s) just above a fence")
+    return blocks, problems
+
+
+def _all_blocks() -> tuple[list[Block], list[str]]:
+    blocks: list[Block] = []
+    problems: list[str] = []
+    for page in PAGES:
+        found, wrong = _parse(page)
+        blocks += found
+        problems += wrong
+    return blocks, problems
+
+
+# -- output claims ---------------------------------------------------------------------------------
+
+
+def _comments(code: str) -> dict[int, tuple[int, str]]:
+    """Line -> (column, text after '#') of every comment."""
+    found = {}
+    for token in tokenize.generate_tokens(io.StringIO(code).readline):
+        if token.type == tokenize.COMMENT:
+            found[token.start[0]] = (token.start[1], token.string[1:])
+    return found
+
+
+def _is_call(node: ast.AST, name: str) -> bool:
+    return (
+        isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Call)
+        and ast.unparse(node.value.func) == name
+    )
+
+
+def claims(code: str) -> list[str]:
+    """What the block's comments say it prints, in source order (see the module docstring)."""
+    lines = code.splitlines()
+    comments = _comments(code)
+
+    def comment_only(n: int) -> str | None:
+        if n <= len(lines) and lines[n - 1].lstrip().startswith("#") and n in comments:
+            return comments[n][1]
+        return None
+
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(code)):
+        is_print, is_run = _is_call(node, "print"), _is_call(node, "asyncio.run")
+        if not (is_print or is_run):
+            continue
+        last = node.end_lineno or node.lineno
+        parts: list[str] = []
+        if last in comments and comment_only(last) is None:
+            parts.append(comments[last][1])
+        n = last + 1
+        while (text := comment_only(n)) is not None:
+            if text.startswith("  ") and parts:
+                parts[-1] += " " + text.strip()
+            elif is_run or not parts:
+                parts.append(text)
+            else:
+                break
+            n += 1
+        if is_print and parts:
+            parts = [" ".join(parts)]
+        found += [(node.lineno, part.strip()) for part in parts]
+    return [text for _, text in sorted(found, key=lambda item: item[0])]
+
+
+def _pattern(claim: str) -> re.Pattern[str]:
+    pieces = []
+    for piece in re.split(r"(\.\.\.|PORT\d*)", claim):
+        if piece == "...":
+            pieces.append(".*")
+        elif re.fullmatch(r"PORT\d*", piece):
+            pieces.append(r"\d+")
+        else:
+            pieces.append(re.escape(re.sub(r"\s+", "", piece)))
+    return re.compile("".join(pieces))
+
+
+def unmatched_claims(code: str, output: str) -> list[str]:
+    """The claims that no line of the output bears out."""
+    printed = [re.sub(r"\s+", "", line) for line in output.splitlines()]
+    return [c for c in claims(code) if not any(_pattern(c).fullmatch(p) for p in printed)]
+
+
+def test_claims_are_read_as_documented() -> None:
+    code = (
+        "import asyncio\n"
+        "print(1)  # 1\n"
+        "print({'a': 1,\n"
+        "       'b': 2})  # {'a': 1,\n"
+        "#  'b': 2}\n"
+        "# a remark, not output\n"
+        "x = 1  # not a print\n"
+        "print(x)\n"
+        "# 1\n"
+        "asyncio.run(main())\n"
+        "# first\n"
+        "# second ...\n"
+    )
+    assert claims(code) == ["1", "{'a': 1, 'b': 2}", "1", "first", "second ..."]
+    assert unmatched_claims(code, "1\n{'a': 1, 'b': 2}\n1\nfirst\nsecond and more\n") == []
+    assert unmatched_claims(code, "1\n{'a': 1, 'b': 3}\nfirst\nsecond\n") == ["{'a': 1, 'b': 2}"]
+    assert unmatched_claims("print(2)  # http://h:PORT/x\n", "http://h:80/x\n") == []
+    assert unmatched_claims("print(2)  # 1.0\n", "10\n") == ["1.0"]
+
+
+# -- set-ups ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Context:
+    """What a session of blocks runs with; set-ups change it."""
+
+    tmp: Path
+    blocks: list[Block]
+    stack: contextlib.ExitStack
+    cwd: Path
+    env: dict[str, str]
+    rewrites: list[tuple[str, str]] = field(default_factory=list)
+    pytest: bool = False
+
+    def run(self, *args: str, cwd: Path | None = None) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "aenv_ray.cli", *args],
+            cwd=cwd or self.tmp,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, f"aenv {' '.join(args)}: {done.stdout}{done.stderr}"
+        return done.stdout
+
+
+def write_files(ctx: Context, project: str) -> Path:
+    """Write the page's file blocks of ``project`` under ``ctx.tmp``; the project's path."""
+    files = [b for b in ctx.blocks if b.file and b.file.split("/")[0] == project]
+    assert files, f"no file blocks of `{project}`"
+    for block in files:
+        assert block.file is not None
+        path = ctx.tmp / block.file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(block.code, encoding="utf-8")
+    return ctx.tmp / project
+
+
+def repo_root(ctx: Context) -> None:
+    ctx.cwd = ROOT
+
+
+def notes_project(ctx: Context) -> None:
+    if not (ctx.tmp / "notes").exists():
+        ctx.run("init", "notes")
+        write_files(ctx, "notes")
+    ctx.env["AENV_ENV_PATH"] = "."  # as README says: run from the directory holding notes/
+
+
+def guess_project(ctx: Context) -> None:
+    write_files(ctx, "guess")
+    ctx.env["AENV_ENV_PATH"] = str(ctx.tmp)
+
+
+def _served(ctx: Context, project: Path) -> None:
+    runtime = ctx.stack.enter_context(RuntimeProcess(project))
+    ctx.env.update(
+        DUMMY_INSTANCE_IP="http://localhost",
+        AENV_FUNCTIONS_PORT=str(runtime.port),
+        AENV_MCP_PORT=str(runtime.mcp_port),
+    )
+    ctx.rewrites += [
+        ("127.0.0.1:8080", f"127.0.0.1:{runtime.port}"),
+        ("127.0.0.1:8081", f"127.0.0.1:{runtime.mcp_port}"),
+    ]
+
+
+def mini_terminal_served(ctx: Context) -> None:
+    _served(ctx, ROOT / "builtin_envs" / "mini_terminal")
+
+
+def guess_served(ctx: Context) -> None:
+    _served(ctx, write_files(ctx, "guess"))
+
+
+def hub_notes(ctx: Context) -> None:
+    notes_project(ctx)
+    del ctx.env["AENV_ENV_PATH"]  # the instance comes from the hub, not from a local project
+    hub = ctx.stack.enter_context(HubProcess(ctx.tmp / "hub", auth=False, env=ctx.env))
+    ctx.env["AENV_SYSTEM_URL"] = hub.url
+    assert "published notes@1.0.0" in ctx.run("push", "notes")
+
+
+def pytest_module(ctx: Context) -> None:
+    ctx.pytest = True
+
+
+def continues(ctx: Context) -> None:
+    raise AssertionError("`continues` joins the previous block's session; it sets nothing up")
+
+
+SETUPS: dict[str, Callable[[Context], None]] = {
+    "continues": continues,
+    "guess-project": guess_project,
+    "guess-served": guess_served,
+    "hub-notes": hub_notes,
+    "mini-terminal-served": mini_terminal_served,
+    "notes-project": notes_project,
+    "pytest": pytest_module,
+    "repo-root": repo_root,
+}
+
+BLOCKS, MARKER_PROBLEMS = _all_blocks()
+PYTHON = [b for b in BLOCKS if b.lang == "python"]
+RUNNING = [b for b in PYTHON if b.fragment is None]
+
+
+def _session_of(block: Block) -> list[Block]:
+    """The blocks that run in one process with ``block``: its chain of ``continues``."""
+    page = [b for b in RUNNING if b.page == block.page]
+    start = page.index(block)
+    while "continues" in page[start].setups:
+        assert start > 0, f"{page[start].id} continues nothing"
+        start -= 1
+    end = page.index(block)
+    while end + 1 < len(page) and "continues" in page[end + 1].setups:
+        end += 1
+    return page[start : end + 1]
+
+
+# -- running ---------------------------------------------------------------------------------------
+
+DRIVER = f"""
+import json, sys, traceback
+namespace = {{"__name__": "__main__"}}
+for block in json.load(open(sys.argv[1], encoding="utf-8")):
+    print({MARK!r}, "start", block["id"], flush=True)
+    try:
+        code = compile("\\n" * block["line"] + block["code"], block["page"], "exec")
+        exec(code, namespace)
+    except BaseException:
+        sys.stdout.flush()
+        traceback.print_exc()
+        print({MARK!r}, "failed", block["id"], flush=True)
+        sys.exit(1)
+    sys.stdout.flush()
+    print({MARK!r}, "ok", block["id"], flush=True)
+"""
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    output: str
+    log: str  # what to show when it failed
+    code: str = ""  # what ran (after the set-ups' rewrites)
+
+
+def _base_env(tmp: Path) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("AENV_") and k not in {"DUMMY_INSTANCE_IP", "PYTEST_CURRENT_TEST"}
+    }
+    env["AENV_CONFIG_FILE"] = str(tmp / "no-aenv-config.json")
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def run_session(blocks: list[Block], tmp: Path) -> dict[str, Outcome]:
+    tmp.mkdir(parents=True)
+    with contextlib.ExitStack() as stack:
+        ctx = Context(tmp, BLOCKS, stack, tmp, _base_env(tmp))
+        for name in blocks[0].setups:
+            SETUPS[name](ctx)
+        sources = []
+        for block in blocks:
+            code = block.code
+            for old, new in ctx.rewrites:
+                code = code.replace(old, new)
+            sources.append({"id": block.id, "page": block.page, "line": block.line, "code": code})
+        if ctx.pytest:
+            return {blocks[0].id: _run_pytest(ctx, sources[0]["code"])}
+        script = tmp / "blocks.json"
+        script.write_text(json.dumps(sources), encoding="utf-8")
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", DRIVER, str(script)],
+                cwd=ctx.cwd,
+                env=ctx.env,
+                capture_output=True,
+                text=True,
+                timeout=SESSION_TIMEOUT,
+                check=False,
+            )
+            stdout, stderr = done.stdout, done.stderr
+        except subprocess.TimeoutExpired as exc:
+            stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+            stderr = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
+            stderr += f"\n(no end within {SESSION_TIMEOUT:g} s)"
+    outcomes = {}
+    for block, source in zip(blocks, sources, strict=True):
+        started = f"{MARK} start {block.id}\n"
+        if started not in stdout:
+            outcomes[block.id] = Outcome(
+                False, "", f"never ran (an earlier block failed)\n{stderr}"
+            )
+            continue
+        own = stdout.split(started, 1)[1]
+        ok = f"{MARK} ok {block.id}\n" in stdout
+        own = own.split(f"{MARK} ", 1)[0]
+        log = f"stdout:\n{own}\nstderr:\n{stderr[-6000:]}"
+        outcomes[block.id] = Outcome(ok, own, log, source["code"])
+    return outcomes
+
+
+def _run_pytest(ctx: Context, code: str) -> Outcome:
+    module = ctx.tmp / "test_doc_example.py"
+    module.write_text(code, encoding="utf-8")
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"),
+            *("-o", "asyncio_mode=auto", "--rootdir", str(ctx.tmp), str(module)),
+        ],
+        cwd=ctx.cwd,
+        env=ctx.env,
+        capture_output=True,
+        text=True,
+        timeout=SESSION_TIMEOUT,
+        check=False,
+    )
+    ok = done.returncode == 0 and re.search(r"\b\d+ passed", done.stdout) is not None
+    return Outcome(ok, "", done.stdout[-6000:] + done.stderr[-3000:])
+
+
+_RESULTS: dict[str, Outcome] = {}
+
+
+@pytest.fixture(scope="module")
+def session_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("docs")
+
+
+CHECK = """
+import asyncio, sys
+from aenv_ray.testing import check_environment
+report = asyncio.run(check_environment(sys.argv[1]))
+print(sorted(report.results))
+"""
+
+
+def _python_file_check(ctx_tmp: Path, block: Block) -> Outcome:
+    """A Python file block: its project passes ``check_environment`` (in a sandbox), or for a
+    test module, the project's own tests pass (``aenv test``)."""
+    assert block.file is not None
+    project = block.file.split("/")[0]
+    tmp = ctx_tmp / f"file-{project}-{block.line}"
+    tmp.mkdir(parents=True)
+    with contextlib.ExitStack() as stack:
+        ctx = Context(tmp, BLOCKS, stack, tmp, _base_env(tmp))
+        {"notes": notes_project, "guess": guess_project}[project](ctx)
+        if "/tests/" in block.file:  # a test of the project: its own test command runs it
+            command = ["-m", "aenv_ray.cli", "test", project]
+        else:
+            command = ["-c", CHECK, project]
+        done = subprocess.run(
+            [sys.executable, *command],
+            cwd=tmp,
+            env=ctx.env,
+            capture_output=True,
+            text=True,
+            timeout=SESSION_TIMEOUT,
+            check=False,
+        )
+    return Outcome(done.returncode == 0, done.stdout, done.stdout + done.stderr[-6000:])
+
+
+@pytest.mark.parametrize("block", RUNNING, ids=[b.id for b in RUNNING])
+def test_docs_example(block: Block, session_dir: Path) -> None:
+    if block.file is not None and not block.setups:
+        outcome = _python_file_check(session_dir, block)
+        assert outcome.ok, f"{block.id} (the file {block.file}) fails its check:\n{outcome.log}"
+        return
+    if block.id not in _RESULTS:
+        session = _session_of(block)
+        _RESULTS.update(run_session(session, session_dir / re.sub(r"\W", "_", session[0].id)))
+    outcome = _RESULTS[block.id]
+    assert outcome.ok, f"{block.id} failed:\n{outcome.log}"
+    missing = unmatched_claims(outcome.code, outcome.output)
+    assert not missing, f"{block.id} printed something else than its comments say: {missing}\n" + (
+        f"it printed:\n{outcome.output}"
+    )
+
+
+# -- the markers -----------------------------------------------------------------------------------
+
+
+def test_the_blocks_are_found() -> None:
+    ids = {b.id for b in PYTHON}
+    assert len(PYTHON) >= 30, ids
+    assert {b.page for b in PYTHON} >= {"README.md", "docs/sdk.md", "docs/rollout.md"}
+
+
+def test_markers_are_well_formed() -> None:
+    assert MARKER_PROBLEMS == []
+    for block in BLOCKS:
+        if block.lang != "python" and (block.fragment or block.setups):
+            pytest.fail(f"{block.id}: only Python blocks run; a {block.lang} block takes `file`")
+        if "continues" in block.setups:
+            assert block.setups == ["continues"], f"{block.id}: `continues` takes no other set-up"
+        if block.fragment is not None:
+            assert not block.setups, f"{block.id}: a fragment runs nothing"
+            assert block.file is None, f"{block.id}: a fragment is no project's file"
+
+
+def test_fragments_are_few_and_say_why() -> None:
+    fragments = {b.id: b.fragment for b in PYTHON if b.fragment is not None}
+    assert len(fragments) <= MAX_FRAGMENTS, fragments
+    assert all(reason and len(reason.split()) >= 3 for reason in fragments.values()), fragments
+
+
+def test_every_file_block_is_used() -> None:
+    """A file block belongs to a project a set-up writes (``notes`` or ``guess``)."""
+    projects = {"notes", "guess"}
+    for block in BLOCKS:
+        if block.file is not None:
+            assert block.file.split("/")[0] in projects, block.id
