@@ -51,6 +51,7 @@ from urllib.parse import parse_qsl
 import orjson
 
 from aenv_ray import protocol as p
+from aenv_ray.envref import EnvRef
 from aenv_ray.errors import (
     AEnvError,
     AuthenticationError,
@@ -158,9 +159,10 @@ class RuntimeApp:
         self._tools_payload = orjson.dumps(
             {"tools": [entry.describe() for entry in registry.tools.values()]}
         )
+        ref = EnvRef.parse(dispatcher.env_ref)
         self._info = {
-            "name": dispatcher.env_ref.split("@", 1)[0],
-            "version": dispatcher.env_ref.split("@", 1)[-1],
+            "name": ref.name,
+            "version": ref.version or "",
             "ref": dispatcher.env_ref,
             "tools": sorted(registry.tools),
             "functions": sorted(registry.functions),

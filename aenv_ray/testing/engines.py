@@ -34,6 +34,7 @@ from aenv_ray.engine import (
     TerminationReason,
 )
 from aenv_ray.environment import Environment
+from aenv_ray.envref import EnvRef
 from aenv_ray.errors import (
     AEnvError,
     EnvironmentNotFoundError,
@@ -176,8 +177,8 @@ async def _check_create(run: _Run) -> None:
     _expect(info.state is InstanceState.RUNNING, c, f"returned state {info.state}, not RUNNING")
     _expect(info.id and isinstance(info.id, str), c, f"returned no instance id ({info.id!r})")
     _expect(info.url, c, "returned no url for a running instance")
-    name = run.spec.env_ref.split("@", 1)[0]
-    _expect(info.env_ref.split("@", 1)[0] == name, c, f"env_ref {info.env_ref!r} for {name!r}")
+    name = EnvRef.parse(run.spec.env_ref).name
+    _expect(EnvRef.parse(info.env_ref).name == name, c, f"env_ref {info.env_ref!r} for {name!r}")
     _expect(info.created_at >= before - 60, c, f"created_at {info.created_at} is before the call")
     ttl = run.spec.ttl
     if ttl is not None:
