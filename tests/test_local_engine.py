@@ -28,7 +28,6 @@ from aenv_ray import (
     InstanceNotFoundError,
     InstanceSpec,
     InstanceState,
-    InstanceUnreachableError,
     TerminationReason,
     ToolErrorKind,
 )
@@ -89,7 +88,7 @@ async def test_create_get_list_renew_delete(engine: LocalEngine) -> None:
         assert ended.state is InstanceState.TERMINATED
         assert ended.reason is TerminationReason.DELETED
         assert await engine.delete(info.id) == ended  # idempotent
-        with pytest.raises((InstanceBrokenError, InstanceUnreachableError)):
+        with pytest.raises(InstanceBrokenError):
             await env.call_tool("identity", {})
     with pytest.raises(InstanceNotFoundError, match="no instance `nope`"):
         await engine.get("nope")
@@ -111,7 +110,7 @@ async def test_ttl_from_config_then_expiry(engine: LocalEngine) -> None:
         ended = await engine.get(short.id)
         assert ended.reason is TerminationReason.EXPIRED
         assert "TTL" in ended.describe_end()
-        with pytest.raises((InstanceBrokenError, InstanceUnreachableError)):
+        with pytest.raises(InstanceBrokenError):
             await env.call_tool("identity", {})
 
 
@@ -145,12 +144,11 @@ async def test_a_crashed_instance_is_a_typed_error_and_reported(engine: LocalEng
     info = await engine.create(hostile_spec())
     async with Environment.attach(info.url or "", token=info.token) as env:
         assert (await env.call_tool("identity", {})).structured["cwd"]
-        with pytest.raises((InstanceBrokenError, InstanceUnreachableError)):
+        with pytest.raises(InstanceBrokenError):
             await env.call_tool("crash", {})
-        started = time.monotonic()
-        with pytest.raises((InstanceBrokenError, InstanceUnreachableError)):
+        # the typed error at once (the server is gone), not a wait for the call's timeout
+        with pytest.raises(InstanceBrokenError, match="Release it and create a new one"):
             await env.call_tool("identity", {})
-        assert time.monotonic() - started < 10  # typed error at once, not the call timeout
 
     async def ended() -> bool:
         return (await engine.get(info.id)).state is InstanceState.TERMINATED
@@ -383,7 +381,7 @@ async def test_memory_past_the_limit_kills_only_that_instance(engine: LocalEngin
             assert "256 MiB" in hog.text
             assert (await env.call_tool("identity", {})).structured["uid"] == 0
             # memory no process holds (its tmpfs workspace): the kernel can only kill the runtime
-            with pytest.raises((InstanceBrokenError, InstanceUnreachableError)):
+            with pytest.raises(InstanceBrokenError):
                 await env.call_tool("fill_workspace", {"megabytes": 400})
 
         async def ended() -> bool:
