@@ -118,7 +118,10 @@ class CreationLimiter(TokenBucket):
 
 def pool_actor_class() -> Any:
     """``ray.remote(PoolActor)``: async, reserves no CPU; the driver replaces it if it dies."""
-    return ray.remote(num_cpus=0, max_restarts=0, max_concurrency=10_000)(PoolActor)
+    # ray's typed overloads of ray.remote(**options) list the task options only: an actor's
+    # max_concurrency is missing
+    options = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=10_000)  # type: ignore[call-overload]
+    return options(PoolActor)
 
 
 _limiters: dict[tuple[str, str], Any] = {}
