@@ -109,6 +109,8 @@ class PoolActor(InstancePool):
 class CreationLimiter(TokenBucket):
     """The cluster's creation-rate limit as an actor (see :mod:`rollout._limiter`)."""
 
+    # async overrides of TokenBucket's methods (ignore[override]): an async actor's methods run
+    # on its event loop; only Ray calls them, never through a TokenBucket reference
     async def take(self, n: int) -> tuple[int, float]:  # type: ignore[override]
         return super().take(n)
 
