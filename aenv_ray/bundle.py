@@ -52,6 +52,7 @@ from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
+from pydantic import ValidationError
 
 from aenv_ray.config import EnvConfig
 from aenv_ray.errors import ArtifactError, ArtifactTooLargeError, ConfigurationError
@@ -413,7 +414,7 @@ def _config_from(text: str) -> EnvConfig:
     try:
         return EnvConfig.model_validate(raw)
     except ValueError as exc:  # pydantic's ValidationError (a ValueError) lists each problem
-        errors = exc.errors() if callable(getattr(exc, "errors", None)) else None  # type: ignore[attr-defined]
+        errors = exc.errors() if isinstance(exc, ValidationError) else None
         problems = (
             "; ".join(f"`{'.'.join(str(p) for p in e['loc'])}`: {e['msg']}" for e in errors)
             if errors

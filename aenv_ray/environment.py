@@ -304,8 +304,8 @@ class Environment:
 
     def _choose_origin(self) -> Origin:
         """Where the instance comes from (see the class docstring): decided once."""
-        if self.settings.dummy_instance_ip:
-            settings = self.settings
+        settings = self.settings
+        if settings.dummy_instance_ip:
             return RunServer(settings.dummy_instance_ip, settings.functions_port, settings.mcp_port)
         spec = InstanceSpec(
             env_ref=self.env_name,

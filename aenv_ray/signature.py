@@ -157,7 +157,7 @@ class CallSignature:
             info = Field(default=default, description=doc) if doc else Field(default=default)
             fields[param.name] = (hints[param.name], info)
         try:
-            model = pydantic.create_model(  # type: ignore[call-overload]
+            model = pydantic.create_model(
                 f"{getattr(fn, '__name__', 'call')}_arguments",
                 __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=False),
                 **fields,

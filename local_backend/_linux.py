@@ -147,7 +147,7 @@ def set_no_new_privs() -> None:
 
 def reap_children() -> list[int]:
     """Collect every child that has exited (never waits); their pids."""
-    reaped = []
+    reaped: list[int] = []
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)

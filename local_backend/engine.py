@@ -233,10 +233,12 @@ class LocalEngine:
 
     # -- implementation (engine thread) --------------------------------------------------------
     async def _create(self, spec: InstanceSpec, timeout: float) -> InstanceInfo:
-        if spec.project is None:  # a name: the built-ins, then env_path (AENV_ENV_PATH)
+        project = spec.project
+        if project is None:  # a name: the built-ins, then env_path (AENV_ENV_PATH)
             where = spec.env_path if spec.env_path is not None else self.env_path
-            ref, project = resolve_environment(spec.env_ref, where)
-            spec = replace(spec, env_ref=ref, project=str(project))
+            ref, found = resolve_environment(spec.env_ref, where)
+            project = str(found)
+            spec = replace(spec, env_ref=ref, project=project)
         running = sum(
             1 for r in self._records.values() if r.info.state is not InstanceState.TERMINATED
         )
@@ -246,7 +248,7 @@ class LocalEngine:
                 f"{self.max_instances}); release some or raise the limit",
                 env_name=spec.env_ref,
             )
-        root, config = _load_config(spec.project)
+        root, config = _load_config(project)
         deadline = time.monotonic() + timeout
         zygote = await self._zygote(root, deadline)
         iid = uuid.uuid4().hex[:12]

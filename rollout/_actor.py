@@ -109,6 +109,8 @@ class PoolActor(InstancePool):
 class CreationLimiter(TokenBucket):
     """The cluster's creation-rate limit as an actor (see :mod:`rollout._limiter`)."""
 
+    # async overrides of TokenBucket's methods (ignore[override]): an async actor's methods run
+    # on its event loop; only Ray calls them, never through a TokenBucket reference
     async def take(self, n: int) -> tuple[int, float]:  # type: ignore[override]
         return super().take(n)
 
@@ -118,7 +120,10 @@ class CreationLimiter(TokenBucket):
 
 def pool_actor_class() -> Any:
     """``ray.remote(PoolActor)``: async, reserves no CPU; the driver replaces it if it dies."""
-    return ray.remote(num_cpus=0, max_restarts=0, max_concurrency=10_000)(PoolActor)
+    # ray's typed overloads of ray.remote(**options) list the task options only: an actor's
+    # max_concurrency is missing
+    options = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=10_000)  # type: ignore[call-overload]
+    return options(PoolActor)
 
 
 _limiters: dict[tuple[str, str], Any] = {}

@@ -164,11 +164,11 @@ def translate(exc: BaseException, *, what: str = "a pool call") -> BaseException
 
 
 @overload
-def get(refs: ray.ObjectRef, *, timeout: float = ..., what: str = ...) -> Any: ...
+def get(refs: ray.ObjectRef[T], *, timeout: float = ..., what: str = ...) -> T: ...
 @overload
-def get(refs: Sequence[ray.ObjectRef], *, timeout: float = ..., what: str = ...) -> list[Any]: ...
+def get(refs: Sequence[ray.ObjectRef[T]], *, timeout: float = ..., what: str = ...) -> list[T]: ...
 def get(
-    refs: ray.ObjectRef | Sequence[ray.ObjectRef],
+    refs: ray.ObjectRef[Any] | Sequence[ray.ObjectRef[Any]],
     *,
     timeout: float = DEFAULT_GET_TIMEOUT,
     what: str = "a pool call",
@@ -178,7 +178,7 @@ def get(
     A timeout raises :class:`~aenv_ray.errors.AEnvTimeoutError`; the objects stay computable.
     """
     try:
-        return ray.get(refs, timeout=timeout)  # type: ignore[arg-type]
+        return ray.get(refs, timeout=timeout)
     except (rex.RayError, AEnvError) as exc:
         translated = translate(exc, what=what)
         if translated is exc:

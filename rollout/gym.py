@@ -274,7 +274,7 @@ class ToolEnv(gymnasium.Env[str, Any]):
             self._loop.run(self._episode.aclose(), timeout=self._wait)
         finally:
             self._loop.close()
-        super().close()
+        super().close()  # type: ignore[no-untyped-call]  # gymnasium: `def close(self):`
 
     def __repr__(self) -> str:
         return f"ToolEnv({self._episode.source.label!r})"

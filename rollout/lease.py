@@ -17,9 +17,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
+
+if TYPE_CHECKING:
+    from aenv_ray import ToolResult
 
 __all__ = ["Lease", "LeaseInfo", "Owner", "current_owner"]
 
@@ -85,37 +88,47 @@ class Lease:
 
     def call_tool(
         self, name: str, arguments: dict[str, Any] | None = None, *, timeout: float | None = None
-    ) -> ray.ObjectRef:
+    ) -> ray.ObjectRef[ToolResult]:
         """``ObjectRef`` of :meth:`aenv_ray.Environment.call_tool`: a :class:`ToolResult`."""
-        return self.actor.call_tool.remote(self.info.lease_id, name, arguments, timeout)
+        ref: ray.ObjectRef[ToolResult]
+        ref = self.actor.call_tool.remote(self.info.lease_id, name, arguments, timeout)
+        return ref
 
     def call_function(
         self, name: str, arguments: dict[str, Any] | None = None, *, timeout: float | None = None
-    ) -> ray.ObjectRef:
+    ) -> ray.ObjectRef[Any]:
         """``ObjectRef`` of :meth:`aenv_ray.Environment.call_function`: its JSON value."""
-        return self.actor.call_function.remote(self.info.lease_id, name, arguments, timeout)
+        ref: ray.ObjectRef[Any]
+        ref = self.actor.call_function.remote(self.info.lease_id, name, arguments, timeout)
+        return ref
 
     def call_reward(
         self, arguments: dict[str, Any] | None = None, *, timeout: float | None = None
-    ) -> ray.ObjectRef:
+    ) -> ray.ObjectRef[Any]:
         """``ObjectRef`` of :meth:`aenv_ray.Environment.call_reward`: the reward's value."""
-        return self.actor.call_reward.remote(self.info.lease_id, arguments, timeout)
+        ref: ray.ObjectRef[Any] = self.actor.call_reward.remote(
+            self.info.lease_id, arguments, timeout
+        )
+        return ref
 
-    def list_tools(self) -> ray.ObjectRef:
+    def list_tools(self) -> ray.ObjectRef[list[dict[str, Any]]]:
         """``ObjectRef`` of :meth:`aenv_ray.Environment.list_tools`."""
-        return self.actor.list_tools.remote(self.info.lease_id)
+        ref: ray.ObjectRef[list[dict[str, Any]]] = self.actor.list_tools.remote(self.info.lease_id)
+        return ref
 
-    def renew(self) -> ray.ObjectRef:
+    def renew(self) -> ray.ObjectRef[None]:
         """Keep the lease from being reclaimed as idle (each call renews it as well)."""
-        return self.actor.renew.remote(self.info.lease_id)
+        ref: ray.ObjectRef[None] = self.actor.renew.remote(self.info.lease_id)
+        return ref
 
-    def release(self) -> ray.ObjectRef:
+    def release(self) -> ray.ObjectRef[bool]:
         """Give the instance back (it is deleted; the pool makes a fresh one). Idempotent.
 
         Returns at once; the ``ObjectRef`` resolves to True once the pool took it back (False if
         the lease had already ended).
         """
-        return self.actor.release.remote(self.info.lease_id)
+        ref: ray.ObjectRef[bool] = self.actor.release.remote(self.info.lease_id)
+        return ref
 
     def __enter__(self) -> Lease:
         return self

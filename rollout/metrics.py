@@ -38,6 +38,11 @@ class Phase(enum.Enum):
     REWARD = "reward"  # every reward call
 
 
+def _middle(index: int) -> float:
+    """The middle of bucket ``index`` (> 0), seconds."""
+    return _SMALLEST * math.pow(_RATIO, index - 0.5)
+
+
 class LatencyHistogram:
     """Seconds in log buckets; mergeable (:meth:`merge`), picklable, O(1) per sample."""
 
@@ -73,8 +78,8 @@ class LatencyHistogram:
             if seen >= rank:
                 if index == 0:
                     return _SMALLEST
-                return _SMALLEST * _RATIO ** (index - 0.5)
-        return _SMALLEST * _RATIO ** (max(self.buckets) - 0.5)
+                return _middle(index)
+        return _middle(max(self.buckets))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data, for shipping between processes."""

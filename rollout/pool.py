@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import ray
 import ray.exceptions as rex
@@ -51,6 +51,7 @@ from rollout.stepping import StepBatch
 __all__ = ["RolloutPool"]
 
 log = logging.getLogger("rollout.pool")
+T = TypeVar("T")
 
 _CONTROL_TIMEOUT = 30.0  # seconds for control calls (report, fork, close) unless told
 _WAIT_SLICE = 0.5  # a waiting acquire asks one actor for at most this long, then looks again
@@ -141,7 +142,7 @@ class RolloutPool:
         self._rate, self._burst = creation_rate, creation_burst
         self._limiter = limiter_actor(creation_rate, creation_burst)
         self._cls = pool_actor_class()
-        self._started: dict[int, ray.ObjectRef] = {}
+        self._started: dict[int, ray.ObjectRef[int]] = {}
         self._actors = [self._start_actor(i) for i in range(n)]
         self._idle_hint = [0] * n
         self._rotation = itertools.count()
@@ -375,8 +376,8 @@ class RolloutPool:
 
     @staticmethod
     def wait(
-        refs: Sequence[ray.ObjectRef], *, num_returns: int = 1, timeout: float
-    ) -> tuple[list[ray.ObjectRef], list[ray.ObjectRef]]:
+        refs: Sequence[ray.ObjectRef[T]], *, num_returns: int = 1, timeout: float
+    ) -> tuple[list[ray.ObjectRef[T]], list[ray.ObjectRef[T]]]:
         """:func:`ray.wait` over lease calls' refs with a required ``timeout``: (ready, pending)."""
         refs = list(refs)
         if not refs:

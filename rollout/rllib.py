@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 import gymnasium
 import numpy as np
@@ -39,9 +39,17 @@ __all__ = ["ByteCodec", "Codec", "NumericToolEnv", "TokenCodec", "register", "rl
 class Codec(Protocol):
     """Text <-> a fixed-length integer array (``pad`` fills the tail)."""
 
-    high: int  # the largest value an element takes
-    dtype: Any
-    pad: int
+    @property
+    def high(self) -> int:
+        """The largest value an element takes."""
+
+    @property
+    def dtype(self) -> Any:
+        """The arrays' numpy dtype."""
+
+    @property
+    def pad(self) -> int:
+        """The value that fills an array's tail."""
 
     def encode(self, text: str, length: int) -> np.ndarray: ...
 
@@ -102,7 +110,7 @@ class TokenCodec:
 class NumericToolEnv(gymnasium.Env[np.ndarray, np.ndarray]):
     """A :class:`~rollout.gym.ToolEnv` whose observations and actions are integer arrays."""
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012  (gymnasium's class attribute)
 
     def __init__(
         self,
@@ -146,7 +154,7 @@ class NumericToolEnv(gymnasium.Env[np.ndarray, np.ndarray]):
 
     def close(self) -> None:
         self.env.close()
-        super().close()
+        super().close()  # type: ignore[no-untyped-call]  # gymnasium: `def close(self):`
 
 
 def rllib_name(env_name: str) -> str:

@@ -16,14 +16,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from aenv_ray import Environment, ToolResult
 
 if TYPE_CHECKING:
+    import ray
+
     from aenv_ray.engine import SandboxEngine
+    from rollout.lease import Lease
 
 __all__ = ["InstanceHandle", "InstanceSource", "PoolSource", "SDKSource"]
+
+T = TypeVar("T")
 
 
 class InstanceHandle(Protocol):
@@ -115,11 +120,11 @@ class _LeaseHandle:
     error the instance raised comes out as itself, a pool actor that died under the call as
     :class:`~aenv_ray.errors.LeaseLostError`, never as Ray's wrapper."""
 
-    def __init__(self, lease: Any) -> None:
+    def __init__(self, lease: Lease) -> None:
         self.lease = lease
         self.instance_id: str | None = lease.instance_id
 
-    async def _result(self, ref: Any, what: str) -> Any:
+    async def _result(self, ref: ray.ObjectRef[T], what: str) -> T:
         try:
             return await ref
         except Exception as exc:
@@ -135,7 +140,7 @@ class _LeaseHandle:
             raise translated from exc
 
     async def list_tools(self) -> list[dict[str, Any]]:
-        return await self._result(self.lease.list_tools(), "listing the tools")  # type: ignore[no-any-return]
+        return await self._result(self.lease.list_tools(), "listing the tools")
 
     async def list_openai_tools(self) -> list[dict[str, Any]]:
         from aenv_ray.openai_tools import to_openai_tools
@@ -146,7 +151,7 @@ class _LeaseHandle:
         self, tool_name: str, arguments: dict[str, Any] | None = None, timeout: float | None = None
     ) -> ToolResult:
         ref = self.lease.call_tool(tool_name, arguments, timeout=timeout)
-        return await self._result(ref, f"calling `{tool_name}`")  # type: ignore[no-any-return]
+        return await self._result(ref, f"calling `{tool_name}`")
 
     async def call_function(
         self, name: str, arguments: dict[str, Any] | None = None, timeout: float | None = None

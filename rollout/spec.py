@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from aenv_ray import Environment
 from aenv_ray.config import parse_duration
@@ -73,7 +74,9 @@ class PoolSpec:
 
     def environment(self, engine: SandboxEngine | None) -> Environment:
         """A new (not yet initialized) :class:`~aenv_ray.Environment` for one instance."""
-        kwargs = {
+        # one set of keywords for both constructors (from_project takes **kwargs: Any); the
+        # values' types differ per key, which a dict's type cannot say
+        kwargs: dict[str, Any] = {
             "ttl": self.ttl,
             "environment_variables": dict(self.environment_variables),
             "arguments": list(self.arguments),

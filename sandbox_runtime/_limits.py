@@ -393,6 +393,7 @@ def _hook_spawns() -> None:
     if _HOOKED:
         return
     _HOOKED = True
+    # subprocess._fork_exec (3.11+, private) is absent from typeshed
     subprocess._fork_exec = _guarded(subprocess._fork_exec)  # type: ignore[attr-defined]
     _posixsubprocess.fork_exec = _guarded(_posixsubprocess.fork_exec)  # multiprocessing
     for name in ("posix_spawn", "posix_spawnp", "system"):

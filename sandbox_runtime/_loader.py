@@ -98,7 +98,7 @@ def _forget_earlier_load(src: Path) -> None:
         if not isinstance(file, str) or not file.startswith(prefix) or not _is_inside(file, src):
             continue
         try:
-            expected = _module_name(Path(file).resolve(), src)  # type: ignore[arg-type]
+            expected = _module_name(Path(file).resolve(), src)
         except ValueError:
             continue
         if name == expected:

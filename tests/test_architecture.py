@@ -745,3 +745,23 @@ def test_dependencies_match_imports() -> None:
     # an optional dependency is imported lazily only: the package works without it
     eager = [i for i in IMPORTS if i.root in optional - required and i.top_level]
     assert not eager, _violations("optional dependencies are imported inside functions", eager)
+
+
+# -- what mypy checks -------------------------------------------------------------------------
+
+
+def test_mypy_checks_every_package_and_every_builtin_project() -> None:
+    """``mypy --strict`` (in scripts/test) covers each package, and names each built-in
+    project's modules as an instance imports them: its ``src/`` is a mypy_path entry.
+    Without that entry a project's sibling imports (``from bash_session import ...``) would
+    not resolve and go unchecked."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["mypy"]
+    assert sorted(config["files"]) == sorted(PACKAGES)
+    assert config["strict"] is True
+    assert config["explicit_package_bases"] is True
+    sources = sorted(p.parent for p in (ROOT / "builtin_envs").glob("*/config.json"))
+    assert sources, "no built-in project found"
+    expected = [f"$MYPY_CONFIG_FILE_DIR/{(p / 'src').relative_to(ROOT)}" for p in sources]
+    assert sorted(config["mypy_path"]) == sorted(["$MYPY_CONFIG_FILE_DIR", *expected])

@@ -272,3 +272,17 @@ async def test_default_ports_are_the_seeds_8080_and_8081() -> None:
     assert via_mcp.content[0].text == "over mcp"  # type: ignore[union-attr]
     assert code == 0
     assert out == ""  # --quiet: no banner
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("4096", 4096), ("4K", 4096), ("4kb", 4096), ("64M", 64 << 20), ("2 GB", 2 << 30), ("7b", 7)],
+)
+def test_serve_reads_sizes_in_bytes_kib_mib_and_gib(text: str, size: int) -> None:
+    import typer
+
+    from aenv_ray.cli._serve import _size
+
+    assert _size(text) == size
+    with pytest.raises(typer.BadParameter, match="is not a size"):
+        _size(text + "x")

@@ -115,6 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if code == EXIT_USAGE:
             print(_usage_line(exc), file=sys.stderr)
         else:
+            # both TyperException and click's ClickException have format_message
             print(error_line(exc.format_message()), file=sys.stderr)  # type: ignore[attr-defined]
         return code
     return result if isinstance(result, int) else 0

@@ -37,13 +37,16 @@ StoreOption = Annotated[
 ]
 
 
+_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
+
+
 def _size(text: str) -> int:
     match = re.fullmatch(r"(\d+)\s*([kKmMgG]?)[bB]?", text.strip())
     if not match:
         raise typer.BadParameter(
             f"`{text}` is not a size; write e.g. 64M", param_hint="--max-bundle"
         )
-    return int(match.group(1)) * 1024 ** " KMG".index((match.group(2) or " ").upper())
+    return int(match.group(1)) * _UNITS[match.group(2).upper()]
 
 
 def _data_dir(given: Path | None) -> Path:
