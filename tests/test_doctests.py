@@ -1,8 +1,9 @@
 """Every module's doctests run: the examples in docstrings are executed, not just read.
 
 Each module of the packages is one test (imported by name, so the examples see the module's own
-globals). Examples that need what a doctest cannot give (a running engine, a network) say
-``# doctest: +SKIP`` on purpose.
+globals). Examples that need what a doctest cannot give (a running engine, a network, an event
+loop) are written as plain indented code, without ``>>>`` prompts: a ``# doctest: +SKIP`` line on
+its own skips nothing (doctest refuses it), which is how such examples went unrun before.
 """
 
 from __future__ import annotations
@@ -10,20 +11,10 @@ from __future__ import annotations
 import asyncio
 import doctest
 import importlib
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = [
-    "aenv_ray",
-    "sandbox_runtime",
-    "local_backend",
-    "envhub",
-    "k8s_backend",
-    "rollout",
-    "builtin_envs",
-]
+from tests.test_architecture import PACKAGES, ROOT
 
 
 def _modules() -> list[str]:
