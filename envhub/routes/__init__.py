@@ -16,7 +16,8 @@ lifespan).
 ==========================  ======================================================================
 
 A router's handlers take the hub as a dependency (``hub: HubDep``, the :class:`~.context.Hub`
-that :func:`envhub.app.create_app` puts in ``app.state.hub``), so each handler is a plain
+that :func:`envhub.app.create_app` puts in ``app.state.hub``; the proxy's handlers, on the path of
+every tool call sent through the hub, look it up without one), so each handler is a plain
 module-level function and the routers hold no state of their own.
 
 May import: the standard library, ``aenv_ray``, ``envhub``, fastapi/starlette, pydantic, aiohttp

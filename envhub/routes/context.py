@@ -2,8 +2,9 @@
 (:class:`HubOptions`), and who sent a request (``Who``, the auth dependency).
 
 :func:`envhub.app.create_app` builds one :class:`Hub` and puts it in ``app.state.hub``; a handler
-receives it by declaring ``hub: HubDep`` (FastAPI caches it per request, so the auth dependency and
-the handler share one lookup).
+receives it by declaring ``hub: HubDep``; the proxy's handlers, on the path of every tool call
+sent through the hub, and the auth dependency call :func:`serving` instead (one dependency less
+for FastAPI to solve per request).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from envhub.registry import DEFAULT_MAX_BUNDLE, VersionRegistry
 from envhub.routes.forward import Forwarder
 from envhub.store import Store
 
-__all__ = ["Hub", "HubDep", "HubOptions", "Who", "caller", "hub_of"]
+__all__ = ["Hub", "HubDep", "HubOptions", "Who", "caller", "hub_of", "serving"]
 
 
 @dataclass(frozen=True)
@@ -49,17 +50,25 @@ class Hub:
     forwarder: Forwarder  # the proxy's client to runtimes (opened by the app's lifespan)
 
 
-def hub_of(request: Request) -> Hub:
-    """The hub serving ``request``."""
+def serving(request: Request) -> Hub:
+    """The hub serving ``request`` (for handlers on the proxy's path, where each dependency
+    FastAPI solves costs some microseconds per call)."""
     hub: Hub = request.app.state.hub
     return hub
+
+
+async def hub_of(request: Request) -> Hub:
+    """The hub serving ``request``, as a dependency (async: FastAPI would run a plain function
+    in a thread)."""
+    return serving(request)
 
 
 HubDep = Annotated[Hub, Depends(hub_of)]
 
 
-async def caller(request: Request, hub: HubDep) -> Caller:
+async def caller(request: Request) -> Caller:
     """Who sent the request (every route but health and the OpenAPI document needs a key)."""
+    hub = serving(request)  # not through HubDep: one dependency less to solve per request
     if not hub.options.auth:
         return Caller(tenant=LOCAL_TENANT)
     return await authenticate(hub.store, request.headers.get("authorization"))

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from aenv_ray.errors import CapacityError, InstanceExpiredError, InstanceNotFoundError
-from envhub.routes.context import HubDep, Who
+from envhub.routes.context import Who, serving
 
 __all__ = ["router"]
 
@@ -19,8 +19,9 @@ _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 
 @router.api_route("/v1/instances/{iid}/proxy/{path:path}", methods=_METHODS, tags=["instances"])
-async def instance_proxy(iid: str, path: str, request: Request, who: Who, hub: HubDep) -> Response:
+async def instance_proxy(iid: str, path: str, request: Request, who: Who) -> Response:
     """The instance's runtime API (tools, MCP at ``mcp``, functions, reward, health)."""
+    hub = serving(request)
     doc = await hub.control.get_instance(who, iid)
     if doc["state"] != "running" or not doc.get("url"):
         if doc.get("reason") == "expired":
@@ -33,8 +34,9 @@ async def instance_proxy(iid: str, path: str, request: Request, who: Who, hub: H
 
 
 @router.api_route("/v1/services/{sid}/proxy/{path:path}", methods=_METHODS, tags=["services"])
-async def service_proxy(sid: str, path: str, request: Request, who: Who, hub: HubDep) -> Response:
+async def service_proxy(sid: str, path: str, request: Request, who: Who) -> Response:
     """One running replica of the service, in turn."""
+    hub = serving(request)
     targets = await hub.control.service_targets(who, sid)
     if not targets:
         raise CapacityError(f"service {sid} has no running replica now; try again shortly")
