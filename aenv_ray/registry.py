@@ -133,31 +133,10 @@ class DefinitionRegistry:
             raise DefinitionError(f"@register_{kind.value} needs a function, got {fn!r}")
         # an explicit name=... is checked as given: name="" is an invalid name, not "no name"
         resolved = name if name is not None else getattr(fn, "__name__", "")
-        python_name = _python_name(fn)
         # errors name the Python function too when name=... renamed it: that is what to look for
-        who = f"`{resolved}`" + (f" (function `{python_name}`)" if name is not None else "")
-        if not _NAME.fullmatch(resolved):
-            raise DefinitionError(
-                f"{kind.value} name {who} at {where} is invalid: use a letter followed by "
-                "up to 63 letters, digits, `_` or `-` (no `/`, `@` or spaces)",
-                location=where,
-            )
-        if kind in (Kind.TOOL, Kind.FUNCTION) and resolved in RESERVED_NAMES:
-            raise DefinitionError(
-                f"{kind.value} name {who} at {where} is reserved by the runtime "
-                f"({', '.join(sorted(RESERVED_NAMES))}); pass name=... to rename it",
-                location=where,
-            )
-        if timeout is not None and not (
-            isinstance(timeout, int | float)
-            and not isinstance(timeout, bool)
-            and 0 < timeout <= MAX_TIMEOUT  # NaN and inf fail here too
-        ):
-            raise DefinitionError(
-                f"{kind.value} {who} at {where}: timeout must be a positive number of "
-                f"seconds up to {MAX_TIMEOUT:g} (a day), got {timeout!r}; write e.g. timeout=30",
-                location=where,
-            )
+        who = f"`{resolved}`" + (f" (function `{_python_name(fn)}`)" if name is not None else "")
+        _check_name(kind, resolved, who, where)
+        _check_timeout(kind, timeout, who, where)
         signature = CallSignature.from_function(fn, kind=kind.value)
         entry = Registered(
             kind=kind,
@@ -169,30 +148,71 @@ class DefinitionRegistry:
             location=where,
         )
         if kind is Kind.REWARD or kind is Kind.HEALTH:
-            existing = self.reward if kind is Kind.REWARD else self.health
-            if existing is not None:
-                raise DefinitionError(
-                    f"a second {kind.value} {who} at {where}; the environment already has "
-                    f"`{existing.name}` (function `{_python_name(existing.fn)}`) at "
-                    f"{existing.location}. An environment has one {kind.value}: remove one of them",
-                    location=where,
-                )
-            if kind is Kind.REWARD:
-                self.reward = entry
-            else:
-                self.health = entry
-            return entry
-        table = self.tools if kind is Kind.TOOL else self.functions
-        if resolved in table:
-            first = table[resolved]
+            self._set_the_one(entry, who)
+        else:
+            self._add_to_table(entry)
+        return entry
+
+    def _set_the_one(self, entry: Registered, who: str) -> None:
+        """Make ``entry`` the environment's reward or health check: it has at most one."""
+        kind = entry.kind
+        existing = self.reward if kind is Kind.REWARD else self.health
+        if existing is not None:
             raise DefinitionError(
-                f"{kind.value} `{resolved}` is registered twice: at {first.location} "
-                f"(function `{_python_name(first.fn)}`) and at {where} (function `{python_name}`); "
+                f"a second {kind.value} {who} at {entry.location}; the environment already has "
+                f"`{existing.name}` (function `{_python_name(existing.fn)}`) at "
+                f"{existing.location}. An environment has one {kind.value}: remove one of them",
+                location=entry.location,
+            )
+        if kind is Kind.REWARD:
+            self.reward = entry
+        else:
+            self.health = entry
+
+    def _add_to_table(self, entry: Registered) -> None:
+        """Add ``entry`` to the tools or the functions, whose names are unique."""
+        kind, where = entry.kind, entry.location
+        table = self.tools if kind is Kind.TOOL else self.functions
+        if entry.name in table:
+            first = table[entry.name]
+            raise DefinitionError(
+                f"{kind.value} `{entry.name}` is registered twice: at {first.location} "
+                f"(function `{_python_name(first.fn)}`) and at {where} "
+                f"(function `{_python_name(entry.fn)}`); "
                 f"rename one with @register_{kind.value}(name=...)",
                 location=where,
             )
-        table[resolved] = entry
-        return entry
+        table[entry.name] = entry
+
+
+def _check_name(kind: Kind, name: str, who: str, where: str) -> None:
+    """Refuse a name the protocol cannot carry, and a tool or function name the runtime uses."""
+    if not _NAME.fullmatch(name):
+        raise DefinitionError(
+            f"{kind.value} name {who} at {where} is invalid: use a letter followed by "
+            "up to 63 letters, digits, `_` or `-` (no `/`, `@` or spaces)",
+            location=where,
+        )
+    if kind in (Kind.TOOL, Kind.FUNCTION) and name in RESERVED_NAMES:
+        raise DefinitionError(
+            f"{kind.value} name {who} at {where} is reserved by the runtime "
+            f"({', '.join(sorted(RESERVED_NAMES))}); pass name=... to rename it",
+            location=where,
+        )
+
+
+def _check_timeout(kind: Kind, timeout: float | None, who: str, where: str) -> None:
+    """Refuse a timeout that is not a positive number of seconds up to a day."""
+    if timeout is not None and not (
+        isinstance(timeout, int | float)
+        and not isinstance(timeout, bool)
+        and 0 < timeout <= MAX_TIMEOUT  # NaN and inf fail here too
+    ):
+        raise DefinitionError(
+            f"{kind.value} {who} at {where}: timeout must be a positive number of "
+            f"seconds up to {MAX_TIMEOUT:g} (a day), got {timeout!r}; write e.g. timeout=30",
+            location=where,
+        )
 
 
 def _python_name(fn: Any) -> str:

@@ -6,7 +6,8 @@ bundles in the SDK's format, :mod:`aenv_ray.bundle`), the instance and service A
 engine (:mod:`envhub.control`; which code a tenant runs: :mod:`envhub.resolve`; what it may use:
 :mod:`envhub.limits`), API keys and tenants (:mod:`envhub.keys`), the stores (:mod:`envhub.store`:
 embedded SQLite by default, Redis for shared deployments), and the HTTP API with its OpenAPI
-document (:mod:`envhub.app`, behind :mod:`envhub.guard`, run by :mod:`envhub.server`).
+document (:mod:`envhub.app`, assembled from one router per concern in :mod:`envhub.routes`,
+behind :mod:`envhub.guard`, run by :mod:`envhub.server`).
 
 May import: ``aenv_ray``, fastapi, starlette, pydantic, uvicorn, aiohttp (the proxy's client),
 redis (the Redis store); lazily, inside functions: platformdirs (the default store's place).

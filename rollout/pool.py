@@ -104,28 +104,13 @@ class RolloutPool:
         name: str | None = None,
         prefetch: int | Literal["auto"] = "auto",
     ) -> None:
-        if size < 1:
-            raise ConfigurationError(f"a pool needs size >= 1, got {size}")
-        if prefetch != "auto" and (not isinstance(prefetch, int) or prefetch < 0):
-            raise ConfigurationError(f"prefetch must be an int >= 0 or 'auto', got {prefetch!r}")
-        if env_name is None and project is None:
-            raise ConfigurationError("name an environment (`name@version`) or pass project=")
-        if project is not None:
-            from aenv_ray.config import EnvConfig
-
-            project = str(Path(project).resolve())
-            env_name = env_name or EnvConfig.load(project).ref
-        else:
-            from aenv_ray.resolve import resolve_environment  # fail here, not in every actor
-
-            assert env_name is not None
-            resolve_environment(env_name, _env_path())
-        assert env_name is not None
+        _check_sizes(size, prefetch)
+        env_name, project_dir = _target(env_name, project)
         ensure_ray()
         self.spec = PoolSpec(
             env_name=env_name,
             name=name or f"{EnvRef.parse(env_name).name}-{uuid.uuid4().hex[:6]}",
-            project=project,
+            project=project_dir,
             engine=engine,
             ttl=PoolSpec.parse_ttl(ttl),
             environment_variables=dict(environment_variables or {}),
@@ -136,21 +121,23 @@ class RolloutPool:
             lease_timeout=lease_timeout,
         )
         self.size = size
+        self.prefetch = prefetch
+        # the pool actors: one per node (or bundle), each warming its share of ``size``
         self._strategies = _placements(placement_group)
         n = len(self._strategies)
-        self._sizes = [size // n + (1 if i < size % n else 0) for i in range(n)]
+        self._sizes = _shares(size, n)
         self._rate, self._burst = creation_rate, creation_burst
         self._limiter = limiter_actor(creation_rate, creation_burst)
         self._cls = pool_actor_class()
         self._started: dict[int, ray.ObjectRef[int]] = {}
         self._actors = [self._start_actor(i) for i in range(n)]
+        self._replaced = 0
+        self._replacing = threading.Lock()
+        # the driver's side of leasing
         self._idle_hint = [0] * n
         self._rotation = itertools.count()
-        self._replaced = 0
         self._closed = False
-        self.prefetch = prefetch
         self._acquired = 0  # acquires by this process (``prefetch="auto"`` starts after one)
-        self._replacing = threading.Lock()
         # leases granted ahead of time: (actor index, actor, lease, when granted)
         self._stash: collections.deque[tuple[int, Any, LeaseInfo, float]] = collections.deque()
         log.info(
@@ -402,6 +389,36 @@ class RolloutPool:
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"RolloutPool({self.spec.env_name!r}, size={self.size}, {state}, name={self.name!r})"
+
+
+def _check_sizes(size: int, prefetch: int | Literal["auto"]) -> None:
+    """Refuse a pool of no instances and a prefetch that is neither ``"auto"`` nor a count."""
+    if size < 1:
+        raise ConfigurationError(f"a pool needs size >= 1, got {size}")
+    if prefetch != "auto" and (not isinstance(prefetch, int) or prefetch < 0):
+        raise ConfigurationError(f"prefetch must be an int >= 0 or 'auto', got {prefetch!r}")
+
+
+def _target(env_name: str | None, project: str | Path | None) -> tuple[str, str | None]:
+    """``(env_name, project directory)`` of what the pool runs: a project directory (absolute;
+    its config names it unless ``env_name`` does) or a name resolved now, in the driver, so a
+    wrong one fails here rather than in every pool actor."""
+    if project is not None:
+        from aenv_ray.config import EnvConfig
+
+        directory = str(Path(project).resolve())
+        return env_name or EnvConfig.load(directory).ref, directory
+    if env_name is None:
+        raise ConfigurationError("name an environment (`name@version`) or pass project=")
+    from aenv_ray.resolve import resolve_environment
+
+    resolve_environment(env_name, _env_path())
+    return env_name, None
+
+
+def _shares(size: int, actors: int) -> list[int]:
+    """``size`` split over ``actors`` as evenly as it goes (the first ones get the remainder)."""
+    return [size // actors + (1 if i < size % actors else 0) for i in range(actors)]
 
 
 def _placements(placement_group: Any) -> list[Any]:

@@ -42,7 +42,7 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -571,6 +571,62 @@ async def synthesize(
         return await job(run)
 
 
+def _chosen_policy(policy: Policy | str | None, env_name: str) -> Policy:
+    """``policy`` itself, the policy a ``module:attribute`` string names, or (``None``) the
+    environment's demo policy."""
+    if policy is None:
+        return demo_policy(env_name)
+    return load_policy(policy) if isinstance(policy, str) else policy
+
+
+@dataclass
+class _Tally:
+    """What this run's episodes did so far: the counts of its :class:`SynthesisSummary`."""
+
+    outcomes: Counter[str] = field(default_factory=Counter)
+    rewards: list[float] = field(default_factory=list)
+    retries: int = 0
+    tool_calls: int = 0
+
+    def add(self, trajectory: Trajectory) -> None:
+        """Count one recorded episode."""
+        self.outcomes[trajectory.outcome] += 1
+        self.retries += trajectory.attempts - 1
+        self.tool_calls += len(trajectory.steps)
+        if trajectory.reward is not None:
+            self.rewards.append(trajectory.reward)
+
+    def summary(
+        self, run: RunDirectory, *, episodes: int, skipped: int, seconds: float
+    ) -> SynthesisSummary:
+        """The run's summary, from the counts."""
+        return SynthesisSummary(
+            out=run.path,
+            episodes=episodes,
+            skipped=skipped,
+            outcomes=dict(self.outcomes),
+            retries=self.retries,
+            tool_calls=self.tool_calls,
+            seconds=seconds,
+            mean_reward=sum(self.rewards) / len(self.rewards) if self.rewards else None,
+            torn=run.torn,
+        )
+
+
+async def _play_all(
+    todo: list[tuple[str, dict[str, Any]]],
+    play: Callable[[str, dict[str, Any]], Coroutine[Any, Any, None]],
+) -> None:
+    """``play(episode_id, task)`` for every episode of ``todo``, all in one task group; the
+    first error (a bad task, a full disk) stops them all and is raised alone."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            for episode_id, task in todo:
+                group.create_task(play(episode_id, task))
+    except BaseExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+
+
 async def _synthesize(
     env_name: str,
     run: RunDirectory,
@@ -587,23 +643,14 @@ async def _synthesize(
     on_skip: Callable[[int], None] | None,
 ) -> SynthesisSummary:
     task_list = _task_list(tasks, env_name)
-    chosen: Policy = (
-        demo_policy(env_name)
-        if policy is None
-        else load_policy(policy)
-        if isinstance(policy, str)
-        else policy
-    )
+    chosen = _chosen_policy(policy, env_name)
     todo = pending_episodes(task_list, episodes, run.records, retry_failed=retry_failed)
     skipped = episodes - len(todo)
     if on_skip is not None:
         on_skip(skipped)
     instances = source or SDKSource(env_name)
     limit = asyncio.Semaphore(concurrency)
-    outcomes: Counter[str] = Counter()
-    rewards: list[float] = []
-    totals = {"retries": 0, "tool_calls": 0}
-    started = time.perf_counter()
+    tally = _Tally()
 
     async def one(episode_id: str, task: dict[str, Any]) -> None:
         async with limit:
@@ -617,33 +664,15 @@ async def _synthesize(
                 episode_timeout=episode_timeout,
             )
         await run.append(trajectory.to_json())
-        outcomes[trajectory.outcome] += 1
-        totals["retries"] += trajectory.attempts - 1
-        totals["tool_calls"] += len(trajectory.steps)
-        if trajectory.reward is not None:
-            rewards.append(trajectory.reward)
+        tally.add(trajectory)
         if on_episode is not None:
             on_episode(trajectory)
 
-    try:
-        async with asyncio.TaskGroup() as group:
-            for episode_id, task in todo:
-                group.create_task(one(episode_id, task))
-    except BaseExceptionGroup as failed:
-        raise failed.exceptions[0] from None  # one error (a bad task, a full disk) stops them all
+    started = time.perf_counter()
+    await _play_all(todo, one)
     seconds = time.perf_counter() - started  # the episodes' time, not the Parquet file's
     write_parquet(run.jsonl, run.path / PARQUET)
-    return SynthesisSummary(
-        out=run.path,
-        episodes=episodes,
-        skipped=skipped,
-        outcomes=dict(outcomes),
-        retries=totals["retries"],
-        tool_calls=totals["tool_calls"],
-        seconds=seconds,
-        mean_reward=sum(rewards) / len(rewards) if rewards else None,
-        torn=run.torn,
-    )
+    return tally.summary(run, episodes=episodes, skipped=skipped, seconds=seconds)
 
 
 def run_synthesis(env_name: str, **kwargs: Any) -> SynthesisSummary:

@@ -182,38 +182,65 @@ def build(
     Dockerfile is written for building elsewhere.
     """
     from aenv_ray.bundle import build_bundle
-    from aenv_ray.cli._image import find_image_builder
-
-    if tag is not None and not _TAG.fullmatch(tag):
-        raise typer.BadParameter(
-            f"`{tag}` is not an image tag, e.g. demo:1.0.0", param_hint="--tag"
-        )
     from aenv_ray.cli._loadcheck import check_loads, describe
 
+    _check_tag(tag)
     out_dir = project / "dist" if out is None else out
     bundle = build_bundle(project, exclude=[out_dir])
     loads = describe(check_loads(bundle.data, bundle.config.ref))  # before anything is written
     paths = _write_outputs(bundle, out_dir)
+    _report(bundle, loads, paths, as_json=as_json)
+    if not no_image:
+        _build_image_if_possible(bundle, paths["Dockerfile"], tag, timeout, _sayer(as_json))
+
+
+def _check_tag(tag: str | None) -> None:
+    """Refuse a ``--tag`` no image builder would take."""
+    if tag is not None and not _TAG.fullmatch(tag):
+        raise typer.BadParameter(
+            f"`{tag}` is not an image tag, e.g. demo:1.0.0", param_hint="--tag"
+        )
+
+
+def _sayer(as_json: bool) -> Callable[[str], None]:
+    """Prints a progress line: on stderr when stdout carries the JSON manifest."""
 
     def say(line: str) -> None:
         print(line, file=sys.stderr if as_json else sys.stdout, flush=True)
 
+    return say
+
+
+def _report(bundle: Bundle, loads: str, paths: dict[str, Path], *, as_json: bool) -> None:
+    """Print what was built: the manifest as JSON, or a summary with the outputs' paths."""
     if as_json:
         print(json.dumps(_manifest(bundle), indent=2), flush=True)
-    else:
-        print(f"built {bundle.config.ref}")
-        print(f"  digest      {bundle.digest}")
-        print(f"  size        {bundle.size} bytes, {len(bundle.files)} files")
-        print(f"  loads       {loads}")
-        for label, path in paths.items():
-            print(f"  {label:<11} {_shown(path)}")
-    if no_image:
         return
+    print(f"built {bundle.config.ref}")
+    print(f"  digest      {bundle.digest}")
+    print(f"  size        {bundle.size} bytes, {len(bundle.files)} files")
+    print(f"  loads       {loads}")
+    for label, path in paths.items():
+        print(f"  {label:<11} {_shown(path)}")
+
+
+def _build_image_if_possible(
+    bundle: Bundle,
+    dockerfile: Path,
+    tag: str | None,
+    timeout: float,
+    say: Callable[[str], None],
+) -> None:
+    """Build the image (``tag``, else :func:`default_tag`) with the first container builder on
+    PATH; with none, or one that cannot build here, say so in one line and stop (the bundle is
+    what EnvHub needs)."""
+    from aenv_ray.cli._image import find_image_builder
+
     builder = find_image_builder()
     if builder is None:
         say(
             "no container builder (docker, podman, buildah) on PATH: wrote "
-            f"{_shown(paths['Dockerfile'])}; build the image where one exists, or push the "
+            f"{_shown(dockerfile)}; build the image where one exists, or push the "
             "bundle with `aenv push`"
         )
         return
@@ -221,7 +248,7 @@ def build(
     if problem is not None:
         say(
             f"{Path(builder).name} is on PATH but cannot build images here ({problem}): wrote "
-            f"{_shown(paths['Dockerfile'])}; build the image where a builder works, or push the "
+            f"{_shown(dockerfile)}; build the image where a builder works, or push the "
             "bundle with `aenv push`"
         )
         return

@@ -1,0 +1,77 @@
+"""What every router shares: the hub's parts (:class:`Hub`), how it behaves
+(:class:`HubOptions`), and who sent a request (``Who``, the auth dependency).
+
+:func:`envhub.app.create_app` builds one :class:`Hub` and puts it in ``app.state.hub``; a handler
+receives it by declaring ``hub: HubDep``; the proxy's handlers, on the path of every tool call
+sent through the hub, and the auth dependency call :func:`serving` instead (one dependency less
+for FastAPI to solve per request).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from envhub.control import ControlPlane
+from envhub.keys import LOCAL_TENANT, Caller, authenticate
+from envhub.limits import Limits
+from envhub.registry import DEFAULT_MAX_BUNDLE, VersionRegistry
+from envhub.routes.forward import Forwarder
+from envhub.store import Store
+
+__all__ = ["Hub", "HubDep", "HubOptions", "Who", "caller", "hub_of", "serving"]
+
+
+@dataclass(frozen=True)
+class HubOptions:
+    """How a hub behaves (``aenv serve``'s options)."""
+
+    auth: bool = True
+    data_dir: Path = Path(".")
+    max_bundle: int = DEFAULT_MAX_BUNDLE
+    datasource_root: Path | None = None  # datasources are directories under this, else refused
+    reap_interval: float = 1.0
+    sync_interval: float = 5.0
+    close_store: bool = True  # the app closes the store when it stops
+    limits: Limits = field(default_factory=Limits)  # quotas and caps per tenant
+
+
+@dataclass(frozen=True)
+class Hub:
+    """One hub's parts, shared by its routers: built once by :func:`envhub.app.create_app`."""
+
+    options: HubOptions
+    store: Store
+    registry: VersionRegistry
+    control: ControlPlane
+    forwarder: Forwarder  # the proxy's client to runtimes (opened by the app's lifespan)
+
+
+def serving(request: Request) -> Hub:
+    """The hub serving ``request`` (for handlers on the proxy's path, where each dependency
+    FastAPI solves costs some microseconds per call)."""
+    hub: Hub = request.app.state.hub
+    return hub
+
+
+async def hub_of(request: Request) -> Hub:
+    """The hub serving ``request``, as a dependency (async: FastAPI would run a plain function
+    in a thread)."""
+    return serving(request)
+
+
+HubDep = Annotated[Hub, Depends(hub_of)]
+
+
+async def caller(request: Request) -> Caller:
+    """Who sent the request (every route but health and the OpenAPI document needs a key)."""
+    hub = serving(request)  # not through HubDep: one dependency less to solve per request
+    if not hub.options.auth:
+        return Caller(tenant=LOCAL_TENANT)
+    return await authenticate(hub.store, request.headers.get("authorization"))
+
+
+Who = Annotated[Caller, Depends(caller)]

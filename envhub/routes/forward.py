@@ -1,0 +1,94 @@
+"""The proxy's client: forwards a request to a runtime (an instance's, or a service replica's)
+and streams the answer back.
+
+The caller's hub key never reaches the runtime; the runtime's own token does. Hop-by-hop headers
+are dropped both ways. One :class:`aiohttp.ClientSession` per hub, opened and closed by the app's
+lifespan.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+
+import aiohttp
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from aenv_ray.errors import InstanceUnreachableError
+
+__all__ = ["Forwarder"]
+
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "authorization",
+        "content-length",
+    }
+)
+
+
+class Forwarder:
+    """Forwards requests to runtimes over one client session (:meth:`open` before use)."""
+
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+        self._turns = itertools.count()
+
+    async def open(self) -> None:
+        """Open the client session (the app's lifespan, at start)."""
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5), auto_decompress=False
+        )
+
+    async def aclose(self) -> None:
+        """Close the client session (the app's lifespan, at stop)."""
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    def next_turn(self) -> int:
+        """An ever-increasing number: which replica of a service answers next (round-robin)."""
+        return next(self._turns)
+
+    async def forward(self, request: Request, base: str, path: str, token: str | None) -> Response:
+        """``request`` sent to ``base``/``path`` with ``token`` as its bearer; the answer
+        streamed back. Raises :class:`~aenv_ray.errors.InstanceUnreachableError` when ``base``
+        does not answer."""
+        assert self._session is not None, "the hub's lifespan opens the forwarder"
+        headers = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() not in _HOP_BY_HOP and k.lower() != "authorization"
+        }
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        url = f"{base.rstrip('/')}/{path}"
+        if request.url.query:
+            url += f"?{request.url.query}"
+        try:
+            upstream = await self._session.request(
+                request.method, url, data=await request.body(), headers=headers
+            )
+        except aiohttp.ClientError as exc:
+            raise InstanceUnreachableError(
+                f"the hub cannot reach the instance at {base} ({exc}); it may have ended"
+            ) from exc
+        out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP}
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in upstream.content.iter_any():
+                    yield chunk
+            finally:
+                upstream.release()
+
+        return StreamingResponse(body(), status_code=upstream.status, headers=out_headers)
