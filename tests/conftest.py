@@ -15,6 +15,7 @@ import pytest
 from aiohttp import web
 
 from aenv_ray.testing import RuntimeProcess
+from tests._k8s import KubeCluster, tools_dir
 from tests._nobody import unprivileged_python
 from tests._redis import RedisServer
 
@@ -106,3 +107,20 @@ def redis_server() -> Iterator[RedisServer]:
 def redis_url(redis_server: RedisServer) -> str:
     """The session's Redis with a key prefix of the test's own, so tests never see each other."""
     return f"{redis_server.url}?prefix=test-{uuid.uuid4().hex}:"
+
+
+@pytest.fixture(scope="session")
+def kube_cluster() -> Iterator[KubeCluster]:
+    """A real Kubernetes API server for the session (tests/_k8s.py). Skips, saying why, without
+    the tools; where they are, a set-up or start that fails is a failure under
+    ``AENV_REQUIRE_K8S=1`` (CI), a skip elsewhere."""
+    if tools_dir() is None and not os.environ.get("AENV_TEST_KUBECONFIG"):
+        pytest.skip("no k8s-real tools (../shared/tools/k8s-real) and no AENV_TEST_KUBECONFIG")
+    try:
+        cluster = KubeCluster.start()  # the first time on a machine: a build of some minutes
+    except RuntimeError as exc:
+        if os.environ.get("AENV_REQUIRE_K8S") == "1":
+            raise
+        pytest.skip(str(exc))
+    with cluster:
+        yield cluster

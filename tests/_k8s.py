@@ -1,0 +1,138 @@
+"""A real Kubernetes API server for the tests: ``../shared/tools/k8s-real`` (kube-apiserver, etcd,
+kube-controller-manager and a fake kubelet that runs pod commands as local processes), or any
+cluster named by ``AENV_TEST_KUBECONFIG``.
+
+:class:`KubeCluster` sets the tools up when their binaries are missing (a one-time build of a few
+minutes, cached outside the repository in ``~/.cache/k8s-real``), starts a fresh control plane on
+free loopback ports with its state in a directory of its own (so it never meets another run's),
+and stops it. Tests that need it are marked ``k8s``; the suite runs them in CI.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["KubeCluster", "tools_dir"]
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def tools_dir() -> Path | None:
+    """Where k8s-real's scripts are (``AENV_K8S_REAL_TOOLS``, else ``../shared/tools/k8s-real``
+    beside the repository), or None."""
+    given = os.environ.get("AENV_K8S_REAL_TOOLS")
+    candidates = [Path(given)] if given else [REPO.parent / "shared" / "tools" / "k8s-real"]
+    return next((path for path in candidates if (path / "start").is_file()), None)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _cache() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(os.environ.get("K8S_REAL") or Path(base) / "k8s-real")
+
+
+def _built(cache: Path) -> bool:
+    return (
+        (cache / "bin" / "kube-apiserver").is_file()
+        and (cache / "venv" / "bin" / "python").is_file()
+        and shutil.which("etcd") is not None
+    )
+
+
+class KubeCluster:
+    """A running cluster: ``kubeconfig`` is its path. ``with KubeCluster.start() as cluster:``."""
+
+    def __init__(self, kubeconfig: Path, *, state: Path | None = None) -> None:
+        self.kubeconfig = kubeconfig
+        self.state = state  # ours to stop and remove; None: a cluster someone else runs
+        self.tools = tools_dir()
+
+    @classmethod
+    def start(cls, *, setup_timeout: float = 1800.0) -> KubeCluster:
+        """``AENV_TEST_KUBECONFIG``'s cluster, else a fresh k8s-real control plane (set up first
+        when needed). Raises :class:`RuntimeError` saying why it cannot."""
+        given = os.environ.get("AENV_TEST_KUBECONFIG")
+        if given:
+            return cls(Path(given))
+        tools = tools_dir()
+        if tools is None:
+            raise RuntimeError(
+                "no k8s-real tools (../shared/tools/k8s-real, or AENV_K8S_REAL_TOOLS), and no "
+                "AENV_TEST_KUBECONFIG naming a cluster"
+            )
+        if not _built(_cache()):
+            setup = subprocess.run(
+                [str(tools / "setup")],
+                capture_output=True,
+                text=True,
+                timeout=setup_timeout,
+                check=False,
+            )
+            if setup.returncode != 0:
+                raise RuntimeError(
+                    f"k8s-real setup failed:\n{(setup.stdout + setup.stderr)[-3000:]}"
+                )
+        state = Path(tempfile.mkdtemp(prefix="aenv-k8s-"))
+        env = {
+            **os.environ,
+            "APISERVER_PORT": str(_free_port()),
+            "ETCD_PORT": str(_free_port()),
+            "ETCD_PEER_PORT": str(_free_port()),
+            "KUBELET_PORT": str(_free_port()),
+            "DATA_DIR": str(state / "data"),
+            "RUN_DIR": str(state / "run"),
+            "KUBECONFIG_OUT": str(state / "kubeconfig"),
+            "FAKE_KUBELET_POD_IP_MODE": "unique",  # a pod binds its own 127.1.x.y
+        }
+        started = subprocess.run(
+            [str(tools / "start")],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+            check=False,
+        )
+        cluster = cls(state / "kubeconfig", state=state)
+        if started.returncode != 0:
+            cluster.stop()
+            raise RuntimeError(
+                f"k8s-real start failed:\n{(started.stdout + started.stderr)[-3000:]}"
+            )
+        return cluster
+
+    def stop(self) -> None:
+        """Stop the control plane this object started and remove its state. Idempotent."""
+        if self.state is None:
+            return
+        if self.tools is not None:
+            subprocess.run(
+                [str(self.tools / "stop")],
+                env={**os.environ, "RUN_DIR": str(self.state / "run")},
+                capture_output=True,
+                timeout=120,
+                check=False,
+            )
+        shutil.rmtree(self.state, ignore_errors=True)
+        self.state = None
+
+    def __enter__(self) -> KubeCluster:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
