@@ -55,8 +55,18 @@ def _limits_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse arguments, load the project, serve until stopped."""
-    parser = argparse.ArgumentParser(prog="python -m sandbox_runtime")
+    """Parse arguments, load the project, serve until stopped. What follows ``--`` is the
+    environment's own arguments: the project sees them as ``sys.argv[1:]``, as an engine's
+    instance does (``InstanceSpec.arguments``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, own = argv[:cut], argv[cut + 1 :]
+    parser = argparse.ArgumentParser(
+        prog="python -m sandbox_runtime",
+        epilog="ARGS after `--` are the environment's own arguments (its sys.argv[1:]).",
+    )
     parser.add_argument("project", help="environment project directory (holds config.json)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument(
@@ -84,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.pids_limit is not None and args.pids_limit < 1:
         parser.error("--pids-limit must be positive")
     configure_logging(args.log_level)
+    sys.argv = ["sandbox_runtime", *own]  # before the project's import, which may read them
     try:
         project = load_project(args.project)
         server = RuntimeServer(

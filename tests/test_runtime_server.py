@@ -13,6 +13,7 @@ import fastmcp
 import httpx
 import pytest
 
+from aenv_ray.testing import RuntimeProcess
 from sandbox_runtime._loader import load_project
 from sandbox_runtime.server import RuntimeServer, bind_socket
 
@@ -74,3 +75,11 @@ def test_a_server_whose_mcp_never_started_stops_cleanly() -> None:
     server = RuntimeServer(load_project(PROBE), sockets=[bind_socket("127.0.0.1", 0)])
     with serving(server) as url:
         assert httpx.get(f"{url}/health").status_code == 200
+
+
+async def test_arguments_after_a_double_dash_are_the_environments() -> None:
+    hostile = Path(__file__).parent / "envs" / "hostile"
+    with RuntimeProcess(hostile, extra_args=["--", "--level", "hard", "x"]) as runtime:
+        async with runtime.environment() as env:
+            identity = (await env.call_tool("identity", {})).structured
+    assert identity["argv"] == ["--level", "hard", "x"]

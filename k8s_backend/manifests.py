@@ -1,0 +1,290 @@
+"""The Kubernetes objects of an instance, as plain JSON-able dicts: its Pod and the namespace's
+egress-denying NetworkPolicy.
+
+Pure functions, no API calls and no ``kubernetes`` import: the engine sends what these return
+(the official client takes dicts as bodies), and the golden tests read them. Everything an engine
+or a reaper must find again later lives in the object itself (labels to select, annotations to
+read), so that no state outside the cluster is needed.
+
+    >>> pod = instance_pod(PodRecipe(instance_id="4f2a9c1e07b3", env_ref="mini-terminal@1.0.0",
+    ...     image="registry.local/aenv/mini-terminal:1.0.0", command=["python", "-m",
+    ...     "sandbox_runtime", "/env"], expires_at=1700000000.0))
+    >>> pod["metadata"]["name"], pod["metadata"]["labels"]["aenv-ray.io/instance"]
+    ('aenv-mini-terminal-4f2a9c1e07b3', '4f2a9c1e07b3')
+    >>> pod["spec"]["containers"][0]["resources"]["limits"]
+    {'cpu': '1000m', 'memory': '2048Mi'}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aenv_ray.config import DeployConfig, parse_cpu, parse_memory
+from aenv_ray.envref import EnvRef
+from aenv_ray.errors import ConfigurationError
+from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT
+
+__all__ = [
+    "ANNOTATION_ENV",
+    "ANNOTATION_EXPIRES",
+    "ANNOTATION_OWNER",
+    "LABEL_ENV",
+    "LABEL_INSTANCE",
+    "LABEL_MANAGED",
+    "LABEL_NETWORK",
+    "LABEL_OWNER",
+    "LABEL_POOL",
+    "LABEL_VERSION",
+    "MANAGER",
+    "NETWORK_POLICY_NAME",
+    "PodRecipe",
+    "deny_egress_policy",
+    "instance_pod",
+    "label_value",
+    "pod_name",
+    "quantities",
+    "second_image",
+]
+
+MANAGER = "aenv-ray"
+LABEL_MANAGED = "app.kubernetes.io/managed-by"
+LABEL_ENV = "aenv-ray.io/env"
+LABEL_VERSION = "aenv-ray.io/version"
+LABEL_INSTANCE = "aenv-ray.io/instance"
+LABEL_OWNER = "aenv-ray.io/owner"
+LABEL_POOL = "aenv-ray.io/pool"
+LABEL_NETWORK = "aenv-ray.io/network"  # "false": the egress-denying policy selects the pod
+ANNOTATION_EXPIRES = "aenv-ray.io/expires-at"  # seconds since the epoch: the reaper's only input
+ANNOTATION_OWNER = "aenv-ray.io/owner"  # the owner in full (its label may be shortened)
+ANNOTATION_ENV = "aenv-ray.io/env-ref"
+NETWORK_POLICY_NAME = "aenv-ray-deny-egress"
+NOBODY = 65534
+
+_LABEL_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+_DNS_CHARS = re.compile(r"[^a-z0-9-]+")
+_OURS = frozenset(
+    {
+        LABEL_MANAGED,
+        LABEL_ENV,
+        LABEL_VERSION,
+        LABEL_INSTANCE,
+        LABEL_OWNER,
+        LABEL_POOL,
+        LABEL_NETWORK,
+    }
+)
+
+
+def _digest(text: str, n: int = 8) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:n]
+
+
+def label_value(text: str) -> str:
+    """``text`` as a valid label value (at most 63 of ``[A-Za-z0-9._-]``, alphanumeric at both
+    ends): kept when it is one, else cleaned and suffixed with a short hash, so distinct texts
+    stay distinct.
+
+        >>> label_value("1.0.0-rc.1"), label_value("alice@example.org")
+        ('1.0.0-rc.1', 'alice-example.org-7a64adf2')
+    """
+    if len(text) <= 63 and re.fullmatch(r"([A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?)?", text):
+        return text
+    cleaned = _LABEL_CHARS.sub("-", text).strip("-._")[:54].rstrip("-._")
+    return f"{cleaned}-{_digest(text)}" if cleaned else _digest(text)
+
+
+def pod_name(env_name: str, instance_id: str) -> str:
+    """A DNS-1123 name for an instance's pod: ``aenv-<env>-<id>`` (the env part cut to fit).
+
+    >>> pod_name("Tau2_Airline", "4f2a9c1e07b3")
+    'aenv-tau2-airline-4f2a9c1e07b3'
+    """
+    ident = _DNS_CHARS.sub("-", instance_id.lower()).strip("-")
+    if not ident:
+        raise ConfigurationError(f"instance id `{instance_id}` has no letters or digits")
+    env = _DNS_CHARS.sub("-", env_name.lower()).strip("-")
+    room = 63 - len("aenv--") - len(ident)
+    env = env[: max(room, 0)].rstrip("-")
+    return f"aenv-{env}-{ident}" if env else f"aenv-{ident}"[:63]
+
+
+def quantities(deploy: DeployConfig) -> dict[str, str]:
+    """``deployConfig``'s cpu and memory as Kubernetes quantities (millicores, MiB when whole).
+
+    >>> quantities(DeployConfig(cpu="500m", memory="4G"))
+    {'cpu': '500m', 'memory': '4096Mi'}
+    >>> quantities(DeployConfig(cpu="2C", memory=1000))
+    {'cpu': '2000m', 'memory': '1000'}
+    """
+    millicores = max(1, round(parse_cpu(deploy.cpu) * 1000))
+    size = parse_memory(deploy.memory)
+    memory = f"{size >> 20}Mi" if size % (1 << 20) == 0 else str(size)
+    return {"cpu": f"{millicores}m", "memory": memory}
+
+
+def second_image(datasource: str, image_prefix: str) -> str:
+    """The ``DualContainer`` template's second image: ``datasource`` itself when it is a full
+    reference (it names a registry path or a tag), else ``image_prefix + datasource``.
+
+        >>> second_image("postgres:16", "registry.local/aenv/"), second_image("db", "r.io/x/")
+        ('postgres:16', 'r.io/x/db')
+    """
+    if not datasource:
+        raise ConfigurationError(
+            "podTemplate DualContainer needs a datasource: the second container's image"
+        )
+    if "/" in datasource or ":" in datasource or "@" in datasource or not image_prefix:
+        return datasource
+    return image_prefix + datasource
+
+
+@dataclass(frozen=True)
+class PodRecipe:
+    """What an instance's pod is made of. ``image`` and ``command`` start the runtime (the
+    environment's own image, a generic runtime image, or, on a test cluster whose kubelet runs
+    commands on its host, this machine's Python); the runtime listens on ``port`` at the pod's
+    IP (``$(POD_IP)``); ``arguments`` are the environment's own (after ``--``)."""
+
+    instance_id: str
+    env_ref: str
+    image: str
+    command: Sequence[str]
+    expires_at: float
+    deploy: DeployConfig = field(default_factory=DeployConfig)
+    arguments: Sequence[str] = ()
+    environment_variables: Mapping[str, str] = field(default_factory=dict)
+    owner: str | None = None
+    pool: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    datasource: str | None = None
+    port: int = DEFAULT_FUNCTIONS_PORT
+
+
+def _labels(recipe: PodRecipe, ref: EnvRef) -> dict[str, str]:
+    labels = {
+        LABEL_MANAGED: MANAGER,
+        LABEL_ENV: label_value(ref.name),
+        LABEL_VERSION: label_value(ref.version or ""),
+        LABEL_INSTANCE: label_value(recipe.instance_id),
+        LABEL_NETWORK: "true" if recipe.deploy.network else "false",
+    }
+    if recipe.owner:
+        labels[LABEL_OWNER] = label_value(recipe.owner)
+    if recipe.pool:
+        labels[LABEL_POOL] = label_value(recipe.pool)
+    for key, value in recipe.labels.items():
+        if key in _OURS:
+            raise ConfigurationError(f"label `{key}` is aenv-ray's own; choose another name")
+        labels[key] = label_value(value)
+    return labels
+
+
+def _environment(recipe: PodRecipe) -> list[dict[str, Any]]:
+    merged = {**recipe.deploy.env, **recipe.environment_variables}
+    env: list[dict[str, Any]] = [
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "AENV_INSTANCE_ID", "value": recipe.instance_id},
+    ]
+    env += [{"name": str(k), "value": str(v)} for k, v in sorted(merged.items())]
+    return env
+
+
+def _container_security() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+    }
+
+
+def instance_pod(recipe: PodRecipe) -> dict[str, Any]:
+    """The Pod of one instance (see the module docstring): resources from ``deployConfig`` as
+    requests and limits, non-root with no privilege and no capability, seccomp RuntimeDefault, no
+    service-account token, ``restartPolicy: Never``, a readiness probe on the runtime's port,
+    writable ``/tmp`` and ``/workspace`` as emptyDirs (the root file system is read-only)."""
+    ref = EnvRef.parse(recipe.env_ref)
+    resources = quantities(recipe.deploy)
+    runtime: dict[str, Any] = {
+        "name": "runtime",
+        "image": recipe.image,
+        "command": list(recipe.command),
+        "args": [
+            *("--host", "$(POD_IP)", "--port", str(recipe.port)),
+            *(("--", *recipe.arguments) if recipe.arguments else ()),
+        ],
+        "env": _environment(recipe),
+        "ports": [{"name": "runtime", "containerPort": recipe.port, "protocol": "TCP"}],
+        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        "readinessProbe": {
+            "tcpSocket": {"port": recipe.port},
+            "periodSeconds": 1,
+            "failureThreshold": 3,
+        },
+        "securityContext": _container_security(),
+        "volumeMounts": [
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "workspace", "mountPath": "/workspace"},
+        ],
+        "workingDir": "/workspace",
+    }
+    containers = [runtime]
+    if recipe.deploy.pod_template == "DualContainer":
+        containers.append(
+            {
+                "name": "datasource",
+                "image": second_image(recipe.datasource or "", recipe.deploy.image_prefix),
+                "securityContext": _container_security(),
+                "volumeMounts": [{"name": "workspace", "mountPath": "/workspace"}],
+            }
+        )
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(ref.name, recipe.instance_id),
+            "labels": _labels(recipe, ref),
+            "annotations": {
+                ANNOTATION_EXPIRES: f"{recipe.expires_at:.3f}",
+                ANNOTATION_ENV: str(ref),
+                **({ANNOTATION_OWNER: recipe.owner} if recipe.owner else {}),
+            },
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": NOBODY,
+                "runAsGroup": NOBODY,
+                "fsGroup": NOBODY,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": containers,
+            "volumes": [
+                {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
+                {"name": "workspace", "emptyDir": {"sizeLimit": "1Gi"}},
+            ],
+        },
+    }
+
+
+def deny_egress_policy() -> dict[str, Any]:
+    """The namespace's NetworkPolicy that denies all egress of aenv-ray pods whose environment
+    did not ask for the network (label ``aenv-ray.io/network: "false"``). One per namespace,
+    not one per pod: creating an instance costs no extra API call."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": NETWORK_POLICY_NAME, "labels": {LABEL_MANAGED: MANAGER}},
+        "spec": {
+            "podSelector": {"matchLabels": {LABEL_MANAGED: MANAGER, LABEL_NETWORK: "false"}},
+            "policyTypes": ["Egress"],
+            "egress": [],
+        },
+    }
