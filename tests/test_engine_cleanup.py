@@ -42,7 +42,7 @@ def leftovers(owner: str) -> dict[str, list[str]]:
         str(p)
         for pattern in ("aenv-root-*", "aenv-instance-*", "aenv-fork-*")
         for p in scratch.glob(pattern)
-        if p.stat().st_mtime >= STARTED - 1
+        if _modified_since(p, STARTED - 1)
     ]
     return {
         "processes": [str(p) for p in processes_of(owner)],
@@ -53,6 +53,15 @@ def leftovers(owner: str) -> dict[str, list[str]]:
 
 
 STARTED = time.time()
+
+
+def _modified_since(path: Path, when: float) -> bool:
+    """True if ``path`` exists and changed at ``when`` or later (it may vanish as we look: the
+    cleanup being waited for removes it)."""
+    try:
+        return path.stat().st_mtime >= when
+    except FileNotFoundError:
+        return False
 
 
 def wait_clean(owner: str, seconds: float = PROMPTLY) -> dict[str, list[str]]:
