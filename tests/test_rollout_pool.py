@@ -476,45 +476,51 @@ def test_episodes_survive_an_instance_killed_mid_episode() -> None:
     wait_until(lambda: engine_processes(pids) == 0)  # the kill is asynchronous
 
 
-@pytest.mark.usefixtures("local_ray")
-def test_synthesis_retries_the_episodes_a_killed_pool_actor_cut(tmp_path: Path) -> None:
+def _synthesis_cut_by(pool: Any, out: Path, kill: Any) -> tuple[Any, list[Any], list[Any]]:
+    """Four episodes of ``run_synthesis`` over ``pool``; the first to get past its first step
+    calls ``kill()`` under everyone. All must end ok: (summary, trajectory rows, the cut ones)."""
     from rollout.sources import PoolSource
     from rollout.synthesis import AgentEnv, run_synthesis
 
-    killed: list[Any] = []
+    killed: list[bool] = []
 
     async def policy(task: dict[str, Any], env: AgentEnv) -> str:
         await env.call_tool("echo", {"text": "step 1"})
-        if not killed:  # the first episode to get here kills the pool actor under everyone
-            killed.append(pool.actors[0])
-            ray.kill(pool.actors[0])
+        if not killed:
+            killed.append(True)
+            kill()
         await env.call_tool("sleepy", {"seconds": 0.3})
         return "done"
 
+    summary = run_synthesis(
+        str(PROBE),
+        episodes=4,
+        concurrency=2,
+        out=out,
+        tasks=[{"id": "t"}],
+        policy=policy,
+        source=PoolSource(pool),
+        max_retries=2,
+    )
+    assert summary.outcomes == {"ok": 4}  # nothing recorded as the agent's
+    rows = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    cut = [r for r in rows if r["attempts"] > 1]
+    assert cut, "no episode was cut by the kill"
+    return summary, rows, cut
+
+
+@pytest.mark.usefixtures("local_ray")
+def test_synthesis_retries_the_episodes_a_killed_pool_actor_cut(tmp_path: Path) -> None:
     with probe_pool(size=2) as pool:
         pids = actor_pids(pool)
-        summary = run_synthesis(
-            str(PROBE),
-            episodes=4,
-            concurrency=2,
-            out=tmp_path,
-            tasks=[{"id": "t"}],
-            policy=policy,
-            source=PoolSource(pool),
-            max_retries=2,
-        )
-        assert summary.outcomes == {"ok": 4}  # nothing recorded as the agent's
-        rows = [
-            json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()
-        ]
+        first = pool.actors[0]
+        summary, rows, cut = _synthesis_cut_by(pool, tmp_path, lambda: ray.kill(first))
         assert sorted(r["episode_id"] for r in rows) == [f"00000{i}-t" for i in range(4)]
-        cut = [r for r in rows if r["attempts"] > 1]
-        assert cut, "no episode was cut by the kill"
         assert summary.retries == sum(r["attempts"] - 1 for r in rows)
         for row in cut:
             assert all(reason.startswith("LeaseLostError: ") for reason in row["retried"]), row
             assert "pool actor" in row["retried"][0]
-        assert pool.actors[0] is not killed[0]
+        assert pool.actors[0] is not first
         assert pool.stats().actor_restarts == 1
         pids |= actor_pids(pool)
     wait_until(lambda: engine_processes(pids) == 0)
@@ -536,42 +542,15 @@ def _zygote_of(actor_pid: int) -> int:
 
 @pytest.mark.usefixtures("local_ray")
 def test_synthesis_retries_the_episodes_a_killed_zygote_cut(tmp_path: Path) -> None:
-    from rollout.sources import PoolSource
-    from rollout.synthesis import AgentEnv, run_synthesis
-
-    killed: list[int] = []
-
-    async def policy(task: dict[str, Any], env: AgentEnv) -> str:
-        await env.call_tool("echo", {"text": "step 1"})
-        if not killed:  # SIGKILL the template every instance of the engine was forked from
-            (actor,) = pids
-            killed.append(_zygote_of(actor))
-            os.kill(killed[0], signal.SIGKILL)
-        await env.call_tool("sleepy", {"seconds": 0.3})
-        return "done"
-
     with probe_pool(size=2) as pool:
         pids = actor_pids(pool)
-        summary = run_synthesis(
-            str(PROBE),
-            episodes=4,
-            concurrency=2,
-            out=tmp_path,
-            tasks=[{"id": "t"}],
-            policy=policy,
-            source=PoolSource(pool),
-            max_retries=2,
-        )
-        assert summary.outcomes == {"ok": 4}
-        rows = [
-            json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()
-        ]
+        (actor,) = pids
+        zygote = _zygote_of(actor)  # the template every instance of the engine was forked from
+        _, rows, cut = _synthesis_cut_by(pool, tmp_path, lambda: os.kill(zygote, signal.SIGKILL))
         assert len({r["episode_id"] for r in rows}) == len(rows) == 4
-        cut = [r for r in rows if r["attempts"] > 1]
-        assert cut, "no episode was cut by the kill"
         for row in cut:  # the engine reports the instance crashed; the SDK raises this
             assert all(reason.startswith("InstanceBrokenError: ") for reason in row["retried"])
-        assert _zygote_of(next(iter(pids))) != killed[0]  # the engine started a new template
+        assert _zygote_of(actor) != zygote  # the engine started a new template
         assert pool.stats().actor_restarts == 0
     wait_until(lambda: engine_processes(pids) == 0)
 
