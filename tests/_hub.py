@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,15 +19,9 @@ from typing import Any
 import aiohttp
 
 from aenv_ray.protocol import FAST_CALL_PATH
+from aenv_ray.testing import free_port
 
 __all__ = ["HubProcess", "call_tool", "eventually", "free_port", "raw", "refused", "run"]
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class HubProcess:

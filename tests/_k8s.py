@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
 from types import TracebackType
+
+from aenv_ray.testing import free_port
 
 __all__ = ["KubeCluster", "tools_dir"]
 
@@ -29,12 +30,6 @@ def tools_dir() -> Path | None:
     given = os.environ.get("AENV_K8S_REAL_TOOLS")
     candidates = [Path(given)] if given else [REPO.parent / "shared" / "tools" / "k8s-real"]
     return next((path for path in candidates if (path / "start").is_file()), None)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _cache() -> Path:
@@ -86,10 +81,10 @@ class KubeCluster:
         state = Path(tempfile.mkdtemp(prefix="aenv-k8s-"))
         env = {
             **os.environ,
-            "APISERVER_PORT": str(_free_port()),
-            "ETCD_PORT": str(_free_port()),
-            "ETCD_PEER_PORT": str(_free_port()),
-            "KUBELET_PORT": str(_free_port()),
+            "APISERVER_PORT": str(free_port()),
+            "ETCD_PORT": str(free_port()),
+            "ETCD_PEER_PORT": str(free_port()),
+            "KUBELET_PORT": str(free_port()),
             "DATA_DIR": str(state / "data"),
             "RUN_DIR": str(state / "run"),
             "KUBECONFIG_OUT": str(state / "kubeconfig"),

@@ -20,14 +20,9 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from aenv_ray.testing import free_port
+
 EXECUTABLE = "redis-server"
-
-
-def free_port() -> int:
-    """A loopback TCP port nothing listens on (now)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class RedisServer:
