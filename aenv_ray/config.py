@@ -214,6 +214,41 @@ class EnvConfig(_Camel):
         """``name@version``, the string the SDK and the registry use."""
         return f"{self.name}@{self.version}"
 
+    @property
+    def image_tag(self) -> str:
+        """The image ``aenv build`` tags: ``NAME:VERSION`` below ``deployConfig.imagePrefix``.
+
+        Image names are lowercase and tags cannot hold ``+``: the name is lowercased and a ``+``
+        in the version becomes ``_``.
+
+        >>> EnvConfig(name="Demo", version="1.0.0+local").image_tag
+        'demo:1.0.0_local'
+        >>> EnvConfig.model_validate({"name": "demo",
+        ...     "deployConfig": {"imagePrefix": "reg.example/team"}}).image_tag
+        'reg.example/team/demo:1.0.0'
+        """
+        prefix = self.deploy_config.image_prefix.strip()
+        if prefix and not prefix.endswith("/"):
+            prefix += "/"
+        return f"{prefix}{self.name.lower()}:{self.version.replace('+', '_')}"
+
+    @property
+    def image(self) -> str | None:
+        """The environment's own image, where an engine that runs images finds its code: an
+        ``artifacts`` entry of type ``image`` (its ``content``), else :attr:`image_tag` when
+        ``deployConfig.imagePrefix`` names a registry, else None.
+
+        >>> EnvConfig(name="demo", artifacts=[{"type": "image", "content": "r.io/d:7"}]).image
+        'r.io/d:7'
+        >>> EnvConfig(name="demo").image is None
+        True
+        """
+        for artifact in self.artifacts:
+            content = artifact.get("content")
+            if artifact.get("type") == "image" and isinstance(content, str) and content:
+                return content
+        return self.image_tag if self.deploy_config.image_prefix.strip() else None
+
     @classmethod
     def load(cls, project: str | Path) -> EnvConfig:
         """Read ``project/config.json`` (or the file itself); every problem is one clear error."""

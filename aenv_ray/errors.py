@@ -34,6 +34,9 @@ The tree, by what the caller should do::
     │   └── QuotaExceededError                   over a hub's quota or cap; free some, ask less
     ├── HubUnreachableError                      nothing answers at AENV_SYSTEM_URL; retryable
     ├── StoreError                               the hub's store failed (SQLite file, Redis)
+    ├── ClusterError                             the Kubernetes API refused a request
+    │   ├── ClusterConflictError                 another writer changed the object first; retryable
+    │   └── ClusterUnreachableError              the API server does not answer (or 5xx); retryable
     ├── AEnvTimeoutError (TimeoutError)
     │   ├── AcquireTimeoutError                  no pooled instance became free in time; retryable
     │   ├── CallTimeoutError                     no answer within the call's timeout; retryable
@@ -80,6 +83,9 @@ __all__ = [
     "CallTimeoutError",
     "CapacityError",
     "ClosedError",
+    "ClusterConflictError",
+    "ClusterError",
+    "ClusterUnreachableError",
     "ConfigurationError",
     "DefinitionError",
     "EnvironmentNotFoundError",
@@ -405,6 +411,26 @@ class HubUnreachableError(AEnvError):
 
 class StoreError(AEnvError):
     """The hub's store failed: the SQLite file cannot be opened or Redis does not answer."""
+
+
+class ClusterError(AEnvError):
+    """The Kubernetes API refused a request for a reason no narrower class names (a 401, 403,
+    422 or missing namespace is a :class:`AuthenticationError`, :class:`PermissionDeniedError`
+    or :class:`ConfigurationError`); the message carries the API's own words."""
+
+
+class ClusterConflictError(ClusterError):
+    """Another writer changed the object first (HTTP 409: a claimed warm pod, a renewed lease).
+    Retryable: read it again and decide anew."""
+
+    retryable = True
+
+
+class ClusterUnreachableError(ClusterError):
+    """The Kubernetes API server does not answer, or kept answering 429 or 5xx through every
+    retry. Check the kubeconfig's server and the cluster's health."""
+
+    retryable = True
 
 
 class ProtocolError(AEnvError):

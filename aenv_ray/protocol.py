@@ -34,8 +34,10 @@ __all__ = [
     "MAX_RESPONSE_BYTES",
     "MAX_TIMEOUT",
     "MCP_PATH",
+    "READY_PATH",
     "REWARD_PATH",
     "TIMEOUT_HEADER",
+    "TOKEN_ENV",
     "ToolErrorKind",
     "ToolResult",
     "json_problem",
@@ -52,6 +54,10 @@ FUNCTIONS_LIST_PATH = "/functions/list"
 FAST_CALL_PATH = "/aenv/v1/call"
 FAST_TOOLS_PATH = "/aenv/v1/tools"
 FAST_INFO_PATH = "/aenv/v1/info"
+READY_PATH = "/aenv/v1/ready"  # no token needed, no environment code run: for probes
+TOKEN_ENV = (
+    "AENV_RUNTIME_TOKEN"  # the instance token, for a runtime an engine starts in a container
+)
 TIMEOUT_HEADER = b"x-aenv-timeout"
 """Seconds a function, reward or health call may run (their bodies are the arguments)."""
 

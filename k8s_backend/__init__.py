@@ -1,14 +1,29 @@
-"""k8s_backend: the Kubernetes sandbox engine (being built).
+"""k8s_backend: the Kubernetes sandbox engine.
 
 Owns: Pods for instances (labels for env, version, instance id, owner; TTL annotation and a
 reaper), readiness from the runtime's port, single- and dual-container templates, Deployments +
 Services (+ PVC) for long-running services, and the translation of API errors into aenv-ray's
-error tree. Implements ``aenv_ray``'s ``SandboxEngine`` protocol. Built so far:
-:mod:`k8s_backend.manifests` (the objects of an instance, as plain dicts).
+error tree. Implements ``aenv_ray``'s ``SandboxEngine`` protocol: :class:`KubernetesEngine`
+(:mod:`k8s_backend.engine`), the objects it sends (:mod:`k8s_backend.manifests`), what a pod
+says about its instance (:mod:`k8s_backend.state`), how code reaches a pod
+(:mod:`k8s_backend.delivery`), sessions and the reaper (:mod:`k8s_backend.reaper`); the
+client and its errors live in ``k8s_backend._api``, the watch's cache in ``k8s_backend._cache``.
 
-May import: ``aenv_ray``, kubernetes (in one module only). Must not import: ray, gymnasium.
+May import: ``aenv_ray``, orjson; kubernetes and urllib3 (its transport) in one module only.
+Must not import: ray, gymnasium.
 """
 
+from k8s_backend.delivery import Delivery, HostProcess, OwnImage
+from k8s_backend.engine import KubernetesEngine, RateLimiter
 from k8s_backend.manifests import PodRecipe, deny_egress_policy, instance_pod
 
-__all__ = ["PodRecipe", "deny_egress_policy", "instance_pod"]
+__all__ = [
+    "Delivery",
+    "HostProcess",
+    "KubernetesEngine",
+    "OwnImage",
+    "PodRecipe",
+    "RateLimiter",
+    "deny_egress_policy",
+    "instance_pod",
+]

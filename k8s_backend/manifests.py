@@ -26,9 +26,10 @@ from typing import Any
 from aenv_ray.config import DeployConfig, parse_cpu, parse_memory
 from aenv_ray.envref import EnvRef
 from aenv_ray.errors import ConfigurationError
-from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT
+from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT, READY_PATH, TOKEN_ENV
 
 __all__ = [
+    "ANNOTATION_CREATED",
     "ANNOTATION_ENV",
     "ANNOTATION_EXPIRES",
     "ANNOTATION_OWNER",
@@ -38,6 +39,7 @@ __all__ = [
     "LABEL_NETWORK",
     "LABEL_OWNER",
     "LABEL_POOL",
+    "LABEL_SESSION",
     "LABEL_VERSION",
     "MANAGER",
     "NETWORK_POLICY_NAME",
@@ -57,10 +59,12 @@ LABEL_VERSION = "aenv-ray.io/version"
 LABEL_INSTANCE = "aenv-ray.io/instance"
 LABEL_OWNER = "aenv-ray.io/owner"
 LABEL_POOL = "aenv-ray.io/pool"
+LABEL_SESSION = "aenv-ray.io/session"
 LABEL_NETWORK = "aenv-ray.io/network"  # "false": the egress-denying policy selects the pod
 ANNOTATION_EXPIRES = "aenv-ray.io/expires-at"  # seconds since the epoch: the reaper's only input
 ANNOTATION_OWNER = "aenv-ray.io/owner"  # the owner in full (its label may be shortened)
 ANNOTATION_ENV = "aenv-ray.io/env-ref"
+ANNOTATION_CREATED = "aenv-ray.io/created-at"
 NETWORK_POLICY_NAME = "aenv-ray-deny-egress"
 NOBODY = 65534
 
@@ -75,6 +79,7 @@ _OURS = frozenset(
         LABEL_OWNER,
         LABEL_POOL,
         LABEL_NETWORK,
+        LABEL_SESSION,
     }
 )
 
@@ -162,6 +167,10 @@ class PodRecipe:
     labels: Mapping[str, str] = field(default_factory=dict)
     datasource: str | None = None
     port: int = DEFAULT_FUNCTIONS_PORT
+    token: str | None = None  # the instance token, given to the runtime as AENV_RUNTIME_TOKEN
+    session: str | None = None  # the engine session whose end reclaims the pod
+    created_at: float | None = None  # seconds since the epoch, finer than creationTimestamp
+    max_lifetime: int | None = None  # seconds: activeDeadlineSeconds, the backstop of any TTL
 
 
 def _labels(recipe: PodRecipe, ref: EnvRef) -> dict[str, str]:
@@ -176,6 +185,8 @@ def _labels(recipe: PodRecipe, ref: EnvRef) -> dict[str, str]:
         labels[LABEL_OWNER] = label_value(recipe.owner)
     if recipe.pool:
         labels[LABEL_POOL] = label_value(recipe.pool)
+    if recipe.session:
+        labels[LABEL_SESSION] = label_value(recipe.session)
     for key, value in recipe.labels.items():
         if key in _OURS:
             raise ConfigurationError(f"label `{key}` is aenv-ray's own; choose another name")
@@ -189,6 +200,8 @@ def _environment(recipe: PodRecipe) -> list[dict[str, Any]]:
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "AENV_INSTANCE_ID", "value": recipe.instance_id},
     ]
+    if recipe.token:
+        env.append({"name": TOKEN_ENV, "value": recipe.token})
     env += [{"name": str(k), "value": str(v)} for k, v in sorted(merged.items())]
     return env
 
@@ -205,7 +218,7 @@ def _container_security() -> dict[str, Any]:
 def instance_pod(recipe: PodRecipe) -> dict[str, Any]:
     """The Pod of one instance (see the module docstring): resources from ``deployConfig`` as
     requests and limits, non-root with no privilege and no capability, seccomp RuntimeDefault, no
-    service-account token, ``restartPolicy: Never``, a readiness probe on the runtime's port,
+    service-account token, ``restartPolicy: Never``, a readiness probe on the runtime's ready path,
     writable ``/tmp`` and ``/workspace`` as emptyDirs (the root file system is read-only)."""
     ref = EnvRef.parse(recipe.env_ref)
     resources = quantities(recipe.deploy)
@@ -221,7 +234,7 @@ def instance_pod(recipe: PodRecipe) -> dict[str, Any]:
         "ports": [{"name": "runtime", "containerPort": recipe.port, "protocol": "TCP"}],
         "resources": {"requests": dict(resources), "limits": dict(resources)},
         "readinessProbe": {
-            "tcpSocket": {"port": recipe.port},
+            "httpGet": {"path": READY_PATH, "port": recipe.port},
             "periodSeconds": 1,
             "failureThreshold": 3,
         },
@@ -251,11 +264,13 @@ def instance_pod(recipe: PodRecipe) -> dict[str, Any]:
             "annotations": {
                 ANNOTATION_EXPIRES: f"{recipe.expires_at:.3f}",
                 ANNOTATION_ENV: str(ref),
+                **({ANNOTATION_CREATED: f"{recipe.created_at:.6f}"} if recipe.created_at else {}),
                 **({ANNOTATION_OWNER: recipe.owner} if recipe.owner else {}),
             },
         },
         "spec": {
             "restartPolicy": "Never",
+            **({"activeDeadlineSeconds": recipe.max_lifetime} if recipe.max_lifetime else {}),
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
             "securityContext": {

@@ -8,6 +8,11 @@ Limits (:mod:`sandbox_runtime._limits`): ``--cgroup`` finds this process's own c
 limits (a container's); or name them: ``--memory-limit 512M --pids-limit 128`` with the cgroup's
 event files opened by the caller and passed as ``--memory-events-fd``/``--pids-events-fd``;
 ``--rlimits-only`` when no cgroup enforces them (rlimits stand in).
+
+The instance token (every request must carry ``Authorization: Bearer TOKEN``) comes from the
+``AENV_RUNTIME_TOKEN`` environment variable (an engine that starts the runtime in a container
+sets it) or ``--token-file``; the variable is removed before the project loads, so neither the
+project nor the commands its tools run inherit it.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import sys
 from aenv_ray.config import parse_memory
 from aenv_ray.errors import AEnvError
 from aenv_ray.logs import configure_logging
-from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT, DEFAULT_MCP_PORT, MAX_TIMEOUT
+from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT, DEFAULT_MCP_PORT, MAX_TIMEOUT, TOKEN_ENV
 from sandbox_runtime import _limits
 from sandbox_runtime._loader import load_project
 from sandbox_runtime.server import RuntimeServer
@@ -54,6 +59,21 @@ def _limits_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
     )
 
 
+def _token(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str | None:
+    """The instance token, taken out of the environment before any project code runs."""
+    from_env = os.environ.pop(TOKEN_ENV, None)
+    if args.token_file is None:
+        return from_env or None
+    try:
+        with open(args.token_file, encoding="utf-8") as file:
+            token = file.read().strip()
+    except OSError as exc:
+        parser.error(f"--token-file {args.token_file}: {exc.strerror or exc}")
+    if not token:
+        parser.error(f"--token-file {args.token_file} is empty: write the instance token in it")
+    return token
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, load the project, serve until stopped. What follows ``--`` is the
     environment's own arguments: the project sees them as ``sys.argv[1:]``, as an engine's
@@ -79,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--default-timeout", type=float, default=600.0)
     parser.add_argument("--debug", action="store_true", help="tracebacks in error results")
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--token-file",
+        help=f"a file holding the instance token (default: ${TOKEN_ENV}; none: no token)",
+    )
     limits = parser.add_argument_group("limits (see sandbox_runtime._limits)")
     limits.add_argument("--cgroup", action="store_true", help="use this process's own cgroup")
     limits.add_argument("--memory-limit", help="the instance's memory limit, e.g. 512M")
@@ -94,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.pids_limit is not None and args.pids_limit < 1:
         parser.error("--pids-limit must be positive")
     configure_logging(args.log_level)
+    token = _token(args, parser)
     sys.argv = ["sandbox_runtime", *own]  # before the project's import, which may read them
     try:
         project = load_project(args.project)
@@ -103,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             ports=args.port or [DEFAULT_FUNCTIONS_PORT, DEFAULT_MCP_PORT],
             default_timeout=args.default_timeout,
             debug=args.debug,
+            token=token,
         )
     except AEnvError as exc:
         print(f"sandbox_runtime: error: {exc}", file=sys.stderr)

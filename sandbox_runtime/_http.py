@@ -12,6 +12,7 @@ Routes (on every port the runtime listens on):
 ``POST /aenv/v1/call``      ``{"name", "arguments", "timeout"?}`` -> ToolResult JSON (fast path)
 ``GET  /aenv/v1/tools``     ``{"tools": [{name, description, inputSchema}]}``
 ``GET  /aenv/v1/info``      name, version, tools, functions, reward, pid
+``GET  /aenv/v1/ready``     ``{"ready": true}``: the runtime serves (no token, no env code)
 ``GET  /health``            ``{"success", "data": {"status": "healthy"|...}}`` (503 if not)
 ``POST /task/reward``       ``{"success", "data"}`` or ``{"success": false, "error", ...}``
 ``POST /functions/NAME``    same envelope
@@ -25,8 +26,10 @@ function's kind or exception class name; ``unauthorized``, ``forbidden``, ``bad_
 
 An instance an engine creates has a token (:attr:`~aenv_ray.engine.InstanceInfo.token`): every
 request on every route must then carry ``Authorization: Bearer TOKEN``, else it is answered
-401. Its port is reachable by whatever shares the network with it (other instances allowed the
-network, other users of the host); the token is what keeps them out.
+401. One route needs no token: ``/aenv/v1/ready``, a readiness probe's (a kubelet sends no
+secret); it runs no environment code and says nothing but that the runtime serves. Its port is
+reachable by whatever shares the network with it (other instances allowed the network, other
+users of the host); the token is what keeps them out.
 
 A runtime without a token (``aenv run``, :class:`~aenv_ray.testing.RuntimeProcess`) is reachable
 by any web page open in a browser on the same machine; it refuses what a browser sends across
@@ -250,6 +253,9 @@ class RuntimeApp:
             return
         path: str = scope["path"]
         method: str = scope["method"]
+        if path == p.READY_PATH:
+            await _send_raw(send, b'{"ready":true}')
+            return
         if not self._is_authorized(scope):
             no_token = AuthenticationError(
                 "this instance's runtime needs its token: send the header "

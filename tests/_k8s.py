@@ -16,8 +16,12 @@ import subprocess
 import tempfile
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 from aenv_ray.testing import free_port
+
+if TYPE_CHECKING:
+    from k8s_backend import KubernetesEngine
 
 __all__ = ["KubeCluster", "tools_dir"]
 
@@ -52,6 +56,7 @@ class KubeCluster:
         self.kubeconfig = kubeconfig
         self.state = state  # ours to stop and remove; None: a cluster someone else runs
         self.tools = tools_dir()
+        self._host_processes: bool | None = None
 
     @classmethod
     def start(cls, *, setup_timeout: float = 1800.0) -> KubeCluster:
@@ -105,6 +110,53 @@ class KubeCluster:
                 f"k8s-real start failed:\n{(started.stdout + started.stderr)[-3000:]}"
             )
         return cluster
+
+    @property
+    def runs_host_processes(self) -> bool:
+        """True for our k8s-real cluster, whose kubelet runs pod commands on this host: pods
+        run this venv's runtime (HostProcess). Another cluster (AENV_TEST_KUBECONFIG) runs
+        images: AENV_TEST_IMAGE_PREFIX names the registry that holds the built-ins' images.
+        A k8s-real cluster named by AENV_TEST_KUBECONFIG is known by its node, fake-node."""
+        if self.state is not None:
+            return True
+        if self._host_processes is None:
+            from kubernetes import client, config
+
+            api = client.CoreV1Api(config.new_client_from_config(str(self.kubeconfig)))
+            try:
+                nodes = api.list_node().items
+            finally:
+                api.api_client.close()
+            self._host_processes = any(n.metadata.name == "fake-node" for n in nodes)
+        return self._host_processes
+
+    def namespace(self, name: str) -> str:
+        """Create namespace ``name`` if it is missing; its name."""
+        from kubernetes import client, config
+
+        api = client.CoreV1Api(config.new_client_from_config(str(self.kubeconfig)))
+        try:
+            api.create_namespace(
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+            )
+        except client.ApiException as exc:
+            if exc.status != 409:
+                raise
+        finally:
+            api.api_client.close()
+        return name
+
+    def engine(self, namespace: str = "default", **options: Any) -> KubernetesEngine:
+        """A KubernetesEngine on this cluster, delivering code as the cluster can run it."""
+        from k8s_backend import HostProcess, KubernetesEngine, OwnImage
+
+        delivery = (
+            HostProcess()
+            if self.runs_host_processes
+            else OwnImage(os.environ.get("AENV_TEST_IMAGE_PREFIX", ""))
+        )
+        options.setdefault("delivery", delivery)
+        return KubernetesEngine(namespace, kubeconfig=self.kubeconfig, **options)
 
     def stop(self) -> None:
         """Stop the control plane this object started and remove its state. Idempotent."""

@@ -261,10 +261,11 @@ RULES: dict[str, Rule] = {
         lazy=frozenset({"platformdirs"}),
         must_not=frozenset({"ray", "kubernetes"}),
     ),
-    # "May import: ``aenv_ray``, kubernetes (in one module only). Must not import: ray,
-    # gymnasium."
+    # "May import: ``aenv_ray``, orjson; kubernetes and urllib3 (its transport) in one module
+    # only. Must not import: ray, gymnasium."
     "k8s_backend": Rule(
-        may=frozenset({"aenv_ray", "kubernetes"}), must_not=frozenset({"ray", "gymnasium"})
+        may=frozenset({"aenv_ray", "orjson", "kubernetes", "urllib3"}),
+        must_not=frozenset({"ray", "gymnasium"}),
     ),
     # "May import: ``aenv_ray``, ray, gymnasium; lazily, inside functions:
     # ``local_backend`` (``engine="local"``: the local engine each pool actor runs).
@@ -436,7 +437,13 @@ def test_only_k8s_backend_imports_kubernetes_and_in_one_module() -> None:
     users = [i for i in IMPORTS + EXAMPLES if i.root == "kubernetes"]
     bad = [i for i in users if _root(i.module) != "k8s_backend"]
     assert not bad, _violations("kubernetes belongs to k8s_backend (engines are injected)", bad)
-    assert len({i.module for i in users}) <= 1, _violations("kubernetes in one module only", users)
+    assert {i.module for i in users} == {"k8s_backend._api"}, _violations(
+        "kubernetes in one module only: k8s_backend._api", users
+    )
+    transport = [i for i in IMPORTS if i.root == "urllib3"]
+    assert {i.module for i in transport} <= {"k8s_backend._api"}, _violations(
+        "urllib3 (the client's transport) only beside the client", transport
+    )
 
 
 def test_the_sdk_reaches_the_runtime_only_lazily_outside_the_cli_and_testing() -> None:
@@ -706,7 +713,7 @@ def test_every_package_declares_its_public_names_and_they_import(package: str) -
 # a distribution whose import name is not its normalized name
 _IMPORT_NAMES = {"openai-agents": "agents", "pydantic-core": "pydantic_core"}
 # declared, yet no source imports it (yet): each with why; the list only shrinks
-_DECLARED_UNUSED = {"kubernetes": "k8s_backend's engine (the Kubernetes engine issue) uses it"}
+_DECLARED_UNUSED: dict[str, str] = {}
 
 
 def _requirement_names(requirements: list[str]) -> set[str]:

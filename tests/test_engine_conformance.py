@@ -1,5 +1,6 @@
 """The engine conformance kit (``aenv_ray.testing.check_sandbox_engine``) over every engine:
-the local engine, the engine daemon's client, and a real hub's ``RemoteEngine``; and the kit
+the local engine, the engine daemon's client, a real hub's ``RemoteEngine`` and the Kubernetes
+engine on a real API server; and the kit
 itself catching an engine that breaks the contract.
 
 Each (engine, check) pair is one test, so a failure names both.
@@ -23,6 +24,9 @@ from aenv_ray.testing import ENGINE_CHECKS, ConformanceError, check_sandbox_engi
 from local_backend import LocalEngine
 from local_backend.client import DaemonEngine
 from tests._hub import HubProcess
+from tests._k8s import KubeCluster
+
+_K8S = [pytest.mark.k8s, pytest.mark.timeout(2400)]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +43,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubProcess]:
         yield process
 
 
-@pytest.fixture(params=["local", "daemon", "hub"])
+@pytest.fixture(params=["local", "daemon", "hub", pytest.param("kubernetes", marks=_K8S)])
 def factory(
     request: pytest.FixtureRequest,
 ) -> Callable[[], SandboxEngine]:
@@ -48,6 +52,10 @@ def factory(
     if request.param == "daemon":
         state = request.getfixturevalue("daemon_dir")
         return lambda: DaemonEngine(state)
+    if request.param == "kubernetes":
+        cluster: KubeCluster = request.getfixturevalue("kube_cluster")
+        namespace = cluster.namespace("conformance")
+        return lambda: cluster.engine(namespace)
     url = request.getfixturevalue("hub").url
     return lambda: RemoteEngine(HubClient(url))
 

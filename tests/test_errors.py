@@ -250,6 +250,8 @@ RETRYABLE = {
     "AcquireTimeoutError",
     "CallTimeoutError",
     "CapacityError",
+    "ClusterConflictError",
+    "ClusterUnreachableError",
     "HubUnreachableError",
     "InstanceBrokenError",
     "InstanceExpiredError",

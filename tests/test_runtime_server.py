@@ -83,3 +83,69 @@ async def test_arguments_after_a_double_dash_are_the_environments() -> None:
         async with runtime.environment() as env:
             identity = (await env.call_tool("identity", {})).structured
     assert identity["argv"] == ["--level", "hard", "x"]
+
+
+# -- the token an engine gives a runtime in a container ------------------------------------------
+
+
+def test_a_runtime_takes_its_token_from_the_environment_and_hides_it_from_the_project(
+    tmp_path: Path,
+) -> None:
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from aenv_ray.testing import free_port
+    from builtin_envs import builtin_refs
+
+    port = free_port()
+    env = {**os.environ, "AENV_RUNTIME_TOKEN": "s3cret-token"}
+    project = builtin_refs()["mini-terminal@1.0.0"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sandbox_runtime", str(project), "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # the ready path needs no token: what a kubelet's probe asks
+            try:
+                ready = httpx.get(f"{base}/aenv/v1/ready")
+                break
+            except httpx.TransportError:
+                assert process.poll() is None, "the runtime exited"
+                assert time.monotonic() < deadline, "the runtime never listened"
+                time.sleep(0.05)
+        assert ready.status_code == 200 and ready.json() == {"ready": True}
+        call = {
+            "name": "execute_command",
+            "arguments": {"command": "echo ${AENV_RUNTIME_TOKEN:-unset}"},
+        }
+        refused = httpx.post(f"{base}/aenv/v1/call", json=call)
+        assert refused.status_code == 401
+        assert httpx.get(f"{base}/health").status_code == 401
+        answered = httpx.post(
+            f"{base}/aenv/v1/call", json=call, headers={"Authorization": "Bearer s3cret-token"}
+        )
+        assert answered.status_code == 200
+        assert "unset" in answered.text and "s3cret" not in answered.text
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def test_a_token_file_that_is_missing_or_empty_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sandbox_runtime.__main__ import main
+
+    empty = tmp_path / "empty"
+    empty.write_text("")
+    for path, said in ((empty, "is empty"), (tmp_path / "missing", "No such file")):
+        with pytest.raises(SystemExit) as exited:
+            main(["/nonexistent-project", "--token-file", str(path)])
+        assert exited.value.code == 2
+        assert said in capsys.readouterr().err

@@ -58,10 +58,7 @@ def default_tag(config: EnvConfig) -> str:
     >>> default_tag(EnvConfig.model_validate({"name": "demo", "deployConfig": deploy}))
     'reg.example/team/demo:1.0.0'
     """
-    prefix = config.deploy_config.image_prefix.strip()
-    if prefix and not prefix.endswith("/"):
-        prefix += "/"
-    return f"{prefix}{config.name.lower()}:{config.version.replace('+', '_')}"
+    return config.image_tag
 
 
 def _write(path: Path, data: bytes) -> None:

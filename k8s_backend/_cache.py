@@ -1,0 +1,204 @@
+"""The engine's view of its namespace's instance pods, kept by one watch: a list, then a watch
+from the list's resourceVersion, a fresh list when the watch expires (410 Gone) or breaks.
+
+Readers (the engine's async methods, on any event loop) see the pods as of the last event and
+wait for news of one instance through :meth:`PodCache.changed`; the watch thread writes.
+Deleted pods leave a tombstone (their final :class:`~aenv_ray.engine.InstanceInfo`), kept for
+the last :data:`TOMBSTONES` deletions, so ``get`` still answers why an instance ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from aenv_ray.engine import InstanceInfo, TerminationReason
+from aenv_ray.errors import AEnvError
+from k8s_backend._api import Kube, WatchExpired
+from k8s_backend.manifests import LABEL_MANAGED, MANAGER
+from k8s_backend.state import instance_id, pod_info, resource_version
+
+__all__ = ["TOMBSTONES", "PodCache"]
+
+log = logging.getLogger("aenv_ray.k8s")
+
+TOMBSTONES = 4096
+SELECTOR = f"{LABEL_MANAGED}={MANAGER}"
+
+
+class PodCache:
+    """Pods by instance id, plus tombstones, fed by :meth:`run` (the watch thread)."""
+
+    def __init__(self, kube: Kube, *, watch_timeout: int = 60) -> None:
+        self.kube = kube
+        self.watch_timeout = watch_timeout
+        self.synced = threading.Event()
+        self.error: AEnvError | None = None  # the last failure of list/watch, while unsynced
+        self.relists = 0  # how many times the cache listed (1 + one per expired/broken watch)
+        self._pods: dict[str, dict[str, Any]] = {}
+        self._tombs: OrderedDict[str, InstanceInfo] = OrderedDict()
+        self._hints: dict[str, TerminationReason] = {}
+        self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._response: Any = None
+
+    # -- reading -----------------------------------------------------------------------------
+    def pod(self, iid: str) -> dict[str, Any] | None:
+        """The pod of instance ``iid``, as last seen (None: none live)."""
+        with self._lock:
+            return self._pods.get(iid)
+
+    def tombstone(self, iid: str) -> InstanceInfo | None:
+        """The final state of instance ``iid`` when its pod is gone."""
+        with self._lock:
+            return self._tombs.get(iid)
+
+    def pods(self) -> list[dict[str, Any]]:
+        """Every live pod of ours, as last seen."""
+        with self._lock:
+            return list(self._pods.values())
+
+    def changed(self, iid: str) -> asyncio.Future[None]:
+        """A future of the running loop, done at the next change of instance ``iid``."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            self._waiters.setdefault(iid, []).append((loop, future))
+        return future
+
+    def forget_waiter(self, iid: str, future: asyncio.Future[None]) -> None:
+        """Drop a waiter that no longer waits (its caller timed out or was cancelled)."""
+        with self._lock:
+            waiting = self._waiters.get(iid, [])
+            waiting[:] = [(loop, f) for loop, f in waiting if f is not future]
+            if not waiting:
+                self._waiters.pop(iid, None)
+
+    # -- writing -----------------------------------------------------------------------------
+    def hint(self, iid: str, reason: TerminationReason) -> None:
+        """This process is ending instance ``iid`` for ``reason``: its tombstone will say so."""
+        with self._lock:
+            self._hints[iid] = reason
+            if len(self._hints) > TOMBSTONES:
+                self._hints.pop(next(iter(self._hints)))
+
+    def put(self, pod: dict[str, Any]) -> None:
+        """Record ``pod`` unless the cache holds a newer version of it (an API answer may
+        arrive after the watch's event of a later change)."""
+        iid = instance_id(pod)
+        if iid is None:
+            return
+        with self._lock:
+            known = self._pods.get(iid)
+            if known is not None and resource_version(known) > resource_version(pod):
+                return
+            if iid in self._tombs:  # a pod already seen deleted does not come back
+                return
+            self._pods[iid] = pod
+            wake = self._waiters.pop(iid, [])
+        _wake(wake)
+
+    def remove(self, pod: dict[str, Any], *, reason: TerminationReason | None = None) -> None:
+        """Pod ``pod`` is gone: leave its tombstone."""
+        iid = instance_id(pod)
+        if iid is None:
+            return
+        with self._lock:
+            hinted = self._hints.pop(iid, None) or reason
+            self._pods.pop(iid, None)
+            self._tombs[iid] = pod_info(pod, deleted=True, reason=hinted)
+            while len(self._tombs) > TOMBSTONES:
+                self._tombs.popitem(last=False)
+            wake = self._waiters.pop(iid, [])
+        _wake(wake)
+
+    def _replace(self, pods: list[dict[str, Any]]) -> None:
+        fresh = {iid: pod for pod in pods if (iid := instance_id(pod)) is not None}
+        with self._lock:
+            vanished = [pod for iid, pod in self._pods.items() if iid not in fresh]
+        for pod in vanished:  # deleted while we did not watch
+            self.remove(pod)
+        for pod in fresh.values():
+            self.put(pod)
+
+    # -- the watch thread --------------------------------------------------------------------
+    def run(self) -> None:
+        """List and watch until :meth:`stop` (the body of the engine's watch thread)."""
+        pause = 0.1
+        path = self.kube.path("", "pods")
+        while not self._stop.is_set():
+            try:
+                listing = self.kube.request(
+                    "GET", path, query={"labelSelector": SELECTOR}, what="list pods"
+                )
+                self.relists += 1
+                self._replace(list(listing.get("items") or []))
+                version = str((listing.get("metadata") or {}).get("resourceVersion") or "")
+                self.error = None
+                self.synced.set()
+                pause = 0.1
+                while not self._stop.is_set():
+                    version = self._watch(path, version)
+            except WatchExpired:
+                log.info(
+                    "pod watch expired; listing again", extra={"namespace": self.kube.namespace}
+                )
+            except AEnvError as exc:
+                if self._stop.is_set():
+                    return
+                self.error = exc
+                log.warning(
+                    "pod list or watch failed; retrying",
+                    extra={"namespace": self.kube.namespace, "error": str(exc), "pause": pause},
+                )
+                self._stop.wait(pause)
+                pause = min(pause * 2, 5.0)
+            except Exception:  # a bug must not end the watch silently
+                log.exception("pod watch failed unexpectedly; retrying")
+                self._stop.wait(pause)
+                pause = min(pause * 2, 5.0)
+
+    def _watch(self, path: str, version: str) -> str:
+        """One watch from ``version`` until the server ends it; the last version seen."""
+        events = self.kube.watch(
+            path,
+            resource_version=version,
+            query={"labelSelector": SELECTOR},
+            timeout_seconds=self.watch_timeout,
+            stop=self._stop,
+            on_response=self._track,
+        )
+        for event in events:
+            version = str((event.object.get("metadata") or {}).get("resourceVersion") or version)
+            if event.type in ("ADDED", "MODIFIED"):
+                self.put(event.object)
+            elif event.type == "DELETED":
+                self.remove(event.object)
+        return version
+
+    def _track(self, response: Any) -> None:
+        self._response = response
+
+    def stop(self) -> None:
+        """End :meth:`run` soon: the open watch is shut down, not waited for."""
+        self._stop.set()
+        response = self._response
+        if response is not None:
+            with contextlib.suppress(Exception):
+                response.shutdown()
+
+
+def _wake(waiting: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]) -> None:
+    for loop, future in waiting:
+        with contextlib.suppress(RuntimeError):  # that loop has closed: nobody waits there
+            loop.call_soon_threadsafe(_done, future)
+
+
+def _done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

@@ -1,0 +1,525 @@
+"""``KubernetesEngine``: instances as Pods, state from a watch, TTL from the cluster.
+
+Creating an instance sends one Pod (:func:`~k8s_backend.manifests.instance_pod`) and waits for
+the watch to report it Ready; nothing is polled. ``get`` and ``list`` answer from the watch's
+cache (:mod:`k8s_backend._cache`), ``renew`` moves the pod's ``expires-at`` annotation, and the
+reaper (:mod:`k8s_backend.reaper`) deletes what has expired. Calls reach the pod at its IP:
+run the client where pod IPs are routable (inside the cluster), or through a hub.
+
+    >>> engine = KubernetesEngine("rl", kubeconfig="kubeconfig.yaml")  # doctest: +SKIP
+    >>> info = await engine.create(InstanceSpec("mini-terminal@1.0.0", ttl=600))  # doctest: +SKIP
+
+Sessions. With ``session=True`` (the default: an SDK's or a pool actor's engine) the engine's
+pods belong to it: :meth:`aclose` deletes them, and if the process dies the reaper reclaims them
+once its session Lease lapses (:attr:`closes_instances` is True). With ``session=False`` (a hub,
+``aenv instance``) pods outlive the engine, bounded by their TTL, and any engine finds them by id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import functools
+import math
+import secrets
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from aenv_ray.config import EnvConfig, parse_duration
+from aenv_ray.engine import (
+    DEFAULT_TTL,
+    InstanceInfo,
+    InstanceSpec,
+    InstanceState,
+    Route,
+    TerminationReason,
+)
+from aenv_ray.envref import EnvRef
+from aenv_ray.errors import (
+    AEnvError,
+    ClosedError,
+    ClusterConflictError,
+    ConfigurationError,
+    InstanceNotFoundError,
+    NotSupportedError,
+    StartupTimeoutError,
+)
+from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT
+from aenv_ray.resolve import resolve_environment
+from k8s_backend._api import Kube, connect
+from k8s_backend._cache import PodCache
+from k8s_backend.delivery import Delivery, OwnImage
+from k8s_backend.manifests import (
+    ANNOTATION_EXPIRES,
+    LABEL_INSTANCE,
+    LABEL_MANAGED,
+    LABEL_SESSION,
+    MANAGER,
+    PodRecipe,
+    deny_egress_policy,
+    instance_pod,
+)
+from k8s_backend.reaper import Housekeeper
+from k8s_backend.state import pod_info, startup_failure
+
+__all__ = ["KubernetesEngine", "RateLimiter"]
+
+T = TypeVar("T")
+_DELETE_OPTIONS = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 1}
+MAX_LIFETIME = 24 * 3600.0
+
+
+class RateLimiter:
+    """A token bucket: at most ``rate`` acquisitions a second on average, ``burst`` at once.
+    Thread-safe and loop-agnostic, so pools and engines of one process can share one.
+
+        >>> limiter = RateLimiter(rate=100.0, burst=2)
+        >>> limiter.reserve(), limiter.reserve(), limiter.reserve() > 0
+        (0.0, 0.0, True)
+    """
+
+    def __init__(self, rate: float = 20.0, burst: int = 20) -> None:
+        if not (rate > 0 and math.isfinite(rate)) or burst < 1:
+            raise ConfigurationError("a rate limiter needs a positive rate and burst >= 1")
+        self.rate = rate
+        self.burst = burst
+        self._tokens = float(burst)
+        self._stamp = time.monotonic()
+        self._lock = threading.Lock()
+
+    def reserve(self) -> float:
+        """Take one token; the seconds to wait before using it (0.0: now)."""
+        with self._lock:
+            now = time.monotonic()
+            self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
+            self._stamp = now
+            self._tokens -= 1.0
+            return 0.0 if self._tokens >= 0 else -self._tokens / self.rate
+
+    async def acquire(self) -> None:
+        """Wait for a token."""
+        wait = self.reserve()
+        if wait > 0:
+            await asyncio.sleep(wait)
+
+
+class KubernetesEngine:
+    """Instances as Pods in ``namespace`` (see the module docstring).
+
+    Args:
+        namespace: where pods go (default: the kubeconfig context's, the service account's,
+            else ``default``; ``AENV_K8S_NAMESPACE`` through :func:`aenv_ray.engine.make_engine`).
+        kubeconfig, context, api_client: which cluster (:func:`k8s_backend._api.connect`):
+            an official ``kubernetes.client.ApiClient``, a kubeconfig file, else in-cluster
+            config inside a pod, else ``KUBECONFIG``/``~/.kube/config``.
+        delivery: how code reaches the pod (default :class:`~k8s_backend.delivery.OwnImage`).
+        image_prefix: registry path for environments that name no image (with ``OwnImage``).
+        env_path: where names are looked up besides the built-ins (None: ``AENV_ENV_PATH``).
+        session: the engine's pods end with it (see the module docstring).
+        reaper: take part in the namespace's reaper election.
+        max_lifetime: seconds after which the kubelet ends a pod whatever its TTL (the
+            backstop when no reaper runs); renewals cannot go past it.
+        limiter: the creation rate limiter (share one between engines and pools).
+        network_policy: ensure the namespace's egress-denying NetworkPolicy exists.
+    """
+
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        namespace: str | None = None,
+        *,
+        kubeconfig: str | Path | None = None,
+        context: str | None = None,
+        api_client: Any = None,
+        delivery: Delivery | None = None,
+        image_prefix: str = "",
+        env_path: str | None = None,
+        session: bool = True,
+        reaper: bool = True,
+        max_lifetime: float = MAX_LIFETIME,
+        limiter: RateLimiter | None = None,
+        network_policy: bool = True,
+        port: int = DEFAULT_FUNCTIONS_PORT,
+        workers: int = 32,
+    ) -> None:
+        if not (max_lifetime > 0 and math.isfinite(max_lifetime)):
+            raise ConfigurationError("max_lifetime must be positive seconds")
+        self._kube: Kube = connect(
+            kubeconfig=kubeconfig, context=context, api_client=api_client, namespace=namespace
+        )
+        self.namespace = self._kube.namespace
+        self.delivery: Delivery = delivery or OwnImage(image_prefix)
+        self.env_path = env_path
+        self.max_lifetime = max_lifetime
+        self.limiter = limiter or RateLimiter()
+        self.network_policy = network_policy
+        self.port = port
+        self.closes_instances = session
+        self.identity = uuid.uuid4().hex[:12]
+        self.session = self.identity if session else None
+        self._cache = PodCache(self._kube)
+        self._keeper = Housekeeper(
+            self._kube,
+            self._cache,
+            identity=self.identity,
+            session=self.session,
+            reap=reaper,
+            delete=self._delete_pod,
+        )
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="aenv-k8s")
+        self._threads: list[threading.Thread] = []
+        self._start_lock = threading.Lock()
+        self._started = False
+        self._closed = False
+        self._policy_ready = False
+
+    def __repr__(self) -> str:
+        return (
+            f"KubernetesEngine(namespace={self.namespace!r}, server={self._kube.server!r}, "
+            f"delivery={self.delivery!r})"
+        )
+
+    # -- plumbing ------------------------------------------------------------------------------
+    async def _run(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("this KubernetesEngine is closed; create a new one")
+
+    def _start(self) -> None:
+        """The session Lease, the watch and the housekeeper (once, on first use)."""
+        with self._start_lock:
+            if self._started:
+                return
+            self._keeper.open_session()
+            for name, target in (("watch", self._cache.run), ("housekeeper", self._keeper.run)):
+                thread = threading.Thread(target=target, name=f"aenv-k8s-{name}", daemon=True)
+                thread.start()
+                self._threads.append(thread)
+            self._started = True
+
+    async def _ready(self, timeout: float = 30.0) -> None:
+        """Open, started, and the cache listed once."""
+        self._check_open()
+        if not self._started:
+            await self._run(self._start)
+        if self._cache.synced.is_set():
+            return
+        synced = await self._run(self._cache.synced.wait, timeout)
+        if not synced:
+            error = self._cache.error
+            if error is not None:
+                raise type(error)(f"cannot list pods in namespace {self.namespace}: {error}")
+            raise StartupTimeoutError(f"listing pods in namespace {self.namespace} took too long")
+
+    def _ensure_policy(self) -> None:
+        if self._policy_ready or not self.network_policy:
+            return
+        path = self._kube.path("networking.k8s.io/v1", "networkpolicies")
+        with contextlib.suppress(ClusterConflictError):  # it exists: another engine made it
+            self._kube.request(
+                "POST", path, body=deny_egress_policy(), what="create the egress NetworkPolicy"
+            )
+        self._policy_ready = True
+
+    # -- the contract --------------------------------------------------------------------------
+    async def create(self, spec: InstanceSpec, *, timeout: float = 60.0) -> InstanceInfo:
+        """Send the instance's Pod and return once the watch reports it Ready."""
+        deadline = time.monotonic() + timeout
+        recipe, config = self._recipe(spec)
+        await self._ready()
+        if not config.deploy_config.network:
+            await self._run(self._ensure_policy)
+        pod = instance_pod(recipe)
+        name = pod["metadata"]["name"]
+        await self.limiter.acquire()
+        created = await self._run(
+            self._kube.request,
+            "POST",
+            self._kube.path("", "pods"),
+            body=pod,
+            what=f"create pod {name}",
+            retry_conflicts=False,
+        )
+        self._cache.put(created)
+        try:
+            return await self._until_ready(recipe.instance_id, name, deadline, timeout)
+        except BaseException:
+            await asyncio.shield(self._discard(recipe.instance_id, name))
+            raise
+
+    def _recipe(self, spec: InstanceSpec) -> tuple[PodRecipe, EnvConfig]:
+        self._check_open()
+        if spec.project is not None:
+            project = Path(spec.project)
+            config = EnvConfig.load(project)
+            ref = config.ref if not spec.env_ref else spec.env_ref
+        else:
+            where = spec.env_path if spec.env_path is not None else self.env_path
+            ref, project = resolve_environment(spec.env_ref, where)
+            config = EnvConfig.load(project)
+        ref = str(EnvRef.parse(ref))
+        ttl = _ttl(spec.ttl, config)
+        if ttl > self.max_lifetime:
+            raise ConfigurationError(
+                f"ttl {ttl:g} s is past this engine's max_lifetime ({self.max_lifetime:g} s); "
+                "ask less, or raise KubernetesEngine(max_lifetime=)"
+            )
+        image, command = self.delivery.runtime(config, project)
+        now = time.time()
+        recipe = PodRecipe(
+            instance_id=uuid.uuid4().hex[:12],
+            env_ref=ref,
+            image=image,
+            command=command,
+            expires_at=now + ttl,
+            deploy=config.deploy_config,
+            arguments=list(spec.arguments),
+            environment_variables=dict(spec.environment_variables),
+            owner=spec.owner,
+            labels=dict(spec.labels),
+            datasource=spec.datasource,
+            port=self.port,
+            token=secrets.token_urlsafe(24),
+            session=self.session,
+            created_at=now,
+            max_lifetime=math.ceil(self.max_lifetime),
+        )
+        return recipe, config
+
+    async def _until_ready(
+        self, iid: str, name: str, deadline: float, timeout: float
+    ) -> InstanceInfo:
+        while True:
+            changed = self._cache.changed(iid)
+            try:
+                pod = self._cache.pod(iid)
+                if pod is None:
+                    tomb = self._cache.tombstone(iid)
+                    raise StartupTimeoutError(
+                        f"pod {name} ended before it served: "
+                        + (tomb.describe_end() if tomb else "it vanished"),
+                        timeout=timeout,
+                    )
+                info = pod_info(pod)
+                if info.state is InstanceState.RUNNING:
+                    return info
+                if info.state is InstanceState.TERMINATED:
+                    raise StartupTimeoutError(
+                        f"pod {name} ended before it served: {info.describe_end()}",
+                        timeout=timeout,
+                    )
+                problem = startup_failure(pod)
+                if problem is not None:
+                    raise problem
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StartupTimeoutError(
+                        f"pod {name} was not Ready within {timeout:g} s "
+                        f"(phase {(pod.get('status') or {}).get('phase', '?')}); see "
+                        f"`kubectl -n {self.namespace} describe pod {name}`",
+                        timeout=timeout,
+                    )
+                await asyncio.wait_for(asyncio.shield(changed), timeout=left)
+            except TimeoutError:
+                continue  # the loop's check above reports it
+            finally:
+                self._cache.forget_waiter(iid, changed)
+
+    async def _discard(self, iid: str, name: str) -> None:
+        """Delete the pod of a create that failed (best effort: the reaper backs it up)."""
+        with contextlib.suppress(AEnvError):
+            await self._run(self._delete_by_name, name, iid, TerminationReason.DELETED)
+
+    async def get(self, instance_id: str) -> InstanceInfo:
+        """The instance's state, from the watch's cache (a miss asks the API once)."""
+        await self._ready()
+        return await self._lookup(instance_id)
+
+    async def _lookup(self, instance_id: str) -> InstanceInfo:
+        pod = self._cache.pod(instance_id)
+        if pod is not None:
+            return pod_info(pod)
+        tomb = self._cache.tombstone(instance_id)
+        if tomb is not None:
+            return tomb
+        if not _safe_label(instance_id):
+            raise InstanceNotFoundError(
+                f"no instance {instance_id!r}: instance ids are letters and digits",
+                instance_id=instance_id,
+            )
+        # created a moment ago by another engine, and not yet seen by our watch?
+        selector = f"{LABEL_MANAGED}={MANAGER},{LABEL_INSTANCE}={instance_id}"
+        found = await self._run(
+            self._kube.request,
+            "GET",
+            self._kube.path("", "pods"),
+            query={"labelSelector": selector},
+            what=f"find instance {instance_id}",
+        )
+        items = found.get("items") or []
+        if items:
+            self._cache.put(items[0])
+            return pod_info(items[0])
+        raise InstanceNotFoundError(
+            f"no instance {instance_id} in namespace {self.namespace} (never created here, or "
+            "deleted long ago); `aenv instance list` shows the live ones",
+            instance_id=instance_id,
+        )
+
+    async def route(self, info: InstanceInfo) -> Route:
+        """The pod's IP and the instance token (reachable where pod IPs are routed)."""
+        return Route.direct(info)
+
+    async def list(self, *, env_ref: str | None = None) -> builtins.list[InstanceInfo]:
+        """The live instances' pods in the namespace (any engine's), newest first."""
+        await self._ready()
+        wanted = str(EnvRef.parse(env_ref)) if env_ref else None
+        infos = [pod_info(pod) for pod in self._cache.pods()]
+        if wanted is not None:
+            infos = [info for info in infos if info.env_ref == wanted]
+        return sorted(infos, key=lambda i: i.created_at, reverse=True)
+
+    async def delete(self, instance_id: str) -> InstanceInfo:
+        """Delete the instance's pod (idempotent); its final state."""
+        await self._ready()
+        info = await self._lookup(instance_id)
+        if info.state is InstanceState.TERMINATED:
+            return info
+        pod = self._cache.pod(instance_id)
+        name = (pod or {}).get("metadata", {}).get("name") if pod else None
+        if name is None:
+            return info
+        await self._run(self._delete_by_name, name, instance_id, TerminationReason.DELETED)
+        tomb = self._cache.tombstone(instance_id)
+        if tomb is not None:
+            return tomb
+        return pod_info(pod or {}, deleted=True, reason=TerminationReason.DELETED)
+
+    def _delete_pod(self, pod: dict[str, Any], reason: TerminationReason) -> None:
+        meta = pod.get("metadata") or {}
+        iid = (meta.get("labels") or {}).get(LABEL_INSTANCE, "")
+        self._delete_by_name(str(meta.get("name")), str(iid), reason)
+
+    def _delete_by_name(self, name: str, iid: str, reason: TerminationReason) -> None:
+        self._cache.hint(iid, reason)
+        with contextlib.suppress(_Gone):
+            self._kube.request(
+                "DELETE",
+                self._kube.path("", "pods", name),
+                body=_DELETE_OPTIONS,
+                what=f"delete pod {name}",
+                not_found=_Gone,
+            )
+
+    async def renew(self, instance_id: str, ttl: float) -> InstanceInfo:
+        """Move the pod's ``expires-at`` annotation to ``ttl`` seconds from now."""
+        if not (ttl > 0 and math.isfinite(ttl)):
+            raise ConfigurationError(f"ttl must be positive seconds, got {ttl!r}")
+        await self._ready()
+        info = await self._lookup(instance_id)
+        pod = self._cache.pod(instance_id)
+        if info.state is InstanceState.TERMINATED or pod is None:
+            raise InstanceNotFoundError(
+                f"instance {instance_id} cannot be renewed: {info.describe_end()}",
+                instance_id=instance_id,
+            )
+        created = info.created_at or time.time()
+        expires = time.time() + ttl
+        if expires > created + self.max_lifetime:
+            raise ConfigurationError(
+                f"renewing {instance_id} by {ttl:g} s would pass its max_lifetime "
+                f"({self.max_lifetime:g} s from its start, the pod's activeDeadlineSeconds); "
+                "ask less, or start a new instance"
+            )
+        name = pod["metadata"]["name"]
+        patched = await self._run(
+            self._kube.request,
+            "PATCH",
+            self._kube.path("", "pods", name),
+            body={"metadata": {"annotations": {ANNOTATION_EXPIRES: f"{expires:.3f}"}}},
+            content_type="application/merge-patch+json",
+            what=f"renew pod {name}",
+            not_found=lambda said: InstanceNotFoundError(said, instance_id=instance_id),
+        )
+        self._cache.put(patched)
+        return pod_info(patched)
+
+    async def fork(
+        self, instance_id: str, n: int, *, timeout: float = 60.0
+    ) -> builtins.list[InstanceInfo]:
+        """Not supported: a pod's memory cannot be copied into new pods (an unknown id is
+        still :class:`InstanceNotFoundError`)."""
+        await self._ready()
+        await self._lookup(instance_id)
+        raise NotSupportedError(
+            "the Kubernetes engine cannot fork an instance (a running pod's memory cannot be "
+            "copied): create new instances of the same environment and replay the steps, or "
+            "fork on the local engine (engine='local')"
+        )
+
+    async def aclose(self) -> None:
+        """Stop watching; with a session, delete its pods and its Lease first."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._started:
+            await self._run(self._shutdown)
+        self._pool.shutdown(wait=False)
+        self._kube.close()
+
+    def _shutdown(self) -> None:
+        self._keeper.stop()
+        self._cache.stop()
+        try:
+            if self.session is not None:
+                selector = f"{LABEL_MANAGED}={MANAGER},{LABEL_SESSION}={self.session}"
+                for pod in self._cache.pods():
+                    labels = (pod.get("metadata") or {}).get("labels") or {}
+                    if labels.get(LABEL_SESSION) == self.session:
+                        iid = str(labels.get(LABEL_INSTANCE, ""))
+                        self._cache.hint(iid, TerminationReason.DELETED)
+                self._kube.request(
+                    "DELETE",
+                    self._kube.path("", "pods"),
+                    query={"labelSelector": selector},
+                    body=_DELETE_OPTIONS,
+                    what="delete this session's pods",
+                )
+                self._keeper.close_session()
+            self._keeper.resign()
+        except AEnvError:
+            pass  # the reaper reclaims what is left once the session lease lapses
+        for thread in self._threads:
+            thread.join(timeout=2.0)
+
+    def close(self) -> None:
+        """:meth:`aclose` from synchronous code (no event loop running in this thread)."""
+        asyncio.run(self.aclose())
+
+
+class _Gone(AEnvError):
+    """A 404 on delete: the pod is already gone."""
+
+
+def _safe_label(text: str) -> bool:
+    return text.replace("-", "").replace("_", "").replace(".", "").isalnum() and len(text) <= 63
+
+
+def _ttl(requested: float | None, config: EnvConfig) -> float:
+    if requested is not None:
+        if not (requested > 0 and math.isfinite(requested)):
+            raise ConfigurationError(f"ttl must be positive seconds, got {requested!r}")
+        return float(requested)
+    if config.deploy_config.ttl is not None:
+        return parse_duration(config.deploy_config.ttl)
+    return DEFAULT_TTL

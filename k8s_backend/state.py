@@ -1,0 +1,240 @@
+"""What a Pod says about its instance: the :class:`~aenv_ray.engine.InstanceInfo` read from the
+pod object alone (labels, annotations, status), and why a pod that will never serve will not.
+
+Pure functions over the API's JSON, so every state the cluster can report is tested on its own
+(a real kubelet's OOMKilled, Evicted or ImagePullBackOff, which a test cluster cannot produce).
+
+    >>> pod = {"metadata": {"name": "aenv-demo-ab12", "labels": {LABEL_INSTANCE: "ab12"},
+    ...        "annotations": {ANNOTATION_ENV: "demo@1.0.0", ANNOTATION_EXPIRES: "1900000000.000"}},
+    ...        "status": {"phase": "Running", "podIP": "10.1.2.3",
+    ...                   "conditions": [{"type": "Ready", "status": "True"}]}}
+    >>> info = pod_info(pod)
+    >>> info.state.value, info.url, info.expires_at
+    ('running', 'http://10.1.2.3:8080', 1900000000.0)
+    >>> pod["status"] = {"phase": "Failed", "containerStatuses": [{"name": "runtime",
+    ...     "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]}
+    >>> pod_info(pod).describe_end()
+    'instance ab12 ended: out of memory (the runtime container was OOMKilled: it used more \
+memory than deployConfig.memory)'
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from aenv_ray.engine import InstanceInfo, InstanceState, TerminationReason
+from aenv_ray.errors import AEnvError, CapacityError, ConfigurationError
+from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT, TOKEN_ENV
+from k8s_backend.manifests import (
+    ANNOTATION_CREATED,
+    ANNOTATION_ENV,
+    ANNOTATION_EXPIRES,
+    ANNOTATION_OWNER,
+    LABEL_ENV,
+    LABEL_INSTANCE,
+    LABEL_MANAGED,
+    LABEL_NETWORK,
+    LABEL_OWNER,
+    LABEL_POOL,
+    LABEL_SESSION,
+    LABEL_VERSION,
+)
+
+__all__ = ["instance_id", "pod_info", "resource_version", "startup_failure", "timestamp"]
+
+_OURS = frozenset(
+    {
+        LABEL_MANAGED,
+        LABEL_ENV,
+        LABEL_VERSION,
+        LABEL_INSTANCE,
+        LABEL_OWNER,
+        LABEL_POOL,
+        LABEL_NETWORK,
+        LABEL_SESSION,
+    }
+)
+_IMAGE_PROBLEMS = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
+)
+_CONFIG_PROBLEMS = frozenset({"CreateContainerConfigError", "CreateContainerError"})
+_DELETIONS = (TerminationReason.DELETED, TerminationReason.EXPIRED)
+_DETAILS = {
+    TerminationReason.EXPIRED: "its TTL ran out",
+    TerminationReason.OWNER_GONE: "the engine session that created it ended",
+}
+
+
+def timestamp(text: str | None) -> float | None:
+    """An RFC 3339 time of the API (``2026-11-25T10:00:00Z``) as seconds since the epoch.
+
+    >>> timestamp("1970-01-01T00:01:00Z"), timestamp(None)
+    (60.0, None)
+    """
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _number(text: Any) -> float | None:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return None
+    return value if value == value and abs(value) != float("inf") else None
+
+
+def resource_version(obj: Mapping[str, Any]) -> int:
+    """The object's resourceVersion as a number (0 when it is not one: the API calls it opaque;
+    every server this engine supports writes etcd's revision, which only grows)."""
+    text = (obj.get("metadata") or {}).get("resourceVersion") or ""
+    return int(text) if str(text).isdigit() else 0
+
+
+def instance_id(pod: Mapping[str, Any]) -> str | None:
+    """The instance id a pod of ours carries (None: not an instance's pod)."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    value = labels.get(LABEL_INSTANCE)
+    return str(value) if value else None
+
+
+def _container(pod: Mapping[str, Any], name: str = "runtime") -> Mapping[str, Any]:
+    statuses: list[Mapping[str, Any]] = (pod.get("status") or {}).get("containerStatuses") or []
+    return next((s for s in statuses if s.get("name") == name), {})
+
+
+def _condition(pod: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+    conditions: list[Mapping[str, Any]] = (pod.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == kind), {})
+
+
+def _token(pod: Mapping[str, Any]) -> str | None:
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        if container.get("name") == "runtime":
+            for variable in container.get("env") or []:
+                if variable.get("name") == TOKEN_ENV and variable.get("value"):
+                    return str(variable["value"])
+    return None
+
+
+def _port(pod: Mapping[str, Any]) -> int:
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        if container.get("name") == "runtime":
+            for port in container.get("ports") or []:
+                if isinstance(port.get("containerPort"), int):
+                    return int(port["containerPort"])
+    return DEFAULT_FUNCTIONS_PORT
+
+
+def _ended(
+    pod: Mapping[str, Any], expires_at: float | None, deleted_at: float | None
+) -> tuple[TerminationReason, str] | None:
+    """Why the pod's instance ended, or None while it has not."""
+    status = pod.get("status") or {}
+    phase = status.get("phase")
+    if status.get("reason") == "Evicted":
+        return TerminationReason.CRASHED, f"its pod was evicted: {status.get('message', '')}"
+    if status.get("reason") == "DeadlineExceeded":
+        return TerminationReason.EXPIRED, (
+            "its pod reached activeDeadlineSeconds (the engine's max_lifetime backstop)"
+        )
+    if phase in ("Failed", "Succeeded"):
+        terminated = (_container(pod).get("state") or {}).get("terminated") or {}
+        if terminated.get("reason") == "OOMKilled":
+            return TerminationReason.OUT_OF_MEMORY, (
+                "the runtime container was OOMKilled: it used more memory than deployConfig.memory"
+            )
+        code = terminated.get("exitCode")
+        why = terminated.get("reason") or status.get("reason") or phase
+        return TerminationReason.CRASHED, f"the runtime exited (code {code}, {why})"
+    if deleted_at is not None:
+        if expires_at is not None and deleted_at >= expires_at - 1.0:
+            return TerminationReason.EXPIRED, "its TTL ran out"
+        return TerminationReason.DELETED, "its pod was deleted"
+    return None
+
+
+def pod_info(
+    pod: Mapping[str, Any], *, deleted: bool = False, reason: TerminationReason | None = None
+) -> InstanceInfo:
+    """The instance a pod of ours holds. ``deleted``: the pod is gone (a watch's DELETED);
+    ``reason``: why, when this process knows better (it deleted it itself)."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    notes = meta.get("annotations") or {}
+    iid = instance_id(pod) or str(meta.get("name", ""))
+    created = _number(notes.get(ANNOTATION_CREATED)) or timestamp(meta.get("creationTimestamp"))
+    expires = _number(notes.get(ANNOTATION_EXPIRES))
+    deleting = meta.get("deletionTimestamp")
+    deleted_at = time.time() if deleted else (timestamp(deleting) if deleting else None)
+    if deleting and deleted_at is not None:
+        # deletionTimestamp is when the grace period ends; the request came just before it
+        grace = _number(meta.get("deletionGracePeriodSeconds")) or 0.0
+        deleted_at -= grace
+    ended = _ended(pod, expires, deleted_at)
+    status = pod.get("status") or {}
+    if reason is not None and (ended is None or ended[0] in _DELETIONS):
+        ended = (reason, _DETAILS.get(reason, ""))
+    if ended is not None:
+        why, detail = ended
+        state, url = InstanceState.TERMINATED, None
+    else:
+        why, detail = None, ""
+        ready = (
+            status.get("phase") == "Running" and _condition(pod, "Ready").get("status") == "True"
+        )
+        ip = status.get("podIP")
+        state = InstanceState.RUNNING if ready and ip else InstanceState.PENDING
+        url = f"http://{ip}:{_port(pod)}" if state is InstanceState.RUNNING else None
+        if state is InstanceState.PENDING:
+            problem = startup_failure(pod)
+            detail = str(problem) if problem else ""
+    return InstanceInfo(
+        id=iid,
+        env_ref=str(notes.get(ANNOTATION_ENV, "")),
+        state=state,
+        url=url,
+        created_at=created or 0.0,
+        expires_at=expires,
+        reason=why,
+        detail=detail,
+        owner=notes.get(ANNOTATION_OWNER),
+        labels={k: v for k, v in labels.items() if k not in _OURS},
+        token=_token(pod),
+    )
+
+
+def startup_failure(pod: Mapping[str, Any]) -> AEnvError | None:
+    """Why a pending pod will not come up without someone acting, as the error its create
+    raises: the scheduler's Unschedulable (a :class:`CapacityError` quoting it), an image that
+    cannot be pulled (named), a container the kubelet cannot create. None while it may still
+    start."""
+    meta = pod.get("metadata") or {}
+    name = meta.get("name", "?")
+    scheduled = _condition(pod, "PodScheduled")
+    if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
+        return CapacityError(
+            f"pod {name} cannot be scheduled: {scheduled.get('message', 'no node fits it')}. "
+            "Free capacity, lower deployConfig.cpu/memory, or add nodes"
+        )
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        waiting = (status.get("state") or {}).get("waiting") or {}
+        why = waiting.get("reason")
+        said = waiting.get("message") or ""
+        if why in _IMAGE_PROBLEMS:
+            return ConfigurationError(
+                f"pod {name}: container {status.get('name')}'s image {status.get('image', '?')} "
+                f"cannot be pulled ({why}: {said}). Build and push it (`aenv build`), fix "
+                "deployConfig.imagePrefix or artifacts, or give the cluster pull access"
+            )
+        if why in _CONFIG_PROBLEMS:
+            return ConfigurationError(
+                f"pod {name}: container {status.get('name')} cannot be created ({why}: {said})"
+            )
+    return None
