@@ -23,10 +23,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from aenv_ray.errors import InstanceUnreachableError
+from aenv_ray.errors import ConfigurationError, InstanceUnreachableError
 
 __all__ = [
     "DEFAULT_TTL",
+    "ENGINES",
     "InstanceInfo",
     "InstanceSpec",
     "InstanceState",
@@ -36,6 +37,8 @@ __all__ = [
     "default_engine",
     "info_from_json",
     "info_to_json",
+    "named_engine",
+    "new_engine",
     "set_default_engine",
 ]
 
@@ -210,25 +213,68 @@ class SandboxEngine(Protocol):
 
 
 _default_engine: SandboxEngine | None = None
+_named: dict[str, SandboxEngine] = {}
 _default_lock = threading.Lock()
+
+ENGINES = ("local", "kubernetes")
+"""The engines a name selects (``engine="kubernetes"``, ``AENV_ENGINE``)."""
+
+
+def new_engine(name: str, **options: Any) -> SandboxEngine:
+    """A new engine of kind ``name`` (one of :data:`ENGINES`), configured from the settings
+    (``AENV_K8S_NAMESPACE``, ``AENV_K8S_IMAGE_PREFIX``, ``AENV_K8S_DELIVERY``, ``KUBECONFIG``)
+    and ``options``, the engine class's keyword arguments, which win. The SDK, pools and the
+    CLI choose engines through this function only: the engines' packages are imported here,
+    lazily, when one is made.
+
+        >>> new_engine("docker")
+        Traceback (most recent call last):
+        ...
+        aenv_ray.errors.ConfigurationError: unknown engine `docker`: use one of local, kubernetes
+    """
+    if name == "local":
+        from local_backend import LocalEngine
+
+        return LocalEngine(**options)
+    if name == "kubernetes":
+        from aenv_ray.settings import get_settings
+        from k8s_backend import HostProcess, KubernetesEngine, OwnImage
+
+        settings = get_settings()
+        options.setdefault("namespace", settings.k8s_namespace or None)
+        if "delivery" not in options:
+            host = settings.k8s_delivery == "host"
+            options["delivery"] = HostProcess() if host else OwnImage(settings.k8s_image_prefix)
+        return KubernetesEngine(**options)
+    raise ConfigurationError(f"unknown engine `{name}`: use one of {', '.join(ENGINES)}")
+
+
+def named_engine(name: str) -> SandboxEngine:
+    """The process-wide engine of kind ``name`` (made by :func:`new_engine` on first use,
+    closed at interpreter exit, its instances with it when it ``closes_instances``)."""
+    with _default_lock:
+        engine = _named.get(name)
+        if engine is None:
+            engine = new_engine(name)
+            close = getattr(engine, "close", None)
+            if callable(close):
+                atexit.register(close)
+            _named[name] = engine
+        return engine
 
 
 def default_engine() -> SandboxEngine:
-    """The process-wide embedded engine: the local engine, created on first use.
-
-    Closed at interpreter exit (its instances with it). Replace it with
-    :func:`set_default_engine`, e.g. to run every ``Environment`` on another engine.
-    """
-    global _default_engine
+    """The process-wide engine of every ``Environment`` not given one: the one
+    :func:`set_default_engine` set, else the engine the ``AENV_ENGINE`` setting names (default
+    ``local``, the embedded local engine), created on first use and closed at interpreter
+    exit (its instances with it)."""
     with _default_lock:
-        if _default_engine is None:
-            # the one lazy import of an engine: the embedded default, when first needed
-            from local_backend import LocalEngine
+        chosen = _default_engine
+    if chosen is not None:
+        return chosen
+    from aenv_ray.settings import get_settings
 
-            engine = LocalEngine()
-            atexit.register(engine.close)
-            _default_engine = engine
-        return _default_engine
+    return named_engine(get_settings().engine)
 
 
 def set_default_engine(engine: SandboxEngine | None) -> None:

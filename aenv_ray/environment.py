@@ -41,11 +41,13 @@ from aenv_ray._origin import Attached, Engined, Origin, RunServer
 from aenv_ray._transport import InstanceClient
 from aenv_ray.config import parse_duration
 from aenv_ray.engine import (
+    ENGINES,
     InstanceSpec,
     Route,
     SandboxEngine,
     TerminationReason,
     default_engine,
+    named_engine,
 )
 from aenv_ray.envref import EnvRef
 from aenv_ray.errors import (
@@ -113,8 +115,9 @@ class Environment:
             within its timeout; a call that may have run (``call_tool``, ``call_function``,
             ``call_reward``) is never repeated.
         api_key: Bearer key for the control plane; defaults to ``AENV_API_KEY``.
-        engine: the :class:`~aenv_ray.engine.SandboxEngine` that creates the instance when no
-            server is configured (default: the embedded local engine).
+        engine: the :class:`~aenv_ray.engine.SandboxEngine` that creates the instance, or its
+            name (``"local"``, ``"kubernetes"``: the process-wide engine of that kind); default:
+            a hub when one is configured, else the engine ``AENV_ENGINE`` names (``local``).
 
     Where the instance comes from, first match wins: :meth:`attach` (a running runtime);
     ``DUMMY_INSTANCE_IP`` (a server started with ``aenv run``); ``aenv_url`` /
@@ -138,7 +141,7 @@ class Environment:
         startup_timeout: float | None = None,
         owner: str | None = None,
         settings: Settings | None = None,
-        engine: SandboxEngine | None = None,
+        engine: SandboxEngine | str | None = None,
     ) -> None:
         if not env_name or not isinstance(env_name, str):
             raise ConfigurationError("env_name must be a non-empty string such as `name@1.0.0`")
@@ -164,6 +167,10 @@ class Environment:
         self._declared: dict[str, Any] = {}  # timeouts the runtime's tools and functions declare
         self._tool_names: set[str] = set()  # from /aenv/v1/info: maps OpenAI names back
         self._openai_names: OpenAINames | None = None
+        if isinstance(engine, str) and engine not in ENGINES:
+            raise ConfigurationError(
+                f"unknown engine `{engine}`: use one of {', '.join(ENGINES)}, or pass an engine"
+            )
         self._engine = engine
         self._project: Path | None = None
         self._origin: Origin | None = None  # where the instance comes from: chosen once
@@ -326,6 +333,8 @@ class Environment:
                 connect_timeout=self.settings.connect_timeout,
             )
             return Engined(hub, spec=spec, owns_engine=True)
+        if isinstance(self._engine, str):
+            return Engined(named_engine(self._engine), spec=spec)
         return Engined(self._engine or default_engine(), spec=spec)
 
     async def _why_broken(self, exc: InstanceBrokenError) -> AEnvError:

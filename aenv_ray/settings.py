@@ -75,6 +75,23 @@ class Settings(BaseSettings):
         description="remote mode: call instances directly (auto: when reachable) or through "
         "the hub's proxy",
     )
+    engine: Literal["local", "kubernetes"] = Field(
+        default="local",
+        description="the engine that creates instances when no hub is configured: local (this "
+        "machine) or kubernetes",
+    )
+    k8s_namespace: str = Field(
+        default="", description="kubernetes engine: the namespace (default: the kubeconfig's)"
+    )
+    k8s_image_prefix: str = Field(
+        default="",
+        description="kubernetes engine: the registry path of environments that name no image",
+    )
+    k8s_delivery: Literal["image", "host"] = Field(
+        default="image",
+        description="kubernetes engine: image (the environment's own) or host (a test cluster "
+        "whose kubelet runs commands on this host)",
+    )
     state_dir: str = Field(
         default="",
         description="where `aenv instance` keeps its engine daemon (default: the user state dir)",

@@ -381,7 +381,10 @@ def connect(
             with contextlib.suppress(OSError), open(f"{_SERVICE_ACCOUNT}/namespace") as f:
                 found_namespace = f.read().strip() or None
         else:
-            path = os.fspath(kubeconfig) if kubeconfig is not None else None
+            # the client reads KUBECONFIG once, at import: read it now (a single file)
+            given = os.environ.get("KUBECONFIG", "")
+            default = given if given and os.pathsep not in given else None
+            path = os.fspath(kubeconfig) if kubeconfig is not None else default
             k8s_config.load_kube_config(
                 config_file=path, context=context, client_configuration=configuration
             )

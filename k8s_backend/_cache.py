@@ -63,6 +63,16 @@ class PodCache:
         with self._lock:
             return list(self._pods.values())
 
+    def info(self, pod: dict[str, Any]) -> InstanceInfo:
+        """The instance of a live ``pod``; one being deleted ends for the reason this process
+        deleted it for, when it did (expired, its owner gone)."""
+        meta = pod.get("metadata") or {}
+        hint = None
+        if meta.get("deletionTimestamp"):
+            with self._lock:
+                hint = self._hints.get(instance_id(pod) or "")
+        return pod_info(pod, reason=hint)
+
     def changed(self, iid: str) -> asyncio.Future[None]:
         """A future of the running loop, done at the next change of instance ``iid``."""
         loop = asyncio.get_running_loop()

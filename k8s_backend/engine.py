@@ -65,7 +65,7 @@ from k8s_backend.manifests import (
     deny_egress_policy,
     instance_pod,
 )
-from k8s_backend.reaper import Housekeeper
+from k8s_backend.reaper import LEASE_SECONDS, Housekeeper
 from k8s_backend.state import pod_info, startup_failure
 
 __all__ = ["KubernetesEngine", "RateLimiter"]
@@ -127,6 +127,8 @@ class KubernetesEngine:
             backstop when no reaper runs); renewals cannot go past it.
         limiter: the creation rate limiter (share one between engines and pools).
         network_policy: ensure the namespace's egress-denying NetworkPolicy exists.
+        lease_seconds: how long the session's and the reaper's Leases hold unrenewed: a dead
+            engine's pods are reclaimed about twice this after it died.
     """
 
     name = "kubernetes"
@@ -148,6 +150,7 @@ class KubernetesEngine:
         network_policy: bool = True,
         port: int = DEFAULT_FUNCTIONS_PORT,
         workers: int = 32,
+        lease_seconds: int = LEASE_SECONDS,
     ) -> None:
         if not (max_lifetime > 0 and math.isfinite(max_lifetime)):
             raise ConfigurationError("max_lifetime must be positive seconds")
@@ -172,6 +175,7 @@ class KubernetesEngine:
             session=self.session,
             reap=reaper,
             delete=self._delete_pod,
+            lease_seconds=lease_seconds,
         )
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="aenv-k8s")
         self._threads: list[threading.Thread] = []
@@ -310,7 +314,7 @@ class KubernetesEngine:
                         + (tomb.describe_end() if tomb else "it vanished"),
                         timeout=timeout,
                     )
-                info = pod_info(pod)
+                info = self._cache.info(pod)
                 if info.state is InstanceState.RUNNING:
                     return info
                 if info.state is InstanceState.TERMINATED:
@@ -348,7 +352,7 @@ class KubernetesEngine:
     async def _lookup(self, instance_id: str) -> InstanceInfo:
         pod = self._cache.pod(instance_id)
         if pod is not None:
-            return pod_info(pod)
+            return self._cache.info(pod)
         tomb = self._cache.tombstone(instance_id)
         if tomb is not None:
             return tomb
@@ -369,7 +373,7 @@ class KubernetesEngine:
         items = found.get("items") or []
         if items:
             self._cache.put(items[0])
-            return pod_info(items[0])
+            return self._cache.info(items[0])
         raise InstanceNotFoundError(
             f"no instance {instance_id} in namespace {self.namespace} (never created here, or "
             "deleted long ago); `aenv instance list` shows the live ones",
@@ -384,7 +388,7 @@ class KubernetesEngine:
         """The live instances' pods in the namespace (any engine's), newest first."""
         await self._ready()
         wanted = str(EnvRef.parse(env_ref)) if env_ref else None
-        infos = [pod_info(pod) for pod in self._cache.pods()]
+        infos = [self._cache.info(pod) for pod in self._cache.pods()]
         if wanted is not None:
             infos = [info for info in infos if info.env_ref == wanted]
         return sorted(infos, key=lambda i: i.created_at, reverse=True)
@@ -412,14 +416,18 @@ class KubernetesEngine:
 
     def _delete_by_name(self, name: str, iid: str, reason: TerminationReason) -> None:
         self._cache.hint(iid, reason)
-        with contextlib.suppress(_Gone):
-            self._kube.request(
+        try:
+            answer = self._kube.request(
                 "DELETE",
                 self._kube.path("", "pods", name),
                 body=_DELETE_OPTIONS,
                 what=f"delete pod {name}",
                 not_found=_Gone,
             )
+        except _Gone:
+            return
+        if isinstance(answer, dict) and answer.get("kind") == "Pod":
+            self._cache.put(answer)  # its deletionTimestamp, before the watch's event of it
 
     async def renew(self, instance_id: str, ttl: float) -> InstanceInfo:
         """Move the pod's ``expires-at`` annotation to ``ttl`` seconds from now."""
@@ -452,7 +460,7 @@ class KubernetesEngine:
             not_found=lambda said: InstanceNotFoundError(said, instance_id=instance_id),
         )
         self._cache.put(patched)
-        return pod_info(patched)
+        return self._cache.info(patched)
 
     async def fork(
         self, instance_id: str, n: int, *, timeout: float = 60.0

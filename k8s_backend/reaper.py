@@ -64,14 +64,14 @@ def session_lease_name(session: str) -> str:
     return f"aenv-session-{session}"
 
 
-def _lease(name: str, holder: str, kind: str, now: float) -> dict[str, Any]:
+def _lease(name: str, holder: str, kind: str, now: float, seconds: int) -> dict[str, Any]:
     return {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
         "metadata": {"name": name, "labels": {LABEL_MANAGED: MANAGER, LABEL_LEASE: kind}},
         "spec": {
             "holderIdentity": holder,
-            "leaseDurationSeconds": LEASE_SECONDS,
+            "leaseDurationSeconds": seconds,
             "acquireTime": micro_time(now),
             "renewTime": micro_time(now),
         },
@@ -99,6 +99,7 @@ class Housekeeper:
         reap: bool,
         delete: Any,
         tick: float = 1.0,
+        lease_seconds: int = LEASE_SECONDS,
     ) -> None:
         self.kube = kube
         self.cache = cache
@@ -107,6 +108,8 @@ class Housekeeper:
         self.reap = reap
         self.delete = delete
         self.tick = tick
+        self.lease_seconds = lease_seconds
+        self.renew_every = max(min(RENEW_EVERY, lease_seconds / 3), tick)
         self.leading = False
         self._stop = threading.Event()
         self._renewed = 0.0
@@ -119,7 +122,9 @@ class Housekeeper:
         if self.session is None:
             return
         now = time.time()
-        body = _lease(session_lease_name(self.session), self.identity, "session", now)
+        body = _lease(
+            session_lease_name(self.session), self.identity, "session", now, self.lease_seconds
+        )
         self.kube.request(
             "POST", self.kube.path(_LEASES, "leases"), body=body, what="create the session lease"
         )
@@ -139,7 +144,7 @@ class Housekeeper:
             )
 
     def _renew_session(self, now: float) -> None:
-        if self.session is None or now - self._renewed < RENEW_EVERY:
+        if self.session is None or now - self._renewed < self.renew_every:
             return
         name = session_lease_name(self.session)
         self.kube.request(
@@ -154,14 +159,14 @@ class Housekeeper:
     # -- leading -----------------------------------------------------------------------------
     def _lead(self, now: float) -> None:
         """Hold or take the reaper's Lease (every RENEW_EVERY seconds)."""
-        if now - self._led < RENEW_EVERY:
+        if now - self._led < self.renew_every:
             return
         self._led = now
         path = self.kube.path(_LEASES, "leases", REAPER_LEASE)
         try:
             lease = self.kube.request("GET", path, what="read the reaper lease", not_found=_Absent)
         except _Absent:
-            body = _lease(REAPER_LEASE, self.identity, "reaper", now)
+            body = _lease(REAPER_LEASE, self.identity, "reaper", now, self.lease_seconds)
             try:
                 self.kube.request(
                     "POST", self.kube.path(_LEASES, "leases"), body=body, what="lead the reaper"
@@ -178,7 +183,7 @@ class Housekeeper:
             return
         spec["holderIdentity"] = self.identity
         spec["renewTime"] = micro_time(now)
-        spec["leaseDurationSeconds"] = LEASE_SECONDS
+        spec["leaseDurationSeconds"] = self.lease_seconds
         if not mine:
             spec["acquireTime"] = micro_time(now)
         try:  # PUT carries the resourceVersion read: of two takers, one wins
@@ -219,7 +224,7 @@ class Housekeeper:
                 continue
             if expires <= now:
                 self._delete(pod, TerminationReason.EXPIRED)
-        if now - self._sessions_checked >= RENEW_EVERY:
+        if now - self._sessions_checked >= self.renew_every:
             self._sessions_checked = now
             self._reap_orphans(now)
 
@@ -233,7 +238,7 @@ class Housekeeper:
         alive = {
             str((lease.get("metadata") or {}).get("name", ""))
             for lease in listing.get("items") or []
-            if not _lapsed(lease, now, grace=LEASE_SECONDS)
+            if not _lapsed(lease, now, grace=self.lease_seconds)
         }
         for pod in self.cache.pods():
             meta = pod.get("metadata") or {}
@@ -242,7 +247,7 @@ class Housekeeper:
                 continue
             if session_lease_name(session) not in alive:
                 created = timestamp(meta.get("creationTimestamp")) or now
-                if now - created > LEASE_SECONDS:  # a session's first pod may race its lease
+                if now - created > self.lease_seconds:  # a first pod may race its lease
                     self._delete(pod, TerminationReason.OWNER_GONE)
 
     def _delete(self, pod: dict[str, Any], reason: TerminationReason) -> None:

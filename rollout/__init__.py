@@ -9,9 +9,9 @@ calls return Ray ``ObjectRef``\\ s (:class:`Lease`), first-K-ready batched stepp
 ``rollout.synthesis`` (batch trajectory synthesis, ``aenv rollout``), ``rollout.areal`` and
 ``rollout.rllib`` (trainer adapters) say what they own in their own docstrings.
 
-May import: ``aenv_ray``, ray, gymnasium; lazily, inside functions: ``local_backend``
-(``engine="local"``: the local engine each pool actor runs). Must not import: kubernetes
-(engines are injected).
+May import: ``aenv_ray``, ray, gymnasium. Engines are chosen by name through
+``aenv_ray.engine.new_engine`` (``engine="local"`` or ``"kubernetes"``, in each pool actor) or
+injected as factories. Must not import: kubernetes, ``local_backend``, ``k8s_backend``.
 """
 
 from __future__ import annotations

@@ -63,8 +63,10 @@ class RolloutPool:
     Args:
         env_name: ``name@version`` (or ``name``); with ``project=`` it may be omitted.
         size: warm instances in total, split evenly across pool actors.
-        engine: ``"local"`` (a local engine per pool actor) or a picklable zero-argument
-            callable returning a :class:`~aenv_ray.SandboxEngine`.
+        engine: ``"local"`` (a local engine per pool actor), ``"kubernetes"`` (a Kubernetes
+            engine per pool actor, configured by the ``AENV_K8S_*`` settings in the actor's
+            process; its pods end with the actor), or a picklable zero-argument callable
+            returning a :class:`~aenv_ray.SandboxEngine`.
         project: a project directory instead of a name.
         ttl, environment_variables, arguments, datasource: as for :class:`aenv_ray.Environment`.
         call_timeout: default per-call timeout of the instances (``AENV_TIMEOUT`` if None).

@@ -1,8 +1,9 @@
 """``PoolSpec``: what a pool's instances are and how they are kept, a small picklable value.
 
 Every pool actor receives the same spec; it builds its engine (``engine="local"``: one
-:class:`~local_backend.LocalEngine` per actor process) and opens each instance as an
-:class:`~aenv_ray.Environment` on it.
+:class:`~local_backend.LocalEngine` per actor process; ``engine="kubernetes"``: one
+:class:`~k8s_backend.KubernetesEngine` per actor, whose pods end with the actor) and opens each
+instance as an :class:`~aenv_ray.Environment` on it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from aenv_ray import Environment
 from aenv_ray.config import parse_duration
-from aenv_ray.engine import SandboxEngine
+from aenv_ray.engine import ENGINES, SandboxEngine, new_engine
 from aenv_ray.errors import ConfigurationError
 
 __all__ = ["EngineFactory", "PoolSpec"]
@@ -48,13 +49,14 @@ class PoolSpec:
             raise ConfigurationError(
                 f"pool `{self.name}`: lease_timeout and startup_timeout must be positive seconds"
             )
+        names = " or ".join(repr(n) for n in ENGINES)
         if not isinstance(self.engine, str) and not callable(self.engine):
             raise ConfigurationError(
-                f"pool `{self.name}`: engine must be 'local' or a zero-argument engine factory"
+                f"pool `{self.name}`: engine must be {names} or a zero-argument engine factory"
             )
-        if isinstance(self.engine, str) and self.engine != "local":
+        if isinstance(self.engine, str) and self.engine not in ENGINES:
             raise ConfigurationError(
-                f"pool `{self.name}`: unknown engine {self.engine!r}; use 'local' or pass a "
+                f"pool `{self.name}`: unknown engine {self.engine!r}; use {names} or pass a "
                 "zero-argument callable that returns a SandboxEngine"
             )
 
@@ -67,10 +69,7 @@ class PoolSpec:
         """The engine of one pool actor."""
         if callable(self.engine):
             return self.engine()
-        # the embedded local engine, imported only where instances are made
-        from local_backend import LocalEngine
-
-        return LocalEngine()
+        return new_engine(self.engine)  # the engine's package is imported only here, in the actor
 
     def environment(self, engine: SandboxEngine | None) -> Environment:
         """A new (not yet initialized) :class:`~aenv_ray.Environment` for one instance."""

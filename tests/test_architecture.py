@@ -267,13 +267,12 @@ RULES: dict[str, Rule] = {
         may=frozenset({"aenv_ray", "orjson", "kubernetes", "urllib3"}),
         must_not=frozenset({"ray", "gymnasium"}),
     ),
-    # "May import: ``aenv_ray``, ray, gymnasium; lazily, inside functions:
-    # ``local_backend`` (``engine="local"``: the local engine each pool actor runs).
-    # Must not import: kubernetes (engines are injected)."
+    # "May import: ``aenv_ray``, ray, gymnasium. Engines are chosen by name through
+    # ``aenv_ray.engine.new_engine`` ... Must not import: kubernetes, ``local_backend``,
+    # ``k8s_backend``."
     "rollout": Rule(
         may=frozenset({"aenv_ray", "ray", "gymnasium"}),
-        lazy=frozenset({"local_backend"}),
-        must_not=frozenset({"kubernetes"}),
+        must_not=frozenset({"kubernetes", "local_backend", "k8s_backend"}),
     ),
     # "May import: ``aenv_ray``, gymnasium, numpy (the arrays of gymnasium's vector API). Must
     # not import: ray, kubernetes (engines are injected)."
@@ -524,7 +523,7 @@ def test_aenv_build_and_push_import_neither_the_hub_nor_the_runtime() -> None:
     assert any(i.module in served and i.root == "envhub" for i in IMPORTS)
 
 
-def test_the_default_engine_is_the_sdks_one_lazy_import_of_an_engine() -> None:
+def test_new_engine_is_the_sdks_one_lazy_import_of_an_engine() -> None:
     users = [
         i
         for i in IMPORTS
@@ -532,9 +531,10 @@ def test_the_default_engine_is_the_sdks_one_lazy_import_of_an_engine() -> None:
         and i.root in ("local_backend", "k8s_backend")
         and not _covers("aenv_ray.cli", i.module)
     ]
-    assert [(i.module, i.target, i.top_level) for i in users] == [
-        ("aenv_ray.engine", "local_backend", False)
-    ], _violations("the SDK reaches an engine through default_engine() only", users)
+    assert sorted((i.module, i.target, i.top_level) for i in users) == [
+        ("aenv_ray.engine", "k8s_backend", False),
+        ("aenv_ray.engine", "local_backend", False),
+    ], _violations("the SDK reaches an engine through new_engine() only", users)
 
 
 def _private(imp: Import) -> list[str]:

@@ -119,7 +119,8 @@ def test_a_runtime_takes_its_token_from_the_environment_and_hides_it_from_the_pr
                 assert process.poll() is None, "the runtime exited"
                 assert time.monotonic() < deadline, "the runtime never listened"
                 time.sleep(0.05)
-        assert ready.status_code == 200 and ready.json() == {"ready": True}
+        assert ready.status_code == 200
+        assert ready.json() == {"ready": True}
         call = {
             "name": "execute_command",
             "arguments": {"command": "echo ${AENV_RUNTIME_TOKEN:-unset}"},
@@ -131,7 +132,8 @@ def test_a_runtime_takes_its_token_from_the_environment_and_hides_it_from_the_pr
             f"{base}/aenv/v1/call", json=call, headers={"Authorization": "Bearer s3cret-token"}
         )
         assert answered.status_code == 200
-        assert "unset" in answered.text and "s3cret" not in answered.text
+        assert "unset" in answered.text
+        assert "s3cret" not in answered.text
     finally:
         process.terminate()
         process.wait(timeout=10)

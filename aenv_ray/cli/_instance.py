@@ -1,7 +1,9 @@
 """``aenv instance create|list|get|delete|renew``: instances on a hub or this machine.
 
 With a hub configured (``AENV_SYSTEM_URL`` or ``aenv config set url``) the commands talk to it:
-its instances belong to your key's tenant. Otherwise they talk to a local engine daemon
+its instances belong to your key's tenant. With ``AENV_ENGINE=kubernetes`` they talk to the
+cluster directly (pods in ``AENV_K8S_NAMESPACE``, outliving the command until deleted or
+expired). Otherwise they talk to a local engine daemon
 (``local_backend.daemon``, through its client ``DaemonEngine``) over a Unix socket in
 the state directory (``AENV_STATE_DIR``, else the user's state directory), started on first
 use, so instances live on between commands; they die with the daemon, which exits after ten
@@ -83,6 +85,16 @@ def _call(op: str, arg: Any, **kw: Any) -> Any:
 
             async with HubClient(settings.system_url, api_key=settings.api_key) as client:
                 return await _on_hub(client, op, arg, **kw)
+        if settings.engine == "kubernetes":
+            from aenv_ray.engine import new_engine
+
+            cluster = new_engine(
+                "kubernetes", session=False, reaper=False, env_path=settings.env_path
+            )
+            try:
+                return await _on_engine(cluster, op, arg, **kw)
+            finally:
+                await cluster.aclose()
         from local_backend.client import DaemonEngine
 
         async with DaemonEngine(_state_dir(), env_path=settings.env_path) as engine:

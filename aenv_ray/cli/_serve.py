@@ -73,7 +73,9 @@ def serve(
         typer.Option(
             help="daemon: the local engine in an engine daemon of its own (instances outlive a "
             "hub restart; `local` is its old name); inprocess: the local engine in this process "
-            "(instances end with it)"
+            "(instances end with it); kubernetes: pods in the cluster of KUBECONFIG or of the "
+            "hub's service account (AENV_K8S_NAMESPACE, AENV_K8S_IMAGE_PREFIX; pods outlive a "
+            "hub restart)"
         ),
     ] = "daemon",
     max_bundle: Annotated[str, typer.Option(help="largest bundle accepted, e.g. 64M")] = "64M",
@@ -152,7 +154,8 @@ def serve(
 
 def _engine(kind: str, root: Path) -> Any:
     """The hub's sandbox engine: ``daemon``, the local engine in its daemon under ``root/engine``
-    (instances outlive a hub restart); ``inprocess``, a local engine in this process."""
+    (instances outlive a hub restart); ``inprocess``, a local engine in this process;
+    ``kubernetes``, pods (outliving the hub; the reaper ends expired ones)."""
     if kind in ("daemon", "local"):  # `local`: the old name, kept for scripts
         from local_backend.client import DaemonEngine
 
@@ -161,7 +164,13 @@ def _engine(kind: str, root: Path) -> Any:
         from local_backend import LocalEngine
 
         return LocalEngine()
-    raise typer.BadParameter(f"`{kind}`: use daemon or inprocess", param_hint="--engine")
+    if kind == "kubernetes":
+        from aenv_ray.engine import new_engine
+
+        return new_engine("kubernetes", session=False)  # pods outlive the hub, found by id
+    raise typer.BadParameter(
+        f"`{kind}`: use daemon, inprocess or kubernetes", param_hint="--engine"
+    )
 
 
 def _safe(url: str) -> str:

@@ -1,0 +1,524 @@
+"""The Kubernetes engine beyond the conformance kit: what a pod's status means (every state a real
+kubelet reports, as API objects), API errors translated into the error tree (from the real API
+server, and from a loopback stand-in for the answers no test cluster gives on demand: 429, 503,
+a watch's 410), and on the real API server: a pod deleted behind the engine's back, the reaper
+across an engine restart, a dead engine's pods reclaimed, the SDK on the engine, engines by name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+
+from aenv_ray import (
+    AuthenticationError,
+    CapacityError,
+    ClusterConflictError,
+    ClusterUnreachableError,
+    ConfigurationError,
+    Environment,
+    EnvironmentState,
+    InstanceSpec,
+    InstanceState,
+    NotSupportedError,
+    PermissionDeniedError,
+    TerminationReason,
+)
+from aenv_ray.engine import new_engine
+from k8s_backend import HostProcess, KubernetesEngine
+from k8s_backend._api import Kube, WatchExpired, connect, translate
+from k8s_backend._cache import PodCache
+from k8s_backend.manifests import ANNOTATION_ENV, ANNOTATION_EXPIRES, LABEL_INSTANCE
+from k8s_backend.state import pod_info, startup_failure
+from tests._k8s import KubeCluster
+
+K8S = [pytest.mark.k8s, pytest.mark.timeout(2400)]
+SPEC = InstanceSpec("mini-terminal@1.0.0", ttl=600.0)
+
+
+def _pod(status: dict[str, Any], **meta: Any) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "aenv-demo-ab12",
+            "labels": {LABEL_INSTANCE: "ab12", "team": "rl"},
+            "annotations": {ANNOTATION_ENV: "demo@1.0.0", ANNOTATION_EXPIRES: "2000000000.0"},
+            **meta,
+        },
+        "spec": {"containers": [{"name": "runtime", "image": "r.io/demo:1.0.0"}]},
+        "status": status,
+    }
+
+
+# -- what a pod says ------------------------------------------------------------------------------
+
+
+def test_a_ready_pod_is_running_at_its_ip_and_keeps_only_the_users_labels() -> None:
+    ready = {
+        "phase": "Running",
+        "podIP": "10.0.0.7",
+        "conditions": [{"type": "Ready", "status": "True"}],
+    }
+    info = pod_info(_pod(ready))
+    assert info.state is InstanceState.RUNNING
+    assert info.url == "http://10.0.0.7:8080"
+    assert dict(info.labels) == {"team": "rl"}
+    not_ready = {**ready, "conditions": [{"type": "Ready", "status": "False"}]}
+    assert pod_info(_pod(not_ready)).state is InstanceState.PENDING
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "words"),
+    [
+        (
+            {
+                "phase": "Failed",
+                "containerStatuses": [
+                    {"name": "runtime", "state": {"terminated": {"reason": "OOMKilled"}}}
+                ],
+            },
+            TerminationReason.OUT_OF_MEMORY,
+            "OOMKilled",
+        ),
+        (
+            {"phase": "Failed", "reason": "Evicted", "message": "node low on disk"},
+            TerminationReason.CRASHED,
+            "evicted: node low on disk",
+        ),
+        (
+            {"phase": "Failed", "reason": "DeadlineExceeded"},
+            TerminationReason.EXPIRED,
+            "activeDeadlineSeconds",
+        ),
+        (
+            {
+                "phase": "Failed",
+                "containerStatuses": [
+                    {
+                        "name": "runtime",
+                        "state": {"terminated": {"reason": "Error", "exitCode": 70}},
+                    }
+                ],
+            },
+            TerminationReason.CRASHED,
+            "code 70",
+        ),
+    ],
+)
+def test_an_ended_pod_keeps_the_reason_the_cluster_gives(
+    status: dict[str, Any], reason: TerminationReason, words: str
+) -> None:
+    info = pod_info(_pod(status))
+    assert info.state is InstanceState.TERMINATED
+    assert info.reason is reason
+    assert words in info.detail
+    assert info.url is None
+
+
+def test_a_deleted_pod_is_expired_past_its_deadline_and_deleted_before_it() -> None:
+    running = {"phase": "Running", "podIP": "10.0.0.7"}
+    early = _pod(running, deletionTimestamp="2020-01-01T00:00:00Z", deletionGracePeriodSeconds=1)
+    assert pod_info(early).reason is TerminationReason.DELETED
+    late = _pod(running, deletionTimestamp="2040-01-01T00:00:00Z")
+    assert pod_info(late).reason is TerminationReason.EXPIRED
+    # what this process knows wins over the inference: it deleted it, or its session ended
+    hinted = pod_info(early, deleted=True, reason=TerminationReason.OWNER_GONE)
+    assert hinted.reason is TerminationReason.OWNER_GONE
+
+
+def test_a_pod_that_will_never_start_says_why_as_the_error_its_create_raises() -> None:
+    unschedulable = _pod(
+        {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/3 nodes are available: 3 Insufficient memory.",
+                }
+            ],
+        }
+    )
+    error = startup_failure(unschedulable)
+    assert isinstance(error, CapacityError)
+    assert "3 Insufficient memory" in str(error)
+    pulling = _pod(
+        {
+            "phase": "Pending",
+            "containerStatuses": [
+                {
+                    "name": "runtime",
+                    "image": "r.io/demo:1.0.0",
+                    "state": {"waiting": {"reason": "ImagePullBackOff", "message": "not found"}},
+                }
+            ],
+        }
+    )
+    error = startup_failure(pulling)
+    assert isinstance(error, ConfigurationError)
+    assert "r.io/demo:1.0.0" in str(error)
+    assert "ImagePullBackOff" in str(error)
+    assert startup_failure(_pod({"phase": "Pending"})) is None
+
+
+# -- API errors, translated in one place ----------------------------------------------------------
+
+
+def test_each_status_becomes_its_own_error() -> None:
+    def status(code: int, reason: str, message: str, **details: Any) -> Any:
+        body = {"kind": "Status", "reason": reason, "message": message, "details": details}
+        return translate(code, body, what="create pod p")
+
+    assert isinstance(status(401, "Unauthorized", "Unauthorized"), AuthenticationError)
+    forbidden = status(403, "Forbidden", 'pods is forbidden: User "bob" cannot create')
+    assert isinstance(forbidden, PermissionDeniedError)
+    assert "deploy/role.yaml" in str(forbidden)
+    quota = status(403, "Forbidden", "exceeded quota: compute, requested: pods=1")
+    assert isinstance(quota, CapacityError)
+    missing = status(404, "NotFound", 'namespaces "rl" not found', kind="namespaces", name="rl")
+    assert isinstance(missing, ConfigurationError)
+    assert "kubectl create namespace rl" in str(missing)
+    assert isinstance(status(409, "AlreadyExists", "exists"), ClusterConflictError)
+    invalid = translate(
+        422,
+        {
+            "reason": "Invalid",
+            "message": "Pod is invalid",
+            "details": {"causes": [{"field": "metadata.labels", "message": "bad value"}]},
+        },
+        what="create pod p",
+    )
+    assert isinstance(invalid, ConfigurationError)
+    assert "metadata.labels: bad value" in str(invalid)
+    assert isinstance(status(503, "ServiceUnavailable", "etcd down"), ClusterUnreachableError)
+
+
+class _StandIn(BaseHTTPRequestHandler):
+    """Answers as an API server would for the cases a test cluster gives not on demand: the
+    script is a list of (status, headers, body) for successive requests; a watch gets the
+    server's ``watch`` lines."""
+
+    script: list[tuple[int, dict[str, str], Any]] = []
+    watches: list[list[dict[str, Any]]] = []
+    seen: list[str] = []
+
+    def do_GET(self) -> None:
+        type(self).seen.append(self.path)
+        if "watch=true" in self.path and type(self).watches:
+            lines = type(self).watches.pop(0)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            for line in lines:
+                self.wfile.write(json.dumps(line).encode() + b"\n")
+                self.wfile.flush()
+            time.sleep(0.2)
+            return
+        status, headers, body = type(self).script.pop(0) if type(self).script else (200, {}, {})
+        payload = json.dumps(body).encode()
+        self.send_response(status)
+        for key, value in {"Content-Type": "application/json", **headers}.items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def stand_in() -> Iterator[Kube]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _StandIn)
+    _StandIn.script, _StandIn.watches, _StandIn.seen = [], [], []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    configuration = k8s_client.Configuration(host=f"http://127.0.0.1:{server.server_port}")
+    kube = connect(api_client=k8s_client.ApiClient(configuration), namespace="ns")
+    kube.retries = 3
+    yield kube
+    kube.close()
+    server.shutdown()
+    server.server_close()
+
+
+def test_429_and_5xx_are_retried_with_backoff_and_then_answer(stand_in: Kube) -> None:
+    _StandIn.script = [
+        (429, {"Retry-After": "0"}, {"kind": "Status", "message": "slow down"}),
+        (503, {}, {"kind": "Status", "message": "etcd leader changed"}),
+        (200, {}, {"kind": "PodList", "items": [], "metadata": {"resourceVersion": "9"}}),
+    ]
+    listing = stand_in.request("GET", stand_in.path("", "pods"), what="list pods")
+    assert listing["metadata"]["resourceVersion"] == "9"
+    assert len(_StandIn.seen) == 3
+
+
+def test_a_server_that_keeps_failing_is_unreachable_after_the_retries(stand_in: Kube) -> None:
+    _StandIn.script = [(500, {}, {"kind": "Status", "message": "internal error"})] * 4
+    with pytest.raises(ClusterUnreachableError, match="internal error"):
+        stand_in.request("GET", stand_in.path("", "pods"), what="list pods")
+    assert len(_StandIn.seen) == 4  # one try and three retries
+
+
+def test_a_server_that_does_not_answer_is_unreachable() -> None:
+    from aenv_ray.testing import free_port
+
+    configuration = k8s_client.Configuration(host=f"http://127.0.0.1:{free_port()}")
+    kube = connect(api_client=k8s_client.ApiClient(configuration))
+    kube.retries = 1
+    with pytest.raises(ClusterUnreachableError, match="does not answer"):
+        kube.request("GET", kube.path("", "pods"), what="list pods")
+    kube.close()
+
+
+def test_a_watch_that_expires_is_followed_by_a_fresh_list(stand_in: Kube) -> None:
+    pod = {
+        "metadata": {
+            "name": "p",
+            "resourceVersion": "12",
+            "labels": {LABEL_INSTANCE: "abc"},
+            "annotations": {ANNOTATION_ENV: "demo@1.0.0"},
+        },
+        "status": {"phase": "Pending"},
+    }
+    listing = {"kind": "PodList", "items": [], "metadata": {"resourceVersion": "10"}}
+    _StandIn.script = [(200, {}, listing), (200, {}, {**listing, "items": [pod]})]
+    gone = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}
+    _StandIn.watches = [[gone], []]
+    with pytest.raises(WatchExpired):
+        list(stand_in.watch(stand_in.path("", "pods"), resource_version="1"))
+    _StandIn.watches = [[gone], []]
+    cache = PodCache(stand_in, watch_timeout=1)
+    thread = threading.Thread(target=cache.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while cache.pod("abc") is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    cache.stop()
+    thread.join(timeout=10)
+    assert cache.pod("abc") is not None  # from the second list, after the 410
+    assert cache.relists >= 2
+
+
+# -- on the real API server -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster(kube_cluster: KubeCluster) -> KubeCluster:
+    return kube_cluster
+
+
+@pytest.fixture
+def namespace(cluster: KubeCluster, request: pytest.FixtureRequest) -> str:
+    name = "t-" + request.node.name.lower().replace("_", "-")[:40].strip("-")
+    return cluster.namespace(name)
+
+
+def _core(cluster: KubeCluster) -> k8s_client.CoreV1Api:
+    return k8s_client.CoreV1Api(k8s_config.new_client_from_config(str(cluster.kubeconfig)))
+
+
+async def _until(predicate: Any, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not await predicate():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.1)
+    return True
+
+
+@pytest.mark.k8s
+@pytest.mark.timeout(2400)
+async def test_the_real_api_servers_refusals_are_typed(
+    cluster: KubeCluster, namespace: str
+) -> None:
+    engine = cluster.engine("no-such-namespace-x")
+    with pytest.raises(ConfigurationError, match="namespace"):
+        await engine.create(SPEC, timeout=30)
+    await engine.aclose()
+    kube = connect(kubeconfig=cluster.kubeconfig, namespace=namespace)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"twice-{uuid.uuid4().hex[:8]}"},
+        "spec": {"containers": [{"name": "c", "image": "x", "command": ["true"]}]},
+    }
+    path = kube.path("", "pods")
+    kube.request("POST", path, body=pod, what="create pod twice")
+    with pytest.raises(ClusterConflictError, match="already exists"):
+        kube.request("POST", path, body=pod, what="create pod twice")
+    bad = {**pod, "metadata": {"name": "bad-1", "labels": {"x": "not a label value!"}}}
+    with pytest.raises(ConfigurationError, match="metadata.labels"):
+        kube.request("POST", path, body=bad, what="create pod bad")
+    kube.close()
+
+
+@pytest.mark.k8s
+@pytest.mark.timeout(2400)
+async def test_a_pod_deleted_behind_the_engines_back_ends_its_environment(
+    cluster: KubeCluster, namespace: str
+) -> None:
+    engine = cluster.engine(namespace)
+    try:
+        env = Environment("mini-terminal@1.0.0", engine=engine, ttl=600)
+        await env.initialize()
+        assert (await env.call_tool("execute_command", {"command": "echo up"})).structured
+        info = (await engine.list())[0]
+        pod_name = f"aenv-mini-terminal-{info.id}"
+        _core(cluster).delete_namespaced_pod(pod_name, namespace, grace_period_seconds=0)
+
+        async def ended() -> bool:
+            return (await engine.get(info.id)).state is InstanceState.TERMINATED
+
+        assert await _until(ended, 30)
+        gone = await engine.get(info.id)
+        assert gone.reason is TerminationReason.DELETED
+        assert "deleted" in gone.describe_end()
+        with pytest.raises(Exception) as raised:
+            await env.call_tool("execute_command", {"command": "echo again"})
+        assert "deleted" in str(raised.value)
+        assert env.state is EnvironmentState.BROKEN
+        await env.release()
+    finally:
+        await engine.aclose()
+
+
+@pytest.mark.k8s
+@pytest.mark.timeout(2400)
+async def test_the_reaper_ends_expired_pods_after_the_engine_that_made_them_closed(
+    cluster: KubeCluster, namespace: str
+) -> None:
+    maker = cluster.engine(namespace, session=False, reaper=False)
+    info = await maker.create(InstanceSpec("mini-terminal@1.0.0", ttl=3.0), timeout=60)
+    await maker.aclose()  # pods of an engine without a session outlive it
+    later = cluster.engine(namespace, session=False, lease_seconds=3)
+    try:
+        assert (await later.get(info.id)).state is InstanceState.RUNNING
+
+        async def reaped() -> bool:
+            return (await later.get(info.id)).state is InstanceState.TERMINATED
+
+        assert await _until(reaped, 60)
+        assert (await later.get(info.id)).reason is TerminationReason.EXPIRED
+    finally:
+        await later.aclose()
+
+
+_DIES = """
+import asyncio, os, sys
+sys.path.insert(0, {repo!r})
+from aenv_ray import InstanceSpec
+from k8s_backend import HostProcess, KubernetesEngine
+
+async def main():
+    engine = KubernetesEngine({namespace!r}, kubeconfig={kubeconfig!r}, delivery=HostProcess(),
+                              reaper=False, lease_seconds=3)
+    info = await engine.create(InstanceSpec("mini-terminal@1.0.0", ttl=600), timeout=60)
+    print(info.id, flush=True)
+    os._exit(0)  # dies without closing: its session lease is never renewed again
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.k8s
+@pytest.mark.timeout(2400)
+async def test_the_pods_of_an_engine_that_died_are_reclaimed(
+    cluster: KubeCluster, namespace: str
+) -> None:
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = _DIES.format(repo=repo, namespace=namespace, kubeconfig=str(cluster.kubeconfig))
+    died = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert died.returncode == 0, died.stderr[-2000:]
+    iid = died.stdout.split()[-1]
+    reaper = cluster.engine(namespace, session=False, lease_seconds=3)
+    try:
+        assert (await reaper.get(iid)).state is InstanceState.RUNNING
+
+        async def reclaimed() -> bool:
+            return (await reaper.get(iid)).state is InstanceState.TERMINATED
+
+        assert await _until(reclaimed, 90)
+        assert (await reaper.get(iid)).reason is TerminationReason.OWNER_GONE
+    finally:
+        await reaper.aclose()
+
+
+@pytest.mark.k8s
+@pytest.mark.timeout(2400)
+async def test_a_broken_watch_is_resumed_and_misses_nothing(
+    cluster: KubeCluster, namespace: str
+) -> None:
+    watcher = cluster.engine(namespace, session=False, reaper=False)
+    maker = cluster.engine(namespace, reaper=False)
+    try:
+        await watcher.list()  # listed, and soon watching
+
+        async def watching() -> bool:
+            return watcher._cache._response is not None
+
+        assert await _until(watching, 30)
+        before = watcher._cache.relists
+        watcher._cache._response.shutdown()  # the connection drops mid-stream
+        info = await maker.create(SPEC, timeout=60)
+
+        async def seen_running() -> bool:  # the pod's later changes reach it too
+            return (await watcher.get(info.id)).is_running
+
+        assert await _until(seen_running, 30)
+        assert watcher._cache.relists > before
+    finally:
+        await maker.aclose()
+        await watcher.aclose()
+
+
+@pytest.mark.k8s
+@pytest.mark.timeout(2400)
+async def test_engines_are_chosen_by_name_from_the_settings(
+    cluster: KubeCluster, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not cluster.runs_host_processes:
+        pytest.skip("runs the runtime as a host process: a k8s-real cluster only")
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+    monkeypatch.setenv("AENV_K8S_NAMESPACE", namespace)
+    monkeypatch.setenv("AENV_K8S_DELIVERY", "host")
+    engine = new_engine("kubernetes")
+    assert isinstance(engine, KubernetesEngine)
+    assert engine.namespace == namespace
+    assert isinstance(engine.delivery, HostProcess)
+    try:
+        with pytest.raises(NotSupportedError, match="engine='local'"):
+            info = await engine.create(SPEC, timeout=60)
+            await engine.fork(info.id, 1)
+        assert engine.closes_instances
+    finally:
+        await engine.aclose()
+    assert not await _none_left(cluster, namespace)  # its session's pods went with it
+    with pytest.raises(ConfigurationError, match="unknown engine `kube`"):
+        Environment("mini-terminal@1.0.0", engine="kube")
+
+
+async def _none_left(cluster: KubeCluster, namespace: str) -> list[str]:
+    core = _core(cluster)
+    deadline = time.monotonic() + 30
+    while True:
+        pods = core.list_namespaced_pod(namespace).items
+        live = [p.metadata.name for p in pods if p.metadata.deletion_timestamp is None]
+        if not live or time.monotonic() > deadline:
+            return live
+        await asyncio.sleep(0.1)
