@@ -156,6 +156,9 @@ class DeployConfig(_Camel):
     ttl: str | float | None = None
     network: bool = False
     pids: int = Field(default=512, ge=8, le=1 << 22)  # aenv-ray: most processes at once
+    # aenv-ray, Kubernetes: the user's own pod template, YAML text or the same as a JSON object
+    # (k8s_backend.templates checks and merges it; other engines ignore it)
+    custom_pod_template: str | dict[str, Any] | None = None
 
     # "before" validators: they see the JSON value, so `true` is not read as 1 core or 1 byte
     @field_validator("cpu", mode="before")
