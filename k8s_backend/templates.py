@@ -91,7 +91,8 @@ def parse_pod_template(source: str | Mapping[str, Any]) -> dict[str, Any]:
         )
     if loaded.get("kind", "Pod") != "Pod" or loaded.get("apiVersion", "v1") != "v1":
         raise ConfigurationError(
-            f"the pod template is a {loaded.get('apiVersion')}/{loaded.get('kind')}; write a "
+            f"the pod template is a {loaded.get('apiVersion', 'v1')}/{loaded.get('kind', 'Pod')}; "
+            "write a "
             "Pod (apiVersion: v1, kind: Pod): aenv-ray makes the Deployment of a service itself"
         )
     for key in ("metadata", "spec"):
@@ -341,7 +342,7 @@ def _merge_container(ours: dict[str, Any], theirs: Mapping[str, Any] | None) -> 
     theirs_resources = theirs.get("resources") or {}
     ours_resources = ours.get("resources") or {}
     resources = {
-        key: {**(theirs_resources.get(key) or {}), **(ours_resources.get(key) or {})}
+        key: {**_quantities(theirs_resources.get(key)), **(ours_resources.get(key) or {})}
         for key in ("requests", "limits")
         if theirs_resources.get(key) or ours_resources.get(key)
     }
@@ -359,7 +360,21 @@ def _secure(container: Mapping[str, Any]) -> dict[str, Any]:
     """A template's own container with the secure defaults: no privilege, no capability,
     non-root; a read-only root unless the template says ``readOnlyRootFilesystem: false``."""
     security = {"readOnlyRootFilesystem": True, **(container.get("securityContext") or {})}
-    return {**container, "securityContext": {**security, **_SECURE}}
+    secured = {**container, "securityContext": {**security, **_SECURE}}
+    if isinstance(container.get("resources"), dict):
+        secured["resources"] = {
+            key: _quantities(value) if key in ("requests", "limits") else value
+            for key, value in container["resources"].items()
+        }
+    return secured
+
+
+def _quantities(amounts: Any) -> dict[str, Any]:
+    """Resource amounts as quantity strings (YAML reads ``gpu: 1`` as a number; the API takes
+    either, the official client's models only text)."""
+    if not isinstance(amounts, dict):
+        return {}
+    return {str(k): v if isinstance(v, str) else str(v) for k, v in amounts.items()}
 
 
 def _merge_affinity(theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> dict[str, Any]:
