@@ -194,16 +194,23 @@ def _labels(recipe: PodRecipe, ref: EnvRef) -> dict[str, str]:
 
 def _environment(recipe: PodRecipe) -> list[dict[str, Any]]:
     return _runtime_env(
-        {"name": "AENV_INSTANCE_ID", "value": recipe.instance_id},
+        [{"name": "AENV_INSTANCE_ID", "value": recipe.instance_id}],
         {**recipe.deploy.env, **recipe.environment_variables},
     )
 
 
-def _runtime_env(ours: dict[str, Any], user: Mapping[str, str]) -> list[dict[str, Any]]:
+def _runtime_env(ours: list[dict[str, Any]], user: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The runtime's variables: the pod's IP and ``ours`` first (the runtime binds
+    ``$(POD_IP)``), then the user's, sorted; a user's variable cannot replace one of ours."""
     env: list[dict[str, Any]] = [
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        ours,
+        *ours,
     ]
+    taken = sorted({v["name"] for v in env} & {str(k) for k in user})
+    if taken:
+        raise ConfigurationError(
+            f"environment variables {taken} are aenv-ray's own in a pod; choose other names"
+        )
     env += [{"name": str(k), "value": str(v)} for k, v in sorted(user.items())]
     return env
 

@@ -99,13 +99,13 @@ def _dns_part(service_id: str, room: int) -> str:
     """``service_id`` as the tail of a DNS-1035 label of at most ``room`` characters: kept when
     it is lower-case letters, digits and inner dashes, else cleaned and suffixed with a hash
     (so distinct ids keep distinct names)."""
+    if not service_id:
+        raise ConfigurationError("a service id cannot be empty")
     lowered = service_id.lower()
     clean = "".join(c if c.isascii() and (c.isalnum() or c == "-") else "-" for c in lowered)
     clean = clean.strip("-")
     if clean == service_id and len(clean) <= room:
         return clean
-    if not clean and not service_id:
-        raise ConfigurationError("a service id cannot be empty")
     return f"{clean[: room - 9].rstrip('-')}-{_digest(service_id)}".lstrip("-")
 
 
@@ -175,8 +175,11 @@ def _pod_template(recipe: ServiceRecipe) -> dict[str, Any]:
     if isinstance(recipe.replicas, bool) or not 0 <= recipe.replicas <= 1000:
         raise ConfigurationError(f"replicas must be from 0 to 1000, got {recipe.replicas!r}")
     env = _runtime_env(
-        {"name": "AENV_INSTANCE_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {**recipe.deploy.env, **recipe.environment_variables, "AENV_SERVICE_ID": recipe.service_id},
+        [
+            {"name": "AENV_INSTANCE_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "AENV_SERVICE_ID", "value": recipe.service_id},
+        ],
+        {**recipe.deploy.env, **recipe.environment_variables},
     )
     runtime = _Runtime(
         image=recipe.image,
