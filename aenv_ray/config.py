@@ -173,6 +173,13 @@ class DeployConfig(_Camel):
         parse_memory(value)
         return value
 
+    @field_validator("custom_pod_template", mode="before")
+    @classmethod
+    def _custom_pod_template(cls, value: Any) -> Any:
+        if value is not None and not isinstance(value, str | dict):
+            raise ValueError("must be a pod template: its YAML as a string, or a JSON object")
+        return value
+
     @field_validator("ttl", mode="before")
     @classmethod
     def _ttl(cls, value: Any) -> Any:
