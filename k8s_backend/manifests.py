@@ -30,8 +30,8 @@ from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT
 from k8s_backend.templates import (
     check_pod_template,
     merge_pod_template,
-    parse_pod_template,
     render_pod_template,
+    template_of,
 )
 
 __all__ = [
@@ -320,7 +320,7 @@ def _framed(
         "NAME": name,
         "PORT": runtime.port,
     }
-    template = render_pod_template(parse_pod_template(source), values)
+    template = render_pod_template(template_of(source), values)
     check_pod_template(template)
     labels = (template["metadata"].get("labels") or {}).items()
     template["metadata"]["labels"] = {str(k): label_value(str(v)) for k, v in labels}

@@ -25,6 +25,7 @@ every container. Pure functions, no API calls.
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -39,6 +40,7 @@ __all__ = [
     "merge_pod_template",
     "parse_pod_template",
     "render_pod_template",
+    "template_of",
 ]
 
 PLACEHOLDERS = (
@@ -68,16 +70,33 @@ _SECURE = {
 def parse_pod_template(source: str | Mapping[str, Any]) -> dict[str, Any]:
     """A template from YAML text (or an already parsed mapping, as ``config.json`` may hold it):
     a Pod (``apiVersion: v1``, ``kind: Pod``) or just its ``metadata`` and ``spec``."""
+    return copy.deepcopy(template_of(source))
+
+
+def template_of(source: str | Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`parse_pod_template` without the copy, for the builders: YAML text is parsed once
+    per distinct text (a pool creating many pods of one environment pays some milliseconds once,
+    not per pod). The result is shared: read it, or render it (which copies), never change it."""
     if isinstance(source, str):
-        try:
-            loaded = yaml.safe_load(source)
-        except yaml.YAMLError as exc:
-            raise ConfigurationError(
-                f"the pod template is not valid YAML: {exc}; fix the YAML of "
-                "deployConfig.customPodTemplate"
-            ) from exc
-    else:
-        loaded = copy.deepcopy(dict(source))
+        return _parsed(source)
+    return _shaped(dict(source))
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(text: str) -> dict[str, Any]:
+    try:
+        loaded = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as exc:
+        raise ConfigurationError(
+            f"the pod template is not valid YAML: {exc}; fix the YAML of "
+            "deployConfig.customPodTemplate"
+        ) from exc
+    return _shaped(loaded)
+
+
+def _shaped(loaded: Any) -> dict[str, Any]:
+    """``loaded`` checked to be a Pod's shape, with ``metadata`` and ``spec`` always present
+    (only its top level is changed)."""
     if not isinstance(loaded, dict):
         raise ConfigurationError(
             "the pod template must be a mapping with `metadata` and `spec` (a Pod), "
@@ -92,13 +111,13 @@ def parse_pod_template(source: str | Mapping[str, Any]) -> dict[str, Any]:
     if loaded.get("kind", "Pod") != "Pod" or loaded.get("apiVersion", "v1") != "v1":
         raise ConfigurationError(
             f"the pod template is a {loaded.get('apiVersion', 'v1')}/{loaded.get('kind', 'Pod')}; "
-            "write a "
-            "Pod (apiVersion: v1, kind: Pod): aenv-ray makes the Deployment of a service itself"
+            "write a Pod (apiVersion: v1, kind: Pod): aenv-ray makes the Deployment of a service "
+            "itself"
         )
     for key in ("metadata", "spec"):
-        if not isinstance(loaded.setdefault(key, {}) or {}, dict):
+        if not isinstance(loaded.get(key) or {}, dict):
             raise ConfigurationError(f"the pod template's `{key}` must be a mapping")
-        loaded[key] = loaded[key] or {}
+        loaded[key] = loaded.get(key) or {}
     for key in ("containers", "initContainers", "volumes"):
         items = loaded["spec"].get(key) or []
         if not isinstance(items, list) or not all(
@@ -256,11 +275,12 @@ def merge_pod_template(ours: Mapping[str, Any], template: Mapping[str, Any]) -> 
     mount path of aenv-ray's own in the template is an error); containers named as aenv-ray's
     (``runtime``, ``datasource``) are merged into them, the others kept with the secure
     defaults. The runtime's command is the template's when it gives one that holds
-    ``${COMMAND}`` (a wrapper such as ``tini --``)."""
-    spec = copy.deepcopy(dict(template.get("spec") or {}))
-    mine = copy.deepcopy(dict(ours["spec"]))
+    ``${COMMAND}`` (a wrapper such as ``tini --``). Neither argument is changed; the result
+    shares the parts it leaves as they were."""
+    spec = dict(template.get("spec") or {})
+    mine = dict(ours["spec"])
     metadata = template.get("metadata") or {}
-    merged_meta = copy.deepcopy(dict(ours["metadata"]))
+    merged_meta = dict(ours["metadata"])
     merged_meta["labels"] = {
         **{str(k): str(v) for k, v in (metadata.get("labels") or {}).items()},
         **merged_meta.get("labels", {}),
@@ -306,7 +326,7 @@ def merge_pod_template(ours: Mapping[str, Any], template: Mapping[str, Any]) -> 
 def _merge_container(ours: dict[str, Any], theirs: Mapping[str, Any] | None) -> dict[str, Any]:
     if theirs is None:
         return ours
-    merged = {**copy.deepcopy(dict(theirs)), **ours}
+    merged = {**theirs, **ours}
     if ours["name"] == "runtime" and theirs.get("command"):
         command = list(theirs["command"])
         if not _contains(command, ours["command"]):

@@ -28,6 +28,7 @@ from k8s_backend.templates import (
     check_pod_template,
     parse_pod_template,
     render_pod_template,
+    template_of,
 )
 from tests._k8s import KubeCluster
 
@@ -197,6 +198,21 @@ def test_a_template_may_be_a_mapping_and_a_bare_spec() -> None:
         PodRecipe(**{**fields, "deploy": DeployConfig(custom_pod_template=frame)})
     )
     assert from_object == pod
+
+
+def test_a_parsed_template_is_shared_and_never_changed() -> None:
+    """The builders parse a template's text once (it is cached): building must not change it,
+    and what parse_pod_template hands out is the caller's own copy."""
+    fresh = parse_pod_template(TEMPLATE)
+    first = instance_pod(RECIPE)
+    fresh["spec"]["containers"].clear()  # the caller's copy: the cache does not see this
+    assert instance_pod(RECIPE) == first
+    assert template_of(TEMPLATE) == parse_pod_template(TEMPLATE)
+    assert template_of(TEMPLATE)["spec"]["containers"][0]["command"] == [
+        "tini",
+        "--",
+        "${COMMAND}",
+    ]
 
 
 def test_without_a_template_nothing_changes() -> None:
