@@ -9,10 +9,10 @@ logging, the EnvHub client (:mod:`aenv_ray.hub`) and the ``aenv`` CLI.
 
 May import: pydantic, pydantic-settings, aiohttp, orjson, the mcp/fastmcp clients, packaging
 (requirement specifiers in a bundle's lock), typer and rich (CLI only); lazily, inside functions:
-``local_backend`` (the embedded default engine), ``builtin_envs`` (finding built-ins by name) and
+``local_backend`` and ``k8s_backend`` (the engines, made by name in
+:func:`aenv_ray.engine.new_engine`, the one place that imports an engine), ``builtin_envs`` (finding built-ins by name) and
 platformdirs (where the settings file lives). Must not import at import time: ray, kubernetes,
-gymnasium, the runtime, ``local_backend`` (:func:`default_engine` imports it when first called: the
-one lazy import of an engine).
+gymnasium, the runtime, ``local_backend``, ``k8s_backend``.
 
 In a fresh interpreter (``tests/test_architecture.py`` checks it)::
 

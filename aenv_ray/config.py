@@ -156,6 +156,9 @@ class DeployConfig(_Camel):
     ttl: str | float | None = None
     network: bool = False
     pids: int = Field(default=512, ge=8, le=1 << 22)  # aenv-ray: most processes at once
+    # aenv-ray, Kubernetes: the user's own pod template, YAML text or the same as a JSON object
+    # (k8s_backend.templates checks and merges it; other engines ignore it)
+    custom_pod_template: str | dict[str, Any] | None = None
 
     # "before" validators: they see the JSON value, so `true` is not read as 1 core or 1 byte
     @field_validator("cpu", mode="before")
@@ -168,6 +171,13 @@ class DeployConfig(_Camel):
     @classmethod
     def _memory(cls, value: Any) -> Any:
         parse_memory(value)
+        return value
+
+    @field_validator("custom_pod_template", mode="before")
+    @classmethod
+    def _custom_pod_template(cls, value: Any) -> Any:
+        if value is not None and not isinstance(value, str | dict):
+            raise ValueError("must be a pod template: its YAML as a string, or a JSON object")
         return value
 
     @field_validator("ttl", mode="before")

@@ -4,12 +4,15 @@ Owns: Pods for instances (labels for env, version, instance id, owner; TTL annot
 reaper), readiness from the runtime's port, single- and dual-container templates, Deployments +
 Services (+ PVC) for long-running services, and the translation of API errors into aenv-ray's
 error tree. Implements ``aenv_ray``'s ``SandboxEngine`` protocol: :class:`KubernetesEngine`
-(:mod:`k8s_backend.engine`), the objects it sends (:mod:`k8s_backend.manifests`), what a pod
-says about its instance (:mod:`k8s_backend.state`), how code reaches a pod
-(:mod:`k8s_backend.delivery`), sessions and the reaper (:mod:`k8s_backend.reaper`); the
-client and its errors live in ``k8s_backend._api``, the watch's cache in ``k8s_backend._cache``.
+(:mod:`k8s_backend.engine`), the objects it sends (:mod:`k8s_backend.manifests`; a service's
+Deployment, Service and PersistentVolumeClaim in :mod:`k8s_backend.services`; a user's own pod
+template, checked and merged, in :mod:`k8s_backend.templates`), what a pod says about its
+instance (:mod:`k8s_backend.state`), how code reaches a pod (:mod:`k8s_backend.delivery`),
+sessions and the reaper (:mod:`k8s_backend.reaper`); the client and its errors live in
+``k8s_backend._api``, the watch's cache in ``k8s_backend._cache``.
 
-May import: ``aenv_ray``, orjson; kubernetes and urllib3 (its transport) in one module only.
+May import: ``aenv_ray``, orjson, yaml (a user's own pod template); kubernetes and urllib3 (its
+transport) in one module only.
 Must not import: ray, gymnasium.
 """
 

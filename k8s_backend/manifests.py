@@ -27,6 +27,12 @@ from aenv_ray.config import DeployConfig, parse_cpu, parse_memory
 from aenv_ray.envref import EnvRef
 from aenv_ray.errors import ConfigurationError
 from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT, READY_PATH, TOKEN_ENV
+from k8s_backend.templates import (
+    check_pod_template,
+    merge_pod_template,
+    render_pod_template,
+    template_of,
+)
 
 __all__ = [
     "ANNOTATION_CREATED",
@@ -43,6 +49,7 @@ __all__ = [
     "LABEL_VERSION",
     "MANAGER",
     "NETWORK_POLICY_NAME",
+    "STORAGE_PATH",
     "PodRecipe",
     "deny_egress_policy",
     "instance_pod",
@@ -67,6 +74,7 @@ ANNOTATION_ENV = "aenv-ray.io/env-ref"
 ANNOTATION_CREATED = "aenv-ray.io/created-at"
 NETWORK_POLICY_NAME = "aenv-ray-deny-egress"
 NOBODY = 65534
+STORAGE_PATH = "/storage"
 
 _LABEL_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 _DNS_CHARS = re.compile(r"[^a-z0-9-]+")
@@ -167,6 +175,7 @@ class PodRecipe:
     labels: Mapping[str, str] = field(default_factory=dict)
     datasource: str | None = None
     port: int = DEFAULT_FUNCTIONS_PORT
+    storage_claim: str | None = None  # a PersistentVolumeClaim to mount at /storage
     token: str | None = None  # the instance token, given to the runtime as AENV_RUNTIME_TOKEN
     session: str | None = None  # the engine session whose end reclaims the pod
     created_at: float | None = None  # seconds since the epoch, finer than creationTimestamp
@@ -195,14 +204,28 @@ def _labels(recipe: PodRecipe, ref: EnvRef) -> dict[str, str]:
 
 
 def _environment(recipe: PodRecipe) -> list[dict[str, Any]]:
-    merged = {**recipe.deploy.env, **recipe.environment_variables}
+    return _runtime_env(
+        [
+            {"name": "AENV_INSTANCE_ID", "value": recipe.instance_id},
+            *([{"name": TOKEN_ENV, "value": recipe.token}] if recipe.token else []),
+        ],
+        {**recipe.deploy.env, **recipe.environment_variables},
+    )
+
+
+def _runtime_env(ours: list[dict[str, Any]], user: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The runtime's variables: the pod's IP and ``ours`` first (the runtime binds
+    ``$(POD_IP)``), then the user's, sorted; a user's variable cannot replace one of ours."""
     env: list[dict[str, Any]] = [
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        {"name": "AENV_INSTANCE_ID", "value": recipe.instance_id},
+        *ours,
     ]
-    if recipe.token:
-        env.append({"name": TOKEN_ENV, "value": recipe.token})
-    env += [{"name": str(k), "value": str(v)} for k, v in sorted(merged.items())]
+    taken = sorted({v["name"] for v in env} & {str(k) for k in user})
+    if taken:
+        raise ConfigurationError(
+            f"environment variables {taken} are aenv-ray's own in a pod; choose other names"
+        )
+    env += [{"name": str(k), "value": str(v)} for k, v in sorted(user.items())]
     return env
 
 
@@ -215,51 +238,133 @@ def _container_security() -> dict[str, Any]:
     }
 
 
-def instance_pod(recipe: PodRecipe) -> dict[str, Any]:
-    """The Pod of one instance (see the module docstring): resources from ``deployConfig`` as
-    requests and limits, non-root with no privilege and no capability, seccomp RuntimeDefault, no
-    service-account token, ``restartPolicy: Never``, a readiness probe on the runtime's ready path,
-    writable ``/tmp`` and ``/workspace`` as emptyDirs (the root file system is read-only)."""
-    ref = EnvRef.parse(recipe.env_ref)
-    resources = quantities(recipe.deploy)
-    runtime: dict[str, Any] = {
+@dataclass(frozen=True)
+class _Runtime:
+    """What the runtime container and the pod around it are made of, shared by an instance's
+    Pod and a service's Deployment (so both get the same security, probe and resources)."""
+
+    image: str
+    command: Sequence[str]
+    arguments: Sequence[str]
+    env: list[dict[str, Any]]
+    port: int
+    deploy: DeployConfig
+    datasource: str | None
+    storage_claim: str | None
+    restart_policy: str
+
+
+def _pod_spec(runtime: _Runtime) -> dict[str, Any]:
+    deploy = runtime.deploy
+    resources = quantities(deploy)
+    mounts = [
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "workspace", "mountPath": "/workspace"},
+    ]
+    volumes: list[dict[str, Any]] = [
+        {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
+        {"name": "workspace", "emptyDir": {"sizeLimit": "1Gi"}},
+    ]
+    if runtime.storage_claim:
+        mounts.append({"name": "storage", "mountPath": STORAGE_PATH})
+        volumes.append(
+            {"name": "storage", "persistentVolumeClaim": {"claimName": runtime.storage_claim}}
+        )
+    container: dict[str, Any] = {
         "name": "runtime",
-        "image": recipe.image,
-        "command": list(recipe.command),
+        "image": runtime.image,
+        "command": list(runtime.command),
         "args": [
-            *("--host", "$(POD_IP)", "--port", str(recipe.port)),
-            *(("--", *recipe.arguments) if recipe.arguments else ()),
+            *("--host", "$(POD_IP)", "--port", str(runtime.port)),
+            *(("--", *runtime.arguments) if runtime.arguments else ()),
         ],
-        "env": _environment(recipe),
-        "ports": [{"name": "runtime", "containerPort": recipe.port, "protocol": "TCP"}],
+        "env": runtime.env,
+        "ports": [{"name": "runtime", "containerPort": runtime.port, "protocol": "TCP"}],
         "resources": {"requests": dict(resources), "limits": dict(resources)},
         "readinessProbe": {
-            "httpGet": {"path": READY_PATH, "port": recipe.port},
+            "httpGet": {"path": READY_PATH, "port": runtime.port},
             "periodSeconds": 1,
             "failureThreshold": 3,
         },
         "securityContext": _container_security(),
-        "volumeMounts": [
-            {"name": "tmp", "mountPath": "/tmp"},
-            {"name": "workspace", "mountPath": "/workspace"},
-        ],
+        "volumeMounts": mounts,
         "workingDir": "/workspace",
     }
-    containers = [runtime]
-    if recipe.deploy.pod_template == "DualContainer":
+    containers = [container]
+    if deploy.pod_template == "DualContainer":
         containers.append(
             {
                 "name": "datasource",
-                "image": second_image(recipe.datasource or "", recipe.deploy.image_prefix),
+                "image": second_image(runtime.datasource or "", deploy.image_prefix),
                 "securityContext": _container_security(),
                 "volumeMounts": [{"name": "workspace", "mountPath": "/workspace"}],
             }
         )
     return {
-        "apiVersion": "v1",
-        "kind": "Pod",
+        "restartPolicy": runtime.restart_policy,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": NOBODY,
+            "runAsGroup": NOBODY,
+            "fsGroup": NOBODY,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": containers,
+        "volumes": volumes,
+    }
+
+
+def _framed(
+    pod: dict[str, Any], runtime: _Runtime, ref: EnvRef, *, name: str, ident: str
+) -> dict[str, Any]:
+    """``pod`` (its ``metadata`` and ``spec``) in the user's own template, when
+    ``deployConfig.customPodTemplate`` gives one (see :mod:`k8s_backend.templates`)."""
+    source = runtime.deploy.custom_pod_template
+    if not source:
+        return pod
+    values: dict[str, str | int | Sequence[str]] = {
+        "COMMAND": list(runtime.command),
+        "ENV_NAME": ref.name,
+        "ENV_REF": str(ref),
+        "ENV_VERSION": ref.version or "",
+        "IMAGE": runtime.image,
+        "INSTANCE_ID": ident,
+        "NAME": name,
+        "PORT": runtime.port,
+    }
+    template = render_pod_template(template_of(source), values)
+    check_pod_template(template)
+    labels = (template["metadata"].get("labels") or {}).items()
+    template["metadata"]["labels"] = {str(k): label_value(str(v)) for k, v in labels}
+    return merge_pod_template(pod, template)
+
+
+def instance_pod(recipe: PodRecipe) -> dict[str, Any]:
+    """The Pod of one instance (see the module docstring): resources from ``deployConfig`` as
+    requests and limits, non-root with no privilege and no capability, seccomp RuntimeDefault, no
+    service-account token, ``restartPolicy: Never``, a readiness probe on the runtime's ready
+    path, ``activeDeadlineSeconds`` from ``max_lifetime``, writable ``/tmp`` and ``/workspace``
+    as emptyDirs (the root file system is read-only), the PersistentVolumeClaim
+    ``storage_claim`` at ``/storage`` when given, all in the user's own template when
+    ``deployConfig.customPodTemplate`` gives one."""
+    ref = EnvRef.parse(recipe.env_ref)
+    runtime = _Runtime(
+        image=recipe.image,
+        command=recipe.command,
+        arguments=recipe.arguments,
+        env=_environment(recipe),
+        port=recipe.port,
+        deploy=recipe.deploy,
+        datasource=recipe.datasource,
+        storage_claim=recipe.storage_claim,
+        restart_policy="Never",
+    )
+    name = pod_name(ref.name, recipe.instance_id)
+    pod: dict[str, Any] = {
         "metadata": {
-            "name": pod_name(ref.name, recipe.instance_id),
+            "name": name,
             "labels": _labels(recipe, ref),
             "annotations": {
                 ANNOTATION_EXPIRES: f"{recipe.expires_at:.3f}",
@@ -268,24 +373,14 @@ def instance_pod(recipe: PodRecipe) -> dict[str, Any]:
                 **({ANNOTATION_OWNER: recipe.owner} if recipe.owner else {}),
             },
         },
-        "spec": {
-            "restartPolicy": "Never",
-            **({"activeDeadlineSeconds": recipe.max_lifetime} if recipe.max_lifetime else {}),
-            "automountServiceAccountToken": False,
-            "enableServiceLinks": False,
-            "securityContext": {
-                "runAsNonRoot": True,
-                "runAsUser": NOBODY,
-                "runAsGroup": NOBODY,
-                "fsGroup": NOBODY,
-                "seccompProfile": {"type": "RuntimeDefault"},
-            },
-            "containers": containers,
-            "volumes": [
-                {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
-                {"name": "workspace", "emptyDir": {"sizeLimit": "1Gi"}},
-            ],
-        },
+        "spec": _pod_spec(runtime),
+    }
+    if recipe.max_lifetime:
+        pod["spec"]["activeDeadlineSeconds"] = recipe.max_lifetime
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        **_framed(pod, runtime, ref, name=name, ident=recipe.instance_id),
     }
 
 

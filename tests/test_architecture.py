@@ -197,13 +197,15 @@ def _covers(allowed: str, target: str) -> bool:
 RULES: dict[str, Rule] = {
     # "May import: pydantic, pydantic-settings, aiohttp, orjson, the mcp/fastmcp clients,
     # packaging (requirement specifiers in a bundle's lock), typer and rich (CLI only); lazily,
-    # inside functions: ``local_backend`` (the embedded default engine) and ``builtin_envs``
+    # inside functions: ``local_backend`` and ``k8s_backend`` (new_engine) and ``builtin_envs``
     # (finding built-ins by name). Must not import at import time: ray, kubernetes, gymnasium,
     # the runtime."
     "aenv_ray": Rule(
         may=frozenset({"pydantic", "pydantic_settings", "aiohttp", "orjson", "mcp", "packaging"}),
-        lazy=frozenset({"local_backend", "builtin_envs", "platformdirs"}),
-        must_not=frozenset({"ray", "kubernetes", "gymnasium", "sandbox_runtime", "local_backend"}),
+        lazy=frozenset({"local_backend", "k8s_backend", "builtin_envs", "platformdirs"}),
+        must_not=frozenset(
+            {"ray", "kubernetes", "gymnasium", "sandbox_runtime", "local_backend", "k8s_backend"}
+        ),
         at_import_time=True,
     ),
     # "May import: the standard library only."
@@ -261,10 +263,10 @@ RULES: dict[str, Rule] = {
         lazy=frozenset({"platformdirs"}),
         must_not=frozenset({"ray", "kubernetes"}),
     ),
-    # "May import: ``aenv_ray``, orjson; kubernetes and urllib3 (its transport) in one module
-    # only. Must not import: ray, gymnasium."
+    # "May import: ``aenv_ray``, orjson, yaml (a user's own pod template); kubernetes and
+    # urllib3 (its transport) in one module only. Must not import: ray, gymnasium."
     "k8s_backend": Rule(
-        may=frozenset({"aenv_ray", "orjson", "kubernetes", "urllib3"}),
+        may=frozenset({"aenv_ray", "orjson", "yaml", "kubernetes", "urllib3"}),
         must_not=frozenset({"ray", "gymnasium"}),
     ),
     # "May import: ``aenv_ray``, ray, gymnasium. Engines are chosen by name through
@@ -711,7 +713,7 @@ def test_every_package_declares_its_public_names_and_they_import(package: str) -
 # -- dependencies match imports ---------------------------------------------------------------
 
 # a distribution whose import name is not its normalized name
-_IMPORT_NAMES = {"openai-agents": "agents", "pydantic-core": "pydantic_core"}
+_IMPORT_NAMES = {"openai-agents": "agents", "pydantic-core": "pydantic_core", "pyyaml": "yaml"}
 # declared, yet no source imports it (yet): each with why; the list only shrinks
 _DECLARED_UNUSED: dict[str, str] = {}
 

@@ -158,6 +158,22 @@ def test_a_user_label_cannot_take_an_aenv_label() -> None:
         instance_pod(PodRecipe(**{**_fields(SINGLE), "labels": {LABEL_INSTANCE: "x"}}))
 
 
+def test_a_user_variable_cannot_replace_the_pods_own() -> None:
+    for taken in ("POD_IP", "AENV_INSTANCE_ID"):  # the runtime binds $(POD_IP)
+        with pytest.raises(ConfigurationError, match=taken):
+            instance_pod(PodRecipe(**{**_fields(SINGLE), "environment_variables": {taken: "x"}}))
+
+
+def test_storage_is_mounted_when_a_claim_is_given() -> None:
+    assert all(v["name"] != "storage" for v in instance_pod(SINGLE)["spec"]["volumes"])
+    pod = instance_pod(PodRecipe(**{**_fields(SINGLE), "storage_claim": "aenv-storage-x"}))
+    assert {"name": "storage", "persistentVolumeClaim": {"claimName": "aenv-storage-x"}} in pod[
+        "spec"
+    ]["volumes"]
+    mounts = pod["spec"]["containers"][0]["volumeMounts"]
+    assert {"name": "storage", "mountPath": "/storage"} in mounts
+
+
 def _fields(recipe: PodRecipe) -> dict[str, Any]:
     return {name: getattr(recipe, name) for name in recipe.__dataclass_fields__}
 

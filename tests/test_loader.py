@@ -680,6 +680,10 @@ def test_config_not_an_object(tmp_path: Path) -> None:
             {"name": "x", "deployConfig": {"podTemplate": "Triple"}},
             ["`deployConfig.podTemplate`"],
         ),
+        (
+            {"name": "x", "deployConfig": {"customPodTemplate": ["spec"]}},
+            ["`deployConfig.customPodTemplate`", "YAML as a string, or a JSON object"],
+        ),
         ({"name": "x", "tags": "a,b"}, ["`tags`"]),
     ],
 )
