@@ -11,8 +11,9 @@ May import: pydantic, pydantic-settings, aiohttp, orjson, the mcp/fastmcp client
 (requirement specifiers in a bundle's lock), typer and rich (CLI only); lazily, inside functions:
 ``local_backend`` and ``k8s_backend`` (the engines, made by name in
 :func:`aenv_ray.engine.new_engine`, the one place that imports an engine), ``builtin_envs``
-(finding built-ins by name) and platformdirs (where the settings file lives). Must not import at
-import time: ray, kubernetes, gymnasium, the runtime, ``local_backend``, ``k8s_backend``.
+(finding built-ins by name) and platformdirs (where the settings file lives).
+Must not import at import time: ray, kubernetes, gymnasium, the runtime, ``local_backend``,
+``k8s_backend``.
 
 In a fresh interpreter (``tests/test_architecture.py`` checks it)::
 
