@@ -49,6 +49,7 @@ __all__ = [
     "LABEL_VERSION",
     "MANAGER",
     "NETWORK_POLICY_NAME",
+    "OUR_LABELS",
     "STORAGE_PATH",
     "PodRecipe",
     "deny_egress_policy",
@@ -78,7 +79,7 @@ STORAGE_PATH = "/storage"
 
 _LABEL_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 _DNS_CHARS = re.compile(r"[^a-z0-9-]+")
-_OURS = frozenset(
+OUR_LABELS = frozenset(
     {
         LABEL_MANAGED,
         LABEL_ENV,
@@ -90,6 +91,7 @@ _OURS = frozenset(
         LABEL_SESSION,
     }
 )
+"""The labels aenv-ray sets on its pods: a user's labels may not use them."""
 
 
 def _digest(text: str, n: int = 8) -> str:
@@ -197,7 +199,7 @@ def _labels(recipe: PodRecipe, ref: EnvRef) -> dict[str, str]:
     if recipe.session:
         labels[LABEL_SESSION] = label_value(recipe.session)
     for key, value in recipe.labels.items():
-        if key in _OURS:
+        if key in OUR_LABELS:
             raise ConfigurationError(f"label `{key}` is aenv-ray's own; choose another name")
         labels[key] = label_value(value)
     return labels

@@ -30,7 +30,6 @@ from aenv_ray.envref import EnvRef
 from aenv_ray.errors import ConfigurationError
 from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT
 from k8s_backend.manifests import (
-    _OURS,
     ANNOTATION_ENV,
     ANNOTATION_OWNER,
     LABEL_ENV,
@@ -39,6 +38,7 @@ from k8s_backend.manifests import (
     LABEL_OWNER,
     LABEL_VERSION,
     MANAGER,
+    OUR_LABELS,
     _digest,
     _framed,
     _pod_spec,
@@ -201,7 +201,7 @@ def _pod_template(recipe: ServiceRecipe) -> dict[str, Any]:
         **({LABEL_OWNER: label_value(recipe.owner)} if recipe.owner else {}),
     }
     for key, value in recipe.labels.items():
-        if key in _OURS or key == LABEL_SERVICE:
+        if key in OUR_LABELS or key == LABEL_SERVICE:
             raise ConfigurationError(f"label `{key}` is aenv-ray's own; choose another name")
         labels[key] = label_value(value)
     spec = _pod_spec(runtime)

@@ -33,30 +33,12 @@ from k8s_backend.manifests import (
     ANNOTATION_ENV,
     ANNOTATION_EXPIRES,
     ANNOTATION_OWNER,
-    LABEL_ENV,
     LABEL_INSTANCE,
-    LABEL_MANAGED,
-    LABEL_NETWORK,
-    LABEL_OWNER,
-    LABEL_POOL,
-    LABEL_SESSION,
-    LABEL_VERSION,
+    OUR_LABELS,
 )
 
 __all__ = ["instance_id", "pod_info", "resource_version", "startup_failure", "timestamp"]
 
-_OURS = frozenset(
-    {
-        LABEL_MANAGED,
-        LABEL_ENV,
-        LABEL_VERSION,
-        LABEL_INSTANCE,
-        LABEL_OWNER,
-        LABEL_POOL,
-        LABEL_NETWORK,
-        LABEL_SESSION,
-    }
-)
 _IMAGE_PROBLEMS = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
 )
@@ -205,7 +187,7 @@ def pod_info(
         reason=why,
         detail=detail,
         owner=notes.get(ANNOTATION_OWNER),
-        labels={k: v for k, v in labels.items() if k not in _OURS},
+        labels={k: v for k, v in labels.items() if k not in OUR_LABELS},
         token=_token(pod),
     )
 
