@@ -10,10 +10,13 @@ and stops it. Tests that need it are marked ``k8s``; the suite runs them in CI.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import tempfile
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -21,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 from aenv_ray.testing import free_port
 
 if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+
     from k8s_backend import KubernetesEngine
 
 __all__ = ["KubeCluster", "tools_dir"]
@@ -120,31 +125,43 @@ class KubeCluster:
         if self.state is not None:
             return True
         if self._host_processes is None:
-            from kubernetes import client, config
+            from kubernetes import client
 
-            api = client.CoreV1Api(config.new_client_from_config(str(self.kubeconfig)))
-            try:
-                nodes = api.list_node().items
-            finally:
-                api.api_client.close()
+            with self.api_client() as api:
+                nodes = client.CoreV1Api(api).list_node().items
             self._host_processes = any(n.metadata.name == "fake-node" for n in nodes)
         return self._host_processes
 
+    def api_client(self) -> ApiClient:
+        """An official client's ApiClient for this cluster (a context manager: close it)."""
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
     def namespace(self, name: str) -> str:
         """Create namespace ``name`` if it is missing; its name."""
-        from kubernetes import client, config
+        from kubernetes import client
 
-        api = client.CoreV1Api(config.new_client_from_config(str(self.kubeconfig)))
-        try:
-            api.create_namespace(
-                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
-            )
-        except client.ApiException as exc:
-            if exc.status != 409:
-                raise
-        finally:
-            api.api_client.close()
+        with self.api_client() as api:
+            try:
+                client.CoreV1Api(api).create_namespace({"metadata": {"name": name}})
+            except client.ApiException as exc:
+                if exc.status != 409:
+                    raise
         return name
+
+    @contextlib.contextmanager
+    def scratch_namespace(self, prefix: str) -> Iterator[tuple[ApiClient, str]]:
+        """A fresh namespace ``prefix-<random>`` and a client, both gone afterwards."""
+        from kubernetes import client
+
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        with self.api_client() as api:
+            client.CoreV1Api(api).create_namespace({"metadata": {"name": name}})
+            try:
+                yield api, name
+            finally:
+                client.CoreV1Api(api).delete_namespace(name)
 
     def engine(self, namespace: str = "default", **options: Any) -> KubernetesEngine:
         """A KubernetesEngine on this cluster, delivering code as the cluster can run it."""

@@ -21,7 +21,6 @@ from typing import Any, ClassVar
 
 import pytest
 from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
 
 from aenv_ray import (
     AEnvError,
@@ -329,7 +328,7 @@ def namespace(cluster: KubeCluster, request: pytest.FixtureRequest) -> str:
 
 
 def _core(cluster: KubeCluster) -> k8s_client.CoreV1Api:
-    return k8s_client.CoreV1Api(k8s_config.new_client_from_config(str(cluster.kubeconfig)))
+    return k8s_client.CoreV1Api(cluster.api_client())
 
 
 async def _until(predicate: Any, seconds: float) -> bool:

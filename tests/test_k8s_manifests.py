@@ -183,18 +183,8 @@ def _fields(recipe: PodRecipe) -> dict[str, Any]:
 
 @pytest.fixture
 def namespace(kube_cluster: KubeCluster) -> Iterator[tuple[Any, str]]:
-    import uuid
-
-    from kubernetes import client, config
-
-    api = config.new_client_from_config(config_file=str(kube_cluster.kubeconfig))
-    name = f"aenv-manifests-{uuid.uuid4().hex[:8]}"
-    client.CoreV1Api(api).create_namespace({"metadata": {"name": name}})
-    try:
-        yield api, name
-    finally:
-        client.CoreV1Api(api).delete_namespace(name)
-        api.close()
+    with kube_cluster.scratch_namespace("aenv-manifests") as made:
+        yield made
 
 
 @pytest.mark.k8s

@@ -248,16 +248,8 @@ def test_the_update_patch() -> None:
 
 @pytest.fixture
 def namespace(kube_cluster: KubeCluster) -> Iterator[tuple[Any, str]]:
-    from kubernetes import client, config
-
-    api = config.new_client_from_config(config_file=str(kube_cluster.kubeconfig))
-    name = f"aenv-services-{uuid.uuid4().hex[:8]}"
-    client.CoreV1Api(api).create_namespace({"metadata": {"name": name}})
-    try:
-        yield api, name
-    finally:
-        client.CoreV1Api(api).delete_namespace(name)
-        api.close()
+    with kube_cluster.scratch_namespace("aenv-services") as made:
+        yield made
 
 
 def _create(api: Any, namespace: str, obj: dict[str, Any], **kw: Any) -> Any:

@@ -11,7 +11,6 @@ import json
 import os
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -460,16 +459,8 @@ def test_config_json_takes_a_template_as_text_or_object(tmp_path: Path) -> None:
 
 @pytest.fixture
 def namespace(kube_cluster: KubeCluster) -> Iterator[tuple[Any, str]]:
-    from kubernetes import client, config
-
-    api = config.new_client_from_config(config_file=str(kube_cluster.kubeconfig))
-    name = f"aenv-templates-{uuid.uuid4().hex[:8]}"
-    client.CoreV1Api(api).create_namespace({"metadata": {"name": name}})
-    try:
-        yield api, name
-    finally:
-        client.CoreV1Api(api).delete_namespace(name)
-        api.close()
+    with kube_cluster.scratch_namespace("aenv-templates") as made:
+        yield made
 
 
 @pytest.mark.k8s
