@@ -18,11 +18,13 @@ from __future__ import annotations
 import atexit
 import builtins
 import enum
+import math
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from aenv_ray.config import DeployConfig, parse_duration
 from aenv_ray.errors import ConfigurationError, InstanceUnreachableError
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "default_engine",
     "info_from_json",
     "info_to_json",
+    "instance_ttl",
     "named_engine",
     "new_engine",
     "set_default_engine",
@@ -44,6 +47,26 @@ __all__ = [
 
 DEFAULT_TTL = 30 * 60.0
 """Seconds an instance lives when neither the caller nor ``deployConfig.ttl`` says otherwise."""
+
+
+def instance_ttl(requested: float | None, deploy: DeployConfig) -> float:
+    """The seconds an instance lives: ``requested`` (positive and finite), else
+    ``deployConfig.ttl``, else :data:`DEFAULT_TTL`; what every engine gives a new instance.
+
+        >>> instance_ttl(None, DeployConfig(ttl="1h")), instance_ttl(None, DeployConfig())
+        (3600.0, 1800.0)
+        >>> instance_ttl(0, DeployConfig())
+        Traceback (most recent call last):
+        ...
+        aenv_ray.errors.ConfigurationError: ttl must be positive seconds, got 0
+    """
+    if requested is not None:
+        if not 0 < requested < math.inf:
+            raise ConfigurationError(f"ttl must be positive seconds, got {requested!r}")
+        return float(requested)
+    if deploy.ttl is not None:
+        return parse_duration(deploy.ttl)
+    return DEFAULT_TTL
 
 
 class InstanceState(enum.Enum):

@@ -43,7 +43,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from aenv_ray.config import DeployConfig, parse_cpu, parse_duration, parse_memory
-from aenv_ray.engine import DEFAULT_TTL
+from aenv_ray.engine import instance_ttl as engine_ttl
 from aenv_ray.errors import ConfigurationError, PermissionDeniedError, QuotaExceededError
 
 __all__ = [
@@ -240,7 +240,7 @@ def instance_ttl(
     if requested is not None:
         check_ttl(limits, tenant, requested)
         return requested, []
-    own = parse_duration(deploy.ttl) if deploy.ttl is not None else DEFAULT_TTL
+    own = engine_ttl(None, deploy)
     if own > limits.ttl:
         return limits.ttl, [
             f"`{ref}` asks for a TTL of {show(own, 'ttl')} (deployConfig.ttl); this hub gives "

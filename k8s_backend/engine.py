@@ -31,14 +31,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from aenv_ray.config import EnvConfig, parse_duration
+from aenv_ray.config import EnvConfig
 from aenv_ray.engine import (
-    DEFAULT_TTL,
     InstanceInfo,
     InstanceSpec,
     InstanceState,
     Route,
     TerminationReason,
+    instance_ttl,
 )
 from aenv_ray.envref import EnvRef
 from aenv_ray.errors import (
@@ -272,7 +272,7 @@ class KubernetesEngine:
             ref, project = resolve_environment(spec.env_ref, where)
             config = EnvConfig.load(project)
         ref = str(EnvRef.parse(ref))
-        ttl = _ttl(spec.ttl, config)
+        ttl = instance_ttl(spec.ttl, config.deploy_config)
         if ttl > self.max_lifetime:
             raise ConfigurationError(
                 f"ttl {ttl:g} s is past this engine's max_lifetime ({self.max_lifetime:g} s); "
@@ -521,13 +521,3 @@ class _Gone(AEnvError):
 
 def _safe_label(text: str) -> bool:
     return text.replace("-", "").replace("_", "").replace(".", "").isalnum() and len(text) <= 63
-
-
-def _ttl(requested: float | None, config: EnvConfig) -> float:
-    if requested is not None:
-        if not (requested > 0 and math.isfinite(requested)):
-            raise ConfigurationError(f"ttl must be positive seconds, got {requested!r}")
-        return float(requested)
-    if config.deploy_config.ttl is not None:
-        return parse_duration(config.deploy_config.ttl)
-    return DEFAULT_TTL

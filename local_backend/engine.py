@@ -46,7 +46,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from aenv_ray.config import EnvConfig, parse_cpu, parse_duration, parse_memory
+from aenv_ray.config import EnvConfig, parse_cpu, parse_memory
 from aenv_ray.engine import (
     DEFAULT_TTL,
     InstanceInfo,
@@ -54,6 +54,7 @@ from aenv_ray.engine import (
     InstanceState,
     Route,
     TerminationReason,
+    instance_ttl,
 )
 from aenv_ray.envref import EnvRef
 from aenv_ray.errors import (
@@ -253,7 +254,7 @@ class LocalEngine:
         zygote = await self._zygote(root, deadline)
         iid = uuid.uuid4().hex[:12]
         token = secrets.token_urlsafe(24)
-        ttl = _ttl(spec.ttl, config)
+        ttl = instance_ttl(spec.ttl, config.deploy_config)
         env = {**config.deploy_config.env, **dict(spec.environment_variables)}
         resources = _resources(config)
         memory = resources["memory"]
@@ -709,16 +710,6 @@ def _start_process(command: list[str], fd: int) -> subprocess.Popen[bytes]:
     # In "/": ``-m`` puts the working directory on sys.path, and the instances' view of the host
     # holds sys.path (the user's home directory, were it started there)
     return subprocess.Popen(command, pass_fds=[fd], stdin=subprocess.DEVNULL, cwd="/")
-
-
-def _ttl(requested: float | None, config: EnvConfig) -> float:
-    if requested is not None:
-        if requested <= 0:
-            raise ConfigurationError(f"ttl must be positive seconds, got {requested!r}")
-        return float(requested)
-    if config.deploy_config.ttl is not None:
-        return parse_duration(config.deploy_config.ttl)
-    return DEFAULT_TTL
 
 
 async def _wait(future: asyncio.Future[T], deadline: float, what: str) -> T:
