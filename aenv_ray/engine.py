@@ -36,6 +36,8 @@ __all__ = [
     "Route",
     "SandboxEngine",
     "TerminationReason",
+    "WarmCount",
+    "WarmPoolEngine",
     "default_engine",
     "info_from_json",
     "info_to_json",
@@ -232,6 +234,47 @@ class SandboxEngine(Protocol):
         """Free this engine's resources, and terminate its instances if
         :attr:`closes_instances`. Idempotent; other calls after it raise an
         :class:`~aenv_ray.errors.AEnvError`."""
+        ...
+
+
+@dataclass(frozen=True)
+class WarmCount:
+    """A warm pool's free instances this engine started: ``ready`` to claim, ``starting``."""
+
+    ready: int = 0
+    starting: int = 0
+
+    @property
+    def total(self) -> int:
+        """Ready and starting."""
+        return self.ready + self.starting
+
+
+@runtime_checkable
+class WarmPoolEngine(Protocol):
+    """An engine whose warm instances live where every client of the engine's cluster can
+    claim them (the Kubernetes engine: pool-labelled pods), so that pools on many nodes, and
+    hubs, share one warm pool and a claim is atomic: an instance is never handed out twice.
+
+    ``pool`` names the pool; the engine keeps pools of different ``spec`` apart even under one
+    name. Rollout pool actors use it when their engine has it (:mod:`rollout`).
+    """
+
+    async def prewarm(self, spec: InstanceSpec, *, pool: str, count: int) -> int:
+        """Start ``count`` more free instances of ``spec`` in pool ``pool`` without waiting
+        for them; returns how many were started."""
+        ...
+
+    async def warm_count(self, spec: InstanceSpec, *, pool: str) -> WarmCount:
+        """The pool's free instances that this engine started and that still stand."""
+        ...
+
+    async def claim(
+        self, spec: InstanceSpec, *, pool: str, timeout: float = 0.0
+    ) -> InstanceInfo | None:
+        """Take one ready free instance of the pool (any client's), waiting up to ``timeout``
+        seconds for one; it becomes this engine's, with ``spec``'s TTL and owner from now.
+        None: none was free in time."""
         ...
 
 

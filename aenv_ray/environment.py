@@ -42,6 +42,7 @@ from aenv_ray._transport import InstanceClient
 from aenv_ray.config import parse_duration
 from aenv_ray.engine import (
     ENGINES,
+    InstanceInfo,
     InstanceSpec,
     Route,
     SandboxEngine,
@@ -187,6 +188,15 @@ class Environment:
         env = cls(env_name or "unknown", **kwargs)
         env._origin = Attached(url, {"Authorization": f"Bearer {token}"} if token else {})
         env._served_ref = None if env_name else ""
+        return env
+
+    @classmethod
+    def adopt(cls, engine: SandboxEngine, info: InstanceInfo, **kwargs: Any) -> Environment:
+        """An Environment for the running instance ``info`` that ``engine`` already made (a
+        warm pool's claim, :meth:`~aenv_ray.engine.WarmPoolEngine.claim`): opening it starts
+        nothing; :meth:`release` deletes the instance."""
+        env = cls(info.env_ref or "unknown", engine=engine, **kwargs)
+        env._origin = Engined(engine, adopted=info)
         return env
 
     @classmethod

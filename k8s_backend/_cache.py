@@ -3,6 +3,7 @@ from the list's resourceVersion, a fresh list when the watch expires (410 Gone) 
 
 Readers (the engine's async methods, on any event loop) see the pods as of the last event and
 wait for news of one instance through :meth:`PodCache.changed`; the watch thread writes.
+Free pods of warm pools are also indexed by pool, so a claim looks at its pool's pods only.
 Deleted pods leave a tombstone (their final :class:`~aenv_ray.engine.InstanceInfo`), kept for
 the last :data:`TOMBSTONES` deletions, so ``get`` still answers why an instance ended.
 """
@@ -19,10 +20,10 @@ from typing import Any
 from aenv_ray.engine import InstanceInfo, TerminationReason
 from aenv_ray.errors import AEnvError
 from k8s_backend._api import Kube, WatchExpired
-from k8s_backend.manifests import LABEL_MANAGED, MANAGER
+from k8s_backend.manifests import CLAIM_FREE, LABEL_CLAIM, LABEL_MANAGED, LABEL_POOL, MANAGER
 from k8s_backend.state import instance_id, pod_info, resource_version
 
-__all__ = ["TOMBSTONES", "PodCache"]
+__all__ = ["TOMBSTONES", "PodCache", "pool_waiter"]
 
 log = logging.getLogger("aenv_ray.k8s")
 
@@ -42,6 +43,7 @@ class PodCache:
         self._pods: dict[str, dict[str, Any]] = {}
         self._tombs: OrderedDict[str, InstanceInfo] = OrderedDict()
         self._hints: dict[str, TerminationReason] = {}
+        self._free: dict[str, dict[str, dict[str, Any]]] = {}  # pool -> iid -> free pod
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -63,6 +65,11 @@ class PodCache:
         with self._lock:
             return list(self._pods.values())
 
+    def free(self, pool: str) -> list[dict[str, Any]]:
+        """The pods of warm pool ``pool`` labelled free (Ready or not yet), oldest first."""
+        with self._lock:
+            return list(self._free.get(pool, {}).values())
+
     def info(self, pod: dict[str, Any]) -> InstanceInfo:
         """The instance of a live ``pod``; one being deleted ends for the reason this process
         deleted it for, when it did (expired, its owner gone)."""
@@ -80,6 +87,11 @@ class PodCache:
         with self._lock:
             self._waiters.setdefault(iid, []).append((loop, future))
         return future
+
+    def pool_changed(self, pool: str) -> asyncio.Future[None]:
+        """A future of the running loop, done at the next change of a free pod of ``pool``
+        (forget it with :meth:`forget_waiter` ``(pool_waiter(pool), future)``)."""
+        return self.changed(pool_waiter(pool))
 
     def forget_waiter(self, iid: str, future: asyncio.Future[None]) -> None:
         """Drop a waiter that no longer waits (its caller timed out or was cancelled)."""
@@ -111,6 +123,7 @@ class PodCache:
                 return
             self._pods[iid] = pod
             wake = self._waiters.pop(iid, [])
+            wake += self._index(iid, pod)
         _wake(wake)
 
     def remove(self, pod: dict[str, Any], *, reason: TerminationReason | None = None) -> None:
@@ -121,11 +134,32 @@ class PodCache:
         with self._lock:
             hinted = self._hints.pop(iid, None) or reason
             self._pods.pop(iid, None)
+            wake = self._index(iid, None, pool=_pool(pod))
             self._tombs[iid] = pod_info(pod, deleted=True, reason=hinted)
             while len(self._tombs) > TOMBSTONES:
                 self._tombs.popitem(last=False)
-            wake = self._waiters.pop(iid, [])
+            wake += self._waiters.pop(iid, [])
         _wake(wake)
+
+    def _index(
+        self, iid: str, pod: dict[str, Any] | None, *, pool: str | None = None
+    ) -> list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]:
+        """Keep the free-pod index of ``iid`` (``pod`` None: gone); the pool's waiters to wake.
+        Called with the lock held."""
+        pool = pool or (_pool(pod) if pod is not None else None)
+        if pool is None:
+            return []
+        meta = (pod or {}).get("metadata") or {}
+        free = (meta.get("labels") or {}).get(LABEL_CLAIM) == CLAIM_FREE
+        members = self._free.get(pool, {})
+        if pod is not None and free and not meta.get("deletionTimestamp"):
+            self._free[pool] = members
+            members[iid] = pod
+        elif members.pop(iid, None) is None:
+            return []  # neither free before nor now: nobody waits on this
+        elif not members:
+            del self._free[pool]
+        return self._waiters.pop(pool_waiter(pool), [])
 
     def _replace(self, pods: list[dict[str, Any]]) -> None:
         fresh = {iid: pod for pod in pods if (iid := instance_id(pod)) is not None}
@@ -201,6 +235,16 @@ class PodCache:
         if response is not None:
             with contextlib.suppress(Exception):
                 response.shutdown()
+
+
+def pool_waiter(pool: str) -> str:
+    """The waiter key of pool ``pool`` (no instance id has a slash)."""
+    return f"pool/{pool}"
+
+
+def _pool(pod: dict[str, Any]) -> str | None:
+    value = ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_POOL)
+    return str(value) if value else None
 
 
 def _wake(waiting: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]) -> None:

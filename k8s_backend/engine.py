@@ -9,6 +9,10 @@ run the client where pod IPs are routable (inside the cluster), or through a hub
     >>> engine = KubernetesEngine("rl", kubeconfig="kubeconfig.yaml")  # doctest: +SKIP
     >>> info = await engine.create(InstanceSpec("mini-terminal@1.0.0", ttl=600))  # doctest: +SKIP
 
+Warm pools (:class:`~aenv_ray.engine.WarmPoolEngine`): :meth:`prewarm` starts free pods of a
+pool, :meth:`claim` takes one, atomically against every other client of the namespace
+(:mod:`k8s_backend.warm`); a claim costs one PATCH, no pod start.
+
 Sessions. With ``session=True`` (the default: an SDK's or a pool actor's engine) the engine's
 pods belong to it: :meth:`aclose` deletes them, and if the process dies the reaper reclaims them
 once its session Lease lapses (:attr:`closes_instances` is True). With ``session=False`` (a hub,
@@ -28,6 +32,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,6 +43,7 @@ from aenv_ray.engine import (
     InstanceState,
     Route,
     TerminationReason,
+    WarmCount,
     instance_ttl,
 )
 from aenv_ray.envref import EnvRef
@@ -53,10 +59,12 @@ from aenv_ray.errors import (
 from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT
 from aenv_ray.resolve import resolve_environment
 from k8s_backend._api import Kube, connect
-from k8s_backend._cache import PodCache
+from k8s_backend._cache import PodCache, pool_waiter
 from k8s_backend.delivery import Delivery, OwnImage
 from k8s_backend.manifests import (
     ANNOTATION_EXPIRES,
+    CLAIM_FREE,
+    LABEL_CLAIM,
     LABEL_INSTANCE,
     LABEL_MANAGED,
     LABEL_SESSION,
@@ -66,7 +74,8 @@ from k8s_backend.manifests import (
     instance_pod,
 )
 from k8s_backend.reaper import LEASE_SECONDS, Housekeeper
-from k8s_backend.state import pod_info, startup_failure
+from k8s_backend.state import instance_id, pod_info, startup_failure
+from k8s_backend.warm import claim_patch, claimed_by, is_claimable, pool_key
 
 __all__ = ["KubernetesEngine", "RateLimiter"]
 
@@ -183,6 +192,8 @@ class KubernetesEngine:
         self._started = False
         self._closed = False
         self._policy_ready = False
+        self._pools: dict[str, tuple[str, float]] = {}  # spec key -> (pool label, ttl)
+        self._claiming: set[str] = set()  # instance ids this engine is claiming right now
 
     def __repr__(self) -> str:
         return (
@@ -385,10 +396,11 @@ class KubernetesEngine:
         return Route.direct(info)
 
     async def list(self, *, env_ref: str | None = None) -> builtins.list[InstanceInfo]:
-        """The live instances' pods in the namespace (any engine's), newest first."""
+        """The live instances' pods in the namespace (any engine's), newest first; a warm
+        pool's free pods are nobody's instances yet and are not listed."""
         await self._ready()
         wanted = str(EnvRef.parse(env_ref)) if env_ref else None
-        infos = [self._cache.info(pod) for pod in self._cache.pods()]
+        infos = [self._cache.info(pod) for pod in self._cache.pods() if not _free(pod)]
         if wanted is not None:
             infos = [info for info in infos if info.env_ref == wanted]
         return sorted(infos, key=lambda i: i.created_at, reverse=True)
@@ -475,6 +487,166 @@ class KubernetesEngine:
             "fork on the local engine (engine='local')"
         )
 
+    # -- warm pools ---------------------------------------------------------------------------
+    def _warm_key(self, spec: InstanceSpec, pool: str) -> tuple[str, float]:
+        """The pool's label value for pods made from ``spec``, and their TTL once claimed."""
+        described = {
+            "env_ref": spec.env_ref,
+            "project": spec.project,
+            "ttl": spec.ttl,
+            "environment_variables": dict(spec.environment_variables),
+            "arguments": list(spec.arguments),
+            "datasource": spec.datasource,
+            "labels": dict(spec.labels),
+            "storage": spec.storage,
+        }
+        memo = repr((pool, sorted(described.items(), key=lambda kv: kv[0])))
+        known = self._pools.get(memo)
+        if known is None:
+            _, config = self._recipe(spec)
+            known = (pool_key(pool, described), instance_ttl(spec.ttl, config.deploy_config))
+            self._pools[memo] = known
+        return known
+
+    async def prewarm(self, spec: InstanceSpec, *, pool: str, count: int) -> int:
+        """Send ``count`` free pods of warm pool ``pool`` (through the rate limiter) without
+        waiting for them to be Ready; returns how many were created. They belong to this
+        engine's session until claimed, and are free to claim until ``max_lifetime - ttl``
+        after their start (so a claim still gets its whole TTL)."""
+        if count <= 0:
+            return 0
+        await self._ready()
+        key, ttl = self._warm_key(spec, pool)
+        recipe, config = self._recipe(spec)
+        if not config.deploy_config.network:
+            await self._run(self._ensure_policy)
+
+        async def one() -> None:
+            now = time.time()
+            pod = instance_pod(
+                replace(
+                    recipe,
+                    instance_id=uuid.uuid4().hex[:12],
+                    token=secrets.token_urlsafe(24),
+                    pool=key,
+                    warm=True,
+                    owner=None,
+                    created_at=now,
+                    expires_at=now + max(self.max_lifetime - ttl, 1.0),
+                )
+            )
+            await self.limiter.acquire()
+            created = await self._run(
+                self._kube.request,
+                "POST",
+                self._kube.path("", "pods"),
+                body=pod,
+                what=f"create warm pod {pod['metadata']['name']}",
+            )
+            self._cache.put(created)
+
+        done = await asyncio.gather(*(one() for _ in range(count)), return_exceptions=True)
+        failures = [d for d in done if isinstance(d, BaseException)]
+        if failures and len(failures) == count:
+            raise failures[0]
+        return count - len(failures)
+
+    async def warm_count(self, spec: InstanceSpec, *, pool: str) -> WarmCount:
+        """This engine's free pods of the pool (any engine's without a session); free pods
+        that failed are deleted here, so a refill replaces them."""
+        await self._ready()
+        key, _ = self._warm_key(spec, pool)
+        now = time.time()
+        ready = starting = 0
+        for pod in self._cache.free(key):
+            labels = pod["metadata"].get("labels") or {}
+            if self.session is not None and labels.get(LABEL_SESSION) != self.session:
+                continue
+            if is_claimable(pod, now):
+                ready += 1
+            elif self._cache.info(pod).state is InstanceState.TERMINATED:
+                await self._run(self._delete_pod, pod, TerminationReason.CRASHED)
+            else:
+                starting += 1
+        return WarmCount(ready=ready, starting=starting)
+
+    async def claim(
+        self, spec: InstanceSpec, *, pool: str, timeout: float = 0.0
+    ) -> InstanceInfo | None:
+        """Claim a Ready free pod of the pool (this engine's own first), waiting up to
+        ``timeout`` seconds for one; None if none came. The claim is a PATCH whose
+        ``resourceVersion`` precondition makes it atomic: a pod another client claimed first
+        answers 409 and the next one is tried."""
+        await self._ready()
+        key, ttl = self._warm_key(spec, pool)
+        deadline = time.monotonic() + timeout
+        while True:
+            changed = self._cache.pool_changed(key)
+            try:
+                now = time.time()
+                candidates = [
+                    pod
+                    for pod in self._cache.free(key)
+                    if is_claimable(pod, now) and instance_id(pod) not in self._claiming
+                ]
+                candidates.sort(key=lambda pod: not self._mine(pod))
+                for pod in candidates:
+                    info = await self._claim_pod(pod, ttl, spec.owner)
+                    if info is not None:
+                        return info
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                await asyncio.wait_for(asyncio.shield(changed), timeout=left)
+            except TimeoutError:
+                continue  # the loop's check above answers
+            finally:
+                self._cache.forget_waiter(pool_waiter(key), changed)
+
+    def _mine(self, pod: dict[str, Any]) -> bool:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        return self.session is not None and labels.get(LABEL_SESSION) == self.session
+
+    async def _claim_pod(
+        self, pod: dict[str, Any], ttl: float, owner: str | None
+    ) -> InstanceInfo | None:
+        iid = instance_id(pod) or ""
+        if iid in self._claiming:
+            return None
+        name = str(pod["metadata"]["name"])
+        path = self._kube.path("", "pods", name)
+        claim = uuid.uuid4().hex
+        body = claim_patch(
+            pod, claim=claim, expires_at=time.time() + ttl, session=self.session, owner=owner
+        )
+        self._claiming.add(iid)
+        try:
+            try:
+                taken = await self._run(
+                    self._kube.request,
+                    "PATCH",
+                    path,
+                    body=body,
+                    content_type="application/merge-patch+json",
+                    what=f"claim pod {name}",
+                    not_found=_Gone,
+                )
+            except ClusterConflictError:
+                # another client took it, or it changed since we read it; or our own claim
+                # went through and a dropped connection's retry met its new version
+                taken = await self._run(
+                    self._kube.request, "GET", path, what=f"read pod {name}", not_found=_Gone
+                )
+                if claimed_by(taken) != claim:
+                    self._cache.put(taken)
+                    return None
+        except _Gone:
+            return None
+        finally:
+            self._claiming.discard(iid)
+        self._cache.put(taken)
+        return self._cache.info(taken)
+
     async def aclose(self) -> None:
         """Stop watching; with a session, delete its pods and its Lease first."""
         if self._closed:
@@ -517,6 +689,10 @@ class KubernetesEngine:
 
 class _Gone(AEnvError):
     """A 404 on delete: the pod is already gone."""
+
+
+def _free(pod: dict[str, Any]) -> bool:
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_CLAIM) == CLAIM_FREE
 
 
 def _safe_label(text: str) -> bool:

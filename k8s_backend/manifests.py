@@ -39,6 +39,8 @@ __all__ = [
     "ANNOTATION_ENV",
     "ANNOTATION_EXPIRES",
     "ANNOTATION_OWNER",
+    "CLAIM_FREE",
+    "LABEL_CLAIM",
     "LABEL_ENV",
     "LABEL_INSTANCE",
     "LABEL_MANAGED",
@@ -68,6 +70,8 @@ LABEL_INSTANCE = "aenv-ray.io/instance"
 LABEL_OWNER = "aenv-ray.io/owner"
 LABEL_POOL = "aenv-ray.io/pool"
 LABEL_SESSION = "aenv-ray.io/session"
+LABEL_CLAIM = "aenv-ray.io/claim"  # on a warm pool's pods: "free" until a client claims it
+CLAIM_FREE = "free"
 LABEL_NETWORK = "aenv-ray.io/network"  # "false": the egress-denying policy selects the pod
 ANNOTATION_EXPIRES = "aenv-ray.io/expires-at"  # seconds since the epoch: the reaper's only input
 ANNOTATION_OWNER = "aenv-ray.io/owner"  # the owner in full (its label may be shortened)
@@ -89,6 +93,7 @@ OUR_LABELS = frozenset(
         LABEL_POOL,
         LABEL_NETWORK,
         LABEL_SESSION,
+        LABEL_CLAIM,
     }
 )
 """The labels aenv-ray sets on its pods: a user's labels may not use them."""
@@ -182,6 +187,7 @@ class PodRecipe:
     session: str | None = None  # the engine session whose end reclaims the pod
     created_at: float | None = None  # seconds since the epoch, finer than creationTimestamp
     max_lifetime: int | None = None  # seconds: activeDeadlineSeconds, the backstop of any TTL
+    warm: bool = False  # a warm pool's pod (``pool`` names it), free until claimed
 
 
 def _labels(recipe: PodRecipe, ref: EnvRef) -> dict[str, str]:
@@ -196,6 +202,8 @@ def _labels(recipe: PodRecipe, ref: EnvRef) -> dict[str, str]:
         labels[LABEL_OWNER] = label_value(recipe.owner)
     if recipe.pool:
         labels[LABEL_POOL] = label_value(recipe.pool)
+        if recipe.warm:
+            labels[LABEL_CLAIM] = CLAIM_FREE
     if recipe.session:
         labels[LABEL_SESSION] = label_value(recipe.session)
     for key, value in recipe.labels.items():

@@ -9,6 +9,10 @@ It owns a share of a :class:`~rollout.pool.RolloutPool`'s warm instances, each a
   hands out a lease id; every call renews the lease; ``release`` deletes the instance (the next
   lease gets a fresh one); a lease idle past ``lease_timeout`` or whose owner's job ended is
   reclaimed and its calls raise :class:`~aenv_ray.errors.LeaseLostError`;
+- **shared warm pools**: on an engine that keeps warm pools itself
+  (:class:`~aenv_ray.engine.WarmPoolEngine`: Kubernetes), the warm instances are the engine's
+  free pods, which every pool actor (and hub) of the cluster can claim; the actor keeps its
+  share of them started, and ``acquire`` claims one (a PATCH, no start);
 - **calls**: tool, function, reward and list calls run on this actor's event loop, concurrently;
   :meth:`step_many` runs many at once and yields them as they finish.
 """
@@ -26,7 +30,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aenv_ray import Environment
-from aenv_ray.engine import InstanceState, SandboxEngine, TerminationReason
+from aenv_ray.engine import (
+    InstanceSpec,
+    InstanceState,
+    SandboxEngine,
+    TerminationReason,
+    WarmCount,
+    WarmPoolEngine,
+)
 from aenv_ray.errors import (
     AEnvError,
     ClosedError,
@@ -110,6 +121,8 @@ class InstancePool:
         self._changed = asyncio.Event()  # an instance became idle
         self._maintainer: asyncio.Task[None] | None = None
         self._closed = False
+        self._shared: WarmPoolEngine | None = None  # the engine, when it keeps the warm pool
+        self._warm = WarmCount()  # its free instances of ours, as last counted
         self._create_failures = 0
         self._last_owner_check = 0.0
         self._last_report = 0.0
@@ -123,6 +136,8 @@ class InstancePool:
             raise ClosedError(f"pool actor `{self.spec.name}` is closed; create a new pool")
         if self._engine is None:
             self._engine = self.spec.make_engine()
+        if isinstance(self._engine, WarmPoolEngine):
+            self._shared = self._engine
         if self._maintainer is None:
             self._wake = asyncio.Event()
             self._maintainer = asyncio.get_running_loop().create_task(self._maintain())
@@ -134,10 +149,15 @@ class InstancePool:
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout=left)
-        return len(self._idle)
+        return self._idle_count()
 
     def _ready_count(self) -> int:
+        if self._shared is not None:
+            return self._warm.ready
         return sum(1 for s in self._slots.values() if not (s.forked or s.dead))
+
+    def _idle_count(self) -> int:
+        return self._warm.ready if self._shared is not None else len(self._idle)
 
     async def close(self) -> int:
         """Delete every instance, stop every task, close the engine. Idempotent.
@@ -169,7 +189,7 @@ class InstancePool:
 
     def ping(self) -> int:
         """Liveness check for the driver; returns the idle count."""
-        return len(self._idle)
+        return self._idle_count()
 
     # -- leases ----------------------------------------------------------------------------------
     async def acquire(
@@ -183,6 +203,8 @@ class InstancePool:
         """
         self._check_open()
         started = time.perf_counter()
+        if self._shared is not None:
+            return await self._claim(owner, wait, attempt, started)
         slot = self._pop_idle()
         if slot is None and wait > 0:
             waiter: asyncio.Future[_Slot] = asyncio.get_running_loop().create_future()
@@ -208,6 +230,42 @@ class InstancePool:
             more.append(self._lease(spare, owner))
         self.phases[Phase.ACQUIRE].observe(time.perf_counter() - started)
         return Grant(lease, len(self._idle), tuple(more))
+
+    async def _claim(self, owner: Owner, wait: float, attempt: int, started: float) -> Grant:
+        """:meth:`acquire` from the engine's shared warm pool."""
+        assert self._shared is not None
+        assert self._engine is not None
+        deadline = time.monotonic() + wait
+        spec = self.spec.instance_spec()
+        while True:
+            self._kick()  # a claim takes a warm instance: refill now
+            info = await self._shared.claim(
+                spec, pool=self.spec.name, timeout=max(0.0, deadline - time.monotonic())
+            )
+            if info is None:
+                return Grant(None, self._idle_count())
+            self._warm = WarmCount(max(0, self._warm.ready - 1), self._warm.starting)
+            env = self.spec.adopt(self._engine, info)
+            try:
+                await env.initialize()
+            except AEnvError as exc:  # it died between its last Ready and our claim
+                log.warning(
+                    "claimed instance did not answer; claiming another",
+                    extra={"pool": self.spec.name, "instance": info.id, "error": str(exc)},
+                )
+                self.counters["broken"] += 1
+                with contextlib.suppress(AEnvError):
+                    await env.release()
+                if time.monotonic() >= deadline:
+                    return Grant(None, self._idle_count())
+                continue
+            slot = _Slot(env, info.id, self.spec.ttl)
+            self._slots[slot.instance_id] = slot
+            lease = self._lease(slot, owner)
+            if attempt:
+                self.counters["retried"] += 1
+            self.phases[Phase.ACQUIRE].observe(time.perf_counter() - started)
+            return Grant(lease, self._idle_count())
 
     def _lease(self, slot: _Slot, owner: Owner) -> LeaseInfo:
         lease_id = uuid.uuid4().hex[:16]
@@ -384,7 +442,7 @@ class InstancePool:
         """Gauges, counters and latency histograms of this actor, as plain data."""
         return {
             "pool": self.spec.name,
-            "idle": len(self._idle),
+            "idle": self._idle_count(),
             "leased": len(self._leases),
             "creating": self._creating,
             "counters": dict(self.counters),
@@ -505,6 +563,9 @@ class InstancePool:
             await slot.env.release()
 
     async def _refill(self) -> None:
+        if self._shared is not None:
+            await self._refill_shared()
+            return
         deficit = self.size - self._warm_count()
         if deficit <= 0 or self._closed:
             return
@@ -518,6 +579,50 @@ class InstancePool:
             task.add_done_callback(self._tasks.discard)
         if granted < deficit and wait > 0:
             await asyncio.sleep(min(wait, _TICK))
+
+    async def _refill_shared(self) -> None:
+        """Keep ``size`` free instances of ours in the engine's shared pool."""
+        assert self._shared is not None
+        spec = self.spec.instance_spec()
+        before = self._warm.ready
+        self._warm = await self._shared.warm_count(spec, pool=self.spec.name)
+        if self._warm.ready > before:
+            self._changed.set()
+        deficit = self.size - self._warm.total - self._creating
+        if deficit <= 0 or self._closed:
+            return
+        granted, wait = (deficit, 0.0)
+        if self._take_tokens is not None:
+            granted, wait = await self._take_tokens(deficit)
+        if granted > 0:
+            self._creating += granted
+            task = asyncio.get_running_loop().create_task(self._prewarm(spec, granted))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        if granted < deficit and wait > 0:
+            await asyncio.sleep(min(wait, _TICK))
+
+    async def _prewarm(self, spec: InstanceSpec, count: int) -> None:
+        assert self._shared is not None
+        try:
+            started = await self._shared.prewarm(spec, pool=self.spec.name, count=count)
+        except AEnvError as exc:
+            self._create_failures += 1
+            log.warning(
+                "warm instances could not be started",
+                extra={
+                    "pool": self.spec.name,
+                    "error": str(exc),
+                    "failures": self._create_failures,
+                },
+            )
+            await asyncio.sleep(min(5.0, 0.1 * 2 ** min(self._create_failures, 6)))
+            return
+        finally:
+            self._creating -= count
+        self._create_failures = 0
+        self.counters["created"] += started
+        self._warm = WarmCount(self._warm.ready, self._warm.starting + started)
 
     async def _create_one(self) -> None:
         started = time.perf_counter()

@@ -41,6 +41,7 @@ from aenv_ray.errors import (
     ConfigurationError,
     LeaseLostError,
 )
+from aenv_ray.settings import get_settings
 from rollout._actor import limiter_actor, pool_actor_class
 from rollout._ray import alive_nodes, ensure_ray, get, translate
 from rollout.lease import Lease, LeaseInfo, current_owner
@@ -65,8 +66,10 @@ class RolloutPool:
         size: warm instances in total, split evenly across pool actors.
         engine: ``"local"`` (a local engine per pool actor), ``"kubernetes"`` (a Kubernetes
             engine per pool actor, configured by the ``AENV_K8S_*`` settings in the actor's
-            process; its pods end with the actor), or a picklable zero-argument callable
-            returning a :class:`~aenv_ray.SandboxEngine`.
+            process; the warm pods are shared by the pool's actors, each claims one per
+            acquire, and its pods end with the actor), or a picklable zero-argument callable
+            returning a :class:`~aenv_ray.SandboxEngine`; default: ``AENV_ENGINE``
+            (``local``).
         project: a project directory instead of a name.
         ttl, environment_variables, arguments, datasource: as for :class:`aenv_ray.Environment`.
         call_timeout: default per-call timeout of the instances (``AENV_TIMEOUT`` if None).
@@ -90,7 +93,7 @@ class RolloutPool:
         env_name: str | None = None,
         size: int = 1,
         *,
-        engine: str | EngineFactory = "local",
+        engine: str | EngineFactory | None = None,
         project: str | Path | None = None,
         ttl: str | float | None = None,
         environment_variables: Mapping[str, str] | None = None,
@@ -113,7 +116,7 @@ class RolloutPool:
             env_name=env_name,
             name=name or f"{EnvRef.parse(env_name).name}-{uuid.uuid4().hex[:6]}",
             project=project_dir,
-            engine=engine,
+            engine=engine if engine is not None else get_settings().engine,
             ttl=PoolSpec.parse_ttl(ttl),
             environment_variables=dict(environment_variables or {}),
             arguments=tuple(arguments),

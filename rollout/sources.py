@@ -78,7 +78,7 @@ class SDKSource:
     startup_timeout: float | None = None
     ttl: str | float | None = None
     environment_variables: Mapping[str, str] | None = None
-    engine: SandboxEngine | None = None
+    engine: SandboxEngine | str | None = None  # an engine, or its name (None: the default)
     owner: str = "rollout"
 
     @property

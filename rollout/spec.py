@@ -14,7 +14,7 @@ from typing import Any
 
 from aenv_ray import Environment
 from aenv_ray.config import parse_duration
-from aenv_ray.engine import ENGINES, SandboxEngine, new_engine
+from aenv_ray.engine import ENGINES, InstanceInfo, InstanceSpec, SandboxEngine, new_engine
 from aenv_ray.errors import ConfigurationError
 
 __all__ = ["EngineFactory", "PoolSpec"]
@@ -71,6 +71,31 @@ class PoolSpec:
             return self.engine()
         return new_engine(self.engine)  # the engine's package is imported only here, in the actor
 
+    @property
+    def owner(self) -> str:
+        """The owner every instance of the pool carries."""
+        return f"rollout:{self.name}"
+
+    def instance_spec(self) -> InstanceSpec:
+        """What one instance is made of, for engines that keep warm pools themselves
+        (:class:`~aenv_ray.engine.WarmPoolEngine`)."""
+        return InstanceSpec(
+            env_ref=self.env_name,
+            project=self.project,
+            ttl=self.ttl,
+            environment_variables=dict(self.environment_variables),
+            arguments=tuple(self.arguments),
+            datasource=self.datasource or None,
+            owner=self.owner,
+        )
+
+    def adopt(self, engine: SandboxEngine, info: InstanceInfo) -> Environment:
+        """A new (not yet initialized) :class:`~aenv_ray.Environment` for an instance that
+        ``engine`` handed over (a warm pool's claim)."""
+        return Environment.adopt(
+            engine, info, timeout=self.call_timeout, startup_timeout=self.startup_timeout
+        )
+
     def environment(self, engine: SandboxEngine | None) -> Environment:
         """A new (not yet initialized) :class:`~aenv_ray.Environment` for one instance."""
         # one set of keywords for both constructors (from_project takes **kwargs: Any); the
@@ -82,7 +107,7 @@ class PoolSpec:
             "datasource": self.datasource,
             "timeout": self.call_timeout,
             "startup_timeout": self.startup_timeout,
-            "owner": f"rollout:{self.name}",
+            "owner": self.owner,
             "engine": engine,
         }
         if self.project is not None:

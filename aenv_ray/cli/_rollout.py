@@ -25,6 +25,7 @@ from rich.progress import (
 from rich.table import Table
 
 from aenv_ray.cli._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, die
+from aenv_ray.engine import ENGINES
 
 __all__ = ["register"]
 
@@ -67,6 +68,13 @@ def rollout_command(
     retry_failed: Annotated[
         bool, typer.Option(help="rerun episodes an earlier run recorded as failed")
     ] = False,
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            help="the engine of the Ray pool's instances: local or kubernetes "
+            "(default: AENV_ENGINE, else local)"
+        ),
+    ] = None,
     use_ray: Annotated[
         bool,
         typer.Option(
@@ -83,6 +91,8 @@ def rollout_command(
         die("give --policy or --base-url, not both", EXIT_USAGE)
     if base_url is not None and model is None:
         die("--base-url needs --model", EXIT_USAGE)
+    if engine is not None and engine not in ENGINES:
+        die(f"unknown engine `{engine}`: use one of {', '.join(ENGINES)}", EXIT_USAGE)
     console = Console(stderr=True)
     with contextlib.ExitStack() as stack:
         # first of all: a second driver on OUT exits 2 here, before anything starts
@@ -99,7 +109,13 @@ def rollout_command(
             console.print(f"[yellow]{run.torn.describe()}")
         # a pool only for the episodes left (none left: no Ray at all)
         size = min(concurrency, len(todo))
-        source = _ray_source(stack, console, env, size) if use_ray and size else None
+        source: Any = None
+        if use_ray and size:
+            source = _ray_source(stack, console, env, size, engine)
+        elif engine is not None:
+            from rollout.sources import SDKSource
+
+            source = SDKSource(env, engine=engine)
         display = _Display(console, env, episodes)
         with display.progress:
             summary = asyncio.run(
@@ -123,14 +139,17 @@ def rollout_command(
     return EXIT_OK if summary.ok else EXIT_FAILURE
 
 
-def _ray_source(stack: contextlib.ExitStack, console: Console, env: str, size: int) -> Any:
-    """A warm :class:`rollout.RolloutPool` of ``size`` instances, closed with ``stack``."""
+def _ray_source(
+    stack: contextlib.ExitStack, console: Console, env: str, size: int, engine: str | None
+) -> Any:
+    """A warm :class:`rollout.RolloutPool` of ``size`` instances on ``engine`` (None: the
+    ``AENV_ENGINE`` setting), closed with ``stack``."""
     from rollout import RolloutPool
     from rollout.sources import PoolSource
 
     with console.status(f"starting a Ray pool of {size} warm {env} instances"):
         where: dict[str, Any] = {"project": env} if "/" in env else {"env_name": env}
-        pool = RolloutPool(size=size, **where)
+        pool = RolloutPool(size=size, engine=engine, **where)
     stack.callback(pool.close)
     return PoolSource(pool)
 

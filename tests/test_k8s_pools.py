@@ -1,0 +1,285 @@
+"""Warm pod pools on the real API server: free pods claimed atomically by several engines (pool
+actors, hubs), a claim that waits for a pod or meets a stale read, pools of different specs kept
+apart, the rollout pool actor's logic on the shared pool, and ``aenv rollout`` on Kubernetes end
+to end through Ray pool actors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s_client
+
+from aenv_ray import Environment, InstanceSpec, InstanceState
+from k8s_backend import KubernetesEngine
+from k8s_backend.manifests import (
+    CLAIM_FREE,
+    LABEL_CLAIM,
+    LABEL_INSTANCE,
+    LABEL_POOL,
+    LABEL_SESSION,
+)
+from k8s_backend.warm import ANNOTATION_CLAIM, CLAIMED, claim_patch, claimed_by, is_claimable
+from rollout._instance_pool import InstancePool
+from rollout.lease import Owner
+from rollout.spec import PoolSpec
+from tests._k8s import KubeCluster
+
+pytestmark = [pytest.mark.k8s, pytest.mark.timeout(2400)]
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = InstanceSpec("mini-terminal@1.0.0", ttl=600.0, owner="test")
+
+
+@pytest.fixture(scope="module")
+def cluster(kube_cluster: KubeCluster) -> KubeCluster:
+    if not kube_cluster.runs_host_processes:
+        pytest.skip("pods run this venv's runtime as host processes: a k8s-real cluster only")
+    return kube_cluster
+
+
+@pytest.fixture
+def namespace(cluster: KubeCluster, request: pytest.FixtureRequest) -> str:
+    name = "p-" + request.node.name.lower().replace("_", "-")[:40].strip("-")
+    return cluster.namespace(name)
+
+
+async def _until(predicate: Any, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not await predicate():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.1)
+    return True
+
+
+async def _warm(engine: KubernetesEngine, spec: InstanceSpec, pool: str, ready: int) -> None:
+    async def enough() -> bool:
+        return (await engine.warm_count(spec, pool=pool)).ready >= ready
+
+    assert await _until(enough, 90), await engine.warm_count(spec, pool=pool)
+
+
+def _pool_pods(cluster: KubeCluster, namespace: str) -> list[Any]:
+    core = k8s_client.CoreV1Api(cluster.api_client())
+    return list(core.list_namespaced_pod(namespace, label_selector=LABEL_POOL).items)
+
+
+# -- pure parts -----------------------------------------------------------------------------------
+
+
+def test_only_a_free_ready_unexpired_pod_is_claimable_and_a_claim_names_its_claimer() -> None:
+    pod: dict[str, Any] = {
+        "metadata": {
+            "name": "aenv-x-1",
+            "resourceVersion": "41",
+            "labels": {LABEL_CLAIM: CLAIM_FREE, LABEL_INSTANCE: "1"},
+            "annotations": {"aenv-ray.io/expires-at": "2000000000"},
+        },
+        "status": {
+            "phase": "Running",
+            "podIP": "10.0.0.3",
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+    assert is_claimable(pod, now=1_900_000_000)
+    assert not is_claimable(pod, now=2_000_000_001)  # past its free expiry
+    pending = {**pod, "status": {"phase": "Pending"}}
+    assert not is_claimable(pending, now=1_900_000_000)
+    patch = claim_patch(pod, claim="c1", expires_at=1_900_000_600, session="s1", owner=None)
+    assert patch["metadata"]["resourceVersion"] == "41"  # the precondition
+    assert patch["metadata"]["labels"] == {
+        LABEL_CLAIM: CLAIMED,
+        LABEL_SESSION: "s1",
+        "aenv-ray.io/owner": None,  # a merge patch's null removes the label
+    }
+    taken = {"metadata": {**patch["metadata"], "labels": {LABEL_CLAIM: CLAIMED}}}
+    assert claimed_by(taken) == "c1"
+    assert claimed_by(pod) is None
+    assert not is_claimable(taken, now=1_900_000_000)
+
+
+# -- on the API server ----------------------------------------------------------------------------
+
+
+async def test_engines_racing_for_warm_pods_never_get_the_same_pod(
+    cluster: KubeCluster, namespace: str
+) -> None:
+    maker = cluster.engine(namespace)
+    rival = cluster.engine(namespace)
+    try:
+        assert await maker.prewarm(SPEC, pool="race", count=3) == 3
+        assert await rival.prewarm(SPEC, pool="race", count=3) == 3
+        await _warm(maker, SPEC, "race", 3)
+        await _warm(rival, SPEC, "race", 3)
+        assert await maker.list() == []  # free pods are nobody's instances yet
+        engines = [maker, rival] * 6
+        claims = await asyncio.gather(*(e.claim(SPEC, pool="race") for e in engines))
+        taken = [info for info in claims if info is not None]
+        assert len(taken) == 6  # twelve claimers, six pods: six claims, never one twice
+        assert len({info.id for info in taken}) == 6
+        assert all(info.state is InstanceState.RUNNING for info in taken)
+        assert (await maker.warm_count(SPEC, pool="race")).ready == 0
+
+        pods = {p.metadata.labels[LABEL_INSTANCE]: p for p in _pool_pods(cluster, namespace)}
+        assert len(pods) == 6
+        assert len({pod.metadata.annotations[ANNOTATION_CLAIM] for pod in pods.values()}) == 6
+        assert all(pod.metadata.labels[LABEL_CLAIM] == CLAIMED for pod in pods.values())
+        for engine, info in zip(engines, claims, strict=True):  # each pod is its winner's
+            if info is not None:
+                assert pods[info.id].metadata.labels[LABEL_SESSION] == engine.session
+        assert {info.id for info in await rival.list()} == set(pods)
+
+        # a pod one engine made and another claimed is the claimer's: callable, and it
+        # outlives its maker, whose close ends only its own session's pods
+        await maker.prewarm(SPEC, pool="race", count=1)
+        mine = await rival.claim(SPEC, pool="race", timeout=90)
+        assert mine is not None
+        await maker.aclose()
+        assert (await rival.get(mine.id)).state is InstanceState.RUNNING
+        async with Environment.adopt(rival, mine) as env:
+            result = await env.call_tool("execute_command", {"command": "echo warm"})
+            assert "warm" in json.dumps(result.structured)
+        assert (await rival.get(mine.id)).state is InstanceState.TERMINATED  # released
+    finally:
+        await maker.aclose()
+        await rival.aclose()
+
+
+async def test_a_claim_waits_for_a_starting_pod_and_survives_a_stale_read(
+    cluster: KubeCluster, namespace: str
+) -> None:
+    engine = cluster.engine(namespace)
+    try:
+        assert await engine.claim(SPEC, pool="wait") is None  # nothing warm, no wait
+        await engine.prewarm(SPEC, pool="wait", count=1)
+        first = await engine.claim(SPEC, pool="wait", timeout=90)  # not Ready yet: it waits
+        assert first is not None
+        assert first.is_running
+
+        await engine.prewarm(SPEC, pool="wait", count=1)
+        await _warm(engine, SPEC, "wait", 1)
+        (free,) = [
+            p
+            for p in _pool_pods(cluster, namespace)
+            if p.metadata.labels[LABEL_CLAIM] == CLAIM_FREE
+        ]
+        # someone changes the free pod: the engine's cached version is now stale, so its first
+        # PATCH fails its precondition; it reads the pod again and still gets it
+        k8s_client.CoreV1Api(cluster.api_client()).patch_namespaced_pod(
+            free.metadata.name, namespace, {"metadata": {"annotations": {"touched": "yes"}}}
+        )
+        second = await engine.claim(SPEC, pool="wait", timeout=30)
+        assert second is not None
+        assert second.id == free.metadata.labels[LABEL_INSTANCE]
+    finally:
+        await engine.aclose()
+
+
+async def test_pools_of_different_specs_never_hand_out_each_others_pods(
+    cluster: KubeCluster, namespace: str
+) -> None:
+    engine = cluster.engine(namespace)
+    blue = InstanceSpec("mini-terminal@1.0.0", ttl=600.0, environment_variables={"TEAM": "blue"})
+    red = InstanceSpec("mini-terminal@1.0.0", ttl=600.0, environment_variables={"TEAM": "red"})
+    try:
+        await engine.prewarm(blue, pool="teams", count=1)
+        await _warm(engine, blue, "teams", 1)
+        assert await engine.claim(red, pool="teams") is None
+        assert await engine.claim(blue, pool="other") is None
+        got = await engine.claim(blue, pool="teams")
+        assert got is not None
+        async with Environment.adopt(engine, got) as env:
+            result = await env.call_tool("execute_command", {"command": "echo $TEAM"})
+            assert "blue" in json.dumps(result.structured)
+    finally:
+        await engine.aclose()
+
+
+async def test_pool_actors_share_one_warm_pool_and_refill_it(
+    cluster: KubeCluster, namespace: str
+) -> None:
+    """Two pool actors' logic (InstancePool, no Ray) on two engines: each keeps its share
+    warm; leases come from either actor's pods; a release ends the pod; the share refills."""
+    spec = PoolSpec("mini-terminal@1.0.0", name="shared", ttl=600.0)
+    pools = [
+        InstancePool(spec, 2, engine=cluster.engine(namespace)),
+        InstancePool(spec, 2, engine=cluster.engine(namespace)),
+    ]
+    try:
+        ready = await asyncio.gather(*(pool.start(wait=90) for pool in pools))
+        assert ready == [2, 2]
+        owner = Owner(job_id="test")
+        grants = [await pools[0].acquire(owner) for _ in range(3)]  # more than its own two
+        leases = [g.lease for g in grants if g.lease is not None]
+        assert len(leases) == 3
+        assert len({lease.instance_id for lease in leases}) == 3
+        result = await pools[0].call_tool(
+            leases[0].lease_id, "execute_command", {"command": "echo hi"}
+        )
+        assert "hi" in json.dumps(result.structured)
+        assert pools[0].report()["counters"]["acquired"] == 3
+
+        await pools[0].release(leases[0].lease_id)
+        engine = pools[0]._engine
+        assert engine is not None
+        assert (await engine.get(leases[0].instance_id)).state is InstanceState.TERMINATED
+
+        async def refilled() -> bool:
+            return [pool.ping() for pool in pools] == [2, 2]
+
+        assert await _until(refilled, 90)
+    finally:
+        await asyncio.gather(*(pool.close() for pool in pools))
+    assert _pool_pods(cluster, namespace) == [] or all(
+        p.metadata.deletion_timestamp for p in _pool_pods(cluster, namespace)
+    )
+
+
+async def test_aenv_rollout_runs_its_episodes_on_kubernetes_through_ray_pool_actors(
+    cluster: KubeCluster, namespace: str, tmp_path: Path
+) -> None:
+    watcher = cluster.engine(namespace, session=False, reaper=False)
+    await watcher.list()  # watching before the run: it sees every pod come and go
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "AENV_K8S_NAMESPACE": namespace,
+        "AENV_K8S_DELIVERY": "host",
+        "AENV_ENGINE": "kubernetes",
+        "PYTHONPATH": str(ROOT),
+    }
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "aenv_ray.cli", "rollout", "mini-terminal@1.0.0"]
+    try:
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [*command, "-n", "4", "-c", "2", "--out", str(out)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        records = [
+            json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()
+        ]
+        assert len(records) == 4
+        ids = {record["instance_id"] for record in records}
+        assert len(ids) == 4  # a fresh instance per episode
+        for iid in ids:  # each was a pod of this namespace, and ended with the run
+            info = await watcher.get(iid)
+            assert info.env_ref == "mini-terminal@1.0.0"
+            assert info.state is InstanceState.TERMINATED
+    finally:
+        await watcher.aclose()
