@@ -30,7 +30,7 @@ import secrets
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -583,14 +583,7 @@ class KubernetesEngine:
         while True:
             changed = self._cache.pool_changed(key)
             try:
-                now = time.time()
-                candidates = [
-                    pod
-                    for pod in self._cache.free(key)
-                    if is_claimable(pod, now) and instance_id(pod) not in self._claiming
-                ]
-                candidates.sort(key=lambda pod: not self._mine(pod))
-                for pod in candidates:
+                for pod in self._candidates(key):
                     info = await self._claim_pod(pod, ttl, spec.owner)
                     if info is not None:
                         return info
@@ -603,9 +596,21 @@ class KubernetesEngine:
             finally:
                 self._cache.forget_waiter(pool_waiter(key), changed)
 
-    def _mine(self, pod: dict[str, Any]) -> bool:
-        labels = (pod.get("metadata") or {}).get("labels") or {}
-        return self.session is not None and labels.get(LABEL_SESSION) == self.session
+    def _candidates(self, key: str) -> Iterator[dict[str, Any]]:
+        """The pool's claimable pods, this engine's own first, lazily: a claim looks at the
+        first few, not at every pod of a big pool."""
+        now = time.time()
+        pods = self._cache.free(key)
+        for mine in (True, False):
+            for pod in pods:
+                labels = pod["metadata"].get("labels") or {}
+                own = self.session is not None and labels.get(LABEL_SESSION) == self.session
+                if (
+                    own is mine
+                    and is_claimable(pod, now)
+                    and instance_id(pod) not in self._claiming
+                ):
+                    yield pod
 
     async def _claim_pod(
         self, pod: dict[str, Any], ttl: float, owner: str | None

@@ -1,0 +1,310 @@
+"""Kubernetes-engine benchmark on the real API server of ``../shared/tools/k8s-real``.
+
+    .venv/bin/python benchmarks/bench_k8s.py            # several minutes (a 3,700-pod pool)
+    .venv/bin/python benchmarks/bench_k8s.py --quick    # about a minute, a 370-pod pool
+
+Two clusters are started, one after the other (each a fresh kube-apiserver, etcd and fake kubelet
+on loopback):
+
+1. **with processes**: the fake kubelet runs each pod's command, so a pod is Ready when the
+   sandbox runtime (this venv's Python) answers its readiness probe:
+   - cold: ``KubernetesEngine.create`` -> Ready -> first tool call (raw POST);
+   - warm: ``claim`` of a Ready free pod of a warm pool -> first tool call; and the SDK's
+     ``Environment.adopt`` open + call on a claimed pod.
+2. **without processes** (``FAKE_KUBELET_RUN_PROCESSES=0``: every pod Ready at once), so the API
+   path alone is measured:
+   - baseline, the bare API calls the engine makes: the official client's
+     ``create_namespaced_pod`` of the same manifest + a watch of that pod until Ready; against
+     ``KubernetesEngine.create`` (its limiter, POST, and its namespace-wide watch);
+   - 100 creates at once; creation throughput under the default rate limiter;
+   - reaper lag: seconds from a pod's ``expires-at`` to its deletion seen by the watch;
+   - the burst: a warm pool of 3,700 pods and 3,600 claims (kubernetes-sigs/agent-sandbox's
+     reference test), issued open-loop at ``--rate`` claims/s, and all at once.
+
+Exit status 0 either way: a measurement, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import aiohttp
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from kubernetes import client as k8s_client  # noqa: E402
+from kubernetes import watch as k8s_watch  # noqa: E402
+
+from aenv_ray import Environment, InstanceSpec  # noqa: E402
+from aenv_ray.config import EnvConfig  # noqa: E402
+from k8s_backend import HostProcess, KubernetesEngine, RateLimiter  # noqa: E402
+from k8s_backend.manifests import PodRecipe, instance_pod  # noqa: E402
+from tests._k8s import KubeCluster  # noqa: E402
+
+ECHO = HERE / "envs" / "echo"
+SPEC = InstanceSpec("bench-echo@1.0.0", project=str(ECHO), ttl=3600.0)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)  # nearest rank
+    return ordered[min(len(ordered), max(1, math.ceil(q * len(ordered)))) - 1]
+
+
+def ms(values: list[float]) -> str:
+    return f"p50 {pct(values, 0.5) * 1e3:8.1f} ms   p99 {pct(values, 0.99) * 1e3:8.1f} ms"
+
+
+def row(label: str, values: list[float]) -> None:
+    print(f"  {label:<44} {ms(values)}   (n={len(values)})", flush=True)
+
+
+async def first_call(http: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> None:
+    body = {"name": "echo", "arguments": {"text": "hi"}}
+    async with http.post(f"{url}/aenv/v1/call", json=body, headers=headers) as response:
+        assert response.status == 200, response.status
+        await response.read()
+
+
+async def until_warm(engine: KubernetesEngine, pool: str, count: int) -> None:
+    while True:
+        if (await engine.warm_count(SPEC, pool=pool)).ready >= count:
+            return
+        await asyncio.sleep(0.05)
+
+
+def namespace(cluster: KubeCluster) -> str:
+    return cluster.namespace(f"bench-{uuid.uuid4().hex[:6]}")
+
+
+# -- 1. with processes: cold vs warm --------------------------------------------------------------
+
+
+async def cold_and_warm(cluster: KubeCluster, n: int) -> dict[str, list[float]]:
+    ns = namespace(cluster)
+    engine = cluster.engine(ns, limiter=RateLimiter(rate=1000, burst=1000))
+    results: dict[str, list[float]] = {"cold": [], "warm": [], "claim": [], "sdk": []}
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(n):
+                started = time.perf_counter()
+                info = await engine.create(SPEC, timeout=120)
+                await first_call(http, info.url or "", info.headers)
+                results["cold"].append(time.perf_counter() - started)
+                await engine.delete(info.id)
+            await engine.prewarm(SPEC, pool="bench", count=2 * n)
+            await until_warm(engine, "bench", 2 * n)
+            for _ in range(n):
+                started = time.perf_counter()
+                claimed = await engine.claim(SPEC, pool="bench")
+                assert claimed is not None
+                results["claim"].append(time.perf_counter() - started)
+                await first_call(http, claimed.url or "", claimed.headers)
+                results["warm"].append(time.perf_counter() - started)
+            for _ in range(n):
+                started = time.perf_counter()
+                claimed = await engine.claim(SPEC, pool="bench")
+                assert claimed is not None
+                async with Environment.adopt(engine, claimed) as env:
+                    await env.call_tool("echo", {"text": "hi"})
+                results["sdk"].append(time.perf_counter() - started)
+    finally:
+        await engine.aclose()
+    return results
+
+
+# -- 2. without processes: the API path ----------------------------------------------------------
+
+
+def plain_create(api: k8s_client.ApiClient, ns: str, config: EnvConfig) -> float:
+    """The bare calls: create the pod, watch it until Ready (the official client)."""
+    iid = uuid.uuid4().hex[:12]
+    now = time.time()
+    pod = instance_pod(
+        PodRecipe(
+            instance_id=iid,
+            env_ref=config.ref,
+            image="unused",
+            command=HostProcess().runtime(config, ECHO)[1],
+            expires_at=now + 3600,
+            deploy=config.deploy_config,
+            created_at=now,
+        )
+    )
+    core = k8s_client.CoreV1Api(api)
+    started = time.perf_counter()
+    created = core.create_namespaced_pod(ns, pod)
+    name = created.metadata.name
+    stream = k8s_watch.Watch().stream(
+        core.list_namespaced_pod,
+        ns,
+        field_selector=f"metadata.name={name}",
+        resource_version=created.metadata.resource_version,
+        timeout_seconds=60,
+    )
+    for event in stream:
+        status = event["object"].status
+        conditions = status.conditions or []
+        if any(c.type == "Ready" and c.status == "True" for c in conditions):
+            break
+    elapsed = time.perf_counter() - started
+    core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+    return elapsed
+
+
+async def api_path(cluster: KubeCluster, n: int, burst: int, rate: float) -> None:
+    ns = namespace(cluster)
+    config = EnvConfig.load(ECHO)
+    fast = RateLimiter(rate=10_000, burst=10_000)
+    engine = cluster.engine(ns, limiter=fast, lease_seconds=3)
+    api = cluster.api_client()
+    try:
+        await engine.list()  # listed and watching
+        plain, ours = [], []
+        for _ in range(n):  # interleaved, so drift hits both alike
+            plain.append(await asyncio.to_thread(plain_create, api, ns, config))
+            started = time.perf_counter()
+            info = await engine.create(SPEC, timeout=60)
+            ours.append(time.perf_counter() - started)
+            await engine.delete(info.id)
+        print("\nthe API path (pods Ready at once: no processes)", flush=True)
+        row("bare client: create + watch to Ready", plain)
+        row("KubernetesEngine.create", ours)
+        ratio = pct(ours, 0.5) / pct(plain, 0.5)
+        print(f"  engine / bare client, p50: {ratio:.2f}x", flush=True)
+
+        started = time.perf_counter()
+        times: list[float] = []
+
+        async def timed_create() -> str:
+            began = time.perf_counter()
+            info = await engine.create(SPEC, timeout=300)
+            times.append(time.perf_counter() - began)
+            return info.id
+
+        ids = await asyncio.gather(*(timed_create() for _ in range(100)))
+        total = time.perf_counter() - started
+        row("100 creates at once, each", times)
+        print(f"  100 creates at once: all Ready in {total:.2f} s", flush=True)
+        await asyncio.gather(*(engine.delete(i) for i in ids))
+
+        limited = cluster.engine(ns, limiter=RateLimiter())  # the default: 20/s, burst 20
+        try:
+            await limited.list()
+            count = 100
+            started = time.perf_counter()
+            await limited.prewarm(SPEC, pool="rate", count=count)
+            await until_warm(limited, "rate", count)
+            took = time.perf_counter() - started
+            print(
+                f"  creation throughput, default limiter (20/s, burst 20): "
+                f"{count / took:.1f} pods/s Ready ({count} in {took:.2f} s)",
+                flush=True,
+            )
+        finally:
+            await limited.aclose()
+
+        await reaper_lag(engine)
+        await claim_burst(engine, burst, rate)
+    finally:
+        await engine.aclose()
+        api.close()
+
+
+async def reaper_lag(engine: KubernetesEngine) -> None:
+    infos = await asyncio.gather(
+        *(
+            engine.create(InstanceSpec(SPEC.env_ref, project=SPEC.project, ttl=2.0))
+            for _ in range(20)
+        )
+    )
+    lags: list[float] = []
+    pending = {info.id: info.expires_at or 0.0 for info in infos}
+    deadline = time.monotonic() + 120
+    while pending and time.monotonic() < deadline:
+        for iid, expires in list(pending.items()):
+            if not (await engine.get(iid)).is_running:
+                lags.append(time.time() - expires)
+                del pending[iid]
+        await asyncio.sleep(0.02)
+    row("reaper lag (expires-at -> deletion seen)", lags)
+
+
+async def claim_burst(engine: KubernetesEngine, claims: int, rate: float) -> None:
+    size = claims + claims // 36  # 3,600 claims on a 3,700-pod pool
+    print(f"\nthe burst: {claims} claims on a {size}-pod warm pool", flush=True)
+    started = time.perf_counter()
+    sent = 0
+    while sent < size:
+        sent += await engine.prewarm(SPEC, pool="burst", count=min(500, size - sent))
+    await until_warm(engine, "burst", size)
+    print(f"  pool of {size} Ready in {time.perf_counter() - started:.1f} s", flush=True)
+
+    half = claims // 2
+    open_loop: list[float] = []
+
+    async def one(into: list[float]) -> None:
+        began = time.perf_counter()
+        got = await engine.claim(SPEC, pool="burst")
+        assert got is not None, "the pool ran dry"
+        into.append(time.perf_counter() - began)
+
+    tasks = []
+    started = time.perf_counter()
+    for i in range(half):  # open loop: one claim every 1/rate s, whatever the answers do
+        delay = started + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.ensure_future(one(open_loop)))
+    await asyncio.gather(*tasks)
+    row(f"claim, open loop at {rate:g}/s", open_loop)
+
+    at_once: list[float] = []
+    started = time.perf_counter()
+    await asyncio.gather(*(one(at_once) for _ in range(claims - half)))
+    total = time.perf_counter() - started
+    row(f"claim, {claims - half} at once", at_once)
+    print(f"  {claims - half} at once: {(claims - half) / total:.0f} claims/s", flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rate", type=float, default=100.0, help="open-loop claims per second")
+    args = parser.parse_args()
+    n = 5 if args.quick else 20
+    claims = 360 if args.quick else 3600
+
+    with contextlib.ExitStack() as stack:
+        cluster = stack.enter_context(KubeCluster.start())
+        results = asyncio.run(cold_and_warm(cluster, n))
+        print("cold vs warm (pods run the runtime: this venv's Python)", flush=True)
+        row("cold: create -> Ready -> first call", results["cold"])
+        row("warm: claim -> first call", results["warm"])
+        row("  of which the claim", results["claim"])
+        row("warm, SDK: claim + adopt + call + release", results["sdk"])
+        ratio = pct(results["cold"], 0.5) / pct(results["warm"], 0.5)
+        print(f"  cold / warm, p50: {ratio:.0f}x", flush=True)
+        stack.close()
+
+        os.environ["FAKE_KUBELET_RUN_PROCESSES"] = "0"
+        try:
+            cluster = stack.enter_context(KubeCluster.start())
+        finally:
+            del os.environ["FAKE_KUBELET_RUN_PROCESSES"]
+        asyncio.run(api_path(cluster, n, claims, args.rate))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
