@@ -66,6 +66,7 @@ from k8s_backend.manifests import (
     instance_pod,
 )
 from k8s_backend.reaper import LEASE_SECONDS, Housekeeper
+from k8s_backend.service_controller import KubernetesServices
 from k8s_backend.state import pod_info, startup_failure
 
 __all__ = ["KubernetesEngine", "RateLimiter"]
@@ -183,6 +184,19 @@ class KubernetesEngine:
         self._started = False
         self._closed = False
         self._policy_ready = False
+
+    @functools.cached_property
+    def services(self) -> KubernetesServices:
+        """Long-running services in this namespace, as Deployments
+        (:class:`~aenv_ray.engine.ServiceEngine`; :mod:`k8s_backend.service_controller`)."""
+        return KubernetesServices(
+            self._kube,
+            delivery=self.delivery,
+            port=self.port,
+            env_path=self.env_path,
+            prepare=self._ensure_policy,
+            check_open=self._check_open,
+        )
 
     def __repr__(self) -> str:
         return (
