@@ -35,6 +35,9 @@ __all__ = [
     "InstanceState",
     "Route",
     "SandboxEngine",
+    "ServiceEngine",
+    "ServiceInfo",
+    "ServiceSpec",
     "TerminationReason",
     "WarmCount",
     "WarmPoolEngine",
@@ -44,6 +47,7 @@ __all__ = [
     "instance_ttl",
     "named_engine",
     "new_engine",
+    "service_engine",
     "set_default_engine",
 ]
 
@@ -253,8 +257,8 @@ class WarmCount:
 @runtime_checkable
 class WarmPoolEngine(Protocol):
     """An engine whose warm instances live where every client of the engine's cluster can
-    claim them (the Kubernetes engine: pool-labelled pods), so that pools on many nodes, and
-    hubs, share one warm pool and a claim is atomic: an instance is never handed out twice.
+    claim them (the Kubernetes engine: pool-labelled pods), so that pool actors on many nodes
+    share one warm pool and a claim is atomic: an instance is never handed out twice.
 
     ``pool`` names the pool; the engine keeps pools of different ``spec`` apart even under one
     name. Rollout pool actors use it when their engine has it (:mod:`rollout`).
@@ -276,6 +280,81 @@ class WarmPoolEngine(Protocol):
         seconds for one; it becomes this engine's, with ``spec``'s TTL and owner from now.
         None: none was free in time."""
         ...
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """What a service runs: ``replicas`` copies of a definition (the fields as in
+    :class:`InstanceSpec`), kept running with no TTL; with ``storage``, one persistent volume
+    every replica mounts read-write at ``/storage``."""
+
+    service_id: str
+    env_ref: str
+    project: str | None = None
+    replicas: int = 1
+    environment_variables: Mapping[str, str] = field(default_factory=dict)
+    arguments: Sequence[str] = ()
+    owner: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    storage: bool = False
+    env_path: str | None = None
+
+
+@dataclass(frozen=True)
+class ServiceInfo:
+    """What an engine knows about one service (a snapshot). ``replicas`` is what was asked,
+    ``ready`` how many serve; ``endpoints`` are the ready replicas' URLs (each takes
+    ``token``), ``url`` the service's own stable address where the engine has one; ``storage``
+    names its volume; ``detail`` says why replicas are missing, in the engine's words."""
+
+    id: str
+    env_ref: str
+    replicas: int
+    ready: int
+    url: str | None = None
+    endpoints: tuple[str, ...] = ()
+    instances: tuple[str, ...] = ()  # the replicas, by the engine's names
+    storage: str | None = None
+    detail: str = ""
+    token: str | None = field(default=None, repr=False)
+
+
+@runtime_checkable
+class ServiceEngine(Protocol):
+    """An engine's long-running services, kept by the engine itself (the Kubernetes engine's
+    Deployments), where a hub would otherwise keep ``replicas`` instances alive on its own.
+    An engine offers it as its ``services`` attribute (:func:`service_engine`). Methods raise
+    :class:`~aenv_ray.errors.AEnvError` subclasses; an unknown id is
+    :class:`~aenv_ray.errors.ServiceNotFoundError`."""
+
+    async def create(self, spec: ServiceSpec, *, timeout: float = 120.0) -> ServiceInfo:
+        """Create the service; return once ``spec.replicas`` serve (the service stays when
+        they do not: the error says why, and :meth:`get` goes on saying it)."""
+        ...
+
+    async def get(self, service_id: str) -> ServiceInfo:
+        """The service's current state."""
+        ...
+
+    async def update(self, spec: ServiceSpec, *, timeout: float = 120.0) -> ServiceInfo:
+        """Move the service to ``spec`` (replicas; version, variables, arguments: replaced
+        new-first); return once it serves as asked."""
+        ...
+
+    async def delete(self, service_id: str, *, delete_storage: bool = False) -> ServiceInfo:
+        """Stop the service's replicas (idempotent); its storage stays unless
+        ``delete_storage``. Returns its last state."""
+        ...
+
+    async def targets(self, service_id: str) -> builtins.list[Route]:
+        """How to reach each ready replica (for a proxy: called per request, kept cheap)."""
+        ...
+
+
+def service_engine(engine: object) -> ServiceEngine | None:
+    """``engine``'s service capability (its ``services`` attribute), or None when it has none."""
+    services = getattr(engine, "services", None)
+    return services if isinstance(services, ServiceEngine) else None
 
 
 _default_engine: SandboxEngine | None = None

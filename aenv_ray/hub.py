@@ -333,9 +333,10 @@ class HubClient:
         return result
 
     async def delete_service(
-        self, service_id: str, *, keep_storage: bool = False
+        self, service_id: str, *, keep_storage: bool | None = None
     ) -> dict[str, Any]:
-        """Stop a service (its storage too unless ``keep_storage``)."""
+        """Stop a service. Its storage: kept when ``keep_storage``, removed when False; when
+        not said, the hub's rule (a Kubernetes volume kept, a directory on the hub removed)."""
         result: dict[str, Any] = await self.request(
             "DELETE", f"/v1/services/{service_id}", params={"keep_storage": keep_storage}
         )

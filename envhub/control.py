@@ -21,7 +21,11 @@ later are terminated by the hub's upkeep: the key's holder knows their tokens.
 A **service** keeps ``replicas`` instances of a definition running, with no TTL (the hub renews
 them), and optional persistent storage: a directory ``data_dir/storage/<service id>`` the engine
 mounts read-write at ``/storage`` in every replica. Dead replicas are replaced; changing the
-version or variables replaces replicas new-first, so the service keeps serving.
+version or variables replaces replicas new-first, so the service keeps serving. When the engine
+keeps services itself (:func:`aenv_ray.engine.service_engine`: the Kubernetes engine's
+Deployments, Services and PersistentVolumeClaims), the hub records the service and hands it to
+the engine instead: the cluster replaces replicas and rolls updates, the storage is a volume
+that a delete keeps unless asked, and the service has a stable address of its own (``url``).
 
 May import: the standard library, ``aenv_ray``, ``envhub`` (store, registry, resolve, limits,
 keys).
@@ -46,8 +50,12 @@ from aenv_ray.engine import (
     InstanceSpec,
     InstanceState,
     SandboxEngine,
+    ServiceEngine,
+    ServiceInfo,
+    ServiceSpec,
     TerminationReason,
     info_to_json,
+    service_engine,
 )
 from aenv_ray.envref import EnvRef
 from aenv_ray.errors import (
@@ -443,9 +451,11 @@ class ControlPlane:
         found = await self.resolve(caller, env)  # fail now on an unknown definition
         check_deploy(limits, caller.tenant, found.ref, found.config.deploy_config)
         sid = "svc-" + secrets.token_hex(5)
+        kept = service_engine(self.engine)
         async with self._tenant_lock(caller.tenant):  # the check and the record at once
             await self._check_services(caller.tenant, limits, services=1, replicas=replicas)
-            storage_path = self._make_storage(sid) if storage else None
+            # an engine that keeps services names its own volume (``_describe`` shows it)
+            storage_path = self._make_storage(sid) if storage and kept is None else None
             now = time.time()
             doc: Document = {
                 "id": sid,
@@ -458,9 +468,14 @@ class ControlPlane:
                 "arguments": list(arguments or []),
                 "created_at": now,
                 "updated_at": now,
+                "kept_by_engine": kept is not None,
+                "storage_wanted": storage,
             }
             await self.store.put(SERVICES, sid, doc)
-        await self.reconcile_service(sid)
+        if kept is not None:
+            await kept.create(_service_spec(doc, found), timeout=self.startup_timeout)
+        else:
+            await self.reconcile_service(sid)
         return await self.get_service(caller, sid)
 
     def _make_storage(self, sid: str) -> str:
@@ -527,7 +542,10 @@ class ControlPlane:
         self, caller: Caller, service_id: str
     ) -> list[tuple[str, str | None]]:
         """``(url, token)`` of each running replica of the caller's service (for the proxy)."""
-        await self._my_service(caller, service_id)
+        doc = await self._my_service(caller, service_id)
+        if doc.get("kept_by_engine"):
+            routes = await self._keeper(doc).targets(service_id)
+            return [(r.url, _bearer(r.headers)) for r in routes]
         replicas = [await self._refresh(r) for r in await self._replicas(service_id)]
         return [
             (r["url"], r.get("token"))
@@ -559,6 +577,7 @@ class ControlPlane:
             _check_replicas(replicas)
         limits = self.limits.for_tenant(caller.tenant)
         ref = None
+        found: Definition | None = None
         if env is not None:
             found = await self.resolve(caller, env)
             check_deploy(limits, caller.tenant, found.ref, found.config.deploy_config)
@@ -578,14 +597,28 @@ class ControlPlane:
                     doc["environment_variables"] = dict(environment_variables)
                 doc["updated_at"] = time.time()
                 await self.store.put(SERVICES, service_id, doc)
-        await self.reconcile_service(service_id)
+        if doc.get("kept_by_engine"):
+            definition = found or await self.resolve(caller, doc["env_ref"])
+            spec = _service_spec(doc, definition)
+            await self._keeper(doc).update(spec, timeout=self.startup_timeout)
+        else:
+            await self.reconcile_service(service_id)
         return await self.get_service(caller, service_id)
 
     async def delete_service(
-        self, caller: Caller, service_id: str, *, keep_storage: bool = False
+        self, caller: Caller, service_id: str, *, keep_storage: bool | None = None
     ) -> Document:
-        """Stop a service's replicas and forget it; its storage goes too unless kept."""
+        """Stop a service's replicas and forget it. Its storage: kept when ``keep_storage``,
+        removed when it is False; when not said, an engine's volume (Kubernetes) is kept and a
+        directory on the hub's machine removed."""
         doc = await self._my_service(caller, service_id)
+        if doc.get("kept_by_engine"):
+            async with self._lock(service_id):  # the engine first: a failure leaves the record
+                info = await self._keeper(doc).delete(
+                    service_id, delete_storage=keep_storage is False
+                )
+                await self.store.delete(SERVICES, service_id)
+            return {**doc, "replicas": 0, "instances": [], "endpoints": [], "storage": info.storage}
         async with self._lock(service_id):
             await self.store.delete(SERVICES, service_id)
             for replica in await self._replicas(service_id):
@@ -604,7 +637,40 @@ class ControlPlane:
             if d.get("service") == service_id and d["state"] != InstanceState.TERMINATED.value
         ]
 
+    def _keeper(self, doc: Document) -> ServiceEngine:
+        """The engine that keeps service ``doc`` (the hub's, when it keeps services)."""
+        kept = service_engine(self.engine)
+        if kept is None:
+            raise ConfigurationError(
+                f"service `{doc['id']}` is kept by an engine with services of its own "
+                f"(Kubernetes), and this hub's engine `{self.engine.name}` has none: serve the "
+                "hub with that engine again (`aenv serve --engine kubernetes`) to manage it"
+            )
+        return kept
+
     async def _describe(self, doc: Document) -> Document:
+        if doc.get("kept_by_engine"):
+            try:
+                info = await self._keeper(doc).get(doc["id"])
+            except ServiceNotFoundError:
+                info = ServiceInfo(
+                    id=doc["id"],
+                    env_ref=doc["env_ref"],
+                    replicas=int(doc["replicas"]),
+                    ready=0,
+                    detail="the engine has none of its objects (never made, or deleted "
+                    "behind the hub's back): delete the service and create it again",
+                )
+            return {
+                **doc,
+                "ready": info.ready,
+                "instances": list(info.instances),
+                "endpoints": list(info.endpoints),
+                "url": info.url,
+                "storage": info.storage,
+                "detail": info.detail,
+                "token": info.token,
+            }
         replicas = [await self._refresh(r) for r in await self._replicas(doc["id"])]
         running = [r for r in replicas if r["state"] == InstanceState.RUNNING.value]
         return {
@@ -627,7 +693,7 @@ class ControlPlane:
         older version or variables (new ones first), and renew the rest."""
         async with self._lock(service_id):
             doc = await self.store.get(SERVICES, service_id)
-            if doc is None:
+            if doc is None or doc.get("kept_by_engine"):  # the engine keeps it (the cluster)
                 return
             caller = Caller(tenant=doc["tenant"])
             replicas = [await self._refresh(r) for r in await self._replicas(service_id)]
@@ -661,6 +727,26 @@ class ControlPlane:
                             **self._record(info, replica["tenant"], service=service_id),
                         }
                         await self.store.put(INSTANCES, replica["id"], fresh)
+
+
+def _service_spec(service: Document, definition: Definition) -> ServiceSpec:
+    """What an engine that keeps services needs to run service ``service`` of ``definition``."""
+    return ServiceSpec(
+        service_id=service["id"],
+        env_ref=definition.ref,
+        project=str(definition.project),
+        replicas=int(service["replicas"]),
+        environment_variables=dict(service["environment_variables"]),
+        arguments=tuple(service["arguments"]),
+        labels={"aenv.tenant": service["tenant"]},
+        storage=bool(service.get("storage_wanted")),
+    )
+
+
+def _bearer(headers: Mapping[str, str]) -> str | None:
+    """The token of a route's ``Authorization: Bearer`` header (None: it has none)."""
+    value = headers.get("Authorization", "")
+    return value.removeprefix("Bearer ") or None
 
 
 def _spec_key(service: Document) -> str:

@@ -5,7 +5,8 @@ reaper), readiness from the runtime's port, single- and dual-container templates
 Services (+ PVC) for long-running services, and the translation of API errors into aenv-ray's
 error tree. Implements ``aenv_ray``'s ``SandboxEngine`` protocol: :class:`KubernetesEngine`
 (:mod:`k8s_backend.engine`), the objects it sends (:mod:`k8s_backend.manifests`; a service's
-Deployment, Service and PersistentVolumeClaim in :mod:`k8s_backend.services`; a user's own pod
+Deployment, Service and PersistentVolumeClaim in :mod:`k8s_backend.services`, kept by
+:class:`KubernetesServices` in :mod:`k8s_backend.service_controller`; a user's own pod
 template, checked and merged, in :mod:`k8s_backend.templates`), what a pod says about its
 instance (:mod:`k8s_backend.state`), how code reaches a pod (:mod:`k8s_backend.delivery`),
 sessions and the reaper (:mod:`k8s_backend.reaper`); the client and its errors live in
@@ -19,11 +20,13 @@ Must not import: ray, gymnasium.
 from k8s_backend.delivery import Delivery, HostProcess, OwnImage
 from k8s_backend.engine import KubernetesEngine, RateLimiter
 from k8s_backend.manifests import PodRecipe, deny_egress_policy, instance_pod
+from k8s_backend.service_controller import KubernetesServices
 
 __all__ = [
     "Delivery",
     "HostProcess",
     "KubernetesEngine",
+    "KubernetesServices",
     "OwnImage",
     "PodRecipe",
     "RateLimiter",

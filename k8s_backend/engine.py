@@ -74,6 +74,7 @@ from k8s_backend.manifests import (
     instance_pod,
 )
 from k8s_backend.reaper import LEASE_SECONDS, Housekeeper
+from k8s_backend.service_controller import KubernetesServices
 from k8s_backend.state import instance_id, pod_info, startup_failure
 from k8s_backend.warm import claim_patch, claimed_by, is_claimable, pool_key
 
@@ -194,6 +195,19 @@ class KubernetesEngine:
         self._policy_ready = False
         self._pools: dict[str, tuple[str, float]] = {}  # spec key -> (pool label, ttl)
         self._claiming: set[str] = set()  # instance ids this engine is claiming right now
+
+    @functools.cached_property
+    def services(self) -> KubernetesServices:
+        """Long-running services in this namespace, as Deployments
+        (:class:`~aenv_ray.engine.ServiceEngine`; :mod:`k8s_backend.service_controller`)."""
+        return KubernetesServices(
+            self._kube,
+            delivery=self.delivery,
+            port=self.port,
+            env_path=self.env_path,
+            prepare=self._ensure_policy,
+            check_open=self._check_open,
+        )
 
     def __repr__(self) -> str:
         return (

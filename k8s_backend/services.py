@@ -28,7 +28,7 @@ from typing import Any, Literal
 from aenv_ray.config import DeployConfig, parse_memory
 from aenv_ray.envref import EnvRef
 from aenv_ray.errors import ConfigurationError
-from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT
+from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT, TOKEN_ENV
 from k8s_backend.manifests import (
     ANNOTATION_ENV,
     ANNOTATION_OWNER,
@@ -75,7 +75,8 @@ class ServiceRecipe:
     """What a service is made of: ``replicas`` pods of ``env_ref`` running the runtime as an
     instance's pod does (``image``, ``command``, ``arguments``, variables, ``deploy``), behind
     one Service on ``port``; with ``storage``, a claim of ``storage_size`` (a size as
-    ``deployConfig.memory`` reads it: ``"10G"``, ``"512Mi"``) mounted at ``/storage``."""
+    ``deployConfig.memory`` reads it: ``"10G"``, ``"512Mi"``) mounted at ``/storage``; with
+    ``token``, every replica's runtime asks callers for it, as an instance's does."""
 
     service_id: str
     env_ref: str
@@ -93,6 +94,7 @@ class ServiceRecipe:
     storage_class: str | None = None  # None: the cluster's default StorageClass
     storage_access: Literal["ReadWriteOnce", "ReadWriteMany"] = "ReadWriteOnce"
     port: int = DEFAULT_FUNCTIONS_PORT
+    token: str | None = None  # every replica's runtime token (AENV_RUNTIME_TOKEN); None: none
 
 
 def _dns_part(service_id: str, room: int) -> str:
@@ -178,6 +180,7 @@ def _pod_template(recipe: ServiceRecipe) -> dict[str, Any]:
         [
             {"name": "AENV_INSTANCE_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "AENV_SERVICE_ID", "value": recipe.service_id},
+            *([{"name": TOKEN_ENV, "value": recipe.token}] if recipe.token else []),
         ],
         {**recipe.deploy.env, **recipe.environment_variables},
     )

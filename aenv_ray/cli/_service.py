@@ -1,7 +1,9 @@
 """``aenv service create|list|get|update|delete``: long-running services on a hub.
 
 A service keeps REPLICAS instances of a definition running, without TTL, optionally with
-persistent storage at ``/storage``; it needs a hub (``AENV_SYSTEM_URL``).
+persistent storage at ``/storage``; it needs a hub (``AENV_SYSTEM_URL``). On a hub served with
+``--engine kubernetes`` a service is a Deployment, a Service and (with storage) a
+PersistentVolumeClaim, with a stable in-cluster address (``url``).
 
 May import: typer, rich, ``aenv_ray``.
 """
@@ -50,8 +52,12 @@ def _show(service: dict[str, Any], as_json: bool) -> None:
     print(f"replicas  {service['ready']}/{service['replicas']} ready")
     print(f"storage   {service.get('storage') or '-'}")
     print(f"address   {service.get('address') or '-'}")
+    if service.get("url"):
+        print(f"url       {service['url']}")
     for endpoint in service.get("endpoints", []):
         print(f"endpoint  {endpoint}")
+    if service.get("detail"):
+        print(f"detail    {service['detail']}")
 
 
 @app.command()
@@ -60,7 +66,12 @@ def create(
     replicas: Annotated[int, typer.Option(min=0, max=64, help="instances kept running")] = 1,
     name: Annotated[str | None, typer.Option(help="a display name (default: the env's)")] = None,
     storage: Annotated[
-        bool, typer.Option("--storage/--no-storage", help="persistent storage at /storage")
+        bool,
+        typer.Option(
+            "--storage/--no-storage",
+            "--enable-storage",
+            help="persistent storage at /storage (Kubernetes: a PersistentVolumeClaim)",
+        ),
     ] = False,
     env_var: EnvVars = None,
     as_json: JsonOption = False,
@@ -145,10 +156,16 @@ def update(
 def delete(
     service_id: Annotated[str, typer.Argument(metavar="ID")],
     keep_storage: Annotated[
-        bool, typer.Option("--keep-storage", help="leave its storage directory on the hub")
-    ] = False,
+        bool | None,
+        typer.Option(
+            "--keep-storage/--delete-storage",
+            help="keep or delete its storage (default: a Kubernetes volume is kept, a "
+            "directory on the hub deleted)",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    """Delete a service and its replicas (and its storage unless --keep-storage)."""
+    """Delete a service and its replicas; its storage as --keep-storage/--delete-storage say."""
 
     async def work(client: Any) -> dict[str, Any]:
         result: dict[str, Any] = await client.delete_service(service_id, keep_storage=keep_storage)

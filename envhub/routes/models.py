@@ -138,7 +138,20 @@ class Service(_Out):
     env_ref: str
     replicas: int
     ready: int
-    storage: str | None
+    storage: str | None = Field(
+        description="its storage: a directory on the hub, or a PersistentVolumeClaim's name"
+    )
     instances: list[str]
     endpoints: list[str]
     address: str = Field("", description="the service through the hub (round-robin)")
+    url: str | None = Field(
+        None,
+        description="its own stable address inside its cluster (Kubernetes: the Service's "
+        "DNS name); null when the engine has none",
+    )
+    detail: str = Field("", description="why replicas are missing, in the engine's words")
+    token: str | None = Field(
+        None,
+        description="the replicas' runtime secret, for calls to `url` or `endpoints` (Kubernetes; "
+        "shown to the service's own tenant only)",
+    )

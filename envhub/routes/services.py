@@ -71,8 +71,9 @@ async def update_service(
 
 @router.delete("/v1/services/{sid}")
 async def delete_service(
-    sid: str, request: Request, who: Who, hub: HubDep, keep_storage: bool = False
+    sid: str, request: Request, who: Who, hub: HubDep, keep_storage: bool | None = None
 ) -> dict[str, Any]:
-    """Stop a service and its replicas; its storage is removed unless ``keep_storage``."""
+    """Stop a service and its replicas. ``keep_storage=true`` keeps its storage, ``false``
+    removes it; unsaid, a Kubernetes volume is kept and a directory on the hub removed."""
     doc = await hub.control.delete_service(who, sid, keep_storage=keep_storage)
     return service_out(request, doc)
