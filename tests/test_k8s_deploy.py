@@ -221,6 +221,13 @@ def _readme_overlay() -> str:
     return found.group(1)
 
 
+def _readme_agent() -> str:
+    readme = (DEPLOY / "README.md").read_text()
+    found = re.search(r"```python\n(# my_agent.py\n.*?)```\n", readme, re.S)
+    assert found, "the README's my_agent.py"
+    return found.group(1)
+
+
 def test_the_readme_overlay_renders(tmp_path: Path) -> None:
     overlay = yaml.safe_load(_readme_overlay())
     assert overlay["resources"] == ["../deploy"]
@@ -414,14 +421,7 @@ async def test_the_hub_comes_up_from_the_manifests_and_its_role_runs_instances(
     pushed = await _run([*AENV, "push", "my-env"], **run)
     assert pushed.returncode == 0, pushed.stderr + _hub_log(rbac_cluster, deployed["pod"])
     agent = tmp_path / "my_agent.py"
-    agent.write_text(
-        "import asyncio\n"
-        "from aenv_ray import Environment\n"
-        "async def main():\n"
-        "    async with Environment('my-env@1.0.0', ttl='10m') as env:\n"
-        "        print((await env.call_tool('add_note', {'text': 'buy milk'})).text)\n"
-        "asyncio.run(main())\n"
-    )
+    agent.write_text(_readme_agent())  # the README's my_agent.py, as it is written there
     episode = await _run([sys.executable, str(agent)], **run)
     assert episode.returncode == 0, episode.stderr + _hub_log(rbac_cluster, deployed["pod"])
     assert "buy milk" in episode.stdout
