@@ -34,6 +34,7 @@ import contextlib
 import logging
 import os
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -59,14 +60,16 @@ from aenv_ray.errors import (
     PermissionDeniedError,
 )
 
-__all__ = ["Kube", "WatchEvent", "WatchExpired", "connect", "translate"]
+__all__ = ["ROLE", "Kube", "WatchEvent", "WatchExpired", "connect", "translate"]
 
 log = logging.getLogger("aenv_ray.k8s")
 
 _SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
-_ROLE_HINT = (
-    "grant it the Role in deploy/role.yaml (pods, services, deployments, persistentvolumeclaims, "
-    "networkpolicies, leases in this namespace), or use a kubeconfig whose user has it"
+ROLE = "aenv-ray-engine"
+"""The Role that ``deploy/role.yaml`` defines: what an engine may do in its namespace."""
+_FORBIDDEN = re.compile(
+    r'User "(?P<user>[^"]*)" cannot (?P<verb>[a-z]+) resource "(?P<resource>[^"]+)"'
+    r'(?: in API group "(?P<group>[^"]*)")?(?: in the namespace "(?P<namespace>[^"]+)")?'
 )
 
 
@@ -129,7 +132,7 @@ def translate(
             return CapacityError(
                 f"{said}. The namespace's ResourceQuota is full: wait, or ask less"
             )
-        return PermissionDeniedError(f"{said}. Our account may not do this: {_ROLE_HINT}")
+        return PermissionDeniedError(f"{said}. {_forbidden_hint(api)}")
     if status == 404:
         details = body.get("details") if isinstance(body, Mapping) else None
         if isinstance(details, Mapping) and details.get("kind") == "namespaces":
@@ -151,6 +154,33 @@ def translate(
     if status == 429 or status >= 500:
         return ClusterUnreachableError(f"{said}. The API server is overloaded or failing")
     return ClusterError(said)
+
+
+def _forbidden_hint(message: str) -> str:
+    """What to do about a 403: who may not do what where, and the Role that grants it."""
+    found = _FORBIDDEN.search(message)
+    if found is None:
+        return (
+            f"Our account may not do this: bind it the Role {ROLE} of deploy/role.yaml in this "
+            "namespace (deploy/README.md), or use a kubeconfig whose user has it"
+        )
+    user, verb, resource = found["user"], found["verb"], found["resource"]
+    group = f"{found['group']}/" if found["group"] else ""
+    namespace = found["namespace"]
+    where = f"in namespace {namespace}" if namespace else "at cluster scope"
+    parts = user.split(":")
+    if len(parts) == 4 and parts[:2] == ["system", "serviceaccount"]:
+        subject = f"--serviceaccount={parts[2]}:{parts[3]}"
+    else:
+        subject = f"--user={user}"
+    ns = namespace or "NAMESPACE"
+    return (
+        f"{user} may not {verb} {group}{resource} {where}: bind it the Role {ROLE} of "
+        f"deploy/role.yaml there (`kubectl apply -k deploy/` binds it to the hub's service "
+        f"account aenv-ray:aenv-hub; for this account: `kubectl -n {ns} create rolebinding "
+        f"{ROLE} --role={ROLE} {subject}`, after creating the Role in {ns}), or use a "
+        "kubeconfig whose user has it"
+    )
 
 
 def _retry_after(headers: Any) -> float | None:

@@ -18,7 +18,12 @@ from collections import OrderedDict
 from typing import Any
 
 from aenv_ray.engine import InstanceInfo, TerminationReason
-from aenv_ray.errors import AEnvError
+from aenv_ray.errors import (
+    AEnvError,
+    AuthenticationError,
+    ConfigurationError,
+    PermissionDeniedError,
+)
 from k8s_backend._api import Kube, WatchExpired
 from k8s_backend.manifests import CLAIM_FREE, LABEL_CLAIM, LABEL_MANAGED, LABEL_POOL, MANAGER
 from k8s_backend.state import instance_id, pod_info, resource_version
@@ -29,6 +34,10 @@ log = logging.getLogger("aenv_ray.k8s")
 
 TOMBSTONES = 4096
 SELECTOR = f"{LABEL_MANAGED}={MANAGER}"
+REFUSED = (PermissionDeniedError, AuthenticationError, ConfigurationError)
+"""Failures that retrying alone does not mend (403, 401, a missing namespace): waiters are
+told at once, and the watch retries them slowly (up to :data:`REFUSED_PAUSE` apart)."""
+REFUSED_PAUSE = 30.0
 
 
 class PodCache:
@@ -38,6 +47,7 @@ class PodCache:
         self.kube = kube
         self.watch_timeout = watch_timeout
         self.synced = threading.Event()
+        self._settled = threading.Event()  # synced, or refused by the cluster (see REFUSED)
         self.error: AEnvError | None = None  # the last failure of list/watch, while unsynced
         self.relists = 0  # how many times the cache listed (1 + one per expired/broken watch)
         self._pods: dict[str, dict[str, Any]] = {}
@@ -50,6 +60,12 @@ class PodCache:
         self._response: Any = None
 
     # -- reading -----------------------------------------------------------------------------
+    def wait_synced(self, timeout: float) -> bool:
+        """Wait until the first list answered (True), or the cluster refused it in a way
+        retrying alone does not mend, or ``timeout`` passed (False: see :attr:`error`)."""
+        self._settled.wait(timeout)
+        return self.synced.is_set()
+
     def pod(self, iid: str) -> dict[str, Any] | None:
         """The pod of instance ``iid``, as last seen (None: none live)."""
         with self._lock:
@@ -185,6 +201,7 @@ class PodCache:
                 version = str((listing.get("metadata") or {}).get("resourceVersion") or "")
                 self.error = None
                 self.synced.set()
+                self._settled.set()
                 pause = 0.1
                 while not self._stop.is_set():
                     version = self._watch(path, version)
@@ -196,12 +213,17 @@ class PodCache:
                 if self._stop.is_set():
                     return
                 self.error = exc
+                refused = isinstance(exc, REFUSED)
+                if refused:
+                    self._settled.set()  # nobody waits for what may never come
                 log.warning(
-                    "pod list or watch failed; retrying",
+                    "pod list or watch refused; retrying slowly"
+                    if refused
+                    else "pod list or watch failed; retrying",
                     extra={"namespace": self.kube.namespace, "error": str(exc), "pause": pause},
                 )
                 self._stop.wait(pause)
-                pause = min(pause * 2, 5.0)
+                pause = min(pause * 2, REFUSED_PAUSE if refused else 5.0)
             except Exception:  # a bug must not end the watch silently
                 log.exception("pod watch failed unexpectedly; retrying")
                 self._stop.wait(pause)

@@ -243,7 +243,7 @@ class KubernetesEngine:
             await self._run(self._start)
         if self._cache.synced.is_set():
             return
-        synced = await self._run(self._cache.synced.wait, timeout)
+        synced = await self._run(self._cache.wait_synced, timeout)
         if not synced:
             error = self._cache.error
             if error is not None:

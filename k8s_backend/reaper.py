@@ -25,7 +25,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from aenv_ray.engine import TerminationReason
-from aenv_ray.errors import AEnvError, ClusterConflictError
+from aenv_ray.errors import (
+    AEnvError,
+    AuthenticationError,
+    ClusterConflictError,
+    PermissionDeniedError,
+)
 from k8s_backend._api import Kube
 from k8s_backend._cache import PodCache
 from k8s_backend.manifests import (
@@ -49,6 +54,8 @@ log = logging.getLogger("aenv_ray.k8s")
 LEASE_SECONDS = 15
 """How long a Lease holds without renewal (sessions and the reaper's)."""
 RENEW_EVERY = 4.0
+REFUSED_PAUSE = 60.0
+"""The longest pause between housekeeping rounds the cluster refuses (403, 401)."""
 REAPER_LEASE = "aenv-ray-reaper"
 LABEL_LEASE = "aenv-ray.io/lease"  # "session" or "reaper"
 _LEASES = "coordination.k8s.io/v1"
@@ -258,13 +265,18 @@ class Housekeeper:
         )
         try:
             self.delete(pod, reason)
+        except (PermissionDeniedError, AuthenticationError):
+            raise  # not this pod's problem: the round stops, run() backs off
         except AEnvError as exc:
             log.warning("could not reap a pod", extra={"instance": iid, "error": str(exc)})
 
     # -- the thread --------------------------------------------------------------------------
     def run(self) -> None:
-        """Until :meth:`stop`: renew, lead, reap; failures are logged and tried again."""
-        while not self._stop.wait(self.tick):
+        """Until :meth:`stop`: renew, lead, reap; failures are logged and tried again, and
+        refusals (403, 401: retrying alone does not mend them) ever more slowly, up to
+        :data:`REFUSED_PAUSE` apart."""
+        pause = 0.0
+        while not self._stop.wait(self.tick + pause):
             now = time.time()
             try:
                 self._renew_session(now)
@@ -272,6 +284,15 @@ class Housekeeper:
                     self._lead(now)
                     if self.leading and self.cache.synced.is_set():
                         self._reap(now)
+                pause = 0.0
+            except (PermissionDeniedError, AuthenticationError) as exc:
+                self.leading = False
+                self._renewed = self._led = 0.0  # the next round asks again, after the pause
+                pause = min(max(pause * 2, self.tick), REFUSED_PAUSE)
+                log.error(
+                    "housekeeping refused by the cluster; trying again later",
+                    extra={"error": str(exc), "pause": pause},
+                )
             except AEnvError as exc:
                 log.warning("housekeeping failed; trying again", extra={"error": str(exc)})
             except Exception:

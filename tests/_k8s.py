@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -54,21 +55,53 @@ def _built(cache: Path) -> bool:
     )
 
 
+def _groups(user: str, groups: tuple[str, ...]) -> list[str]:
+    """``groups``, plus a ServiceAccount's own groups when ``user`` names one."""
+    parts = user.split(":")
+    if len(parts) == 4 and parts[:2] == ["system", "serviceaccount"]:
+        groups = (*groups, "system:serviceaccounts", f"system:serviceaccounts:{parts[2]}")
+    return list(dict.fromkeys(groups))
+
+
 class KubeCluster:
     """A running cluster: ``kubeconfig`` is its path. ``with KubeCluster.start() as cluster:``."""
 
-    def __init__(self, kubeconfig: Path, *, state: Path | None = None) -> None:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        *,
+        state: Path | None = None,
+        tokens: Mapping[str, str] | None = None,
+    ) -> None:
         self.kubeconfig = kubeconfig
         self.state = state  # ours to stop and remove; None: a cluster someone else runs
+        self.tokens = dict(tokens or {})  # user -> its static bearer token
         self.tools = tools_dir()
         self._host_processes: bool | None = None
 
     @classmethod
-    def start(cls, *, setup_timeout: float = 1800.0) -> KubeCluster:
+    def start(
+        cls,
+        *,
+        setup_timeout: float = 1800.0,
+        rbac: bool = False,
+        users: Mapping[str, tuple[str, ...]] | None = None,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> KubeCluster:
         """``AENV_TEST_KUBECONFIG``'s cluster, else a fresh k8s-real control plane (set up first
-        when needed). Raises :class:`RuntimeError` saying why it cannot."""
+        when needed). Raises :class:`RuntimeError` saying why it cannot.
+
+        ``rbac=True`` starts k8s-real with ``AUTHORIZATION_MODE=RBAC`` (the kubeconfig's admin
+        stays in ``system:masters``) and never uses ``AENV_TEST_KUBECONFIG``: the restricted users
+        it needs are static tokens of its own. ``users`` maps each user name to its groups (a
+        random token each, in :attr:`tokens`; :meth:`kubeconfig_for` and :meth:`api_client` use
+        them); a ServiceAccount's name ``system:serviceaccount:NS:NAME`` also gets the groups
+        the API server gives a ServiceAccount (``system:serviceaccounts`` and
+        ``system:serviceaccounts:NS``), so its token acts exactly as that ServiceAccount.
+        ``extra_env`` goes to k8s-real's ``start`` (its knobs, e.g. ``FAKE_KUBELET_*``).
+        """
         given = os.environ.get("AENV_TEST_KUBECONFIG")
-        if given:
+        if given and not rbac and not users:
             return cls(Path(given))
         tools = tools_dir()
         if tools is None:
@@ -89,6 +122,7 @@ class KubeCluster:
                     f"k8s-real setup failed:\n{(setup.stdout + setup.stderr)[-3000:]}"
                 )
         state = Path(tempfile.mkdtemp(prefix="aenv-k8s-"))
+        tokens = {user: secrets.token_hex(16) for user in users or {}}
         env = {
             **os.environ,
             "APISERVER_PORT": str(free_port()),
@@ -99,7 +133,19 @@ class KubeCluster:
             "RUN_DIR": str(state / "run"),
             "KUBECONFIG_OUT": str(state / "kubeconfig"),
             "FAKE_KUBELET_POD_IP_MODE": "unique",  # a pod binds its own 127.1.x.y
+            **(extra_env or {}),
         }
+        if rbac:
+            env["AUTHORIZATION_MODE"] = "RBAC"
+        if tokens:
+            lines = []
+            for user, token in tokens.items():  # token,user,uid[,"group1,group2"]
+                groups = ",".join(_groups(user, (users or {})[user]))
+                lines.append(
+                    f'{token},{user},{user},"{groups}"' if groups else f"{token},{user},{user}"
+                )
+            (state / "tokens.csv").write_text("\n".join(lines) + "\n")
+            env["EXTRA_TOKENS"] = str(state / "tokens.csv")
         started = subprocess.run(
             [str(tools / "start")],
             capture_output=True,
@@ -108,7 +154,7 @@ class KubeCluster:
             timeout=300,
             check=False,
         )
-        cluster = cls(state / "kubeconfig", state=state)
+        cluster = cls(state / "kubeconfig", state=state, tokens=tokens)
         if started.returncode != 0:
             cluster.stop()
             raise RuntimeError(
@@ -132,11 +178,34 @@ class KubeCluster:
             self._host_processes = any(n.metadata.name == "fake-node" for n in nodes)
         return self._host_processes
 
-    def api_client(self) -> ApiClient:
-        """An official client's ApiClient for this cluster (a context manager: close it)."""
+    def api_client(self, user: str | None = None) -> ApiClient:
+        """An official client's ApiClient for this cluster (a context manager: close it), as
+        the kubeconfig's admin or, with ``user``, as one of :meth:`start`'s ``users``."""
         from kubernetes import config
 
-        return config.new_client_from_config(config_file=str(self.kubeconfig))
+        path = self.kubeconfig if user is None else self.kubeconfig_for(user)
+        return config.new_client_from_config(config_file=str(path))
+
+    def kubeconfig_for(self, user: str, *, namespace: str | None = None) -> Path:
+        """A kubeconfig for this cluster whose credentials are ``user``'s static token (one
+        of :meth:`start`'s ``users``), with ``namespace`` as its context's namespace; written
+        next to the cluster's own (0600), removed with the cluster."""
+        import yaml
+
+        token = self.tokens.get(user)
+        if token is None:
+            raise KeyError(f"no token for user {user!r}: start the cluster with users={{...}}")
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        config["users"] = [{"name": "restricted", "user": {"token": token}}]
+        context = config["contexts"][0]["context"]
+        context["user"] = "restricted"
+        if namespace is not None:
+            context["namespace"] = namespace
+        safe = "".join(c if c.isalnum() else "-" for c in user)
+        path = self.kubeconfig.with_name(f"kubeconfig-{safe}-{namespace or 'default'}")
+        path.touch(mode=0o600)
+        path.write_text(yaml.safe_dump(config))
+        return path
 
     def namespace(self, name: str) -> str:
         """Create namespace ``name`` if it is missing; its name."""

@@ -124,3 +124,28 @@ def kube_cluster() -> Iterator[KubeCluster]:
         pytest.skip(str(exc))
     with cluster:
         yield cluster
+
+
+RESTRICTED_USERS: dict[str, tuple[str, ...]] = {
+    "aenv-test-nobody": (),  # bound to nothing: every call is a 403
+    "aenv-test-pod-reader": (),  # the tests bind it a Role of their own
+    "system:serviceaccount:aenv-ray:aenv-hub": (),  # deploy/'s hub, as its ServiceAccount
+}
+"""The users of ``rbac_cluster``, each with a static token (``rbac_cluster.kubeconfig_for``)."""
+
+
+@pytest.fixture(scope="session")
+def rbac_cluster() -> Iterator[KubeCluster]:
+    """A k8s-real cluster of its own with RBAC on and the :data:`RESTRICTED_USERS` (never
+    ``AENV_TEST_KUBECONFIG``'s: static tokens cannot be added to a running cluster). Skips, or
+    fails under ``AENV_REQUIRE_K8S=1``, as ``kube_cluster`` does."""
+    if tools_dir() is None:
+        pytest.skip("no k8s-real tools (../shared/tools/k8s-real): no RBAC cluster")
+    try:
+        cluster = KubeCluster.start(rbac=True, users=RESTRICTED_USERS)
+    except RuntimeError as exc:
+        if os.environ.get("AENV_REQUIRE_K8S") == "1":
+            raise
+        pytest.skip(str(exc))
+    with cluster:
+        yield cluster
