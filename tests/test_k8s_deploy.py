@@ -57,12 +57,13 @@ ROLE_RULES = [
     {
         "apiGroups": [""],
         "resources": ["services", "persistentvolumeclaims"],
-        "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+        "verbs": ["create", "delete"],
     },
+    {"apiGroups": [""], "resources": ["endpoints"], "verbs": ["get"]},
     {
         "apiGroups": ["apps"],
         "resources": ["deployments"],
-        "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+        "verbs": ["get", "create", "patch", "delete"],
     },
     {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["create"]},
     {
@@ -442,6 +443,23 @@ async def test_the_hub_comes_up_from_the_manifests_and_its_role_runs_instances(
         assert renewed["expires_at"] > record["expires_at"]
         ended = await hub.delete_instance(record["id"])
         assert ended["state"] == "terminated"
+
+        # a service (Deployment + Service + PVC), scaled, called through the hub, deleted with
+        # its storage: the Role's other rules, used for real
+        service = await hub.create_service("my-env@1.0.0", replicas=1, storage=True)
+        scaled = await hub.update_service(service["id"], replicas=2)
+        assert scaled["ready"] == 2
+        assert len(scaled["endpoints"]) == 2
+        gone = await hub.delete_service(service["id"], keep_storage=False)
+        assert gone["id"] == service["id"]
+        with rbac_cluster.api_client() as api:
+            claims = k8s_client.CoreV1Api(api).list_namespaced_persistent_volume_claim(NAMESPACE)
+        left = {
+            c.metadata.name: c.metadata.deletion_timestamp
+            for c in claims.items
+            if c.metadata.name == f"aenv-storage-{service['id']}"
+        }
+        assert all(left.values())  # gone, or going once no replica holds it (pvc-protection)
     with rbac_cluster.api_client() as api:
         policies = k8s_client.NetworkingV1Api(api).list_namespaced_network_policy(NAMESPACE)
         leases = k8s_client.CoordinationV1Api(api).list_namespaced_lease(NAMESPACE)
