@@ -47,6 +47,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -153,10 +154,19 @@ static int read_all(int fd, unsigned char *p, size_t n) { /* 0, or -1 on error o
     return 0;
 }
 
-static void send_frame(int conn, struct buf *body) {
+static void send_frame(int conn, struct buf *body) { /* one writev: header and body together */
     unsigned char head[4];
     for (int i = 0; i < 4; i++) head[i] = (unsigned char)(body->len >> (8 * (3 - i)));
-    if (write_all(conn, head, 4) == 0) write_all(conn, body->p, body->len);
+    struct iovec parts[2] = {{head, 4}, {body->p, body->len}};
+    ssize_t sent;
+    do sent = writev(conn, parts, 2);
+    while (sent < 0 && errno == EINTR);
+    if (sent < 0 || (size_t)sent == 4 + body->len) return;
+    if ((size_t)sent < 4) {
+        if (write_all(conn, head + sent, 4 - (size_t)sent) != 0) return;
+        sent = 4;
+    }
+    write_all(conn, body->p + (sent - 4), body->len - (size_t)(sent - 4));
 }
 
 static void begin(struct buf *b, int status) {

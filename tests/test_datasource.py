@@ -9,6 +9,7 @@ helper must answer each with an error or a closed connection, keep serving, and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pickle
 import random
@@ -430,21 +431,25 @@ def _connected(path: str) -> socket.socket:
 def _exchange(path: str, raw: bytes) -> bytes:
     """Send ``raw``, then read until the helper closes: its whole answer (maybe nothing)."""
     with _connected(path) as conn:
-        try:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             conn.sendall(raw)
-            conn.shutdown(socket.SHUT_WR)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        chunks = []
-        while True:
-            try:
-                chunk = conn.recv(65536)
-            except ConnectionResetError:
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return _answer(conn)
+
+
+def _answer(conn: socket.socket) -> bytes:
+    """Everything the helper sends on ``conn`` until it closes it."""
+    with contextlib.suppress(OSError):
+        conn.shutdown(socket.SHUT_WR)
+    chunks = []
+    while True:
+        try:
+            chunk = conn.recv(65536)
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _error_kind(answer: bytes) -> int | None:
@@ -514,8 +519,7 @@ def test_the_helper_says_busy_and_survives_many_connections(helper: Helper) -> N
             waiting.append(_connected(helper.socket))  # a handler waits for its frame
         busy = 0
         for conn in waiting[-20:]:  # past the 256 handlers: each told to retry
-            conn.shutdown(socket.SHUT_WR)
-            busy += _error_kind(conn.recv(65536)) == 4
+            busy += _error_kind(_answer(conn)) == 4
         assert busy == 20
     finally:
         for conn in waiting:
