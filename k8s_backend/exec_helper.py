@@ -6,9 +6,9 @@ image has no libc it could use (``scratch``, distroless, Alpine's musl): no Pyth
 needed. :func:`build` compiles it with the system's C compiler; :func:`helper_binary` builds it
 once per machine and caches it by the source's hash (for a test cluster whose kubelet runs pod
 commands on this host, and for the tests). The generic aenv-ray image carries it at
-:data:`IMAGE_PATH` (``python -m k8s_backend.exec_helper /opt/aenv-ray/bin/aenv-exec`` builds
-it there); a pod's init container copies it from that image into the volume both containers
-share (:class:`ExecHelper`).
+:data:`IMAGE_PATH`, built there with the same flags (:data:`CFLAGS`, ``-static -s``); a pod's
+init container copies it from that image into the volume both containers share
+(:class:`ExecHelper`).
 
     >>> ExecHelper(image="ghcr.io/aenv-ray/aenv-ray:0.1.0").binary
     '/opt/aenv-ray/bin/aenv-exec'
@@ -21,7 +21,6 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,20 +112,3 @@ def helper_binary() -> Path:
         os.replace(built, target)  # atomic: concurrent builders agree on the result
     log.info("built the exec helper", extra={"path": str(target)})
     return target
-
-
-def main(argv: list[str]) -> int:
-    """``python -m k8s_backend.exec_helper DEST``: build the helper (static, stripped) at
-    DEST, as an image build does."""
-    if len(argv) != 1:
-        print("usage: python -m k8s_backend.exec_helper DEST", file=sys.stderr)  # noqa: T201
-        return 2
-    target = Path(argv[0])
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if not build(target, extra=("-s",)):
-        print(f"{target}: linked dynamically (no static libc)", file=sys.stderr)  # noqa: T201
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
