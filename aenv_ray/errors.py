@@ -24,6 +24,10 @@ The tree, by what the caller should do::
     │   └── LeaseLostError                       a pool took your lease back; retryable on a new one
     ├── CapacityError                            the engine cannot start more now; retryable
     ├── NotSupportedError (NotImplementedError)  this engine cannot do that (e.g. fork); use another
+    ├── DatasourceError                          a DualContainer's second container failed a call
+    │   ├── DatasourceNotConfiguredError (+ NotSupportedError)  this instance has no such container
+    │   ├── DatasourceUnreachableError           its exec helper does not answer; retryable
+    │   └── DatasourceTimeoutError (+ AEnvTimeoutError) the command ran past its timeout: killed
     ├── RegistryError                            EnvHub refused a registry operation
     │   ├── VersionConflictError                 that name@version is published (or was): bump it
     │   ├── ArtifactError (ValueError)           an upload is corrupt or not a bundle; rebuild it
@@ -87,6 +91,10 @@ __all__ = [
     "ClusterError",
     "ClusterUnreachableError",
     "ConfigurationError",
+    "DatasourceError",
+    "DatasourceNotConfiguredError",
+    "DatasourceTimeoutError",
+    "DatasourceUnreachableError",
     "DefinitionError",
     "EnvironmentNotFoundError",
     "FunctionError",
@@ -341,6 +349,46 @@ class NotSupportedError(AEnvError, NotImplementedError):
     """This engine cannot do that at all (e.g. fork an instance): the contract's typed refusal.
 
     Not retryable: no retry makes it possible; use an engine that can, or do without."""
+
+
+class DatasourceError(AEnvError):
+    """The second container of a ``DualContainer`` instance (its ``datasource``) could not do
+    what a tool asked through :mod:`aenv_ray.datasource`: no such file, a command that is not
+    in its image, a file over the size asked for. ``code`` is the errno's name when the
+    container's helper gave one (``"ENOENT"``, ``"EACCES"``, ``"EFBIG"``)."""
+
+    def __init__(self, message: str = "", *, code: str | None = None, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.code = code
+
+
+class DatasourceNotConfiguredError(DatasourceError, NotSupportedError):
+    """This instance has no second container: its environment's ``deployConfig.podTemplate`` is
+    not ``DualContainer``, or the engine runs one container only (the local engine does; the
+    Kubernetes engine runs both)."""
+
+
+class DatasourceUnreachableError(DatasourceError):
+    """The second container's exec helper does not answer on its socket: the container has not
+    started, has died, or was replaced. Retryable on a fresh instance."""
+
+    retryable = True
+
+
+class DatasourceTimeoutError(DatasourceError, AEnvTimeoutError):
+    """A command in the second container ran past its ``timeout`` and was killed with its whole
+    process group, or the helper did not answer in time. ``result``, when set, holds what the
+    command wrote until then (an :class:`aenv_ray.datasource.CommandResult`). Not retryable:
+    the same command would time out again."""
+
+    retryable = False
+
+    def __init__(
+        self, message: str = "", *, code: str | None = None, timeout: float | None = None, **kw: Any
+    ) -> None:
+        AEnvError.__init__(self, message, **kw)
+        self.code = code
+        self.timeout = timeout
 
 
 class RegistryError(AEnvError):

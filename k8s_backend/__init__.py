@@ -13,7 +13,7 @@ sessions and the reaper (:mod:`k8s_backend.reaper`); the client and its errors l
 ``k8s_backend._api``, the watch's cache in ``k8s_backend._cache``.
 
 May import: ``aenv_ray``, orjson, yaml (a user's own pod template); kubernetes and urllib3 (its
-transport) in one module only.
+transport) in one module only; lazily, platformdirs (where the exec helper's build is cached).
 Must not import: ray, gymnasium.
 """
 

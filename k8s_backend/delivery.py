@@ -8,6 +8,10 @@ command that starts the sandbox runtime in it.
   host (the test cluster of ``../shared/tools/k8s-real``): this host's Python serves the project
   where it lies. Images are ignored there; never use it on a real cluster.
 
+Each also says where a ``DualContainer`` pod's init container finds the exec helper
+(``exec_helper()``, read through :func:`exec_helper_of`): the generic aenv-ray image, or on a
+host-process cluster this host's build of it.
+
     >>> from aenv_ray.config import EnvConfig
     >>> OwnImage("reg.example/aenv").runtime(EnvConfig(name="demo"), None)
     ('reg.example/aenv/demo:1.0.0', ['python', '-m', 'sandbox_runtime', '/env'])
@@ -15,14 +19,17 @@ command that starts the sandbox runtime in it.
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Protocol
 
 from aenv_ray.config import EnvConfig
 from aenv_ray.errors import ConfigurationError
+from k8s_backend.exec_helper import RUNTIME_IMAGE, ExecHelper, helper_binary
 
-__all__ = ["Delivery", "HostProcess", "OwnImage"]
+__all__ = ["Delivery", "HostProcess", "OwnImage", "exec_helper_of"]
 
 IMAGE_PROJECT = "/env"
 """Where ``aenv build``'s Dockerfile puts the project in the image."""
@@ -36,12 +43,27 @@ class Delivery(Protocol):
         ...
 
 
+def exec_helper_of(delivery: Delivery) -> ExecHelper:
+    """Where ``delivery`` has a ``DualContainer`` pod find the exec helper: its own
+    ``exec_helper()`` when it has one (a delivery may leave it out), else the generic aenv-ray
+    image of this version."""
+    placement = getattr(delivery, "exec_helper", None)
+    return placement() if callable(placement) else ExecHelper()
+
+
 class OwnImage:
     """The environment's own image (see the module docstring). ``image_prefix`` is the
-    registry path for projects whose ``deployConfig.imagePrefix`` is empty."""
+    registry path for projects whose ``deployConfig.imagePrefix`` is empty; ``runtime_image``
+    is the generic aenv-ray image whose exec helper ``DualContainer`` pods copy (default: the
+    published image of this version)."""
 
-    def __init__(self, image_prefix: str = "") -> None:
+    def __init__(self, image_prefix: str = "", *, runtime_image: str = RUNTIME_IMAGE) -> None:
         self.image_prefix = image_prefix.strip()
+        self.runtime_image = runtime_image
+
+    def exec_helper(self) -> ExecHelper:
+        """The helper at its place in ``runtime_image``."""
+        return ExecHelper(image=self.runtime_image)
 
     def runtime(self, config: EnvConfig, project: Path | None) -> tuple[str, list[str]]:
         image = config.image
@@ -66,9 +88,24 @@ class HostProcess:
     the project from its directory here: for a test cluster whose kubelet runs commands on this
     host. ``image`` is a placeholder such a kubelet ignores."""
 
-    def __init__(self, python: str | None = None, *, image: str = "aenv-ray/host-process") -> None:
+    def __init__(
+        self,
+        python: str | None = None,
+        *,
+        image: str = "aenv-ray/host-process",
+        shared_root: str | Path | None = None,
+    ) -> None:
         self.python = python or sys.executable
         self.image = image
+        self.shared_root = str(shared_root) if shared_root else None
+
+    def exec_helper(self) -> ExecHelper:
+        """This host's build of the helper (built on first use), and a directory of this host
+        for each ``DualContainer`` pod's shared files under ``shared_root`` (default:
+        ``aenv-shared-<uid>`` in the temporary directory; keep it short, a socket's path must
+        stay under 108 bytes). Nobody removes those directories but you."""
+        root = self.shared_root or str(Path(tempfile.gettempdir()) / f"aenv-shared-{os.getuid()}")
+        return ExecHelper(image=self.image, binary=str(helper_binary()), host_dir=root)
 
     def runtime(self, config: EnvConfig, project: Path | None) -> tuple[str, list[str]]:
         if project is None:

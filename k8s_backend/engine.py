@@ -60,7 +60,8 @@ from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT
 from aenv_ray.resolve import resolve_environment
 from k8s_backend._api import Kube, connect
 from k8s_backend._cache import PodCache, pool_waiter
-from k8s_backend.delivery import Delivery, OwnImage
+from k8s_backend.delivery import Delivery, OwnImage, exec_helper_of
+from k8s_backend.exec_helper import ExecHelper
 from k8s_backend.manifests import (
     ANNOTATION_EXPIRES,
     CLAIM_FREE,
@@ -322,6 +323,9 @@ class KubernetesEngine:
             session=self.session,
             created_at=now,
             max_lifetime=math.ceil(self.max_lifetime),
+            exec_helper=exec_helper_of(self.delivery)
+            if config.deploy_config.pod_template == "DualContainer"
+            else ExecHelper(),
         )
         return recipe, config
 

@@ -24,9 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aenv_ray.config import DeployConfig, parse_cpu, parse_memory
+from aenv_ray.datasource import SOCKET_ENV
 from aenv_ray.envref import EnvRef
 from aenv_ray.errors import ConfigurationError
 from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT, READY_PATH, TOKEN_ENV
+from k8s_backend.exec_helper import ExecHelper
 from k8s_backend.templates import (
     check_pod_template,
     merge_pod_template,
@@ -52,6 +54,7 @@ __all__ = [
     "MANAGER",
     "NETWORK_POLICY_NAME",
     "OUR_LABELS",
+    "SHARED_PATH",
     "STORAGE_PATH",
     "PodRecipe",
     "deny_egress_policy",
@@ -80,6 +83,8 @@ ANNOTATION_CREATED = "aenv-ray.io/created-at"
 NETWORK_POLICY_NAME = "aenv-ray-deny-egress"
 NOBODY = 65534
 STORAGE_PATH = "/storage"
+SHARED_PATH = "/aenv-shared"
+"""A DualContainer pod's volume shared by its containers: the exec helper and its socket."""
 
 _LABEL_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 _DNS_CHARS = re.compile(r"[^a-z0-9-]+")
@@ -188,6 +193,7 @@ class PodRecipe:
     created_at: float | None = None  # seconds since the epoch, finer than creationTimestamp
     max_lifetime: int | None = None  # seconds: activeDeadlineSeconds, the backstop of any TTL
     warm: bool = False  # a warm pool's pod (``pool`` names it), free until claimed
+    exec_helper: ExecHelper = field(default_factory=ExecHelper)  # DualContainer: where it is
 
 
 def _labels(recipe: PodRecipe, ref: EnvRef) -> dict[str, str]:
@@ -262,6 +268,66 @@ class _Runtime:
     datasource: str | None
     storage_claim: str | None
     restart_policy: str
+    exec_helper: ExecHelper = field(default_factory=ExecHelper)
+    shared_key: str = ""  # names the pod's shared directory on a host-process cluster
+
+
+def _shared_dir(runtime: _Runtime) -> str:
+    """Where the pod's containers find the shared volume: its mount path, or on a host-process
+    test cluster (which mounts no volumes) a directory of that host, one per pod."""
+    host = runtime.exec_helper.host_dir
+    return f"{host.rstrip('/')}/{runtime.shared_key}" if host else SHARED_PATH
+
+
+def _second_container(runtime: _Runtime, containers: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``DualContainer`` parts: the ``datasource`` container, running the exec helper as its
+    command (its image's entrypoint is replaced; a command of the user's template runs under
+    the helper), the init container that copies the helper from the aenv-ray image into the
+    shared volume, the volumes, and the runtime's mount of it (read-only: a unix socket is
+    reachable on a read-only mount) with the socket's path in ``AENV_DATASOURCE_SOCKET``."""
+    helper, shared = runtime.exec_helper, _shared_dir(runtime)
+    mount = {"name": "aenv-shared", "mountPath": SHARED_PATH}
+    runtime_container = containers[0]
+    runtime_container["volumeMounts"].append({**mount, "readOnly": True})
+    if any(v.get("name") == SOCKET_ENV for v in runtime_container["env"]):
+        raise ConfigurationError(
+            f"environment variable {SOCKET_ENV} is aenv-ray's own in a DualContainer pod; "
+            "choose another name"
+        )
+    runtime_container["env"].insert(1, {"name": SOCKET_ENV, "value": f"{shared}/exec.sock"})
+    # a host-process kubelet checks a command exists when it first sees the pod, before the
+    # init container has run: there the second container runs the host's build directly
+    command = helper.binary if helper.host_dir else f"{shared}/aenv-exec"
+    containers.append(
+        {
+            "name": "datasource",
+            "image": second_image(runtime.datasource or "", runtime.deploy.image_prefix),
+            "command": [command, "--socket", f"{shared}/exec.sock", "--"],
+            "securityContext": _container_security(),
+            "volumeMounts": [
+                {"name": "workspace", "mountPath": "/workspace"},
+                mount,
+                {"name": "datasource-tmp", "mountPath": "/tmp"},
+            ],
+        }
+    )
+    small = {"cpu": "100m", "memory": "32Mi"}
+    return {
+        "initContainers": [
+            {
+                "name": "aenv-exec-install",
+                "image": helper.image,
+                "command": [helper.binary, "--install", f"{shared}/aenv-exec"],
+                "resources": {"requests": dict(small), "limits": dict(small)},
+                "securityContext": _container_security(),
+                "volumeMounts": [mount],
+            }
+        ],
+        "volumes": [
+            {"name": "aenv-shared", "emptyDir": {"sizeLimit": "16Mi"}},
+            {"name": "datasource-tmp", "emptyDir": {"sizeLimit": "64Mi"}},
+        ],
+    }
 
 
 def _pod_spec(runtime: _Runtime) -> dict[str, Any]:
@@ -301,15 +367,11 @@ def _pod_spec(runtime: _Runtime) -> dict[str, Any]:
         "workingDir": "/workspace",
     }
     containers = [container]
+    dual: dict[str, Any] = {}
     if deploy.pod_template == "DualContainer":
-        containers.append(
-            {
-                "name": "datasource",
-                "image": second_image(runtime.datasource or "", deploy.image_prefix),
-                "securityContext": _container_security(),
-                "volumeMounts": [{"name": "workspace", "mountPath": "/workspace"}],
-            }
-        )
+        container["env"] = list(container["env"])
+        dual = _second_container(runtime, containers)
+        volumes += dual["volumes"]
     return {
         "restartPolicy": runtime.restart_policy,
         "automountServiceAccountToken": False,
@@ -321,6 +383,7 @@ def _pod_spec(runtime: _Runtime) -> dict[str, Any]:
             "fsGroup": NOBODY,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
+        **({"initContainers": dual["initContainers"]} if dual else {}),
         "containers": containers,
         "volumes": volumes,
     }
@@ -370,6 +433,8 @@ def instance_pod(recipe: PodRecipe) -> dict[str, Any]:
         datasource=recipe.datasource,
         storage_claim=recipe.storage_claim,
         restart_policy="Never",
+        exec_helper=recipe.exec_helper,
+        shared_key=recipe.instance_id,
     )
     name = pod_name(ref.name, recipe.instance_id)
     pod: dict[str, Any] = {

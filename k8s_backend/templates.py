@@ -274,9 +274,11 @@ def merge_pod_template(ours: Mapping[str, Any], template: Mapping[str, Any]) -> 
     annotations, env vars, volumes and mounts are unions in which aenv-ray's win (a volume or
     mount path of aenv-ray's own in the template is an error); containers named as aenv-ray's
     (``runtime``, ``datasource``) are merged into them, the others kept with the secure
-    defaults. The runtime's command is the template's when it gives one that holds
-    ``${COMMAND}`` (a wrapper such as ``tini --``). Neither argument is changed; the result
-    shares the parts it leaves as they were."""
+    defaults; aenv-ray's init containers run before the template's. The runtime's command is
+    the template's when it gives one that holds ``${COMMAND}`` (a wrapper such as ``tini
+    --``); a ``datasource`` command of the template's runs under the exec helper, which stays
+    that container's command. Neither argument is changed; the result shares the parts it
+    leaves as they were."""
     spec = dict(template.get("spec") or {})
     mine = dict(ours["spec"])
     metadata = template.get("metadata") or {}
@@ -293,8 +295,15 @@ def merge_pod_template(ours: Mapping[str, Any], template: Mapping[str, Any]) -> 
     theirs = {c["name"]: c for c in spec.pop("containers", None) or []}
     containers = [_merge_container(c, theirs.pop(c["name"], None)) for c in mine.pop("containers")]
     containers += [_secure(c) for c in theirs.values()]
-    if spec.get("initContainers"):
-        spec["initContainers"] = [_secure(c) for c in spec["initContainers"]]
+    my_init = mine.pop("initContainers", [])
+    their_init = [_secure(c) for c in spec.pop("initContainers", None) or []]
+    if {c["name"] for c in my_init} & {c.get("name") for c in their_init}:
+        raise ConfigurationError(
+            f"the pod template has an init container named {my_init[0]['name']}, which is "
+            "aenv-ray's own; rename it in deployConfig.customPodTemplate"
+        )
+    if my_init or their_init:  # aenv-ray's first: the exec helper is in place before theirs
+        spec["initContainers"] = my_init + their_init
 
     my_volumes = mine.pop("volumes", [])
     clash = {v["name"] for v in my_volumes} & {v["name"] for v in spec.get("volumes") or []}
@@ -336,6 +345,9 @@ def _merge_container(ours: dict[str, Any], theirs: Mapping[str, Any] | None) -> 
                 "`command` from it"
             )
         merged["command"] = command
+    if ours["name"] == "datasource" and theirs.get("command"):
+        # the exec helper stays the command; it runs and supervises the template's (with args)
+        merged["command"] = [*ours["command"], *theirs["command"]]
     names = {v["name"] for v in ours.get("env", [])}
     merged["env"] = ours.get("env", []) + [
         {**v, "value": str(v["value"])} if "value" in v else v

@@ -264,9 +264,11 @@ RULES: dict[str, Rule] = {
         must_not=frozenset({"ray", "kubernetes"}),
     ),
     # "May import: ``aenv_ray``, orjson, yaml (a user's own pod template); kubernetes and
-    # urllib3 (its transport) in one module only. Must not import: ray, gymnasium."
+    # urllib3 (its transport) in one module only; lazily, platformdirs (where the exec helper's
+    # build is cached). Must not import: ray, gymnasium."
     "k8s_backend": Rule(
         may=frozenset({"aenv_ray", "orjson", "yaml", "kubernetes", "urllib3"}),
+        lazy=frozenset({"platformdirs"}),
         must_not=frozenset({"ray", "gymnasium"}),
     ),
     # "May import: ``aenv_ray``, ray, gymnasium. Engines are chosen by name through

@@ -49,6 +49,7 @@ SAMPLES: dict[str, object] = {
     "allowed": 4.0,
     "existing_digest": "sha256:" + "ab" * 32,
     "kind": errors.FunctionErrorKind.TIMEOUT,
+    "code": "ENOENT",
 }
 
 COPIERS: dict[str, Callable[[Any], Any]] = {
@@ -252,6 +253,7 @@ RETRYABLE = {
     "CapacityError",
     "ClusterConflictError",
     "ClusterUnreachableError",
+    "DatasourceUnreachableError",
     "HubUnreachableError",
     "InstanceBrokenError",
     "InstanceExpiredError",

@@ -21,6 +21,7 @@ import pytest
 from aenv_ray import ConfigurationError, Environment
 from aenv_ray.config import DeployConfig
 from builtin_envs import builtin_refs
+from k8s_backend.exec_helper import IMAGE_PATH, RUNTIME_IMAGE, ExecHelper
 from k8s_backend.manifests import (
     LABEL_INSTANCE,
     PodRecipe,
@@ -64,6 +65,7 @@ DUAL = PodRecipe(
         image_prefix="registry.local/aenv/",
     ),
     datasource="django-repo",
+    exec_helper=ExecHelper(image="registry.local/aenv-ray/aenv-ray:1.2.3"),
 )
 
 
@@ -95,7 +97,8 @@ def test_the_pod_is_secure_by_default() -> None:
     assert spec["restartPolicy"] == "Never"
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    for container in spec["containers"] + instance_pod(DUAL)["spec"]["containers"]:
+    dual = instance_pod(DUAL)["spec"]
+    for container in spec["containers"] + dual["containers"] + dual["initContainers"]:
         security = container["securityContext"]
         assert security["allowPrivilegeEscalation"] is False
         assert security["capabilities"] == {"drop": ["ALL"]}
@@ -151,6 +154,57 @@ def test_the_second_image() -> None:
     assert second_image("docker.io/library/postgres:16", "r/") == "docker.io/library/postgres:16"
     with pytest.raises(ConfigurationError, match="needs a datasource"):
         instance_pod(PodRecipe(**{**_fields(DUAL), "datasource": None}))
+
+
+def test_the_dual_pod_places_the_exec_helper_through_a_shared_volume() -> None:
+    spec = instance_pod(DUAL)["spec"]
+    runtime, second = spec["containers"]
+    [install] = spec["initContainers"]
+    assert install["image"] == "registry.local/aenv-ray/aenv-ray:1.2.3"
+    assert install["command"] == [IMAGE_PATH, "--install", "/aenv-shared/aenv-exec"]
+    # the second image's entrypoint is replaced by the helper, which ends the command line
+    # with "--" so that a template's command or args run under it
+    assert second["command"] == [
+        "/aenv-shared/aenv-exec",
+        "--socket",
+        "/aenv-shared/exec.sock",
+        "--",
+    ]
+    assert "args" not in second
+    assert {"name": "AENV_DATASOURCE_SOCKET", "value": "/aenv-shared/exec.sock"} in runtime["env"]
+    shared = {"name": "aenv-shared", "mountPath": "/aenv-shared"}
+    assert {**shared, "readOnly": True} in runtime["volumeMounts"]  # connect() needs no write
+    assert shared in second["volumeMounts"]
+    assert shared in install["volumeMounts"]
+    assert {"name": "datasource-tmp", "mountPath": "/tmp"} in second["volumeMounts"]
+    assert {"name": "aenv-shared", "emptyDir": {"sizeLimit": "16Mi"}} in spec["volumes"]
+    # by default the init container is the generic aenv-ray image of this version
+    default = instance_pod(PodRecipe(**{**_fields(DUAL), "exec_helper": ExecHelper()}))
+    assert default["spec"]["initContainers"][0]["image"] == RUNTIME_IMAGE
+    # a single-container pod has none of it
+    single = instance_pod(SINGLE)["spec"]
+    assert "initContainers" not in single
+    assert all(v["name"] != "AENV_DATASOURCE_SOCKET" for v in single["containers"][0]["env"])
+
+
+def test_on_a_host_process_cluster_the_shared_directory_is_the_hosts() -> None:
+    helper = ExecHelper(image="ignored", binary="/cache/aenv-exec-1", host_dir="/tmp/shared/")
+    spec = instance_pod(PodRecipe(**{**_fields(DUAL), "exec_helper": helper}))["spec"]
+    runtime, second = spec["containers"]
+    here = "/tmp/shared/9c1e07b34f2a"  # one directory per pod, named by its instance id
+    assert spec["initContainers"][0]["command"] == [
+        "/cache/aenv-exec-1",
+        "--install",
+        f"{here}/aenv-exec",
+    ]
+    assert second["command"] == ["/cache/aenv-exec-1", "--socket", f"{here}/exec.sock", "--"]
+    assert {"name": "AENV_DATASOURCE_SOCKET", "value": f"{here}/exec.sock"} in runtime["env"]
+
+
+def test_the_datasource_socket_variable_is_aenv_rays_own() -> None:
+    taken = {"AENV_DATASOURCE_SOCKET": "/elsewhere"}
+    with pytest.raises(ConfigurationError, match="AENV_DATASOURCE_SOCKET"):
+        instance_pod(PodRecipe(**{**_fields(DUAL), "environment_variables": taken}))
 
 
 def test_a_user_label_cannot_take_an_aenv_label() -> None:

@@ -425,6 +425,50 @@ def test_the_template_cannot_take_aenv_rays_volumes(source: str, fragment: str) 
     assert fragment in str(info.value)
 
 
+def test_a_dual_pods_template_keeps_the_exec_helper_and_its_init_container_first() -> None:
+    source = """
+spec:
+  initContainers:
+  - {name: warm-cache, image: busybox:1.36, command: [sh, -c, "true"]}
+  containers:
+  - name: datasource
+    command: [postgres]
+    args: [-D, /workspace/db]
+    resources: {limits: {cpu: 500m, memory: 256Mi}}
+"""
+    deploy = DeployConfig(
+        pod_template="DualContainer", image_prefix="registry.local/", custom_pod_template=source
+    )
+    fields = {name: getattr(RECIPE, name) for name in RECIPE.__dataclass_fields__}
+    pod = instance_pod(PodRecipe(**{**fields, "deploy": deploy, "datasource": "postgres:16"}))
+    second = _container(pod, "datasource")
+    # the helper stays the command and runs the template's under it, with the template's args
+    assert second["command"] == [
+        "/aenv-shared/aenv-exec",
+        "--socket",
+        "/aenv-shared/exec.sock",
+        "--",
+        "postgres",
+    ]
+    assert second["args"] == ["-D", "/workspace/db"]
+    assert second["image"] == "postgres:16"
+    assert second["resources"] == {"limits": {"cpu": "500m", "memory": "256Mi"}}
+    names = [c["name"] for c in pod["spec"]["initContainers"]]
+    assert names == ["aenv-exec-install", "warm-cache"]
+    assert all(
+        c["securityContext"]["allowPrivilegeEscalation"] is False
+        for c in pod["spec"]["initContainers"]
+    )
+    clash = "spec: {initContainers: [{name: aenv-exec-install, image: x}]}"
+    dual_clash = DeployConfig(pod_template="DualContainer", custom_pod_template=clash)
+    with pytest.raises(ConfigurationError, match="aenv-exec-install"):
+        instance_pod(PodRecipe(**{**fields, "deploy": dual_clash, "datasource": "postgres:16"}))
+    taken = "spec: {containers: [{name: datasource, volumeMounts: [{name: x, mountPath: /tmp}]}]}"
+    dual_taken = DeployConfig(pod_template="DualContainer", custom_pod_template=taken)
+    with pytest.raises(ConfigurationError, match="/tmp"):
+        instance_pod(PodRecipe(**{**fields, "deploy": dual_taken, "datasource": "postgres:16"}))
+
+
 def test_a_services_replicas_use_the_template_too() -> None:
     recipe = ServiceRecipe(
         service_id="7d1c2b",
