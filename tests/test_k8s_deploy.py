@@ -39,6 +39,7 @@ from aenv_ray.cli._scaffold import write_project
 from aenv_ray.hub import HubClient
 from aenv_ray.testing import free_port
 from k8s_backend import HostProcess, KubernetesEngine
+from k8s_backend.exec_helper import IMAGE_PATH
 from tests._k8s import KubeCluster
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -213,6 +214,10 @@ def test_the_dockerfile_builds_every_package_into_the_named_image() -> None:
         assert f"!{package}" in ignore, package
     assert "!README.md" in ignore
     assert "!pyproject.toml" in ignore
+    # the DualContainer exec helper, static, where the pods' init containers copy it from
+    assert "COPY k8s_backend/aenv_exec.c" in dockerfile
+    assert " -static " in dockerfile
+    assert f"COPY --from=aenv-exec /aenv-exec {IMAGE_PATH}" in dockerfile
 
 
 def _readme_overlay() -> str:
