@@ -78,6 +78,9 @@ class KubeCluster:
         self.tokens = dict(tokens or {})  # user -> its static bearer token
         self.tools = tools_dir()
         self._host_processes: bool | None = None
+        # the port our engines' pods listen on: each k8s-real kubelet hands out the same pod IPs
+        # (127.1.0.1, ...), so two clusters on one host must not also share the port
+        self.pod_port = free_port() if state is not None else None
 
     @classmethod
     def start(
@@ -242,6 +245,8 @@ class KubeCluster:
             else OwnImage(os.environ.get("AENV_TEST_IMAGE_PREFIX", ""))
         )
         options.setdefault("delivery", delivery)
+        if self.pod_port is not None:
+            options.setdefault("port", self.pod_port)
         return KubernetesEngine(namespace, kubeconfig=self.kubeconfig, **options)
 
     def stop(self) -> None:
