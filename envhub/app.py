@@ -177,6 +177,7 @@ def create_app(store: Store, engine: SandboxEngine, options: HubOptions | None =
         reap_interval=options.reap_interval,
         sync_interval=options.sync_interval,
         limits=options.limits,
+        warm=dict(options.warm),
     )
     app = FastAPI(
         title="EnvHub",

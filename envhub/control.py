@@ -27,6 +27,12 @@ Deployments, Services and PersistentVolumeClaims), the hub records the service a
 the engine instead: the cluster replaces replicas and rolls updates, the storage is a volume
 that a delete keeps unless asked, and the service has a stable address of its own (``url``).
 
+**Warm pools.** With ``warm`` (``aenv serve --warm REF=N``) and an engine that keeps warm
+pools (:class:`~aenv_ray.engine.WarmPoolEngine`: Kubernetes), the hub keeps ``N`` free instances
+of each named definition started in the engine's pool :data:`WARM_POOL`, and a create that asks
+nothing a free instance lacks (no variables, arguments, datasource or storage) claims one instead
+of starting one. Hubs sharing a namespace share the pool, and a claim is atomic across them.
+
 May import: the standard library, ``aenv_ray``, ``envhub`` (store, registry, resolve, limits,
 keys).
 """
@@ -54,6 +60,7 @@ from aenv_ray.engine import (
     ServiceInfo,
     ServiceSpec,
     TerminationReason,
+    WarmPoolEngine,
     info_to_json,
     service_engine,
 )
@@ -61,6 +68,7 @@ from aenv_ray.envref import EnvRef
 from aenv_ray.errors import (
     AEnvError,
     ConfigurationError,
+    EnvironmentNotFoundError,
     InstanceNotFoundError,
     ServiceNotFoundError,
 )
@@ -87,6 +95,8 @@ INSTANCES = "instances"
 SERVICES = "services"
 SERVICE_TTL = 24 * 3600.0  # a replica's engine TTL; the hub renews it at half-life
 MAX_REPLICAS = 64
+WARM_POOL = "envhub"
+"""The engine pool a hub keeps its warm instances in (shared by the hubs of one namespace)."""
 
 
 @dataclass
@@ -102,6 +112,8 @@ class ControlPlane:
     retention: float = 24 * 3600.0  # how long a terminated instance's record is kept
     startup_timeout: float = 120.0
     limits: Limits = field(default_factory=Limits)
+    warm: Mapping[str, int] = field(default_factory=dict)  # ref -> free instances kept started
+    _warm_specs: dict[str, tuple[InstanceSpec, int]] = field(default_factory=dict, repr=False)
     _service_locks: dict[str, asyncio.Lock] = field(default_factory=dict, repr=False)
     _tenant_locks: dict[str, asyncio.Lock] = field(default_factory=dict, repr=False)
     _starting: dict[str, int] = field(default_factory=dict, repr=False)  # tenant -> creates
@@ -208,7 +220,12 @@ class ControlPlane:
             storage=storage,
         )
         async with self._admit(caller.tenant, 0 if service else 1, limits):
-            info = await self.engine.create(spec, timeout=self.startup_timeout)
+            info = None
+            if service is None and self._claimable(spec):
+                assert isinstance(self.engine, WarmPoolEngine)
+                info = await self.engine.claim(spec, pool=WARM_POOL)
+            if info is None:
+                info = await self.engine.create(spec, timeout=self.startup_timeout)
             doc = self._record(info, caller.tenant, service=service)
             doc.update(
                 warnings=warnings,
@@ -223,6 +240,52 @@ class ControlPlane:
             extra={"instance": info.id, "env": found.ref, "tenant": caller.tenant},
         )
         return doc
+
+    def _claimable(self, spec: InstanceSpec) -> bool:
+        """A free warm instance can serve ``spec``: same definition, nothing else asked."""
+        warm = self._warm_specs.get(spec.env_ref)
+        return (
+            warm is not None
+            and warm[0].project == spec.project
+            and not spec.environment_variables
+            and not spec.arguments
+            and not spec.datasource
+            and not spec.storage
+        )
+
+    async def _start_warm(self) -> None:
+        """Resolve the definitions to keep warm; refuse what cannot be (at start)."""
+        if not self.warm:
+            return
+        if not isinstance(self.engine, WarmPoolEngine):
+            raise ConfigurationError(
+                f"warm pools ({', '.join(self.warm)}) need an engine that keeps them: serve "
+                "with --engine kubernetes, or drop --warm"
+            )
+        for ref, count in self.warm.items():
+            if count < 1:
+                raise ConfigurationError(f"--warm {ref}={count}: keep at least 1 warm")
+            tenant = EnvRef.parse(ref).tenant or keys.LOCAL_TENANT
+            try:
+                found = await self.resolve(Caller(tenant), ref)
+            except EnvironmentNotFoundError as exc:
+                raise ConfigurationError(
+                    f"--warm {ref}: {exc}. Name a built-in environment or a published version "
+                    "as TENANT/NAME@VERSION"
+                ) from None
+            spec = InstanceSpec(env_ref=found.ref, project=str(found.project))
+            self._warm_specs[found.ref] = (spec, count)
+        await self.keep_warm()
+
+    async def keep_warm(self) -> None:
+        """Start the free instances each warm pool lacks (through the engine's limiter)."""
+        if not isinstance(self.engine, WarmPoolEngine):
+            return
+        for ref, (spec, count) in self._warm_specs.items():
+            have = await self.engine.warm_count(spec, pool=WARM_POOL)
+            if have.total < count:
+                started = await self.engine.prewarm(spec, pool=WARM_POOL, count=count - have.total)
+                log.info("warm instances started", extra={"env": ref, "count": started})
 
     @staticmethod
     def _record(info: InstanceInfo, tenant: str, *, service: str | None = None) -> Document:
@@ -407,6 +470,7 @@ class ControlPlane:
         await self.reap()
         await self.end_revoked()
         await self.reconcile_services()
+        await self._start_warm()
         self._task = asyncio.create_task(self._upkeep(), name="envhub-upkeep")
 
     async def stop(self) -> None:
@@ -423,6 +487,7 @@ class ControlPlane:
             await asyncio.sleep(self.reap_interval)
             try:
                 await self.reap()
+                await self.keep_warm()
                 if time.monotonic() - last_sync >= self.sync_interval:
                     last_sync = time.monotonic()
                     await self.sync()

@@ -36,7 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from aenv_ray.config import EnvConfig
+from aenv_ray.config import DeployConfig, EnvConfig
 from aenv_ray.engine import (
     InstanceInfo,
     InstanceSpec,
@@ -70,6 +70,7 @@ from k8s_backend.manifests import (
     LABEL_MANAGED,
     LABEL_SESSION,
     MANAGER,
+    OUR_LABELS,
     PodRecipe,
     deny_egress_policy,
     instance_pod,
@@ -194,7 +195,7 @@ class KubernetesEngine:
         self._started = False
         self._closed = False
         self._policy_ready = False
-        self._pools: dict[str, tuple[str, float]] = {}  # spec key -> (pool label, ttl)
+        self._pools: dict[str, tuple[str, DeployConfig]] = {}  # spec -> (pool label, deploy)
         self._claiming: set[str] = set()  # instance ids this engine is claiming right now
 
     @functools.cached_property
@@ -506,25 +507,36 @@ class KubernetesEngine:
         )
 
     # -- warm pools ---------------------------------------------------------------------------
-    def _warm_key(self, spec: InstanceSpec, pool: str) -> tuple[str, float]:
-        """The pool's label value for pods made from ``spec``, and their TTL once claimed."""
+    def _warm_key(self, spec: InstanceSpec, pool: str) -> tuple[str, DeployConfig]:
+        """The pool's label value for pods made from ``spec``, and the definition's
+        deployConfig. What a claim sets (TTL, owner, labels) is not part of the key."""
         described = {
             "env_ref": spec.env_ref,
             "project": spec.project,
-            "ttl": spec.ttl,
             "environment_variables": dict(spec.environment_variables),
             "arguments": list(spec.arguments),
-            "datasource": spec.datasource,
-            "labels": dict(spec.labels),
-            "storage": spec.storage,
+            "datasource": spec.datasource or None,
+            "storage": spec.storage or None,
         }
         memo = repr((pool, sorted(described.items(), key=lambda kv: kv[0])))
         known = self._pools.get(memo)
         if known is None:
-            _, config = self._recipe(spec)
-            known = (pool_key(pool, described), instance_ttl(spec.ttl, config.deploy_config))
+            _, config = self._recipe(replace(spec, ttl=None, labels={}))
+            known = (pool_key(pool, described), config.deploy_config)
             self._pools[memo] = known
         return known
+
+    def _claim_ttl(self, spec: InstanceSpec, deploy: DeployConfig) -> float:
+        ttl = instance_ttl(spec.ttl, deploy)
+        if ttl > self.max_lifetime:
+            raise ConfigurationError(
+                f"ttl {ttl:g} s is past this engine's max_lifetime ({self.max_lifetime:g} s); "
+                "ask less, or raise KubernetesEngine(max_lifetime=)"
+            )
+        taken = sorted(set(spec.labels) & OUR_LABELS)
+        if taken:
+            raise ConfigurationError(f"labels {taken} are aenv-ray's own; choose other names")
+        return ttl
 
     async def prewarm(self, spec: InstanceSpec, *, pool: str, count: int) -> int:
         """Send ``count`` free pods of warm pool ``pool`` (through the rate limiter) without
@@ -534,8 +546,9 @@ class KubernetesEngine:
         if count <= 0:
             return 0
         await self._ready()
-        key, ttl = self._warm_key(spec, pool)
-        recipe, config = self._recipe(spec)
+        key, deploy = self._warm_key(spec, pool)
+        ttl = self._claim_ttl(spec, deploy)
+        recipe, config = self._recipe(replace(spec, labels={}))
         if not config.deploy_config.network:
             await self._run(self._ensure_policy)
 
@@ -596,13 +609,14 @@ class KubernetesEngine:
         ``resourceVersion`` precondition makes it atomic: a pod another client claimed first
         answers 409 and the next one is tried."""
         await self._ready()
-        key, ttl = self._warm_key(spec, pool)
+        key, deploy = self._warm_key(spec, pool)
+        ttl = self._claim_ttl(spec, deploy)
         deadline = time.monotonic() + timeout
         while True:
             changed = self._cache.pool_changed(key)
             try:
-                for pod in self._candidates(key):
-                    info = await self._claim_pod(pod, ttl, spec.owner)
+                for pod in self._candidates(key, ttl):
+                    info = await self._claim_pod(pod, ttl, spec)
                     if info is not None:
                         return info
                 left = deadline - time.monotonic()
@@ -614,10 +628,11 @@ class KubernetesEngine:
             finally:
                 self._cache.forget_waiter(pool_waiter(key), changed)
 
-    def _candidates(self, key: str) -> Iterator[dict[str, Any]]:
-        """The pool's claimable pods, this engine's own first, lazily: a claim looks at the
-        first few, not at every pod of a big pool."""
+    def _candidates(self, key: str, ttl: float) -> Iterator[dict[str, Any]]:
+        """The pool's claimable pods with ``ttl`` seconds of life left, this engine's own
+        first, lazily: a claim looks at the first few, not at every pod of a big pool."""
         now = time.time()
+        latest_start = now + ttl - self.max_lifetime
         pods = self._cache.free(key)
         for mine in (True, False):
             for pod in pods:
@@ -627,11 +642,12 @@ class KubernetesEngine:
                     own is mine
                     and is_claimable(pod, now)
                     and instance_id(pod) not in self._claiming
+                    and (_started(pod) or now) >= latest_start
                 ):
                     yield pod
 
     async def _claim_pod(
-        self, pod: dict[str, Any], ttl: float, owner: str | None
+        self, pod: dict[str, Any], ttl: float, spec: InstanceSpec
     ) -> InstanceInfo | None:
         iid = instance_id(pod) or ""
         if iid in self._claiming:
@@ -640,7 +656,12 @@ class KubernetesEngine:
         path = self._kube.path("", "pods", name)
         claim = uuid.uuid4().hex
         body = claim_patch(
-            pod, claim=claim, expires_at=time.time() + ttl, session=self.session, owner=owner
+            pod,
+            claim=claim,
+            expires_at=time.time() + ttl,
+            session=self.session,
+            owner=spec.owner,
+            labels=spec.labels,
         )
         self._claiming.add(iid)
         try:
@@ -712,6 +733,11 @@ class KubernetesEngine:
 
 class _Gone(AEnvError):
     """A 404 on delete: the pod is already gone."""
+
+
+def _started(pod: dict[str, Any]) -> float | None:
+    """When the pod was made (its created-at annotation, else its creationTimestamp)."""
+    return pod_info(pod).created_at or None
 
 
 def _free(pod: dict[str, Any]) -> bool:

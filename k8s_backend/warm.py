@@ -81,16 +81,18 @@ def claim_patch(
     expires_at: float,
     session: str | None,
     owner: str | None,
+    labels: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """A JSON merge patch that claims ``pod`` if it is still the version read (its
     ``resourceVersion`` is the precondition): claimed by ``claim`` (a fresh id), expiring at
     ``expires_at``, owned by ``session`` and ``owner`` (None: neither, the pod outlives its
-    claimer's engine until its TTL)."""
+    claimer's engine until its TTL), carrying the claimer's ``labels`` from now on."""
     meta = pod.get("metadata") or {}
     return {
         "metadata": {
             "resourceVersion": str(meta.get("resourceVersion", "")),
             "labels": {
+                **{str(k): label_value(str(v)) for k, v in (labels or {}).items()},
                 LABEL_CLAIM: CLAIMED,
                 LABEL_SESSION: label_value(session) if session else None,
                 LABEL_OWNER: label_value(owner) if owner else None,

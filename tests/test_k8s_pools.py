@@ -19,6 +19,7 @@ import pytest
 from kubernetes import client as k8s_client
 
 from aenv_ray import Environment, InstanceSpec, InstanceState
+from aenv_ray.hub import HubClient
 from k8s_backend import KubernetesEngine
 from k8s_backend.manifests import (
     CLAIM_FREE,
@@ -31,11 +32,13 @@ from k8s_backend.warm import ANNOTATION_CLAIM, CLAIMED, claim_patch, claimed_by,
 from rollout._instance_pool import InstancePool
 from rollout.lease import Owner
 from rollout.spec import PoolSpec
+from tests._hub import HubProcess, eventually, run
 from tests._k8s import KubeCluster
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(2400)]
 
 ROOT = Path(__file__).resolve().parent.parent
+AENV = [sys.executable, "-m", "aenv_ray.cli"]
 SPEC = InstanceSpec("mini-terminal@1.0.0", ttl=600.0, owner="test")
 
 
@@ -283,3 +286,85 @@ async def test_aenv_rollout_runs_its_episodes_on_kubernetes_through_ray_pool_act
             assert info.state is InstanceState.TERMINATED
     finally:
         await watcher.aclose()
+
+
+def _key(tenant: str, store: str) -> str:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aenv_ray.cli",
+            "keys",
+            "create",
+            "--tenant",
+            tenant,
+            "--store",
+            store,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def _free_ids(cluster: KubeCluster, namespace: str) -> set[str]:
+    return {
+        p.metadata.labels[LABEL_INSTANCE]
+        for p in _pool_pods(cluster, namespace)
+        if p.metadata.labels.get(LABEL_CLAIM) == CLAIM_FREE and not p.metadata.deletion_timestamp
+    }
+
+
+async def test_hubs_keep_a_shared_warm_pool_and_their_creates_claim_from_it(
+    cluster: KubeCluster, namespace: str, tmp_path: Path
+) -> None:
+    """Two hubs on one namespace, each told to keep 2 free: 2 free in all (shared, counted
+    across hubs), a plain create claims one (no pod start), the pool refills, and a create
+    asking for variables starts a pod of its own."""
+    env = {
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "AENV_K8S_NAMESPACE": namespace,
+        "AENV_K8S_DELIVERY": "host",
+    }
+    warm = ["--warm", "mini-terminal@1.0.0=2"]
+    first = HubProcess(tmp_path / "one", engine="kubernetes", env=env, extra=warm)
+    second = HubProcess(tmp_path / "two", engine="kubernetes", env=env, extra=warm)
+    key = _key("alice", first.store)
+    with first, second:
+
+        async def two_free() -> set[str] | None:
+            free = _free_ids(cluster, namespace)
+            return free if len(free) == 2 else None
+
+        before = await eventually(two_free, "two free pods in the shared pool", deadline=120)
+        async with HubClient(first.url, api_key=key) as hub:
+            record = await hub.create_instance("mini-terminal@1.0.0", ttl=600)
+            assert record["id"] in before  # claimed, not started
+            assert await run(record, "echo claimed") == "claimed"
+            taken = await eventually(two_free, "the pool refilled", deadline=120)
+            assert record["id"] not in taken
+            assert len(_free_ids(cluster, namespace)) == 2  # two hubs, still two free in all
+
+            own = await hub.create_instance(
+                "mini-terminal@1.0.0", ttl=600, environment_variables={"TEAM": "red"}
+            )
+            assert own["id"] not in taken  # asked for more than a free pod has: a new pod
+            assert await run(own, "echo $TEAM") == "red"
+            for made in (record, own):
+                await hub.delete_instance(made["id"])
+
+
+def test_warm_pools_need_an_engine_that_keeps_them(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "aenv_ray.cli", "serve", "--warm", "mini-terminal@1.0.0=2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2
+    assert "--engine kubernetes" in done.stderr

@@ -98,6 +98,13 @@ def serve(
             "refused; per tenant: `network` in --limits)",
         ),
     ] = False,
+    warm: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="REF=N: keep N free instances of REF started, claimed by creates that ask "
+            "nothing else (repeat for more; needs --engine kubernetes)",
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error")] = "info",
 ) -> None:
     """Serve EnvHub: the registry and the control plane, with its OpenAPI document at /docs."""
@@ -113,6 +120,7 @@ def serve(
     configure_logging(log_level.upper())
     root = _data_dir(data_dir)
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    warm_pools = _warm_pools(warm or [], engine)
     sandbox = _engine(engine, root)
     options = HubOptions(
         auth=auth,
@@ -120,6 +128,7 @@ def serve(
         max_bundle=_size(max_bundle),
         datasource_root=datasource_root.resolve() if datasource_root else None,
         limits=tenant_limits,
+        warm=warm_pools,
     )
     store_url = store or default_store_url()
 
@@ -150,6 +159,21 @@ def serve(
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
+
+
+def _warm_pools(given: list[str], engine: str) -> dict[str, int]:
+    """``--warm REF=N`` options as ``{ref: n}``; a malformed one exits 2."""
+    pools: dict[str, int] = {}
+    for item in given:
+        ref, _, count = item.rpartition("=")
+        if not ref or not count.isdigit() or int(count) < 1:
+            raise typer.BadParameter(f"`{item}`: write REF=N, N >= 1", param_hint="--warm")
+        pools[ref] = int(count)
+    if pools and engine != "kubernetes":
+        raise typer.BadParameter(
+            "warm pools need an engine that keeps them: --engine kubernetes", param_hint="--warm"
+        )
+    return pools
 
 
 def _engine(kind: str, root: Path) -> Any:

@@ -9,6 +9,7 @@ for FastAPI to solve per request).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
@@ -37,6 +38,7 @@ class HubOptions:
     sync_interval: float = 5.0
     close_store: bool = True  # the app closes the store when it stops
     limits: Limits = field(default_factory=Limits)  # quotas and caps per tenant
+    warm: Mapping[str, int] = field(default_factory=dict)  # ref -> free instances kept started
 
 
 @dataclass(frozen=True)
