@@ -46,7 +46,7 @@ from rollout._actor import limiter_actor, pool_actor_class
 from rollout._ray import alive_nodes, ensure_ray, get, translate
 from rollout.lease import Lease, LeaseInfo, current_owner
 from rollout.metrics import PoolStats
-from rollout.spec import EngineFactory, PoolSpec
+from rollout.spec import EngineFactory, HubEngine, PoolSpec
 from rollout.stepping import StepBatch
 
 __all__ = ["RolloutPool"]
@@ -68,8 +68,9 @@ class RolloutPool:
             engine per pool actor, configured by the ``AENV_K8S_*`` settings in the actor's
             process; the warm pods are shared by the pool's actors, each claims one per
             acquire, and its pods end with the actor), or a picklable zero-argument callable
-            returning a :class:`~aenv_ray.SandboxEngine`; default: ``AENV_ENGINE``
-            (``local``).
+            returning a :class:`~aenv_ray.SandboxEngine` (such as
+            :class:`~rollout.spec.HubEngine`); default: the hub that ``AENV_SYSTEM_URL`` names,
+            if any (not with ``project=``), else ``AENV_ENGINE`` (``local``).
         project: a project directory instead of a name.
         ttl, environment_variables, arguments, datasource: as for :class:`aenv_ray.Environment`.
         call_timeout: default per-call timeout of the instances (``AENV_TIMEOUT`` if None).
@@ -110,13 +111,16 @@ class RolloutPool:
         prefetch: int | Literal["auto"] = "auto",
     ) -> None:
         _check_sizes(size, prefetch)
-        env_name, project_dir = _target(env_name, project)
+        if engine is None:
+            engine = _default_engine(project)
+        # a hub resolves names itself (its registry and its tenants): nothing to check here
+        env_name, project_dir = _target(env_name, project, here=not isinstance(engine, HubEngine))
         ensure_ray()
         self.spec = PoolSpec(
             env_name=env_name,
             name=name or f"{EnvRef.parse(env_name).name}-{uuid.uuid4().hex[:6]}",
             project=project_dir,
-            engine=engine if engine is not None else get_settings().engine,
+            engine=engine,
             ttl=PoolSpec.parse_ttl(ttl),
             environment_variables=dict(environment_variables or {}),
             arguments=tuple(arguments),
@@ -396,6 +400,20 @@ class RolloutPool:
         return f"RolloutPool({self.spec.env_name!r}, size={self.size}, {state}, name={self.name!r})"
 
 
+def _default_engine(project: str | Path | None) -> str | EngineFactory:
+    """A pool's engine when none is given: the configured hub (as the SDK does), else the
+    ``AENV_ENGINE`` setting."""
+    settings = get_settings()
+    if settings.system_url and project is None:
+        return HubEngine(
+            settings.system_url,
+            api_key=settings.api_key,
+            route=settings.hub_route,
+            connect_timeout=settings.connect_timeout,
+        )
+    return settings.engine
+
+
 def _check_sizes(size: int, prefetch: int | Literal["auto"]) -> None:
     """Refuse a pool of no instances and a prefetch that is neither ``"auto"`` nor a count."""
     if size < 1:
@@ -404,10 +422,13 @@ def _check_sizes(size: int, prefetch: int | Literal["auto"]) -> None:
         raise ConfigurationError(f"prefetch must be an int >= 0 or 'auto', got {prefetch!r}")
 
 
-def _target(env_name: str | None, project: str | Path | None) -> tuple[str, str | None]:
+def _target(
+    env_name: str | None, project: str | Path | None, *, here: bool = True
+) -> tuple[str, str | None]:
     """``(env_name, project directory)`` of what the pool runs: a project directory (absolute;
     its config names it unless ``env_name`` does) or a name resolved now, in the driver, so a
-    wrong one fails here rather than in every pool actor."""
+    wrong one fails here rather than in every pool actor (``here``: names are looked up on
+    this machine; else the engine, a hub, looks them up)."""
     if project is not None:
         from aenv_ray.config import EnvConfig
 
@@ -415,9 +436,10 @@ def _target(env_name: str | None, project: str | Path | None) -> tuple[str, str 
         return env_name or EnvConfig.load(directory).ref, directory
     if env_name is None:
         raise ConfigurationError("name an environment (`name@version`) or pass project=")
-    from aenv_ray.resolve import resolve_environment
+    if here:
+        from aenv_ray.resolve import resolve_environment
 
-    resolve_environment(env_name, _env_path())
+        resolve_environment(env_name, _env_path())
     return env_name, None
 
 

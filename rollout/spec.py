@@ -17,10 +17,29 @@ from aenv_ray.config import parse_duration
 from aenv_ray.engine import ENGINES, InstanceInfo, InstanceSpec, SandboxEngine, new_engine
 from aenv_ray.errors import ConfigurationError
 
-__all__ = ["EngineFactory", "PoolSpec"]
+__all__ = ["EngineFactory", "HubEngine", "PoolSpec"]
 
 EngineFactory = Callable[[], SandboxEngine]
 """A picklable zero-argument callable that builds an engine in the pool actor's process."""
+
+
+@dataclass(frozen=True)
+class HubEngine:
+    """An :data:`EngineFactory` for pools whose instances an EnvHub creates (the hub's engine,
+    its warm pools, its tenants' quotas): a client of the hub at ``url``, built in each pool
+    actor. Calls go straight to an instance when the actor reaches it and through the hub's
+    proxy otherwise (``route``: ``auto``, ``direct`` or ``proxy``, as ``AENV_HUB_ROUTE``)."""
+
+    url: str
+    api_key: str | None = field(default=None, repr=False)
+    route: str = "auto"
+    connect_timeout: float = 5.0
+
+    def __call__(self) -> SandboxEngine:
+        from aenv_ray.hub import HubClient, RemoteEngine
+
+        client = HubClient(self.url, api_key=self.api_key)
+        return RemoteEngine(client, route=self.route, connect_timeout=self.connect_timeout)
 
 
 @dataclass(frozen=True)

@@ -368,3 +368,54 @@ def test_warm_pools_need_an_engine_that_keeps_them(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "--engine kubernetes" in done.stderr
+
+
+async def test_aenv_rollout_through_a_hub_claims_its_warm_pods_and_calls_through_its_proxy(
+    cluster: KubeCluster, namespace: str, tmp_path: Path
+) -> None:
+    """With a hub configured, the Ray pool's actors create through the hub (which claims from
+    its warm pool) and, told to (AENV_HUB_ROUTE=proxy, as when pod IPs are not routable from
+    the Ray cluster), call through the hub's proxy."""
+    env = {
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "AENV_K8S_NAMESPACE": namespace,
+        "AENV_K8S_DELIVERY": "host",
+    }
+    hub = HubProcess(
+        tmp_path / "hub", engine="kubernetes", env=env, extra=["--warm", "mini-terminal@1.0.0=2"]
+    )
+    key = _key("alice", hub.store)
+    with hub:
+
+        async def two_free() -> set[str] | None:
+            free = _free_ids(cluster, namespace)
+            return free if len(free) == 2 else None
+
+        warm = await eventually(two_free, "two free pods", deadline=120)
+        out = tmp_path / "run"
+        driver_env = {
+            **os.environ,
+            "AENV_SYSTEM_URL": hub.url,
+            "AENV_API_KEY": key,
+            "AENV_HUB_ROUTE": "proxy",
+            "PYTHONPATH": str(ROOT),
+        }
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [*AENV, "rollout", "mini-terminal@1.0.0", "-n", "3", "-c", "2", "--out", str(out)],
+            cwd=ROOT,
+            env=driver_env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        lines = (out / "trajectories.jsonl").read_text().splitlines()
+        ids = {json.loads(line)["instance_id"] for line in lines}
+        assert len(ids) == 3
+        assert ids & warm  # the pool's first instances were the hub's warm pods
+        async with HubClient(hub.url, api_key=key) as client:
+            for iid in ids:  # every instance was the hub's, the tenant's, and is over
+                record = await client.get_instance(iid)
+                assert record["state"] == "terminated"
