@@ -221,16 +221,21 @@ async def test_pool_actors_share_one_warm_pool_and_refill_it(
         ready = await asyncio.gather(*(pool.start(wait=90) for pool in pools))
         assert ready == [2, 2]
         owner = Owner(job_id="test")
-        grants = [await pools[0].acquire(owner) for _ in range(3)]  # more than its own two
+        # both actors race: six acquires at once for the four warm pods (each actor asks for
+        # more than its own two); a pod refilled meanwhile may serve a fifth
+        grants = await asyncio.gather(*(pool.acquire(owner) for pool in pools * 3))
         leases = [g.lease for g in grants if g.lease is not None]
-        assert len(leases) == 3
-        assert len({lease.instance_id for lease in leases}) == 3
+        assert len(leases) >= 4
+        assert len({lease.instance_id for lease in leases}) == len(leases)  # never one twice
+        firsts = [g.lease for g in grants[0::2] if g.lease is not None]  # pools[0]'s
+        assert firsts  # it got at least what the other could not take
         result = await pools[0].call_tool(
-            leases[0].lease_id, "execute_command", {"command": "echo hi"}
+            firsts[0].lease_id, "execute_command", {"command": "echo hi"}
         )
         assert "hi" in json.dumps(result.structured)
-        assert pools[0].report()["counters"]["acquired"] == 3
+        assert pools[0].report()["counters"]["acquired"] == len(firsts)
 
+        leases = firsts
         await pools[0].release(leases[0].lease_id)
         engine = pools[0]._engine
         assert engine is not None
