@@ -16,13 +16,14 @@ transport) in one module only.
 Must not import: ray, gymnasium.
 """
 
-from k8s_backend.delivery import Delivery, HostProcess, OwnImage
+from k8s_backend.delivery import Delivery, HostProcess, HubBundle, OwnImage
 from k8s_backend.engine import KubernetesEngine, RateLimiter
 from k8s_backend.manifests import PodRecipe, deny_egress_policy, instance_pod
 
 __all__ = [
     "Delivery",
     "HostProcess",
+    "HubBundle",
     "KubernetesEngine",
     "OwnImage",
     "PodRecipe",

@@ -66,7 +66,7 @@ from k8s_backend.manifests import (
     instance_pod,
 )
 from k8s_backend.reaper import LEASE_SECONDS, Housekeeper
-from k8s_backend.state import pod_info, startup_failure
+from k8s_backend.state import last_words, pod_info, runtime_message, startup_failure
 
 __all__ = ["KubernetesEngine", "RateLimiter"]
 
@@ -279,6 +279,7 @@ class KubernetesEngine:
                 "ask less, or raise KubernetesEngine(max_lifetime=)"
             )
         image, command = self.delivery.runtime(config, project)
+        runtime_env = self.delivery.env(config)
         now = time.time()
         recipe = PodRecipe(
             instance_id=uuid.uuid4().hex[:12],
@@ -297,6 +298,7 @@ class KubernetesEngine:
             session=self.session,
             created_at=now,
             max_lifetime=math.ceil(self.max_lifetime),
+            runtime_env=runtime_env,
         )
         return recipe, config
 
@@ -318,8 +320,10 @@ class KubernetesEngine:
                 if info.state is InstanceState.RUNNING:
                     return info
                 if info.state is InstanceState.TERMINATED:
+                    said = "" if runtime_message(pod) else await self._run(self._last_words, name)
                     raise StartupTimeoutError(
-                        f"pod {name} ended before it served: {info.describe_end()}",
+                        f"pod {name} ended before it served: {info.describe_end()}"
+                        + (f": {said}" if said else ""),
                         timeout=timeout,
                     )
                 problem = startup_failure(pod)
@@ -333,11 +337,25 @@ class KubernetesEngine:
                         f"`kubectl -n {self.namespace} describe pod {name}`",
                         timeout=timeout,
                     )
-                await asyncio.wait_for(asyncio.shield(changed), timeout=left)
-            except TimeoutError:
-                continue  # the loop's check above reports it
+                with contextlib.suppress(TimeoutError):  # the loop's check above reports it
+                    await asyncio.wait_for(asyncio.shield(changed), timeout=left)
             finally:
                 self._cache.forget_waiter(iid, changed)
+
+    def _last_words(self, name: str) -> str:
+        """What the pod's runtime said last (its log), for a cluster that gave no termination
+        message; "" when the log cannot be read (it is a hint, not the error)."""
+        try:
+            log = self._kube.request(
+                "GET",
+                self._kube.path("", "pods", name) + "/log",
+                query={"container": "runtime", "tailLines": 20},
+                what=f"read pod {name}'s log",
+                text=True,
+            )
+        except AEnvError:
+            return ""
+        return last_words(str(log or ""))
 
     async def _discard(self, iid: str, name: str) -> None:
         """Delete the pod of a create that failed (best effort: the reaper backs it up)."""

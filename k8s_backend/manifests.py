@@ -182,6 +182,7 @@ class PodRecipe:
     session: str | None = None  # the engine session whose end reclaims the pod
     created_at: float | None = None  # seconds since the epoch, finer than creationTimestamp
     max_lifetime: int | None = None  # seconds: activeDeadlineSeconds, the backstop of any TTL
+    runtime_env: Sequence[Mapping[str, Any]] = ()  # the delivery's variables (EnvVar objects)
 
 
 def _labels(recipe: PodRecipe, ref: EnvRef) -> dict[str, str]:
@@ -210,6 +211,7 @@ def _environment(recipe: PodRecipe) -> list[dict[str, Any]]:
         [
             {"name": "AENV_INSTANCE_ID", "value": recipe.instance_id},
             *([{"name": TOKEN_ENV, "value": recipe.token}] if recipe.token else []),
+            *(dict(variable) for variable in recipe.runtime_env),
         ],
         {**recipe.deploy.env, **recipe.environment_variables},
     )
@@ -289,6 +291,7 @@ def _pod_spec(runtime: _Runtime) -> dict[str, Any]:
             "failureThreshold": 3,
         },
         "securityContext": _container_security(),
+        "terminationMessagePolicy": "FallbackToLogsOnError",  # a failed start says why
         "volumeMounts": mounts,
         "workingDir": "/workspace",
     }
