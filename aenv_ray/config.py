@@ -259,6 +259,19 @@ class EnvConfig(_Camel):
                 return content
         return self.image_tag if self.deploy_config.image_prefix.strip() else None
 
+    def image_below(self, image_prefix: str = "") -> str | None:
+        """The image an engine that runs images starts: :attr:`image`, else :attr:`image_tag`
+        below ``image_prefix`` (the engine's registry path for projects that name none), else
+        None.
+
+        >>> EnvConfig(name="demo").image_below("reg.example/aenv/")
+        'reg.example/aenv/demo:1.0.0'
+        """
+        if self.image is not None:
+            return self.image
+        prefix = image_prefix.strip().rstrip("/")
+        return f"{prefix}/{self.image_tag}" if prefix else None
+
     @classmethod
     def load(cls, project: str | Path) -> EnvConfig:
         """Read ``project/config.json`` (or the file itself); every problem is one clear error."""

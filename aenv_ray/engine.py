@@ -367,7 +367,8 @@ ENGINES = ("local", "kubernetes")
 
 def new_engine(name: str, **options: Any) -> SandboxEngine:
     """A new engine of kind ``name`` (one of :data:`ENGINES`), configured from the settings
-    (``AENV_K8S_NAMESPACE``, ``AENV_K8S_IMAGE_PREFIX``, ``AENV_K8S_DELIVERY``, ``KUBECONFIG``)
+    (``AENV_K8S_NAMESPACE``, ``AENV_K8S_IMAGE_PREFIX``, ``AENV_K8S_DELIVERY`` with
+    ``AENV_K8S_HUB_URL``, ``AENV_K8S_HUB_KEY`` and ``AENV_K8S_RUNTIME_IMAGE``, ``KUBECONFIG``)
     and ``options``, the engine class's keyword arguments, which win. The SDK, pools and the
     CLI choose engines through this function only: the engines' packages are imported here,
     lazily, when one is made.
@@ -383,13 +384,30 @@ def new_engine(name: str, **options: Any) -> SandboxEngine:
         return LocalEngine(**options)
     if name == "kubernetes":
         from aenv_ray.settings import get_settings
-        from k8s_backend import HostProcess, KubernetesEngine, OwnImage
+        from k8s_backend import HostProcess, HubBundle, KubernetesEngine, OwnImage
 
         settings = get_settings()
         options.setdefault("namespace", settings.k8s_namespace or None)
         if "delivery" not in options:
-            host = settings.k8s_delivery == "host"
-            options["delivery"] = HostProcess() if host else OwnImage(settings.k8s_image_prefix)
+            if settings.k8s_delivery == "host":
+                options["delivery"] = HostProcess()
+            elif settings.k8s_delivery == "bundle":
+                if not settings.k8s_hub_url:
+                    raise ConfigurationError(
+                        "AENV_K8S_DELIVERY=bundle needs EnvHub's URL as the pods reach it "
+                        "(e.g. http://envhub.aenv.svc:8080): set AENV_K8S_HUB_URL"
+                    )
+                options["delivery"] = HubBundle(
+                    settings.k8s_hub_url,
+                    settings.k8s_hub_key,
+                    image=settings.k8s_runtime_image or None,
+                )
+            elif settings.k8s_runtime_image:
+                options["delivery"] = OwnImage(
+                    settings.k8s_image_prefix, runtime_image=settings.k8s_runtime_image
+                )
+            else:
+                options["delivery"] = OwnImage(settings.k8s_image_prefix)
         return KubernetesEngine(**options)
     raise ConfigurationError(f"unknown engine `{name}`: use one of {', '.join(ENGINES)}")
 

@@ -22,6 +22,7 @@ from aenv_ray.errors import (
 )
 
 __all__ = [
+    "BUNDLE_KEY_ENV",
     "DEFAULT_FUNCTIONS_PORT",
     "DEFAULT_MCP_PORT",
     "FAST_CALL_PATH",
@@ -58,6 +59,8 @@ READY_PATH = "/aenv/v1/ready"  # no token needed, no environment code run: for p
 TOKEN_ENV = (
     "AENV_RUNTIME_TOKEN"  # the instance token, for a runtime an engine starts in a container
 )
+BUNDLE_KEY_ENV = "AENV_BUNDLE_KEY"
+"""The hub key a runtime started with ``--bundle`` fetches with (removed before anything else)."""
 TIMEOUT_HEADER = b"x-aenv-timeout"
 """Seconds a function, reward or health call may run (their bodies are the arguments)."""
 

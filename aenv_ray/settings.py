@@ -87,10 +87,26 @@ class Settings(BaseSettings):
         default="",
         description="kubernetes engine: the registry path of environments that name no image",
     )
-    k8s_delivery: Literal["image", "host"] = Field(
+    k8s_delivery: Literal["image", "bundle", "host"] = Field(
         default="image",
-        description="kubernetes engine: image (the environment's own) or host (a test cluster "
-        "whose kubelet runs commands on this host)",
+        description="kubernetes engine: image (the environment's own), bundle (a generic runtime "
+        "image fetches the version's bundle from EnvHub) or host (a test cluster whose kubelet "
+        "runs commands on this host)",
+    )
+    k8s_runtime_image: str = Field(
+        default="",
+        description="kubernetes engine: the generic aenv-ray image (bundle delivery's runtime, "
+        "and where DualContainer pods take the exec helper from; default "
+        "ghcr.io/aenv-ray/aenv-ray:VERSION)",
+    )
+    k8s_hub_url: str = Field(
+        default="",
+        description="kubernetes engine, bundle delivery: EnvHub's URL as the pods reach it",
+    )
+    k8s_hub_key: str | None = Field(
+        default=None,
+        description="kubernetes engine, bundle delivery: the hub key pods fetch bundles with "
+        "(stored in each pod's spec)",
     )
     state_dir: str = Field(
         default="",

@@ -17,7 +17,7 @@ transport) in one module only; lazily, platformdirs (where the exec helper's bui
 Must not import: ray, gymnasium.
 """
 
-from k8s_backend.delivery import Delivery, HostProcess, OwnImage
+from k8s_backend.delivery import Delivery, HostProcess, HubBundle, OwnImage
 from k8s_backend.engine import KubernetesEngine, RateLimiter
 from k8s_backend.manifests import PodRecipe, deny_egress_policy, instance_pod
 from k8s_backend.service_controller import KubernetesServices
@@ -25,6 +25,7 @@ from k8s_backend.service_controller import KubernetesServices
 __all__ = [
     "Delivery",
     "HostProcess",
+    "HubBundle",
     "KubernetesEngine",
     "KubernetesServices",
     "OwnImage",

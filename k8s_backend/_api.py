@@ -222,14 +222,16 @@ class Kube:
         content_type: str = "application/json",
         not_found: Callable[[str], AEnvError] | None = None,
         retry_conflicts: bool = False,
+        text: bool = False,
     ) -> Any:
-        """``method path`` with ``body`` (a dict or list, sent as JSON), its answer decoded.
-        429, 5xx and dropped connections are retried with backoff (and 409 when
-        ``retry_conflicts``); any other failure raises :func:`translate`'s error."""
+        """``method path`` with ``body`` (a dict or list, sent as JSON), its answer decoded
+        (``text``: as text, for a pod's log). 429, 5xx and dropped connections are retried with
+        backoff (and 409 when ``retry_conflicts``); any other failure raises
+        :func:`translate`'s error."""
         attempt = 0
         while True:
             try:
-                return self._once(method, path, query, body, content_type)
+                return self._once(method, path, query, body, content_type, text)
             except ApiException as exc:
                 status = int(exc.status or 0)
                 decoded = _decode(exc.body)
@@ -267,12 +269,16 @@ class Kube:
         query: Mapping[str, str | int] | None,
         body: Any,
         content_type: str,
+        text: bool = False,
     ) -> Any:
+        headers = self._headers(content_type if body is not None else None)
+        if text:
+            headers["Accept"] = "text/plain, application/json"
         params = self.api_client.param_serialize(
             method=method,
             resource_path=path,
             query_params=list((query or {}).items()),
-            header_params=self._headers(content_type if body is not None else None),
+            header_params=headers,
             body=body,
             auth_settings=["BearerToken"],
         )
@@ -280,6 +286,8 @@ class Kube:
         data = response.read()
         if not 200 <= response.status <= 299:
             raise ApiException(status=response.status, reason=response.reason, http_resp=response)
+        if text:
+            return bytes(data).decode("utf-8", "replace")
         return orjson.loads(data) if data else None
 
     def watch(

@@ -4,43 +4,98 @@ command that starts the sandbox runtime in it.
 - :class:`OwnImage` (the default): the environment's own image, as ``aenv build`` writes its
   Dockerfile (the project at ``/env``): an ``artifacts`` image, else ``imagePrefix`` +
   ``name:version`` (or the engine's ``image_prefix`` when the project names none).
+- :class:`HubBundle`: no image per environment: one generic runtime image (aenv-ray and
+  Python) fetches the version's bundle from EnvHub by digest when the pod starts, checks the
+  digest, and serves it (``python -m sandbox_runtime --bundle URL --digest sha256:HEX``).
 - :class:`HostProcess`: a cluster whose kubelet runs container commands as processes on one
   host (the test cluster of ``../shared/tools/k8s-real``): this host's Python serves the project
   where it lies. Images are ignored there; never use it on a real cluster.
 
-Each also says where a ``DualContainer`` pod's init container finds the exec helper
+A delivery gives the runtime container's image and command (:meth:`Delivery.runtime`) and the
+variables aenv-ray adds to it (:meth:`Delivery.env`: the hub key of :class:`HubBundle`). Each
+also says where a ``DualContainer`` pod's init container finds the exec helper
 (``exec_helper()``, read through :func:`exec_helper_of`): the generic aenv-ray image, or on a
 host-process cluster this host's build of it.
 
     >>> from aenv_ray.config import EnvConfig
     >>> OwnImage("reg.example/aenv").runtime(EnvConfig(name="demo"), None)
     ('reg.example/aenv/demo:1.0.0', ['python', '-m', 'sandbox_runtime', '/env'])
+    >>> digest = "sha256:" + 64 * "a"
+    >>> pushed = EnvConfig(name="demo", artifacts=[{"type": "bundle", "digest": digest}])
+    >>> image, command = HubBundle("http://envhub.aenv.svc:8080").runtime(pushed, None)
+    >>> image == RUNTIME_IMAGE, command[3:5], command[-2:] == ["--digest", digest]
+    (True, ['--bundle', 'http://envhub.aenv.svc:8080/v1/envs/demo/1.0.0/bundle'], True)
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tempfile
+import urllib.parse
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
+from aenv_ray.bundle import DIGEST_MARKER
 from aenv_ray.config import EnvConfig
 from aenv_ray.errors import ConfigurationError
+from aenv_ray.protocol import BUNDLE_KEY_ENV
 from k8s_backend.exec_helper import RUNTIME_IMAGE, ExecHelper, helper_binary
 
-__all__ = ["Delivery", "HostProcess", "OwnImage", "exec_helper_of"]
+__all__ = [
+    "RUNTIME_IMAGE",
+    "Delivery",
+    "HostProcess",
+    "HubBundle",
+    "OwnImage",
+    "bundle_digest",
+    "exec_helper_of",
+]
 
 IMAGE_PROJECT = "/env"
 """Where ``aenv build``'s Dockerfile puts the project in the image."""
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
 class Delivery(Protocol):
-    """Chooses the runtime container's image and command for one environment."""
+    """Chooses the runtime container's image, command and added variables for one
+    environment."""
 
     def runtime(self, config: EnvConfig, project: Path | None) -> tuple[str, list[str]]:
         """``(image, command)``; the engine appends ``--host $(POD_IP) --port PORT``."""
         ...
+
+    def env(self, config: EnvConfig) -> list[dict[str, Any]]:
+        """Variables (Kubernetes ``EnvVar`` objects) the runtime container needs besides
+        aenv-ray's own; a user's variables cannot replace them."""
+        ...
+
+
+def bundle_digest(config: EnvConfig, project: Path | None) -> str | None:
+    """The digest of the bundle a version was published as: its ``artifacts`` entry of type
+    ``bundle`` (a hub's record of it), else the marker an unpacked bundle carries (a hub's
+    ``bundles/`` directory, :func:`aenv_ray.bundle.extract_bundle`); None for a project that
+    was never pushed.
+
+        >>> bundle_digest(EnvConfig(name="demo"), None) is None
+        True
+    """
+    for artifact in config.artifacts:
+        digest = artifact.get("digest")
+        if (
+            artifact.get("type") == "bundle"
+            and isinstance(digest, str)
+            and _DIGEST.fullmatch(digest)
+        ):
+            return digest
+    if project is not None:
+        try:
+            marked = (Path(project) / DIGEST_MARKER).read_text(encoding="utf-8").strip()
+        except OSError:
+            return None
+        return marked if _DIGEST.fullmatch(marked) else None
+    return None
 
 
 def exec_helper_of(delivery: Delivery) -> ExecHelper:
@@ -66,10 +121,7 @@ class OwnImage:
         return ExecHelper(image=self.runtime_image)
 
     def runtime(self, config: EnvConfig, project: Path | None) -> tuple[str, list[str]]:
-        image = config.image
-        if image is None and self.image_prefix:
-            prefix = self.image_prefix.rstrip("/") + "/"
-            image = prefix + config.image_tag
+        image = config.image_below(self.image_prefix)
         if image is None:
             raise ConfigurationError(
                 f"{config.ref} names no image for the Kubernetes engine: set "
@@ -79,8 +131,99 @@ class OwnImage:
             )
         return image, ["python", "-m", "sandbox_runtime", IMAGE_PROJECT]
 
+    def env(self, config: EnvConfig) -> list[dict[str, Any]]:
+        return []
+
     def __repr__(self) -> str:
         return f"OwnImage({self.image_prefix!r})"
+
+
+class HubBundle:
+    """One generic runtime image for every environment: the pod fetches the version's bundle
+    from the hub at ``hub_url`` (as the pod reaches it, e.g. ``http://envhub.aenv.svc:8080``),
+    checks its digest and serves it (see :mod:`sandbox_runtime._fetch`). Only versions pushed
+    to that hub can run: the digest comes from the version's record or its unpacked bundle.
+
+    Args:
+        hub_url: the hub, as seen from inside the pods.
+        api_key: the hub key the pods fetch with, given to the runtime as ``AENV_BUNDLE_KEY``
+            in the pod's spec (whoever may read pods in the namespace may read it; the runtime
+            drops it before the environment's code loads). Or:
+        api_key_secret: ``(secret name, key)`` of a Secret in the namespace that holds the key
+            (the pod reads it; the engine never sees it).
+        image: the runtime image (default :data:`RUNTIME_IMAGE`, ``AENV_K8S_RUNTIME_IMAGE``).
+        python: the image's Python (a test cluster that runs commands on its host: this
+            host's interpreter).
+        bundle_dir: where the runtime unpacks (default: its temporary directory, ``/tmp``).
+        max_bundle: the most bytes a pod downloads (default: the runtime's, 64 MiB).
+    """
+
+    def __init__(
+        self,
+        hub_url: str,
+        api_key: str | None = None,
+        *,
+        api_key_secret: tuple[str, str] | None = None,
+        image: str | None = None,
+        python: str = "python",
+        bundle_dir: str | None = None,
+        max_bundle: int | None = None,
+    ) -> None:
+        url = hub_url.strip().rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            raise ConfigurationError(
+                f"HubBundle needs the hub's http(s) URL as the pods reach it, got {hub_url!r} "
+                "(AENV_K8S_HUB_URL)"
+            )
+        if api_key and api_key_secret:
+            raise ConfigurationError("HubBundle takes api_key or api_key_secret, not both")
+        if max_bundle is not None and max_bundle < 1:
+            raise ConfigurationError("HubBundle(max_bundle=) must be a positive number of bytes")
+        self.hub_url = url
+        self.api_key = api_key or None
+        self.api_key_secret = api_key_secret
+        self.image = image or RUNTIME_IMAGE
+        self.python = python
+        self.bundle_dir = bundle_dir
+        self.max_bundle = max_bundle
+
+    def bundle_url(self, config: EnvConfig) -> str:
+        """The version's bundle on the hub: ``HUB/v1/envs/NAME/VERSION/bundle``."""
+        name, version = (urllib.parse.quote(p, safe="") for p in (config.name, config.version))
+        return f"{self.hub_url}/v1/envs/{name}/{version}/bundle"
+
+    def exec_helper(self) -> ExecHelper:
+        """The exec helper of ``DualContainer`` pods, from the same generic image."""
+        return ExecHelper(image=self.image)
+
+    def runtime(self, config: EnvConfig, project: Path | None) -> tuple[str, list[str]]:
+        digest = bundle_digest(config, project)
+        if digest is None:
+            raise ConfigurationError(
+                f"{config.ref} has no bundle digest, so a pod cannot fetch it from the hub: "
+                f"publish it first (`aenv push` to {self.hub_url}) and create instances of "
+                "the pushed version (through that hub, or from its record), or deliver it "
+                "in its own image (AENV_K8S_DELIVERY=image)"
+            )
+        command = [self.python, "-m", "sandbox_runtime", "--bundle", self.bundle_url(config)]
+        command += ["--digest", digest]
+        if self.bundle_dir:
+            command += ["--bundle-dir", self.bundle_dir]
+        if self.max_bundle:
+            command += ["--max-bundle", str(self.max_bundle)]
+        return self.image, command
+
+    def env(self, config: EnvConfig) -> list[dict[str, Any]]:
+        if self.api_key_secret is not None:
+            secret, key = self.api_key_secret
+            ref = {"secretKeyRef": {"name": secret, "key": key}}
+            return [{"name": BUNDLE_KEY_ENV, "valueFrom": ref}]
+        if self.api_key:
+            return [{"name": BUNDLE_KEY_ENV, "value": self.api_key}]
+        return []
+
+    def __repr__(self) -> str:  # never the key
+        return f"HubBundle({self.hub_url!r}, image={self.image!r})"
 
 
 class HostProcess:
@@ -113,6 +256,9 @@ class HostProcess:
                 f"{config.ref}: HostProcess delivery needs the project's directory on this host"
             )
         return self.image, [self.python, "-m", "sandbox_runtime", str(project)]
+
+    def env(self, config: EnvConfig) -> list[dict[str, Any]]:
+        return []
 
     def __repr__(self) -> str:
         return f"HostProcess({self.python!r})"

@@ -77,7 +77,7 @@ from k8s_backend.manifests import (
 )
 from k8s_backend.reaper import LEASE_SECONDS, Housekeeper
 from k8s_backend.service_controller import KubernetesServices
-from k8s_backend.state import instance_id, pod_info, startup_failure
+from k8s_backend.state import instance_id, last_words, pod_info, runtime_message, startup_failure
 from k8s_backend.warm import claim_patch, claimed_by, is_claimable, pool_key
 
 __all__ = ["KubernetesEngine", "RateLimiter"]
@@ -306,6 +306,7 @@ class KubernetesEngine:
                 "ask less, or raise KubernetesEngine(max_lifetime=)"
             )
         image, command = self.delivery.runtime(config, project)
+        runtime_env = self.delivery.env(config)
         now = time.time()
         recipe = PodRecipe(
             instance_id=uuid.uuid4().hex[:12],
@@ -327,6 +328,7 @@ class KubernetesEngine:
             exec_helper=exec_helper_of(self.delivery)
             if config.deploy_config.pod_template == "DualContainer"
             else ExecHelper(),
+            runtime_env=runtime_env,
         )
         return recipe, config
 
@@ -348,8 +350,10 @@ class KubernetesEngine:
                 if info.state is InstanceState.RUNNING:
                     return info
                 if info.state is InstanceState.TERMINATED:
+                    said = "" if runtime_message(pod) else await self._run(self._last_words, name)
                     raise StartupTimeoutError(
-                        f"pod {name} ended before it served: {info.describe_end()}",
+                        f"pod {name} ended before it served: {info.describe_end()}"
+                        + (f": {said}" if said else ""),
                         timeout=timeout,
                     )
                 problem = startup_failure(pod)
@@ -363,11 +367,25 @@ class KubernetesEngine:
                         f"`kubectl -n {self.namespace} describe pod {name}`",
                         timeout=timeout,
                     )
-                await asyncio.wait_for(asyncio.shield(changed), timeout=left)
-            except TimeoutError:
-                continue  # the loop's check above reports it
+                with contextlib.suppress(TimeoutError):  # the loop's check above reports it
+                    await asyncio.wait_for(asyncio.shield(changed), timeout=left)
             finally:
                 self._cache.forget_waiter(iid, changed)
+
+    def _last_words(self, name: str) -> str:
+        """What the pod's runtime said last (its log), for a cluster that gave no termination
+        message; "" when the log cannot be read (it is a hint, not the error)."""
+        try:
+            log = self._kube.request(
+                "GET",
+                self._kube.path("", "pods", name) + "/log",
+                query={"container": "runtime", "tailLines": 20},
+                what=f"read pod {name}'s log",
+                text=True,
+            )
+        except AEnvError:
+            return ""
+        return last_words(str(log or ""))
 
     async def _discard(self, iid: str, name: str) -> None:
         """Delete the pod of a create that failed (best effort: the reaper backs it up)."""

@@ -194,6 +194,7 @@ class PodRecipe:
     max_lifetime: int | None = None  # seconds: activeDeadlineSeconds, the backstop of any TTL
     warm: bool = False  # a warm pool's pod (``pool`` names it), free until claimed
     exec_helper: ExecHelper = field(default_factory=ExecHelper)  # DualContainer: where it is
+    runtime_env: Sequence[Mapping[str, Any]] = ()  # the delivery's variables (EnvVar objects)
 
 
 def _labels(recipe: PodRecipe, ref: EnvRef) -> dict[str, str]:
@@ -224,6 +225,7 @@ def _environment(recipe: PodRecipe) -> list[dict[str, Any]]:
         [
             {"name": "AENV_INSTANCE_ID", "value": recipe.instance_id},
             *([{"name": TOKEN_ENV, "value": recipe.token}] if recipe.token else []),
+            *(dict(variable) for variable in recipe.runtime_env),
         ],
         {**recipe.deploy.env, **recipe.environment_variables},
     )
@@ -363,6 +365,7 @@ def _pod_spec(runtime: _Runtime) -> dict[str, Any]:
             "failureThreshold": 3,
         },
         "securityContext": _container_security(),
+        "terminationMessagePolicy": "FallbackToLogsOnError",  # a failed start says why
         "volumeMounts": mounts,
         "workingDir": "/workspace",
     }

@@ -37,7 +37,15 @@ from k8s_backend.manifests import (
     OUR_LABELS,
 )
 
-__all__ = ["instance_id", "pod_info", "resource_version", "startup_failure", "timestamp"]
+__all__ = [
+    "instance_id",
+    "last_words",
+    "pod_info",
+    "resource_version",
+    "runtime_message",
+    "startup_failure",
+    "timestamp",
+]
 
 _IMAGE_PROBLEMS = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
@@ -114,6 +122,26 @@ def _port(pod: Mapping[str, Any]) -> int:
     return DEFAULT_FUNCTIONS_PORT
 
 
+def last_words(output: str) -> str:
+    """What a runtime that stopped said about why: its last ``sandbox_runtime: error:`` line,
+    else its last line that is not empty (at most 500 characters; "" when it said nothing).
+
+        >>> last_words("starting\\nsandbox_runtime: error: digest sha256:aa, expected sha256:bb\\n")
+        'sandbox_runtime: error: digest sha256:aa, expected sha256:bb'
+    """
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("sandbox_runtime: error:")]
+    chosen = errors[-1] if errors else (lines[-1] if lines else "")
+    return chosen[:500]
+
+
+def runtime_message(pod: Mapping[str, Any]) -> str:
+    """The termination message of the pod's runtime container (its last log lines when it
+    failed, ``terminationMessagePolicy: FallbackToLogsOnError``), as :func:`last_words`."""
+    terminated = (_container(pod).get("state") or {}).get("terminated") or {}
+    return last_words(str(terminated.get("message") or ""))
+
+
 def _ended(
     pod: Mapping[str, Any], expires_at: float | None, deleted_at: float | None
 ) -> tuple[TerminationReason, str] | None:
@@ -134,7 +162,10 @@ def _ended(
             )
         code = terminated.get("exitCode")
         why = terminated.get("reason") or status.get("reason") or phase
-        return TerminationReason.CRASHED, f"the runtime exited (code {code}, {why})"
+        said = runtime_message(pod)
+        return TerminationReason.CRASHED, f"the runtime exited (code {code}, {why})" + (
+            f": {said}" if said else ""
+        )
     if deleted_at is not None:
         if expires_at is not None and deleted_at >= expires_at - 1.0:
             return TerminationReason.EXPIRED, "its TTL ran out"

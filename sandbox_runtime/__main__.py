@@ -1,8 +1,18 @@
 """``python -m sandbox_runtime PROJECT [--host H] [--port P ...]``: serve one project.
 
 This is what an engine starts inside each instance; ``aenv run`` is the friendly front end.
-Exit codes, as ``aenv run``: 0 stopped by a signal, 1 cannot serve (a port in use), 2 usage or
-project error, 70 broken (an async call blocked the server; see ``RuntimeServer.on_broken``).
+Exit codes, as ``aenv run``: 0 stopped by a signal, 1 cannot serve (a port in use, the hub
+unreachable), 2 usage or project error (a bundle refused), 70 broken (an async call blocked the
+server; see ``RuntimeServer.on_broken``).
+
+From a hub instead of a directory (a generic runtime image, :mod:`sandbox_runtime._fetch`):
+``python -m sandbox_runtime --bundle URL --digest sha256:HEX [--bundle-dir DIR] [--max-bundle
+BYTES] [--fetch-attempts N] [options]``, where ``URL`` is EnvHub's
+``HUB/v1/envs/NAME/VERSION/bundle`` and the hub key comes from the ``AENV_BUNDLE_KEY`` variable.
+The bundle is fetched, its digest checked before anything is unpacked, unpacked with the hub's
+checks under ``DIR`` (default: the temporary directory), then this program runs again in place
+(``exec``) as ``python -m sandbox_runtime UNPACKED [options]`` with the key gone from its
+environment and its memory: the environment's code never sees it.
 
 Limits (:mod:`sandbox_runtime._limits`): ``--cgroup`` finds this process's own cgroup and its
 limits (a container's); or name them: ``--memory-limit 512M --pids-limit 128`` with the cgroup's
@@ -23,9 +33,15 @@ import os
 import sys
 
 from aenv_ray.config import parse_memory
-from aenv_ray.errors import AEnvError
+from aenv_ray.errors import AEnvError, HubUnreachableError
 from aenv_ray.logs import configure_logging
-from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT, DEFAULT_MCP_PORT, MAX_TIMEOUT, TOKEN_ENV
+from aenv_ray.protocol import (
+    BUNDLE_KEY_ENV,
+    DEFAULT_FUNCTIONS_PORT,
+    DEFAULT_MCP_PORT,
+    MAX_TIMEOUT,
+    TOKEN_ENV,
+)
 from sandbox_runtime import _limits
 from sandbox_runtime._loader import load_project
 from sandbox_runtime.server import RuntimeServer
@@ -74,10 +90,65 @@ def _token(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str | N
     return token
 
 
+def _bundle_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "from a hub (instead of PROJECT; the key comes from $" + BUNDLE_KEY_ENV + ")"
+    )
+    group.add_argument("--bundle", metavar="URL", help="HUB/v1/envs/NAME/VERSION/bundle")
+    group.add_argument("--digest", metavar="sha256:HEX", help="the bundle's digest (required)")
+    group.add_argument(
+        "--bundle-dir", metavar="DIR", help="where to unpack it (default: the temporary directory)"
+    )
+    group.add_argument(
+        "--max-bundle", type=int, metavar="BYTES", help="the most bytes to download (64 MiB)"
+    )
+    group.add_argument(
+        "--fetch-attempts", type=int, metavar="N", help="tries of an unreachable hub (6)"
+    )
+
+
+def _serve_bundle(
+    args: argparse.Namespace, argv: list[str], own: list[str], key: str | None
+) -> int:
+    """Fetch, check and unpack the bundle, then run again as ``sandbox_runtime UNPACKED``:
+    ``exec`` leaves the hub key behind (the environment's code never sees it)."""
+    from sandbox_runtime import _fetch
+
+    only = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    _bundle_options(only)
+    rest = only.parse_known_args(argv)[1]  # every other option, in its order
+    try:
+        fetched = _fetch.fetch_bundle(
+            args.bundle,
+            args.digest,
+            args.bundle_dir,
+            key=key,
+            max_size=args.max_bundle or _fetch.DEFAULT_MAX_BUNDLE,
+            attempts=args.fetch_attempts or _fetch.DEFAULT_ATTEMPTS,
+        )
+    except HubUnreachableError as exc:
+        print(f"sandbox_runtime: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except AEnvError as exc:
+        print(f"sandbox_runtime: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except OSError as exc:
+        print(f"sandbox_runtime: error: cannot unpack the bundle: {exc}", file=sys.stderr)
+        return 2
+    command = [sys.executable, "-m", "sandbox_runtime", str(fetched.project), *rest]
+    if own:
+        command += ["--", *own]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, command, dict(os.environ))
+    return 70  # not reached: execve replaces this process or raises
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, load the project, serve until stopped. What follows ``--`` is the
     environment's own arguments: the project sees them as ``sys.argv[1:]``, as an engine's
     instance does (``InstanceSpec.arguments``)."""
+    key = os.environ.pop(BUNDLE_KEY_ENV, None) or None  # first: in no mode does it stay
     argv = list(sys.argv[1:] if argv is None else argv)
     own: list[str] = []
     if "--" in argv:
@@ -86,8 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m sandbox_runtime",
         epilog="ARGS after `--` are the environment's own arguments (its sys.argv[1:]).",
+        allow_abbrev=False,
     )
-    parser.add_argument("project", help="environment project directory (holds config.json)")
+    parser.add_argument(
+        "project", nargs="?", help="environment project directory (holds config.json)"
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument(
         "--port",
@@ -112,12 +186,28 @@ def main(argv: list[str] | None = None) -> int:
     limits.add_argument(
         "--rlimits-only", action="store_true", help="no cgroup enforces the limits: use rlimits"
     )
+    _bundle_options(parser)
     args = parser.parse_args(argv)
+    if (args.project is None) == (args.bundle is None):
+        parser.error("give a PROJECT directory or --bundle URL (with --digest), not both")
+    if args.bundle is not None and not args.digest:
+        parser.error("--bundle needs --digest sha256:HEX: a bundle is served only once checked")
+    if args.bundle is None and any(
+        v is not None for v in (args.digest, args.bundle_dir, args.max_bundle, args.fetch_attempts)
+    ):
+        parser.error("--digest, --bundle-dir, --max-bundle and --fetch-attempts go with --bundle")
+    for name in ("max_bundle", "fetch_attempts"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be positive")
     if not (0 < args.default_timeout <= MAX_TIMEOUT and math.isfinite(args.default_timeout)):
         parser.error(f"--default-timeout must be positive seconds up to {MAX_TIMEOUT:g}")
     if args.pids_limit is not None and args.pids_limit < 1:
         parser.error("--pids-limit must be positive")
     configure_logging(args.log_level)
+    if args.bundle is not None:
+        return _serve_bundle(args, argv, own, key)
+    del key
     token = _token(args, parser)
     sys.argv = ["sandbox_runtime", *own]  # before the project's import, which may read them
     try:

@@ -588,7 +588,7 @@ def test_build_writes_the_outputs_and_says_when_no_builder_exists(
     project: Path, tmp_path: Path
 ) -> None:
     empty_path = str(tmp_path / "nothing-here")
-    result = aenv("build", str(project), PATH=empty_path)
+    result = aenv("build", str(project), PATH=empty_path, AENV_K8S_IMAGE_PREFIX="")
     assert result.returncode == 0, result.stderr
     dist = project / "dist"
     assert sorted(p.name for p in dist.iterdir()) == [
@@ -619,6 +619,8 @@ def test_build_writes_the_outputs_and_says_when_no_builder_exists(
         f"{(dist / 'Dockerfile').as_posix()}; build the image where one exists, or push the "
         "bundle with `aenv push`"
     ]
+    # the image the Kubernetes engine expects for this version: no registry named yet
+    assert "  image       demo:1.0.0 has no registry: the Kubernetes engine needs " in out
     # building again (the outputs now inside the project) gives the same bundle
     assert aenv("build", str(project), PATH=empty_path).returncode == 0
     assert (dist / "demo-1.0.0.aenv.tgz").read_bytes() == data
@@ -704,6 +706,30 @@ def test_build_tags_below_the_image_prefix(project: Path, tmp_path: Path) -> Non
     result = aenv("build", str(project), PATH=str(tmp_path / "bin"))
     assert result.returncode == 0, result.stderr
     assert json.loads(record.read_text())["argv"][2] == "reg.example/team/demo:1.0.0"
+    expected = "  image       reg.example/team/demo:1.0.0 (the Kubernetes engine runs it: "
+    assert expected + "deployConfig.imagePrefix)" in result.stdout.splitlines()
+
+
+def test_build_prints_the_image_the_kubernetes_engine_expects(project: Path) -> None:
+    def image_line(**env: str) -> str:
+        result = aenv("build", str(project), "--no-image", **env)
+        assert result.returncode == 0, result.stderr
+        lines = [line for line in result.stdout.splitlines() if line.startswith("  image ")]
+        assert len(lines) == 1, result.stdout
+        return lines[0].split(None, 1)[1]
+
+    below = image_line(AENV_K8S_IMAGE_PREFIX="registry.local/aenv/")
+    assert (
+        below
+        == "registry.local/aenv/demo:1.0.0 (the Kubernetes engine runs it: AENV_K8S_IMAGE_PREFIX)"
+    )
+    config = json.loads((project / "config.json").read_text())
+    config["artifacts"] = [{"type": "image", "content": "registry.local/custom/demo@sha256:ab"}]
+    (project / "config.json").write_text(json.dumps(config))
+    named = image_line(AENV_K8S_IMAGE_PREFIX="registry.local/aenv/")
+    assert (
+        named == "registry.local/custom/demo@sha256:ab (the Kubernetes engine runs it: artifacts)"
+    )
 
 
 def test_a_failed_image_build_exits_1_with_the_builders_last_lines(

@@ -55,6 +55,7 @@ ROLE_RULES = [
         "resources": ["pods"],
         "verbs": ["get", "list", "watch", "create", "patch", "delete", "deletecollection"],
     },
+    {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
     {
         "apiGroups": [""],
         "resources": ["services", "persistentvolumeclaims"],
@@ -76,7 +77,7 @@ ROLE_RULES = [
 """The Role, exactly: a change to deploy/role.yaml must change this too, on purpose."""
 
 NAMESPACED = {
-    "": {"pods", "services", "persistentvolumeclaims", "endpoints", "configmaps"},
+    "": {"pods", "pods/log", "services", "persistentvolumeclaims", "endpoints", "configmaps"},
     "apps": {"deployments", "replicasets"},
     "networking.k8s.io": {"networkpolicies"},
     "coordination.k8s.io": {"leases"},

@@ -219,6 +219,30 @@ def _report(bundle: Bundle, loads: str, paths: dict[str, Path], *, as_json: bool
     print(f"  loads       {loads}")
     for label, path in paths.items():
         print(f"  {label:<11} {_shown(path)}")
+    print(f"  image       {expected_image(bundle.config)}")
+
+
+def expected_image(config: EnvConfig) -> str:
+    """The image the Kubernetes engine runs for ``config`` when it delivers code in the
+    environment's own image (``OwnImage``), and where that comes from.
+
+        >>> image = [{"type": "image", "content": "r.io/d:7"}]
+        >>> expected_image(EnvConfig(name="demo", artifacts=image))
+        'r.io/d:7 (the Kubernetes engine runs it: artifacts)'
+    """
+    from aenv_ray.settings import get_settings
+
+    if config.image is not None:
+        named = any(a.get("type") == "image" and a.get("content") for a in config.artifacts)
+        source = "artifacts" if named else "deployConfig.imagePrefix"
+        return f"{config.image} (the Kubernetes engine runs it: {source})"
+    image = config.image_below(get_settings().k8s_image_prefix)
+    if image is not None:
+        return f"{image} (the Kubernetes engine runs it: AENV_K8S_IMAGE_PREFIX)"
+    return (
+        f"{config.image_tag} has no registry: the Kubernetes engine needs "
+        "deployConfig.imagePrefix or AENV_K8S_IMAGE_PREFIX (or `aenv push` and bundle delivery)"
+    )
 
 
 def _build_image_if_possible(
