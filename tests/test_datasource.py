@@ -83,9 +83,13 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    # a zombie still answers kill(0); it is gone for our purpose
-    with open(f"/proc/{pid}/stat") as stat_file:
-        return stat_file.read().split(") ", 1)[1][0] != "Z"
+    # a zombie still answers kill(0); it is gone for our purpose (and it may be reaped between
+    # the kill and the read)
+    try:
+        with open(f"/proc/{pid}/stat") as stat_file:
+            return stat_file.read().split(") ", 1)[1][0] != "Z"
+    except (ProcessLookupError, FileNotFoundError):
+        return False
 
 
 @pytest.fixture(scope="session")
