@@ -276,6 +276,32 @@ async def claim_burst(cluster: KubeCluster, claims: int, rate: float) -> None:
         await until_warm(engine, "burst", size)
         print(f"  pool of {size} Ready in {time.perf_counter() - started:.1f} s", flush=True)
 
+        # baseline: the bare call a claim makes, a merge PATCH of a pod (the official client),
+        # on pods of another pool; against claims one at a time
+        await engine.prewarm(SPEC, pool="baseline", count=200)
+        base_key, _ = engine._warm_key(SPEC, "baseline")
+        core = k8s_client.CoreV1Api(api)
+        bare: list[float] = []
+        for pod in engine._cache.free(base_key):
+            began = time.perf_counter()
+            await asyncio.to_thread(
+                core.patch_namespaced_pod,
+                pod["metadata"]["name"],
+                ns,
+                {"metadata": {"annotations": {"bench": "1"}}},
+            )
+            bare.append(time.perf_counter() - began)
+        single: list[float] = []
+        for _ in range(200):
+            began = time.perf_counter()
+            assert await engine.claim(SPEC, pool="burst") is not None
+            single.append(time.perf_counter() - began)
+        row("bare client: PATCH a pod", bare)
+        row("claim, one at a time", single)
+        ratio = pct(single, 0.5) / pct(bare, 0.5)
+        print(f"  claim / bare PATCH, p50: {ratio:.2f}x", flush=True)
+        claims -= 200
+
         half = claims // 2
         open_loop: list[float] = []
 
