@@ -296,7 +296,25 @@ async def claim_burst(cluster: KubeCluster, claims: int, rate: float) -> None:
             began = time.perf_counter()
             assert await engine.claim(SPEC, pool="burst") is not None
             single.append(time.perf_counter() - began)
+        base_pods = engine._cache.free(base_key)
+        bare_open: list[float] = []
+
+        def patch(name: str) -> None:
+            began = time.perf_counter()
+            core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": {"bench": "2"}}})
+            bare_open.append(time.perf_counter() - began)
+
+        tasks = []
+        started = time.perf_counter()
+        for i in range(claims // 2):  # the same open loop as the claims' below
+            delay = started + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            name = base_pods[i % len(base_pods)]["metadata"]["name"]
+            tasks.append(asyncio.ensure_future(asyncio.to_thread(patch, name)))
+        await asyncio.gather(*tasks)
         row("bare client: PATCH a pod", bare)
+        row(f"bare client: PATCH, open loop at {rate:g}/s", bare_open)
         row("claim, one at a time", single)
         ratio = pct(single, 0.5) / pct(bare, 0.5)
         print(f"  claim / bare PATCH, p50: {ratio:.2f}x", flush=True)
