@@ -26,7 +26,7 @@ from aenv_ray.errors import (
 )
 from k8s_backend._api import Kube, WatchExpired
 from k8s_backend.manifests import CLAIM_FREE, LABEL_CLAIM, LABEL_MANAGED, LABEL_POOL, MANAGER
-from k8s_backend.state import instance_id, pod_info, resource_version
+from k8s_backend.state import instance_id, pod_info, resource_version, slim
 
 __all__ = ["TOMBSTONES", "PodCache", "pool_waiter"]
 
@@ -131,6 +131,7 @@ class PodCache:
         iid = instance_id(pod)
         if iid is None:
             return
+        pod = slim(pod)
         with self._lock:
             known = self._pods.get(iid)
             if known is not None and resource_version(known) > resource_version(pod):
