@@ -612,3 +612,25 @@ def test_the_readme_path_names_the_shipped_objects() -> None:
     assert "kubectl -n aenv-ray port-forward svc/aenv-hub 8000:8000" in readme
     assert "AENV_SYSTEM_URL=http://127.0.0.1:8000 AENV_API_KEY=" in readme
     assert json.dumps(__version__).strip('"') in readme
+
+
+def test_the_optional_bundle_egress_policy_reaches_the_shipped_hub_and_dns_only() -> None:
+    (policy,) = yaml.safe_load_all(
+        (DEPLOY / "optional" / "bundle-delivery-egress.yaml").read_text()
+    )
+    hub = find(manifests(), "Service", "aenv-hub")
+    assert policy["kind"] == "NetworkPolicy"
+    assert policy["metadata"]["namespace"] == hub["metadata"]["namespace"]
+    assert policy["spec"]["podSelector"] == {
+        "matchLabels": {"app.kubernetes.io/managed-by": "aenv-ray"}
+    }
+    assert policy["spec"]["policyTypes"] == ["Egress"]
+    to_hub, to_dns = policy["spec"]["egress"]
+    assert to_hub["to"] == [{"podSelector": {"matchLabels": hub["spec"]["selector"]}}]
+    deployment = find(manifests(), "Deployment", "aenv-hub")
+    (serving,) = deployment["spec"]["template"]["spec"]["containers"][0]["ports"]
+    assert serving["name"] == hub["spec"]["ports"][0]["targetPort"]  # the Service's target
+    assert to_hub["ports"] == [{"protocol": "TCP", "port": serving["containerPort"]}]
+    assert to_dns["to"][0]["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
+    assert {p["port"] for p in to_dns["ports"]} == {53}
+    assert "bundle-delivery-egress.yaml" not in (DEPLOY / "kustomization.yaml").read_text()
