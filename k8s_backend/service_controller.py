@@ -42,7 +42,8 @@ from aenv_ray.errors import (
 from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT, TOKEN_ENV
 from aenv_ray.resolve import resolve_environment
 from k8s_backend._api import Kube
-from k8s_backend.delivery import Delivery
+from k8s_backend.delivery import Delivery, exec_helper_of
+from k8s_backend.exec_helper import ExecHelper
 from k8s_backend.manifests import ANNOTATION_ENV
 from k8s_backend.services import (
     ANNOTATION_SERVICE,
@@ -117,6 +118,11 @@ class KubernetesServices:
             ref, project = resolve_environment(spec.env_ref, where)
             config = EnvConfig.load(project)
         image, command = self.delivery.runtime(config, project)
+        helper = ExecHelper()
+        if config.deploy_config.pod_template == "DualContainer":
+            placed = exec_helper_of(self.delivery)
+            # the image only: a host-process cluster's per-pod directory has no per-replica name
+            helper = ExecHelper(image=placed.image) if placed.host_dir else placed
         recipe = ServiceRecipe(
             service_id=spec.service_id,
             env_ref=str(EnvRef.parse(ref)),
@@ -131,6 +137,8 @@ class KubernetesServices:
             storage=spec.storage,
             port=self.port,
             token=token,
+            runtime_env=self.delivery.env(config),
+            exec_helper=helper,
         )
         return recipe, config
 

@@ -29,6 +29,7 @@ from aenv_ray.config import DeployConfig, parse_memory
 from aenv_ray.envref import EnvRef
 from aenv_ray.errors import ConfigurationError
 from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT, TOKEN_ENV
+from k8s_backend.exec_helper import ExecHelper
 from k8s_backend.manifests import (
     ANNOTATION_ENV,
     ANNOTATION_OWNER,
@@ -95,6 +96,8 @@ class ServiceRecipe:
     storage_access: Literal["ReadWriteOnce", "ReadWriteMany"] = "ReadWriteOnce"
     port: int = DEFAULT_FUNCTIONS_PORT
     token: str | None = None  # every replica's runtime token (AENV_RUNTIME_TOKEN); None: none
+    runtime_env: Sequence[Mapping[str, Any]] = ()  # the delivery's variables (EnvVar objects)
+    exec_helper: ExecHelper = field(default_factory=ExecHelper)  # DualContainer: where it is
 
 
 def _dns_part(service_id: str, room: int) -> str:
@@ -181,6 +184,7 @@ def _pod_template(recipe: ServiceRecipe) -> dict[str, Any]:
             {"name": "AENV_INSTANCE_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "AENV_SERVICE_ID", "value": recipe.service_id},
             *([{"name": TOKEN_ENV, "value": recipe.token}] if recipe.token else []),
+            *(dict(variable) for variable in recipe.runtime_env),
         ],
         {**recipe.deploy.env, **recipe.environment_variables},
     )
@@ -194,6 +198,7 @@ def _pod_template(recipe: ServiceRecipe) -> dict[str, Any]:
         datasource=recipe.datasource,
         storage_claim=storage_claim_name(recipe.service_id) if recipe.storage else None,
         restart_policy="Always",
+        exec_helper=recipe.exec_helper,
     )
     labels = {
         LABEL_MANAGED: MANAGER,

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from aenv_ray import ConfigurationError, Environment
-from aenv_ray.config import DeployConfig
+from aenv_ray.config import DeployConfig, EnvConfig
 from builtin_envs import builtin_refs
 from k8s_backend.manifests import PodRecipe, instance_pod
 from k8s_backend.services import (
@@ -141,6 +141,29 @@ def test_labels_selector_and_annotations() -> None:
 def test_a_user_label_cannot_take_the_service_label() -> None:
     with pytest.raises(ConfigurationError, match="aenv-ray's own"):
         service_deployment(replace(RECIPE, labels={LABEL_SERVICE: "other"}))
+
+
+def test_replicas_get_the_deliverys_variables_and_exec_helper_as_instances_do() -> None:
+    """A hub key of bundle delivery, and a DualContainer's helper image, reach every replica."""
+    from k8s_backend.delivery import HubBundle
+    from k8s_backend.exec_helper import ExecHelper
+
+    delivery = HubBundle("http://hub:8000", api_key_secret=("envhub-pods", "key"))
+    recipe = replace(
+        RECIPE,
+        deploy=DeployConfig(pod_template="DualContainer"),
+        datasource="postgres:16",
+        runtime_env=delivery.env(EnvConfig(name="notes", version="1.2.0")),
+        exec_helper=ExecHelper(image="registry.local/aenv-ray:9"),
+    )
+    spec = service_deployment(recipe)["spec"]["template"]["spec"]
+    runtime = next(c for c in spec["containers"] if c["name"] == "runtime")
+    key = next(v for v in runtime["env"] if v["name"] == "AENV_BUNDLE_KEY")
+    assert key["valueFrom"] == {"secretKeyRef": {"name": "envhub-pods", "key": "key"}}
+    (init,) = spec["initContainers"]
+    assert init["image"] == "registry.local/aenv-ray:9"
+    with pytest.raises(ConfigurationError, match="aenv-ray's own"):  # a user cannot replace it
+        service_deployment(replace(recipe, environment_variables={"AENV_BUNDLE_KEY": "mine"}))
 
 
 @pytest.mark.parametrize("taken", ["POD_IP", "AENV_INSTANCE_ID", "AENV_SERVICE_ID"])
