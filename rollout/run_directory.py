@@ -56,6 +56,7 @@ __all__ = [
     "LockHolder",
     "RunDirectory",
     "RunDirectoryLockedError",
+    "RunMismatchError",
     "TornRecord",
     "read_records",
 ]
@@ -64,6 +65,7 @@ log = logging.getLogger("rollout.run_directory")
 
 JSONL = "trajectories.jsonl"
 LOCK = "rollout.lock"
+IDENTITY = "run.json"
 
 _HELD: dict[tuple[int, int], LockHolder] = {}  # lock files this process holds: (dev, inode)
 _EPISODE_ID = re.compile(rb'^\{"episode_id": ("(?:[^"\\]|\\.)*")')
@@ -85,6 +87,23 @@ class RunDirectoryLockedError(ConfigurationError):
         super().__init__(message, **kw)
         self.directory = directory
         self.holder = holder
+
+
+class RunMismatchError(ConfigurationError):
+    """The run directory holds records of another run (another environment, task file or
+    policy): ``differences`` maps each field to ``(recorded, asked)``. Pass another ``--out``,
+    or ``--force`` to write into it anyway."""
+
+    def __init__(self, directory: Path, differences: dict[str, tuple[str, str]]) -> None:
+        said = "; ".join(
+            f"{k}: {old!r} there, {new!r} now" for k, (old, new) in differences.items()
+        )
+        super().__init__(
+            f"{directory} holds records of another run ({said}); pass another --out, or "
+            "--force to add this run's records to it"
+        )
+        self.directory = directory
+        self.differences = differences
 
 
 class CorruptRecordError(ConfigurationError):
@@ -283,6 +302,52 @@ class RunDirectory:
             )
         if created:
             _sync_directory(self.path)
+
+    def check_identity(self, identity: dict[str, str], *, force: bool = False) -> None:
+        """Refuse to add to records of another run: ``identity`` names this one (environment,
+        task file, policy); it is kept in ``run.json``. A directory with records and another
+        identity raises :class:`RunMismatchError` unless ``force`` (which records the new
+        identity); a directory without records takes it."""
+        path = self.path / IDENTITY
+        recorded: dict[str, str] = {}
+        with contextlib.suppress(OSError, ValueError):
+            loaded = json.loads(path.read_text())
+            if isinstance(loaded, dict):
+                recorded = {str(k): str(v) for k, v in loaded.items()}
+        differences = {
+            key: (recorded[key], value)
+            for key, value in identity.items()
+            if key in recorded and recorded[key] != value
+        }
+        if differences and self.records and not force:
+            raise RunMismatchError(self.path, differences)
+        if differences or not recorded or force:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(identity, indent=1, sort_keys=True) + "\n")
+            os.replace(tmp, path)
+
+    def compact(self) -> int:
+        """Rewrite ``trajectories.jsonl`` with one line per episode, its latest record (an
+        episode run again, ``--retry-failed``, left its superseded line behind): atomically,
+        by a synced copy renamed over it. Returns how many lines were dropped."""
+        if self._journal is None:
+            raise ClosedError(f"run directory {self.path} is closed; open it again")
+        with self.jsonl.open("rb") as handle:
+            lines = sum(1 for _ in handle)
+        dropped = lines - len(self.records)
+        if dropped <= 0:
+            return 0
+        tmp = self.path / (JSONL + ".compact")
+        with tmp.open("wb") as handle:
+            for record in self.records.values():
+                handle.write((json.dumps(record) + "\n").encode())
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, self.jsonl)
+        _sync_directory(self.path)
+        os.close(self._journal)
+        self._journal = os.open(self.jsonl, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        return dropped
 
     async def append(self, record: dict[str, Any]) -> None:
         """Write ``record`` as one line and sync it; records are written one at a time."""

@@ -671,6 +671,7 @@ async def _synthesize(
     started = time.perf_counter()
     await _play_all(todo, one)
     seconds = time.perf_counter() - started  # the episodes' time, not the Parquet file's
+    run.compact()  # an episode run again leaves one line, as it leaves one Parquet row
     write_parquet(run.jsonl, run.path / PARQUET)
     return tally.summary(run, episodes=episodes, skipped=skipped, seconds=seconds)
 

@@ -75,6 +75,10 @@ def rollout_command(
             "(default: AENV_ENGINE, else local)"
         ),
     ] = None,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="write into OUT even when it holds another run's records"),
+    ] = False,
     use_ray: Annotated[
         bool,
         typer.Option(
@@ -104,6 +108,7 @@ def rollout_command(
             assert model is not None
             chosen = OpenAIPolicy(base_url, model, api_key=api_key, max_turns=max_turns)
         task_list = load_tasks(tasks, env)
+        run.check_identity(_identity(env, tasks, policy, base_url, model), force=force)
         todo = pending_episodes(task_list, episodes, run.records, retry_failed=retry_failed)
         if run.torn is not None:
             console.print(f"[yellow]{run.torn.describe()}")
@@ -137,6 +142,18 @@ def rollout_command(
     console.print(_summary_table(summary, env))
     console.print(f"trajectories: {summary.out / 'trajectories.jsonl'} and .parquet")
     return EXIT_OK if summary.ok else EXIT_FAILURE
+
+
+def _identity(
+    env: str, tasks: Path | None, policy: str | None, base_url: str | None, model: str | None
+) -> dict[str, str]:
+    """What makes a run this run: its environment, tasks (the file's content, wherever it
+    lies) and policy."""
+    import hashlib
+
+    content = f"sha256:{hashlib.sha256(tasks.read_bytes()).hexdigest()[:16]}" if tasks else "demo"
+    who = f"{base_url} model {model}" if base_url is not None else policy or "the demo policy"
+    return {"env": env, "tasks": content, "policy": who}
 
 
 def _ray_source(
