@@ -315,11 +315,17 @@ def _key(tenant: str, store: str) -> str:
     return done.stdout.strip()
 
 
-def _free_ids(cluster: KubeCluster, namespace: str) -> set[str]:
+def _free_ids(cluster: KubeCluster, namespace: str, *, ready: bool = True) -> set[str]:
+    """The pool's free pods: the Ready ones (a claim takes only those), or all."""
     return {
         p.metadata.labels[LABEL_INSTANCE]
         for p in _pool_pods(cluster, namespace)
-        if p.metadata.labels.get(LABEL_CLAIM) == CLAIM_FREE and not p.metadata.deletion_timestamp
+        if p.metadata.labels.get(LABEL_CLAIM) == CLAIM_FREE
+        and not p.metadata.deletion_timestamp
+        and (
+            not ready
+            or any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+        )
     }
 
 
@@ -351,7 +357,8 @@ async def test_hubs_keep_a_shared_warm_pool_and_their_creates_claim_from_it(
             assert await run(record, "echo claimed") == "claimed"
             taken = await eventually(two_free, "the pool refilled", deadline=120)
             assert record["id"] not in taken
-            assert len(_free_ids(cluster, namespace)) == 2  # two hubs, still two free in all
+            # two hubs, each keeping two: still two free in all, Ready or starting
+            assert len(_free_ids(cluster, namespace, ready=False)) == 2
 
             own = await hub.create_instance(
                 "mini-terminal@1.0.0", ttl=600, environment_variables={"TEAM": "red"}
