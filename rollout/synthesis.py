@@ -511,7 +511,7 @@ def read_trajectories(path: str | Path) -> list[dict[str, Any]]:
         return list(read_records(path)[0].values())
     import pyarrow.parquet as pq
 
-    rows = pq.read_table(path).to_pylist()
+    rows: list[dict[str, Any]] = pq.read_table(path).to_pylist()
     for row in rows:
         for name in NESTED_FIELDS:
             row[name] = json.loads(row[name]) if row.get(name) is not None else None
@@ -522,9 +522,8 @@ def describe_policy(
     policy: Any, *, name: str | None = None, system_prompt: str | None = None
 ) -> dict[str, Any]:
     """What a record says of ``policy``: its name (``module:callable``) and settings."""
-    settings = getattr(policy, "settings", None)
-    if isinstance(policy, OpenAIPolicy) or callable(settings):
-        return dict(settings())  # type: ignore[misc]
+    if isinstance(policy, OpenAIPolicy):
+        return policy.settings()
     if name is None:
         target = policy if hasattr(policy, "__qualname__") else type(policy)
         name = f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', '?')}"
