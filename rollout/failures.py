@@ -5,6 +5,12 @@ Every episode ends as one :class:`EpisodeOutcome`. :func:`classify` maps an exce
 layer (the errors' ``retryable``, and Ray's own failures); :func:`run_episode` runs an episode
 callable on a leased instance and runs it again on a fresh one while the failure is retryable.
 
+Programming errors are not outcomes: :func:`is_programming_error` says which exceptions of a
+policy are its code's mistakes (a ``TypeError``, ``NameError``, ``AttributeError``,
+``ImportError``, ``SyntaxError``, ``AssertionError`` or ``NotImplementedError`` that is not an
+aenv-ray error), and a synthesis run stops on the first with :class:`PolicyCodeError`; a task
+whose reward or setup call the environment rejects stops it with :class:`TaskCallError`.
+
     >>> from aenv_ray.errors import InstanceBrokenError, ToolArgumentError
     >>> classify(InstanceBrokenError("gone")).value
     'infrastructure_error'
@@ -18,15 +24,21 @@ from __future__ import annotations
 
 import enum
 import logging
+import os
+import traceback
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import ray.exceptions as rex
 
+import aenv_ray
 from aenv_ray.errors import (
     AEnvError,
     AEnvTimeoutError,
+    ConfigurationError,
     InstanceClosedError,
     InstanceError,
     ProtocolError,
@@ -36,7 +48,17 @@ if TYPE_CHECKING:
     from rollout.lease import Lease
     from rollout.pool import RolloutPool
 
-__all__ = ["EpisodeOutcome", "EpisodeResult", "classify", "is_retryable", "run_episode"]
+__all__ = [
+    "PROGRAMMING_ERRORS",
+    "EpisodeOutcome",
+    "EpisodeResult",
+    "PolicyCodeError",
+    "TaskCallError",
+    "classify",
+    "is_programming_error",
+    "is_retryable",
+    "run_episode",
+]
 
 log = logging.getLogger("rollout.failures")
 T = TypeVar("T")
@@ -143,6 +165,149 @@ def _is_retryable(exc: BaseException | None, seen: set[int]) -> bool:
     if isinstance(exc, rex.RayError) and not isinstance(exc, TimeoutError):
         return True
     return _is_retryable(exc.__cause__, seen)
+
+
+PROGRAMMING_ERRORS: tuple[type[BaseException], ...] = (
+    TypeError,
+    NameError,
+    AttributeError,
+    ImportError,
+    SyntaxError,
+    AssertionError,
+    NotImplementedError,
+)
+"""The exception types that mean a policy's own code is wrong (not that the agent failed)."""
+
+_OURS = tuple(f"{Path(m).resolve().parent}{os.sep}" for m in (__file__, aenv_ray.__file__))
+
+
+def is_programming_error(exc: BaseException) -> bool:
+    """Whether ``exc``, raised out of a policy, is a mistake in the policy's code: one of
+    :data:`PROGRAMMING_ERRORS` (``TypeError``, ``NameError`` and ``UnboundLocalError``,
+    ``AttributeError``, ``ImportError``, ``SyntaxError``, ``AssertionError``,
+    ``NotImplementedError``) that is not an aenv-ray error, or a group holding one. Such an
+    exception would fail every episode the same way: it stops the run instead of becoming the
+    agent's outcome. Any other exception a policy raises (``ValueError``, ``KeyError``, a
+    class of its own) ends the episode as ``agent_error``.
+
+        >>> is_programming_error(TypeError("bad operand")), is_programming_error(KeyError("x"))
+        (True, False)
+        >>> from aenv_ray.errors import NotSupportedError
+        >>> is_programming_error(NotSupportedError("no fork here"))  # an aenv error: an outcome
+        False
+    """
+    if isinstance(exc, AEnvError):
+        return False
+    if isinstance(exc, BaseExceptionGroup):
+        return any(is_programming_error(inner) for inner in exc.exceptions)
+    return isinstance(exc, PROGRAMMING_ERRORS)
+
+
+class PolicyCodeError(ConfigurationError):
+    """The policy's own code raised a programming error (:func:`is_programming_error`): the run
+    stopped at the first one, since every episode would fail the same way. Fix the policy and run
+    again; the episodes recorded before it are kept. ``policy`` names it, ``error_type`` is the
+    exception's class, ``location`` the innermost frame of the policy's code
+    (``"path.py:LINE in function"``), ``details`` the traceback from the policy's call down, and
+    ``__cause__`` the exception itself."""
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        policy: str | None = None,
+        error_type: str | None = None,
+        location: str | None = None,
+        details: str = "",
+        episode_id: str | None = None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(message, **kw)
+        self.policy = policy
+        self.error_type = error_type
+        self.location = location
+        self.details = details
+        self.episode_id = episode_id
+
+    @classmethod
+    def of(cls, exc: BaseException, *, policy: str, episode_id: str) -> PolicyCodeError:
+        """The error for ``exc``, raised out of ``policy`` in episode ``episode_id`` and caught
+        in the frame that awaited the policy."""
+        frames = _policy_frames(exc.__traceback__)
+        inner = _innermost(exc)
+        what = f"{type(inner).__name__}: {inner}"
+        if frames:
+            where = _user_frame(frames)
+            location = f"{where.filename}:{where.lineno} in {where.name}"
+            message = (
+                f"the policy `{policy}` raised {what} at {location} (episode {episode_id}); a "
+                "programming error in the policy stops the run instead of being recorded as the "
+                "agent's: fix it and run again (the episodes already recorded are kept)"
+            )
+        else:  # raised by the call itself: a wrong signature, a policy that is not async
+            location = None
+            message = (
+                f"the policy `{policy}` cannot be called as `await policy(task, env)`: {what}; a "
+                "policy is `async def policy(task: dict, env: AgentEnv) -> str | None`"
+            )
+        details = "".join(
+            [
+                "Traceback (the policy's frames):\n",
+                *traceback.format_list(frames),
+                *traceback.format_exception_only(exc),
+            ]
+        )
+        return cls(
+            message,
+            policy=policy,
+            error_type=type(inner).__name__,
+            location=location,
+            details=details,
+            episode_id=episode_id,
+        )
+
+
+class TaskCallError(ConfigurationError):
+    """A task's call of the environment was refused as a call, not as the agent's doing: the
+    reward (or a ``setup`` function) does not exist or rejected the task's arguments, or the
+    reward returned no number. Every episode of the task would fail the same way, so the run
+    stops. Fix the task (``reward_arguments``, ``setup``) or the environment's reward.
+    ``function`` names the call (``"reward"``, a function's name), ``task_id`` the task."""
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        function: str | None = None,
+        task_id: str | None = None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(message, **kw)
+        self.function = function
+        self.task_id = task_id
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    """The programming error inside a group (the exception itself otherwise)."""
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            if is_programming_error(inner):
+                return _innermost(inner)
+    return exc
+
+
+def _policy_frames(tb: TracebackType | None) -> traceback.StackSummary:
+    """The frames from the policy's call down: the first frame, which awaited the policy and
+    caught its exception, dropped."""
+    return traceback.StackSummary.from_list(traceback.extract_tb(tb)[1:])
+
+
+def _user_frame(frames: traceback.StackSummary) -> traceback.FrameSummary:
+    """The innermost frame outside aenv-ray's own packages (else the innermost)."""
+    for frame in reversed(frames):
+        if not frame.filename.startswith(_OURS):
+            return frame
+    return frames[-1]
 
 
 @dataclass(frozen=True)

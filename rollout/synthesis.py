@@ -1,14 +1,19 @@
 """Batch trajectory synthesis: tasks x policy -> trajectories on disk, resumable.
 
 An *episode* takes one task, gets a fresh instance, runs the policy against it, asks the
-environment's reward and records everything: every tool call with its arguments, result and
-timings, the reward, and how the episode ended (:class:`~rollout.failures.EpisodeOutcome`).
+environment's reward and records everything (:class:`~rollout.trajectories.Trajectory`): the
+whole conversation in the OpenAI chat shape, every tool call with its arguments, result and
+timings, each model turn's token usage and log-probabilities, the reward and its components,
+the policy and its settings, and how the episode ended (:class:`~rollout.failures.
+EpisodeOutcome`). A programming error of the policy (:func:`rollout.failures.
+is_programming_error`) or a reward or setup call the environment refuses stops the run instead.
 Retryable failures (:func:`rollout.failures.is_retryable`: an instance that broke, went silent
 or could not be reached or created) are retried on a fresh instance up to ``max_retries``;
 every other failure is recorded once, with its reason. No episode is lost or doubled: each
 one ends as one line of ``trajectories.jsonl``, written and synced as it finishes, by the one
 driver that holds the directory's lock (:mod:`rollout.run_directory`), and
-``trajectories.parquet`` is rewritten from it at the end. A rerun into the
+``trajectories.parquet`` is rewritten from it at the end (the same rows:
+:func:`read_trajectories` reads either). A rerun into the
 same directory skips the episodes already recorded (``retry_failed=True``: all but the failed
 ones) and reruns the one whose line a killed driver left torn.
 
@@ -42,8 +47,8 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +59,31 @@ from aenv_ray.errors import (
     CapacityError,
     ConfigurationError,
     EnvironmentNotFoundError,
+    FunctionError,
+    FunctionErrorKind,
+    FunctionNotFoundError,
 )
-from rollout.failures import EpisodeOutcome, classify, is_retryable
-from rollout.run_directory import RunDirectory, TornRecord, read_records
+from aenv_ray.openai_tools import to_openai_tools
+from rollout.failures import (
+    EpisodeOutcome,
+    PolicyCodeError,
+    TaskCallError,
+    classify,
+    is_programming_error,
+    is_retryable,
+)
+from rollout.run_directory import JSONL, RunDirectory, TornRecord, read_records
 from rollout.sources import InstanceHandle, InstanceSource, SDKSource
+from rollout.trajectories import (
+    NESTED_FIELDS,
+    Step,
+    ToolNaming,
+    Trajectory,
+    Turn,
+    conversation_from_steps,
+    sum_usage,
+    usage_of,
+)
 
 __all__ = [
     "AgentEnv",
@@ -66,11 +92,14 @@ __all__ = [
     "Step",
     "SynthesisSummary",
     "Trajectory",
+    "Turn",
     "demo_policy",
+    "describe_policy",
     "load_policy",
     "load_tasks",
     "pending_episodes",
     "play_episode",
+    "read_trajectories",
     "run_synthesis",
     "synthesize",
 ]
@@ -80,76 +109,78 @@ log = logging.getLogger("rollout.synthesis")
 PARQUET = "trajectories.parquet"
 
 
-# -- records -------------------------------------------------------------------------------------
-@dataclass
-class Step:
-    """One tool call of an episode."""
-
-    tool: str
-    arguments: dict[str, Any]
-    text: str  # the result's text (what an agent reads)
-    is_error: bool
-    started: float  # seconds since the episode started
-    seconds: float
-    structured: Any = None
-
-
-@dataclass
-class Trajectory:
-    """One episode, as written to disk."""
-
-    episode_id: str
-    task_id: str
-    env: str
-    outcome: str  # an EpisodeOutcome value
-    reason: str | None = None
-    reward: float | None = None
-    answer: str | None = None
-    steps: list[Step] = field(default_factory=list)
-    attempts: int = 1
-    instance_id: str | None = None
-    seconds: float = 0.0
-    task: dict[str, Any] = field(default_factory=dict)
-    retried: list[str] = field(default_factory=list)  # why each earlier attempt was retried
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict (steps as dicts)."""
-        return asdict(self)
-
-
 # -- what a policy sees ------------------------------------------------------------------------
 class AgentEnv:
-    """The instance as a policy sees it: every tool call is recorded as a :class:`Step`."""
+    """The instance as a policy sees it: every tool call is recorded as a :class:`Step`.
 
-    def __init__(self, instance: InstanceHandle, env_name: str, task: dict[str, Any]) -> None:
+    A policy that talks to a model keeps the conversation here too: :meth:`add_message` for
+    the messages it sends, :meth:`add_turn` for each reply of the model (with its usage and
+    log-probabilities); tool names as the model saw them (the record names the real ones). A
+    policy that keeps none gets a conversation built from its tool calls.
+    """
+
+    def __init__(
+        self,
+        instance: InstanceHandle,
+        env_name: str,
+        task: dict[str, Any],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> None:
         self.instance = instance
         self.env_name = env_name
         self.task = task
         self.steps: list[Step] = []
+        self.messages: list[dict[str, Any]] = []
+        self.turns: list[Turn] = []
+        self._tools = tools
+        self.naming = ToolNaming(tools or [])
         self._started = time.perf_counter()
 
+    def elapsed(self) -> float:
+        """Seconds since the episode started (what :meth:`add_turn` takes as ``started``)."""
+        return time.perf_counter() - self._started
+
     async def list_tools(self) -> list[dict[str, Any]]:
-        """The tools, as ``{"name", "description", "inputSchema"}`` dicts."""
-        return await self.instance.list_tools()
+        """The tools, as ``{"name": "env@version/tool", "description", "inputSchema"}`` dicts."""
+        if self._tools is None:
+            self._tools = await self.instance.list_tools()
+            self.naming = ToolNaming(self._tools)
+        return [dict(tool) for tool in self._tools]
 
     async def list_openai_tools(self) -> list[dict[str, Any]]:
-        """The tools in OpenAI chat-completions form."""
-        return await self.instance.list_openai_tools()
+        """The tools in OpenAI chat-completions form (names ``^[a-zA-Z0-9_-]{1,64}$``)."""
+        tools = await self.list_tools()
+        return to_openai_tools(self.naming.env_ref or self.env_name, tools)
 
-    async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> ToolResult:
-        """Call a tool; tool-level errors come back as ``is_error`` results (recorded)."""
+    async def call_tool(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        tool_call_id: str | None = None,
+    ) -> ToolResult:
+        """Call a tool by plain, real (``env@version/tool``) or OpenAI name; tool-level errors
+        come back as ``is_error`` results (recorded). ``tool_call_id``: the id of the model's
+        tool call this answers, kept with the step."""
+        if arguments is not None and not isinstance(arguments, Mapping):
+            raise TypeError(
+                f"env.call_tool({name!r}, arguments): arguments must be a dict, "
+                f"got {type(arguments).__name__}"
+            )
         arguments = dict(arguments or {})
         began = time.perf_counter()
         result = await self.instance.call_tool(name, arguments)
         self.steps.append(
             Step(
-                tool=name,
+                tool=self.naming.real(name),
                 arguments=arguments,
                 text=result.text,
                 is_error=result.is_error,
                 started=round(began - self._started, 6),
                 seconds=round(time.perf_counter() - began, 6),
                 structured=_jsonable(result.structured),
+                tool_call_id=tool_call_id,
             )
         )
         return result
@@ -157,6 +188,34 @@ class AgentEnv:
     async def call_function(self, name: str, arguments: dict[str, Any] | None = None) -> Any:
         """Call one of the environment's functions (not recorded as a step)."""
         return await self.instance.call_function(name, dict(arguments or {}))
+
+    def add_message(self, message: Mapping[str, Any]) -> None:
+        """Add a message the policy sent or received (system, user, ``role: tool``) to the
+        recorded conversation."""
+        self.messages.append(_jsonable(dict(message)))
+
+    def add_turn(
+        self,
+        message: Mapping[str, Any],
+        *,
+        started: float,
+        usage: Mapping[str, Any] | None = None,
+        logprobs: Any = None,
+        finish_reason: str | None = None,
+    ) -> None:
+        """Add the assistant ``message`` a model replied, asked at :meth:`elapsed` ``started``,
+        with the reply's ``usage`` and the choice's ``logprobs`` and ``finish_reason``."""
+        self.add_message(message)
+        self.turns.append(
+            Turn(
+                message_index=len(self.messages) - 1,
+                started=round(started, 6),
+                seconds=round(self.elapsed() - started, 6),
+                usage=usage_of(usage),
+                logprobs=_jsonable(logprobs),
+                finish_reason=finish_reason if isinstance(finish_reason, str) else None,
+            )
+        )
 
 
 Policy = Callable[[dict[str, Any], AgentEnv], Awaitable[str | None]]
@@ -232,8 +291,11 @@ def load_tasks(path: str | Path | None, env_name: str) -> list[dict[str, Any]]:
 class OpenAIPolicy:
     """An agent over any OpenAI-compatible ``/chat/completions`` endpoint, with tools.
 
-    The task's ``prompt`` is the user message; each tool call the model makes is executed and its
-    result sent back, until the model answers without a tool call (its answer) or ``max_turns``.
+    The task's ``prompt`` is the user message (after ``system_prompt``, if any); each tool call
+    the model makes is executed and its result sent back, until the model answers without a
+    tool call (its answer) or ``max_turns``. ``logprobs=True`` asks the endpoint for the
+    log-probabilities of each reply's tokens. Every message and each reply's ``usage`` and
+    ``logprobs`` go into the episode's record.
     """
 
     def __init__(
@@ -245,6 +307,7 @@ class OpenAIPolicy:
         max_turns: int = 20,
         temperature: float | None = None,
         system_prompt: str | None = None,
+        logprobs: bool = False,
         http_client: Any = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
@@ -254,13 +317,31 @@ class OpenAIPolicy:
         self.max_turns = max_turns
         self.temperature = temperature
         self.system_prompt = system_prompt
+        self.logprobs = logprobs
+
+    def settings(self) -> dict[str, Any]:
+        """What a record says of this policy (never the API key)."""
+        return {
+            "name": "OpenAIPolicy",
+            "model": self.model,
+            "base_url": self.base_url,
+            "system_prompt": self.system_prompt,
+            "temperature": self.temperature,
+            "max_turns": self.max_turns,
+            "logprobs": self.logprobs,
+        }
 
     async def __call__(self, task: dict[str, Any], env: AgentEnv) -> str | None:
         tools = await env.list_openai_tools()
         messages: list[dict[str, Any]] = []
+
+        def say(message: dict[str, Any]) -> None:
+            messages.append(message)
+            env.add_message(message)
+
         if self.system_prompt:
-            messages.append({"role": "system", "content": self.system_prompt})
-        messages.append({"role": "user", "content": str(task.get("prompt", ""))})
+            say({"role": "system", "content": self.system_prompt})
+        say({"role": "user", "content": str(task.get("prompt", ""))})
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         async with contextlib.AsyncExitStack() as stack:
             post = await self._poster(stack, headers)
@@ -268,25 +349,35 @@ class OpenAIPolicy:
                 body: dict[str, Any] = {"model": self.model, "messages": messages, "tools": tools}
                 if self.temperature is not None:
                     body["temperature"] = self.temperature
+                if self.logprobs:
+                    body["logprobs"] = True
+                started = env.elapsed()
                 reply = await post(f"{self.base_url}/chat/completions", body)
-                message = reply["choices"][0]["message"]
+                choice, message, calls = _read_reply(reply)
                 messages.append(message)
-                calls = message.get("tool_calls") or []
+                env.add_turn(
+                    message,
+                    started=started,
+                    usage=reply.get("usage"),
+                    logprobs=choice.get("logprobs"),
+                    finish_reason=choice.get("finish_reason"),
+                )
                 if not calls:
                     return str(message.get("content") or "")
                 for call in calls:
                     function = call["function"]
                     try:
                         arguments = json.loads(function.get("arguments") or "{}")
-                    except json.JSONDecodeError:
+                    except (json.JSONDecodeError, TypeError):
                         arguments = None
                     if not isinstance(arguments, dict):
                         content = "error: the arguments must be a JSON object"
                     else:
-                        content = (await env.call_tool(function["name"], arguments)).text
-                    messages.append(
-                        {"role": "tool", "tool_call_id": call.get("id", ""), "content": content}
-                    )
+                        result = await env.call_tool(
+                            function["name"], arguments, tool_call_id=call.get("id")
+                        )
+                        content = result.text
+                    say({"role": "tool", "tool_call_id": call.get("id", ""), "content": content})
         return None
 
     async def _poster(
@@ -319,6 +410,29 @@ class OpenAIPolicy:
         return post_aiohttp
 
 
+def _read_reply(
+    reply: Any,
+) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    """``(choice, message, tool calls)`` of a chat-completions reply; :class:`PolicyError` (the
+    agent's failure, not a bug of the policy) when the endpoint answered something else."""
+    try:
+        choice = reply["choices"][0]
+        message = choice["message"]
+        calls = message.get("tool_calls") or []
+        if not all(
+            isinstance(call, dict)
+            and isinstance(call.get("function"), dict)
+            and isinstance(call["function"].get("name"), str)
+            for call in calls
+        ):
+            raise TypeError("a tool call without a function name")
+    except (KeyError, IndexError, TypeError, AttributeError) as exc:
+        raise PolicyError(
+            f"the model endpoint's reply is not a chat completion ({exc}): {str(reply)[:200]}"
+        ) from None
+    return choice, message, calls
+
+
 class PolicyError(Exception):
     """The policy (the agent) failed: recorded as an agent error, not retried."""
 
@@ -349,50 +463,79 @@ class SynthesisSummary:
         return set(self.outcomes) <= {EpisodeOutcome.OK.value}
 
 
+_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("episode_id", "string"),
+    ("task_id", "string"),
+    ("env", "string"),
+    ("env_ref", "string"),
+    ("instance_id", "string"),
+    ("outcome", "string"),
+    ("reason", "string"),
+    ("reward", "float64"),
+    ("answer", "string"),
+    ("attempts", "int32"),
+    ("seconds", "float64"),
+    ("format", "int32"),
+)
+"""The record's scalar fields, each a Parquet column of its own type; every field of
+:data:`rollout.trajectories.NESTED_FIELDS` is a JSON text column."""
+
+
 def write_parquet(jsonl: Path, target: Path) -> None:
-    """Rewrite ``target`` from every row of ``jsonl`` (steps, task, retried: JSON text columns)."""
+    """Rewrite ``target`` from every row of ``jsonl``: the same rows, the scalar fields as typed
+    columns, the nested ones (:data:`~rollout.trajectories.NESTED_FIELDS`) as JSON text."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     rows = list(read_records(jsonl)[0].values())
-    columns: dict[str, list[Any]] = {
-        "episode_id": [r["episode_id"] for r in rows],
-        "task_id": [r["task_id"] for r in rows],
-        "env": [r["env"] for r in rows],
-        "outcome": [r["outcome"] for r in rows],
-        "reason": [r.get("reason") for r in rows],
-        "reward": [r.get("reward") for r in rows],
-        "answer": [r.get("answer") for r in rows],
-        "attempts": [r.get("attempts", 1) for r in rows],
-        "instance_id": [r.get("instance_id") for r in rows],
-        "seconds": [r.get("seconds", 0.0) for r in rows],
-        "num_steps": [len(r.get("steps") or []) for r in rows],
-        "steps": [json.dumps(r.get("steps") or []) for r in rows],
-        "task": [json.dumps(r.get("task") or {}) for r in rows],
-        "retried": [json.dumps(r.get("retried") or []) for r in rows],
-    }
+    columns: dict[str, list[Any]] = {name: [r.get(name) for r in rows] for name, _ in _COLUMNS}
+    for name in NESTED_FIELDS:
+        columns[name] = [json.dumps(r.get(name)) for r in rows]
     schema = pa.schema(
-        [
-            ("episode_id", pa.string()),
-            ("task_id", pa.string()),
-            ("env", pa.string()),
-            ("outcome", pa.string()),
-            ("reason", pa.string()),
-            ("reward", pa.float64()),
-            ("answer", pa.string()),
-            ("attempts", pa.int32()),
-            ("instance_id", pa.string()),
-            ("seconds", pa.float64()),
-            ("num_steps", pa.int32()),
-            ("steps", pa.string()),
-            ("task", pa.string()),
-            ("retried", pa.string()),
-        ]
+        [(name, getattr(pa, kind)()) for name, kind in _COLUMNS]
+        + [(name, pa.string()) for name in NESTED_FIELDS]
     )
     table = pa.Table.from_pydict(columns, schema=schema)
     scratch = target.with_suffix(".parquet.tmp")
     pq.write_table(table, scratch)
     scratch.replace(target)
+
+
+def read_trajectories(path: str | Path) -> list[dict[str, Any]]:
+    """The records of ``trajectories.jsonl`` or ``trajectories.parquet`` (or of the run
+    directory holding them: the JSONL file), as dicts: both files read back equal."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / JSONL
+    if path.suffix != ".parquet":
+        return list(read_records(path)[0].values())
+    import pyarrow.parquet as pq
+
+    rows: list[dict[str, Any]] = pq.read_table(path).to_pylist()
+    for row in rows:
+        for name in NESTED_FIELDS:
+            row[name] = json.loads(row[name]) if row.get(name) is not None else None
+    return rows
+
+
+def describe_policy(
+    policy: Any, *, name: str | None = None, system_prompt: str | None = None
+) -> dict[str, Any]:
+    """What a record says of ``policy``: its name (``module:callable``) and settings."""
+    if isinstance(policy, OpenAIPolicy):
+        return policy.settings()
+    if name is None:
+        target = policy if hasattr(policy, "__qualname__") else type(policy)
+        name = f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', '?')}"
+    return {
+        "name": name,
+        "model": None,
+        "base_url": None,
+        "system_prompt": system_prompt,
+        "temperature": None,
+        "max_turns": None,
+        "logprobs": None,
+    }
 
 
 async def play_episode(
@@ -404,20 +547,35 @@ async def play_episode(
     *,
     max_retries: int,
     episode_timeout: float | None,
+    system_prompt: str | None = None,
+    policy_info: dict[str, Any] | None = None,
 ) -> Trajectory:
     """Play one episode of ``task`` with ``policy`` on instances from ``source``; retry it on a
     fresh instance after a retryable failure (:func:`rollout.failures.is_retryable`), at most
     ``max_retries`` times. Never raises for the episode's failure: the :class:`Trajectory`
-    says how it ended."""
+    says how it ended. Raises for what no episode can survive: :class:`~rollout.failures.
+    PolicyCodeError` (the policy's code is wrong), :class:`~rollout.failures.TaskCallError`
+    (the task's reward or setup call was refused), a :class:`ConfigurationError`, an unknown
+    environment. ``system_prompt`` opens the conversation built for a policy that keeps none;
+    ``policy_info`` is the record's ``policy`` (default: :func:`describe_policy`)."""
+    info = policy_info or describe_policy(policy, system_prompt=system_prompt)
     attempts = 0
     retried: list[str] = []
     while True:
         attempts += 1
         trajectory, retryable = await _attempt(
-            source, env_name, episode_id, task, policy, episode_timeout=episode_timeout
+            source,
+            env_name,
+            episode_id,
+            task,
+            policy,
+            episode_timeout=episode_timeout,
+            system_prompt=system_prompt,
+            policy_name=str(info.get("name")),
         )
         trajectory.attempts = attempts
         trajectory.retried = list(retried)
+        trajectory.policy = dict(info)
         if not retryable or attempts > max_retries:
             return trajectory
         retried.append(trajectory.reason or "")
@@ -435,6 +593,8 @@ async def _attempt(
     policy: Policy,
     *,
     episode_timeout: float | None,
+    system_prompt: str | None,
+    policy_name: str,
 ) -> tuple[Trajectory, bool]:
     """One attempt: its trajectory, and whether its failure is retryable."""
     started = time.perf_counter()
@@ -445,6 +605,7 @@ async def _attempt(
     instance: InstanceHandle | None = None
     broken = False
     agent: AgentEnv | None = None
+    clock = _Clock(trajectory.timings)
     try:
         async with asyncio.timeout(episode_timeout):
             try:
@@ -454,23 +615,39 @@ async def _attempt(
             except Exception as exc:  # the engine or pool itself failed
                 raise _InfrastructureFailure(f"{type(exc).__name__}: {exc}") from exc
             trajectory.instance_id = instance.instance_id
+            agent = AgentEnv(instance, env_name, task, tools=await instance.list_tools())
+            trajectory.env_ref = agent.naming.env_ref
+            clock.lap("acquire")
             for call in task.get("setup") or []:
-                await instance.call_function(call["function"], call.get("arguments") or {})
-            agent = AgentEnv(instance, env_name, task)
+                await _task_call(
+                    instance.call_function(call["function"], call.get("arguments") or {}),
+                    call["function"],
+                    task,
+                )
+            clock.lap("setup")
             try:
                 answer = await policy(task, agent)
             except (AEnvError, TimeoutError):
                 raise
             except Exception as exc:
-                if classify(exc) is EpisodeOutcome.AGENT_ERROR:  # the policy's own bug or refusal
+                if is_programming_error(exc):  # the policy's code is wrong: stop the run
+                    raise PolicyCodeError.of(
+                        exc, policy=policy_name, episode_id=episode_id
+                    ) from exc
+                if classify(exc) is EpisodeOutcome.AGENT_ERROR:  # the policy gave up, failed
                     raise PolicyError(f"{type(exc).__name__}: {exc}") from exc
                 raise  # Ray lost an actor under the policy, an instance's error it wrapped, ...
+            finally:
+                clock.lap("policy")
             trajectory.answer = None if answer is None else str(answer)
             if task.get("reward_arguments") is not None:
-                reward = await instance.call_reward(dict(task["reward_arguments"]))
-                trajectory.reward = float(reward)
+                value = await _task_call(
+                    instance.call_reward(dict(task["reward_arguments"])), "reward", task
+                )
+                trajectory.reward, trajectory.reward_components = _split_reward(value, task)
+                clock.lap("reward")
     except (ConfigurationError, EnvironmentNotFoundError):
-        raise  # the environment or the task cannot work at all: no episode can
+        raise  # the environment, the task or the policy cannot work at all: no episode can
     except Exception as exc:
         outcome = EpisodeOutcome.AGENT_ERROR if isinstance(exc, PolicyError) else classify(exc)
         retryable = not isinstance(exc, PolicyError) and is_retryable(exc)
@@ -479,12 +656,84 @@ async def _attempt(
         trajectory.reason = _reason(exc, episode_timeout)
     finally:
         if agent is not None:
-            trajectory.steps = agent.steps
+            _record_conversation(trajectory, agent, system_prompt)
         if instance is not None:
             with contextlib.suppress(Exception):
                 await source.release(instance, broken=broken)
         trajectory.seconds = round(time.perf_counter() - started, 6)
     return trajectory, retryable
+
+
+class _Clock:
+    """Seconds of each phase of an attempt, into the record's ``timings``."""
+
+    def __init__(self, timings: dict[str, float]) -> None:
+        self.timings = timings
+        self.last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.timings[phase] = round(now - self.last, 6)
+        self.last = now
+
+
+def _record_conversation(
+    trajectory: Trajectory, agent: AgentEnv, system_prompt: str | None
+) -> None:
+    """The agent's steps, turns, tools and conversation (real tool names) into the record."""
+    naming = agent.naming
+    trajectory.steps = agent.steps
+    trajectory.turns = agent.turns
+    trajectory.tools = naming.openai_specs()
+    trajectory.tool_names = {
+        str(t["name"]): naming.openai_name(str(t["name"])) for t in naming.tools
+    }
+    if agent.messages:
+        trajectory.messages = naming.with_real_names(agent.messages)
+    else:
+        trajectory.messages = conversation_from_steps(
+            agent.steps, agent.task, trajectory.answer, system_prompt
+        )
+    trajectory.usage = sum_usage(agent.turns)
+
+
+async def _task_call(call: Awaitable[Any], function: str, task: dict[str, Any]) -> Any:
+    """Await a call the task asks for (its reward, a setup function); a refusal of the call
+    itself (no such function, arguments it does not take) is :class:`TaskCallError`."""
+    try:
+        return await call
+    except FunctionError as exc:
+        if isinstance(exc, FunctionNotFoundError) or exc.kind in _REFUSED:
+            what = "reward" if function == "reward" else f"setup function `{function}`"
+            raise TaskCallError(
+                f"task {task['id']}: the environment refused its {what} call: {exc}; fix the "
+                f"task's {'reward_arguments' if function == 'reward' else 'setup'} (or the "
+                "environment) and run again",
+                function=function,
+                task_id=str(task["id"]),
+                env_name=exc.env_name,
+                instance_id=exc.instance_id,
+            ) from exc
+        raise
+
+
+_REFUSED = (FunctionErrorKind.NOT_FOUND, FunctionErrorKind.INVALID_ARGUMENTS)
+
+
+def _split_reward(value: Any, task: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """``(reward, components)`` of what the environment's reward returned: a number, or an
+    object with a number under ``"reward"`` and its components beside it."""
+    if isinstance(value, int | float):
+        return float(value), None
+    if isinstance(value, dict) and isinstance(value.get("reward"), int | float):
+        return float(value["reward"]), {k: v for k, v in value.items() if k != "reward"}
+    raise TaskCallError(
+        f"task {task['id']}: the environment's reward returned {str(value)[:120]!r}, not a "
+        'number or an object with a number under "reward" (and its components beside it); '
+        "fix the reward",
+        function="reward",
+        task_id=str(task["id"]),
+    )
 
 
 def _reason(exc: BaseException, episode_timeout: float | None) -> str:
@@ -541,10 +790,15 @@ async def synthesize(
     retry_failed: bool = False,
     on_episode: ProgressCallback | None = None,
     on_skip: Callable[[int], None] | None = None,
+    system_prompt: str | None = None,
 ) -> SynthesisSummary:
     """Run ``episodes`` episodes (tasks cycled in order), ``concurrency`` at a time, into ``out``.
 
     Episode ``i`` has the id ``"{i:06d}-{task id}"``; ids already recorded in ``out`` are skipped.
+    ``system_prompt`` opens the conversation recorded for a policy that keeps none (an
+    :class:`OpenAIPolicy` takes its own). The first :class:`~rollout.failures.PolicyCodeError` or
+    :class:`~rollout.failures.TaskCallError` stops the run and is raised (the records written so
+    far stay, and the Parquet file is rewritten from them).
     ``out`` is a directory, whose lock is taken first (:class:`~rollout.run_directory.
     RunDirectoryLockedError` if another driver holds it) and released at the end, or a
     :class:`~rollout.run_directory.RunDirectory` already open (left open).
@@ -564,6 +818,7 @@ async def synthesize(
         retry_failed=retry_failed,
         on_episode=on_episode,
         on_skip=on_skip,
+        system_prompt=system_prompt,
     )
     if isinstance(out, RunDirectory):
         return await job(out)
@@ -641,9 +896,13 @@ async def _synthesize(
     retry_failed: bool,
     on_episode: ProgressCallback | None,
     on_skip: Callable[[int], None] | None,
+    system_prompt: str | None,
 ) -> SynthesisSummary:
     task_list = _task_list(tasks, env_name)
     chosen = _chosen_policy(policy, env_name)
+    policy_info = describe_policy(
+        chosen, name=policy if isinstance(policy, str) else None, system_prompt=system_prompt
+    )
     todo = pending_episodes(task_list, episodes, run.records, retry_failed=retry_failed)
     skipped = episodes - len(todo)
     if on_skip is not None:
@@ -662,6 +921,8 @@ async def _synthesize(
                 chosen,
                 max_retries=max_retries,
                 episode_timeout=episode_timeout,
+                system_prompt=system_prompt,
+                policy_info=policy_info,
             )
         await run.append(trajectory.to_json())
         tally.add(trajectory)
@@ -669,7 +930,12 @@ async def _synthesize(
             on_episode(trajectory)
 
     started = time.perf_counter()
-    await _play_all(todo, one)
+    try:
+        await _play_all(todo, one)
+    except Exception:
+        with contextlib.suppress(Exception):  # the run's own error is the one to tell
+            write_parquet(run.jsonl, run.path / PARQUET)
+        raise
     seconds = time.perf_counter() - started  # the episodes' time, not the Parquet file's
     run.compact()  # an episode run again leaves one line, as it leaves one Parquet row
     write_parquet(run.jsonl, run.path / PARQUET)

@@ -48,7 +48,8 @@ async def test_areal_runs_the_model_behind_its_proxy_and_returns_a_float(
     assert reward == 1.0
     assert requests[0]["model"] == "policy-model"
     assert workflow.last_trajectory is not None
-    assert [s["tool"] for s in workflow.last_trajectory.to_json()["steps"]] == ["execute_command"]
+    steps = workflow.last_trajectory.to_json()["steps"]
+    assert [s["tool"] for s in steps] == [f"{TERMINAL}/execute_command"]  # the real name
 
 
 async def test_areal_legacy_entry_point(chat_endpoint: tuple[str, list[dict[str, Any]]]) -> None:

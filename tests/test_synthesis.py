@@ -51,7 +51,7 @@ async def test_the_demo_job_records_every_episode_and_a_rerun_skips_them(tmp_pat
         assert row["reward"] == 1.0
         assert row["steps"], row
         step = row["steps"][0]
-        assert step["tool"] == "execute_command"
+        assert step["tool"] == f"{TERMINAL}/execute_command"  # the tool's real name
         assert set(step["arguments"]) == {"command"}
         assert step["seconds"] > 0
         assert step["is_error"] is False
@@ -59,7 +59,7 @@ async def test_the_demo_job_records_every_episode_and_a_rerun_skips_them(tmp_pat
     table = pq.read_table(tmp_path / "trajectories.parquet")
     assert table.num_rows == 6
     assert set(table.column("outcome").to_pylist()) == {"ok"}
-    assert json.loads(table.column("steps")[0].as_py())[0]["tool"] == "execute_command"
+    assert json.loads(table.column("steps")[0].as_py())[0]["tool"] == f"{TERMINAL}/execute_command"
 
     again = await synthesize(TERMINAL, episodes=8, concurrency=3, out=tmp_path)
     assert again.skipped == 6
@@ -162,7 +162,7 @@ async def test_an_openai_compatible_endpoint_drives_the_episode(
     (row,) = rows(tmp_path)
     assert row["answer"] == "done"
     assert row["reward"] == 1.0
-    assert [s["tool"] for s in row["steps"]] == ["execute_command"]
+    assert [s["tool"] for s in row["steps"]] == [f"{TERMINAL}/execute_command"]
     first, second = requests
     assert first["model"] == "test-model"
     assert first["messages"] == [{"role": "user", "content": "sum 1..10"}]

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -56,6 +58,19 @@ def rollout_command(
         str | None, typer.Option("--api-key", envvar="OPENAI_API_KEY", help="key for --base-url")
     ] = None,
     max_turns: Annotated[int, typer.Option(min=1, help="model turns per episode")] = 20,
+    system_prompt: Annotated[
+        str | None,
+        typer.Option(
+            "--system-prompt",
+            help="the system message (sent to --model; opens a --policy's recorded conversation)",
+        ),
+    ] = None,
+    temperature: Annotated[
+        float | None, typer.Option(min=0.0, help="the sampling temperature of --model")
+    ] = None,
+    logprobs: Annotated[
+        bool, typer.Option("--logprobs", help="ask --model for its tokens' log-probabilities")
+    ] = False,
     retries: Annotated[
         int,
         typer.Option(
@@ -95,6 +110,8 @@ def rollout_command(
         die("give --policy or --base-url, not both", EXIT_USAGE)
     if base_url is not None and model is None:
         die("--base-url needs --model", EXIT_USAGE)
+    if base_url is None and (temperature is not None or logprobs):
+        die("--temperature and --logprobs are settings of --base-url/--model", EXIT_USAGE)
     if engine is not None and engine not in ENGINES:
         die(f"unknown engine `{engine}`: use one of {', '.join(ENGINES)}", EXIT_USAGE)
     console = Console(stderr=True)
@@ -106,7 +123,15 @@ def rollout_command(
         chosen: Any = policy
         if base_url is not None:
             assert model is not None
-            chosen = OpenAIPolicy(base_url, model, api_key=api_key, max_turns=max_turns)
+            chosen = OpenAIPolicy(
+                base_url,
+                model,
+                api_key=api_key,
+                max_turns=max_turns,
+                temperature=temperature,
+                system_prompt=system_prompt,
+                logprobs=logprobs,
+            )
         task_list = load_tasks(tasks, env)
         run.check_identity(_identity(env, tasks, policy, base_url, model), force=force)
         todo = pending_episodes(task_list, episodes, run.records, retry_failed=retry_failed)
@@ -122,7 +147,7 @@ def rollout_command(
 
             source = SDKSource(env, engine=engine)
         display = _Display(console, env, episodes)
-        with display.progress:
+        with _policy_traceback(), display.progress:
             summary = asyncio.run(
                 synthesize(
                     env,
@@ -137,6 +162,7 @@ def rollout_command(
                     retry_failed=retry_failed,
                     on_episode=display.episode_done,
                     on_skip=display.skipped,
+                    system_prompt=system_prompt,
                 )
             )
     console.print(_summary_table(summary, env))
@@ -154,6 +180,19 @@ def _identity(
     content = f"sha256:{hashlib.sha256(tasks.read_bytes()).hexdigest()[:16]}" if tasks else "demo"
     who = f"{base_url} model {model}" if base_url is not None else policy or "the demo policy"
     return {"env": env, "tasks": content, "policy": who}
+
+
+@contextlib.contextmanager
+def _policy_traceback() -> Iterator[None]:
+    """A programming error of the policy leaves its traceback (the policy's frames) on stderr
+    before the one-line error the CLI prints for it."""
+    from rollout.failures import PolicyCodeError
+
+    try:
+        yield
+    except PolicyCodeError as exc:
+        print(exc.details, end="", file=sys.stderr, flush=True)
+        raise
 
 
 def _ray_source(

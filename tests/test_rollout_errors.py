@@ -1,0 +1,154 @@
+"""Programming errors are not training data, through ``aenv rollout`` as a user runs it: a policy
+whose own code raises a programming error (TypeError, NameError, AttributeError, a wrong
+signature) or a task whose reward call the environment refuses stops the run at the first
+occurrence (exit 2, the policy's traceback, one line naming it); the agent's behaviour (a policy
+that gives up, a tool error) stays an episode outcome."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rollout.failures import PolicyCodeError, TaskCallError, is_programming_error
+from rollout.synthesis import read_trajectories
+
+TERMINAL = "mini-terminal@1.0.0"
+AENV_ROLLOUT = [sys.executable, "-m", "aenv_ray.cli", "rollout", TERMINAL]
+
+POLICIES = """
+async def adds_to_a_string(task, env):
+    await env.call_tool("execute_command", {"command": "echo 42 > answer.txt"})
+    return task["prompt"] + 1
+
+
+async def misspelt(task, env):
+    return helpr(task)
+
+
+async def no_such_method(task, env):
+    return await env.call_tol("execute_command", {})
+
+
+async def one_argument(task):
+    return None
+
+
+async def gives_up(task, env):
+    await env.call_tool("execute_command", {"command": "echo 42 > answer.txt"})
+    raise ValueError("the model answered nonsense")
+"""
+
+
+def run(tmp_path: Path, policy: str, *, reward: dict[str, str] | None = None) -> tuple[int, str]:
+    (tmp_path / "policies.py").write_text(POLICIES)
+    task = {
+        "id": "t",
+        "prompt": "write 42",
+        "reward_arguments": reward or {"path": "answer.txt", "expected": "42"},
+    }
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps(task) + "\n")
+    done = rollout(tmp_path, "-n", "3", "--policy", f"policies:{policy}", "--tasks", str(tasks))
+    return done.returncode, done.stderr
+
+
+def rollout(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``aenv rollout`` of the mini-terminal into ``tmp_path/run``, one episode at a time."""
+    return subprocess.run(
+        [*AENV_ROLLOUT, "-c", "1", "--no-ray", "--out", str(tmp_path / "run"), *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
+
+
+@pytest.mark.parametrize(
+    ("policy", "error", "line"),
+    [
+        ("adds_to_a_string", 'TypeError: can only concatenate str (not "int") to str', 4),
+        ("misspelt", "NameError: name 'helpr' is not defined", 8),
+        ("no_such_method", "AttributeError: 'AgentEnv' object has no attribute 'call_tol'", 12),
+    ],
+)
+def test_a_programming_error_in_the_policy_stops_the_run_at_the_first(
+    tmp_path: Path, policy: str, error: str, line: int
+) -> None:
+    code, stderr = run(tmp_path, policy)
+    assert code == 2, stderr
+    last = stderr.strip().splitlines()[-1]
+    source = tmp_path / "policies.py"
+    assert last.startswith(
+        f"aenv: error: the policy `policies:{policy}` raised {error} at {source}:{line} in {policy}"
+        " (episode 000000-t); a programming error in the policy stops the run"
+    ), last
+    assert "fix it and run again" in last
+    # the traceback of the policy's frames comes before it, and nothing of the rollout's
+    assert "Traceback (the policy's frames):" in stderr
+    assert f'File "{source}", line {line}, in {policy}' in stderr
+    assert "synthesis.py" not in stderr
+    assert read_trajectories(tmp_path / "run") == []  # the first episode stopped it: no data
+
+
+def test_a_policy_with_the_wrong_signature_stops_the_run(tmp_path: Path) -> None:
+    code, stderr = run(tmp_path, "one_argument")
+    assert code == 2, stderr
+    (line,) = [x for x in stderr.splitlines() if x.startswith("aenv: error:")]
+    assert line.startswith(
+        "aenv: error: the policy `policies:one_argument` cannot be called as "
+        "`await policy(task, env)`: TypeError: one_argument() takes 1 positional argument but 2 "
+        "were given; a policy is `async def policy(task: dict, env: AgentEnv) -> str | None`"
+    ), line
+    assert read_trajectories(tmp_path / "run") == []
+
+
+def test_a_reward_call_with_arguments_it_rejects_stops_the_run(tmp_path: Path) -> None:
+    (tmp_path / "ok.py").write_text(
+        "async def agent(task, env):\n"
+        "    await env.call_tool('execute_command', {'command': 'echo 42 > answer.txt'})\n"
+        "    return '42'\n"
+    )
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "t", "prompt": "p", "reward_arguments": {"file": "x"}}))
+    done = rollout(tmp_path, "-n", "2", "--policy", "ok:agent", "--tasks", str(tasks))
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()[-1:]
+    assert line.startswith("aenv: error: task t: the environment refused its reward call: "), line
+    assert "file" in line
+    assert "fix the task's reward_arguments" in line
+    assert read_trajectories(tmp_path / "run") == []
+
+
+def test_the_agents_own_failure_stays_an_episode_outcome(tmp_path: Path) -> None:
+    code, stderr = run(tmp_path, "gives_up")
+    assert code == 1, stderr  # the run ended; an episode did not end ok
+    rows = read_trajectories(tmp_path / "run")
+    assert [r["outcome"] for r in rows] == ["agent_error"] * 3
+    assert all(r["reason"] == "PolicyError: ValueError: the model answered nonsense" for r in rows)
+    assert all(len(r["steps"]) == 1 for r in rows)  # what it did before is kept
+
+
+def test_the_rule_and_its_errors() -> None:
+    from aenv_ray.errors import NotSupportedError, ToolArgumentError
+
+    assert is_programming_error(TypeError("x"))
+    assert is_programming_error(ModuleNotFoundError("x"))
+    assert is_programming_error(UnboundLocalError("x"))
+    assert is_programming_error(ExceptionGroup("g", [ValueError("a"), NameError("b")]))
+    assert not is_programming_error(ExceptionGroup("g", [ValueError("a")]))
+    assert not is_programming_error(ValueError("x"))
+    assert not is_programming_error(KeyError("x"))
+    assert not is_programming_error(NotSupportedError("x"))  # aenv errors keep their outcome
+    assert not is_programming_error(ToolArgumentError("x"))
+    for error in (
+        PolicyCodeError("m", policy="p:f", error_type="TypeError", location="f.py:1 in f"),
+        TaskCallError("m", function="reward", task_id="t"),
+    ):
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is type(error)
+        assert copy.__dict__ == error.__dict__
