@@ -111,10 +111,11 @@ def push(
     try:
         record = hub_call(work)
     except VersionConflictError as exc:
-        if exc.existing_digest == digest:
+        # a deleted version's conflict carries no digest: it is never "already published"
+        if exc.existing_digest is not None and exc.existing_digest == digest:
             print(f"{ref} is already published with this bundle ({digest}); nothing to do")
             return
-        raise
+        die(str(exc), EXIT_USAGE)  # the project must change: its version is taken
     if as_json:
         print(json.dumps(record, indent=2))
         return
