@@ -26,7 +26,7 @@ MAX_MESSAGE = 4000
 """Characters of a load error kept (the project's own exception message may be any size)."""
 
 
-def scrub_paths(text: str, roots: Mapping[str | Path, str]) -> str:
+def scrub_paths(text: str, roots: Mapping[str, str]) -> str:
     """``text`` with every path under a key of ``roots`` told below its value instead (``""``:
     relative to it), in one pass: the longest root that matches wins, what it becomes is never
     matched again, and ``/`` alone is never a root.
@@ -36,7 +36,7 @@ def scrub_paths(text: str, roots: Mapping[str | Path, str]) -> str:
     >>> scrub_paths("in /srv/hub and /srv/hub2/y", {"/srv/hub": "<hub>"})
     'in <hub> and /srv/hub2/y'
     """
-    labels = {str(root).rstrip("/"): label for root, label in roots.items()}
+    labels = {root.rstrip("/"): label for root, label in roots.items()}
     labels = {root: label for root, label in labels.items() if len(Path(root).parts) >= 2}
     if not labels:
         return text
@@ -57,7 +57,7 @@ def _told_below(exc: ConfigurationError, project: Path, shown: str) -> Definitio
     """``exc`` with the project's files told below ``shown`` (its real path too: the loader
     resolves symlinks such as macOS's /tmp)."""
     below = "" if shown in (".", "./") else shown
-    roots = {project: below, os.path.realpath(project): below}
+    roots = {str(project): below, os.path.realpath(project): below}
     location = getattr(exc, "location", None)
     return DefinitionError(
         _clip(scrub_paths(exc.message, roots)),
