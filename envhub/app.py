@@ -5,7 +5,9 @@ Every route but ``/v1/health`` and the OpenAPI document (``/openapi.json``, brow
 are :func:`aenv_ray.errors.encode_error`'s envelope, ``{"error": "MESSAGE", "type":
 "<aenv_ray.errors class>", "retryable": BOOL, ...typed fields}``, with the status of their
 kind (401, 403, 404, 409, 410, 413, 415, 400, 502, 503, 500), so a client re-raises the same
-class (:func:`aenv_ray.errors.decode_error`). Before any route,
+class (:func:`aenv_ray.errors.decode_error`); no answer shows a path of the hub's own
+(:func:`hub_paths`: its data directory, store, Python installation, home), each is ``<hub>``.
+Before any route,
 :class:`envhub.guard.RequestGuard` refuses what a web page could make a browser send (415 for a
 body that is not JSON; without auth, 403 for a foreign ``Host`` or ``Origin``).
 
@@ -35,7 +37,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import site
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -43,6 +49,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+import aenv_ray
 from aenv_ray import __version__
 from aenv_ray.engine import SandboxEngine
 from aenv_ray.errors import (
@@ -63,6 +70,7 @@ from aenv_ray.errors import (
     VersionConflictError,
     encode_error,
 )
+from aenv_ray.loadcheck import scrub_paths
 from envhub.control import ControlPlane
 from envhub.guard import RequestGuard
 from envhub.registry import VersionRegistry
@@ -121,14 +129,53 @@ def status_of(exc: AEnvError) -> int:
     return 500
 
 
-def _error(exc: AEnvError) -> JSONResponse:
+HIDDEN = "<hub>"
+"""What an error's answer shows in place of a path of the hub's own."""
+
+
+def hub_paths(options: HubOptions, store: Store) -> dict[str, str]:
+    """The hub's own paths no answer shows, each told as :data:`HIDDEN`: its data directory
+    (where bundles are unpacked), its store's directory, its Python installation and sources,
+    its working directory and its user's home. The datasource root stays as it is: users name
+    datasources below it."""
+    found: list[str | Path] = [
+        options.data_dir,
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        *site.getsitepackages(),
+        site.getusersitepackages(),
+        Path(aenv_ray.__file__).parent.parent,  # a source checkout, or site-packages
+        Path(__file__).parent.parent,
+        Path.home(),
+        Path.cwd(),
+    ]
+    store_path = getattr(store, "path", None)
+    if isinstance(store_path, str) and store_path not in ("", ":memory:"):
+        found.append(Path(store_path).parent)
+    hidden: dict[str, str] = {}
+    for path in found:
+        hidden[str(path)] = HIDDEN
+        hidden[os.path.realpath(path)] = HIDDEN
+    if options.datasource_root is not None:
+        hidden[str(options.datasource_root)] = str(options.datasource_root)
+    return hidden
+
+
+def _error(exc: AEnvError, hidden: dict[str, str] | None = None) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, AuthenticationError) else None
-    return JSONResponse(encode_error(exc), status_code=status_of(exc), headers=headers)
+    body = encode_error(exc)
+    if hidden:  # no answer shows the hub's own paths (an import error's, the store's file)
+        body = {k: scrub_paths(v, hidden) if isinstance(v, str) else v for k, v in body.items()}
+    status = status_of(exc)
+    if status >= 500:
+        log.warning("error answered", extra={"status": status, "error": exc.message})
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 async def _aenv_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, AEnvError)  # registered for AEnvError only
-    return _error(exc)
+    return _error(exc, request.app.state.hidden_paths)
 
 
 async def _invalid(request: Request, exc: Exception) -> JSONResponse:
@@ -187,6 +234,7 @@ def create_app(store: Store, engine: SandboxEngine, options: HubOptions | None =
         responses=_ERRORS,
     )
     app.state.hub = Hub(options, store, versions, control, Forwarder())
+    app.state.hidden_paths = hub_paths(options, store)
     app.add_middleware(RequestGuard, auth=options.auth)
     app.add_exception_handler(AEnvError, _aenv_error)
     app.add_exception_handler(RequestValidationError, _invalid)

@@ -164,16 +164,16 @@ class ControlPlane:
         engine cannot inspect). A bundle that does not load raises DefinitionError and leaves
         nothing behind; one that does stays unpacked where instances will need it."""
         from aenv_ray.bundle import extract_bundle
+        from aenv_ray.loadcheck import load_in_sandbox
 
-        inspect = getattr(self.engine, "inspect", None)
-        if inspect is None:
+        if getattr(self.engine, "inspect", None) is None:
             return None
         dest = self.data_dir / "bundles" / digest.replace(":", "-")
         fresh = not (dest / ".aenv-digest").is_file()
         dest.parent.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(extract_bundle, data, dest)
-        try:
-            manifest: dict[str, Any] = await inspect(str(dest), timeout=self.startup_timeout)
+        try:  # its errors name the bundle's files (src/x.py:3), never where the hub keeps them
+            manifest = await load_in_sandbox(self.engine, dest, timeout=self.startup_timeout)
         except BaseException:
             if fresh:
                 await asyncio.to_thread(shutil.rmtree, dest, True)

@@ -4,11 +4,12 @@ A version is published once, from a bundle made by ``aenv build`` (see :mod:`aen
 and never changes: its record holds the bundle's digest (in ``digest`` and in the config's
 ``artifacts``), and publishing the same ``name@version`` again is a
 :class:`~aenv_ray.errors.VersionConflictError`, even after it was deleted (deletion leaves a
-tombstone; versions are never reused). A name belongs to the tenant that first published it, and
-so does every name that looks like it (:func:`envhub.names.name_key`: ``Notes_App`` is
-``notes-app``); the names of the environments built into the hub (and on its
-``AENV_ENV_PATH``) and their lookalikes belong to nobody. A tenant's versions together may hold at
-most its ``bundle_bytes`` quota (:mod:`envhub.limits`).
+tombstone; versions are never reused): the error names the next free version, and for a
+deleted one carries no ``existing_digest``, since nothing is published under it. A name belongs
+to the tenant that first published it, and so does every name that looks like it
+(:func:`envhub.names.name_key`: ``Notes_App`` is ``notes-app``); the names of the environments
+built into the hub (and on its ``AENV_ENV_PATH``) and their lookalikes belong to nobody. A
+tenant's versions together may hold at most its ``bundle_bytes`` quota (:mod:`envhub.limits`).
 
 Publishing is crash-safe: the bundle is stored first (content-addressed, marked as an upload in
 progress), then the version record is created in one atomic step; a crash in between leaves an
@@ -20,6 +21,7 @@ May import: the standard library, ``aenv_ray`` (the bundle format among it), ``e
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -41,7 +43,7 @@ from envhub.store import Document, Store
 if TYPE_CHECKING:
     from aenv_ray.bundle import BundleInfo
 
-__all__ = ["DEFAULT_MAX_BUNDLE", "VersionRegistry", "hub_names"]
+__all__ = ["DEFAULT_MAX_BUNDLE", "VersionRegistry", "hub_names", "next_version"]
 
 DEFAULT_MAX_BUNDLE = 64 * 1024 * 1024
 """Bytes a bundle may have (``aenv serve --max-bundle``)."""
@@ -57,6 +59,30 @@ def hub_names() -> list[str]:
     """The names of the environments the hub runs without its registry: the built-ins and
     those on its ``AENV_ENV_PATH`` (nobody may publish them or their lookalikes)."""
     return sorted({EnvRef.parse(ref).name for ref in available_environments()})
+
+
+def next_version(used: Iterable[str]) -> str:
+    """The version to publish after every one in ``used`` (deleted ones among them: their
+    numbers are never reused): the highest's leading numbers with the last one bumped.
+
+    >>> next_version(["1.0.0", "1.2.0", "1.10.0"])
+    '1.10.1'
+    >>> next_version(["2", "1.0.0-rc1"])
+    '3'
+    >>> next_version(["1.0.0-rc1"])
+    '1.0.1'
+    >>> next_version(["beta"])
+    'beta.1'
+    """
+    taken = set(used)
+    highest = max(taken, key=version_key, default="1.0.0")
+    numbers = re.match(r"\d+(?:\.\d+)*", highest)
+    parts = numbers.group(0).split(".") if numbers else [highest, "0"]
+    while True:
+        parts[-1] = str(int(parts[-1]) + 1)
+        candidate = ".".join(parts)
+        if candidate not in taken:
+            return candidate
 
 
 @dataclass
@@ -91,10 +117,16 @@ class VersionRegistry:
         async with self._locks.setdefault(caller.tenant, asyncio.Lock()):
             await self._check_bytes(caller, info.digest, info.size)
             await self._claim_name(caller, info.config.name)
-            existing = await self.store.get(VERSIONS, info.config.ref)
-            if existing is not None:
-                raise self._conflict(existing, info.digest)
+            await self.check_new(info.config.ref, info.digest)
             return await self._store_version(caller, info, data)
+
+    async def check_new(self, ref: str, digest: str) -> None:
+        """Raise the :class:`~aenv_ray.errors.VersionConflictError` a push of ``digest`` as
+        ``ref`` would meet (published, or deleted), if any: the hub asks before it spends a
+        sandbox on loading the bundle."""
+        existing = await self.store.get(VERSIONS, ref)
+        if existing is not None:
+            raise await self._conflict(existing, digest)
 
     async def _store_version(self, caller: Caller, info: BundleInfo, data: bytes) -> Document:
         config = info.config
@@ -125,7 +157,7 @@ class VersionRegistry:
             }
             if not await self.store.create(VERSIONS, ref, record):
                 winner = await self.store.get(VERSIONS, ref) or {}
-                raise self._conflict(winner, info.digest)
+                raise await self._conflict(winner, info.digest)
         finally:
             await self.store.delete(UPLOADS, info.digest)
         return record
@@ -198,21 +230,25 @@ class VersionRegistry:
                 "hub's operator",
             )
 
-    @staticmethod
-    def _conflict(existing: Document, digest: str) -> VersionConflictError:
-        ref = existing.get("ref", "?")
+    async def _conflict(self, existing: Document, digest: str) -> VersionConflictError:
+        ref, name = existing.get("ref", "?"), existing.get("name", "")
+        used = [d["version"] for d in await self.versions(name, include_deleted=True)]
+        bump = (
+            f'Set "version": "{next_version(used)}" in config.json (the next free version of '
+            f"`{name}`) and push again"
+        )
         if existing.get("deleted"):
-            message = (
-                f"`{ref}` was published and deleted; versions are never reused. Bump "
-                "`version` in config.json and push again"
+            # no digest: a deleted version holds no bundle, so no push of it is "already there"
+            return VersionConflictError(
+                f"`{ref}` was deleted and is not published; its number is never reused. {bump}",
+                env_name=ref,
             )
-        elif existing.get("digest") == digest:
+        if existing.get("digest") == digest:
             message = f"`{ref}` is already published with this very bundle ({digest})"
         else:
             message = (
                 f"`{ref}` is already published (digest {existing.get('digest')}; yours is "
-                f"{digest}); published versions are immutable. Bump `version` in config.json "
-                "and push again"
+                f"{digest}); published versions are immutable. {bump}"
             )
         return VersionConflictError(message, env_name=ref, existing_digest=existing.get("digest"))
 

@@ -236,7 +236,7 @@ class Zygote:
                 received = Received(None)
             message = received.message
             if message is None:
-                self._template_gone(template, "its template process exited")
+                self._template_exited(template)
                 return
             op = message.get("op")
             if op == "map" and template.state == "starting" and received.pid == template.pid:
@@ -275,6 +275,13 @@ class Zygote:
             self._tell({"op": "failed", "message": why, "type": kind, "location": location})
             self.engine_gone = True  # nothing more to do: exit
         self._template_gone(template, f"it does not load: {why}")
+
+    def _template_exited(self, template: _Template) -> None:
+        if template.state == "starting":  # died importing the project: it does not load
+            why = "its process exited while importing the project (os._exit, a signal or a crash)"
+            self._template_failed(template, why, "DefinitionError", "")
+        else:
+            self._template_gone(template, "its template process exited")
 
     def _template_gone(self, template: _Template, detail: str) -> None:
         """The template died (or is made to): so do its instances (their pid namespaces are
@@ -751,7 +758,7 @@ class Zygote:
         for pid in reap_children():
             for template in list(self.templates.values()):
                 if template.pid == pid and template.state != "dead":
-                    self._template_gone(template, "its template process exited")
+                    self._template_exited(template)
 
     def _shutdown(self) -> None:
         """Kill everything: every pid namespace ends, every cgroup goes."""

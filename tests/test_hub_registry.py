@@ -206,10 +206,36 @@ async def test_published_versions_are_immutable_and_never_reused(hub: Hub, tmp_p
         await client.delete_version(name, "1.0.0")
         with pytest.raises(EnvironmentNotFoundError, match="was deleted"):
             await client.get_version(name, "1.0.0")
-        with pytest.raises(VersionConflictError, match="never reused"):
-            await client.push(second.data)
+        for data in (second.data, first.data):  # the deleted bundle itself too
+            with pytest.raises(VersionConflictError, match="deleted and is not published") as gone:
+                await client.push(data)
+            assert gone.value.existing_digest is None  # nothing is published under it
+            assert '"version": "1.0.1"' in str(gone.value)
         bumped = build_bundle(make_project(tmp_path, name, "1.0.1"))
         assert (await client.push(bumped.data))["ref"] == f"{name}@1.0.1"
+        with pytest.raises(VersionConflictError, match=r'immutable\. Set "version": "1\.0\.2"'):
+            await client.push(build_bundle(make_project(tmp_path, name, "1.0.1", note="x")).data)
+
+
+def test_pushing_a_deleted_version_says_so_and_names_the_next_free_one(
+    hub: Hub, tmp_path: Path
+) -> None:
+    """Through the CLI, as a user would: the re-push of a deleted version (the very same project)
+    is never reported as published, and names the version to use instead."""
+    name = unique("deleted")
+    project = make_project(tmp_path, name, "2.3.0")
+    run = {"env": hub.env(), "capture_output": True, "text": True, "timeout": 120}
+    pushed = subprocess.run([*AENV, "push", str(project)], **run)  # type: ignore[call-overload]
+    assert pushed.returncode == 0, pushed.stderr
+    deleted = subprocess.run([*AENV, "delete", f"{name}@2.3.0", "--yes"], **run)  # type: ignore[call-overload]
+    assert deleted.returncode == 0, deleted.stderr
+    again = subprocess.run([*AENV, "push", str(project)], **run)  # type: ignore[call-overload]
+    assert again.returncode == 2, again
+    assert again.stdout == ""  # no "published", no "already published"
+    lines = [line for line in again.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, again.stderr
+    assert f"`{name}@2.3.0` was deleted and is not published" in lines[0]
+    assert '"version": "2.3.1"' in lines[0]
 
 
 async def test_a_name_belongs_to_the_tenant_that_published_it(hub: Hub, tmp_path: Path) -> None:

@@ -184,7 +184,8 @@ def build(
     _check_tag(tag)
     out_dir = project / "dist" if out is None else out
     bundle = build_bundle(project, exclude=[out_dir])
-    loads = describe(check_loads(bundle.data, bundle.config.ref))  # before anything is written
+    # before anything is written
+    loads = describe(check_loads(bundle.data, bundle.config.ref, _shown(project)))
     paths = _write_outputs(bundle, out_dir)
     _report(bundle, loads, paths, as_json=as_json)
     if not no_image:

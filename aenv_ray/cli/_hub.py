@@ -72,6 +72,12 @@ def _ref(text: str) -> EnvRef:
     return ref
 
 
+def _shown(path: Path) -> str:
+    """``path`` as the user would type it here: relative to this directory when below it."""
+    relative = os.path.relpath(path)
+    return path.as_posix() if relative.startswith("..") else relative
+
+
 def _when(seconds: float | None) -> str:
     return datetime.fromtimestamp(seconds).strftime("%Y-%m-%d %H:%M") if seconds else "-"
 
@@ -93,16 +99,18 @@ def push(
 
         bundle = build_bundle(path)
         data, digest, ref = bundle.data, bundle.digest, bundle.config.ref
+        what, shown = ref, _shown(path)
     else:
         from aenv_ray.bundle import digest_of, inspect_bundle
 
         data = path.read_bytes()
         info = inspect_bundle(data, max_size=max(len(data), 1))
         digest, ref = digest_of(data), info.config.ref
+        what, shown = f"{ref} (the bundle {_shown(path)})", ""
 
     from aenv_ray.cli._loadcheck import check_loads
 
-    check_loads(data, ref)  # never publish what cannot load (in a sandbox, as the hub does)
+    check_loads(data, what, shown)  # never publish what cannot load (in a sandbox, as the hub does)
 
     async def work(client: Any) -> dict[str, Any]:
         result: dict[str, Any] = await client.push(data, digest=digest)
@@ -111,10 +119,11 @@ def push(
     try:
         record = hub_call(work)
     except VersionConflictError as exc:
-        if exc.existing_digest == digest:
+        # a deleted version's conflict carries no digest: it is never "already published"
+        if exc.existing_digest is not None and exc.existing_digest == digest:
             print(f"{ref} is already published with this bundle ({digest}); nothing to do")
             return
-        raise
+        die(str(exc), EXIT_USAGE)  # the project must change: its version is taken
     if as_json:
         print(json.dumps(record, indent=2))
         return

@@ -3,7 +3,8 @@
 ``aenv build`` and ``aenv push`` check that what they bundle loads (its modules import, its
 decorators register something), so that a project that cannot load is never published. The
 check runs the project's import-time code, which is environment code like any other: it runs in
-an instance's isolation (the local engine's template), not in the CLI.
+an instance's isolation (the local engine's template, whatever ``AENV_ENGINE`` says: the
+project is on this machine), not in the CLI (:func:`aenv_ray.loadcheck.load_in_sandbox`).
 
 May import: ``aenv_ray`` (the engine contract, the bundle format; inside the function).
 """
@@ -23,19 +24,20 @@ __all__ = ["check_loads", "describe"]
 _TIMEOUT = 120.0
 
 
-def check_loads(data: bytes, what: str) -> dict[str, Any] | None:
-    """The manifest of the bundle ``data`` loaded in a sandbox (None: no engine can inspect);
-    exit 2 with the load error when it does not load."""
+def check_loads(data: bytes, what: str, shown: str = "") -> dict[str, Any] | None:
+    """The manifest of the bundle ``data`` loaded in a sandbox of the local engine (None: it
+    cannot load projects here); exit 2 with the load error, its files told below ``shown``
+    (the project's directory as the user named it; ``""``: relative to the bundle), when it
+    does not load."""
     from aenv_ray.bundle import extract_bundle
-    from aenv_ray.engine import default_engine
+    from aenv_ray.engine import named_engine
+    from aenv_ray.loadcheck import load_in_sandbox
 
-    inspect = getattr(default_engine(), "inspect", None)
-    if inspect is None:
-        return None
+    engine = named_engine("local")
     with tempfile.TemporaryDirectory(prefix="aenv-check-") as scratch:
         project = extract_bundle(data, Path(scratch) / "project")
         try:
-            manifest: dict[str, Any] = asyncio.run(inspect(str(project), timeout=_TIMEOUT))
+            manifest = asyncio.run(load_in_sandbox(engine, project, shown=shown, timeout=_TIMEOUT))
         except DefinitionError as exc:
             die(f"{what} does not load: {exc}", EXIT_USAGE)
     return manifest

@@ -6,11 +6,12 @@ import asyncio
 import logging
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from aenv_ray import __version__
 from aenv_ray.errors import StoreError
+from aenv_ray.loadcheck import scrub_paths
 from envhub.routes.context import HubDep, Who
 from envhub.store import Store
 
@@ -39,10 +40,11 @@ async def _probe(store: Store, timeout: float = 5.0) -> dict[str, Any]:
     "/v1/health",
     responses={503: {"description": "the store fails: the same body, status `degraded`"}},
 )
-async def health(hub: HubDep) -> JSONResponse:
+async def health(request: Request, hub: HubDep) -> JSONResponse:
     """Liveness and the store's state, without auth: 200 ``ok``, or 503 ``degraded`` when
     the store does not answer (every route that needs it would fail)."""
     store_state = await _probe(hub.store)
+    store_state["detail"] = scrub_paths(store_state["detail"], request.app.state.hidden_paths)
     body = {
         "status": "ok" if store_state["ok"] else "degraded",
         "version": __version__,

@@ -78,6 +78,7 @@ async def publish(request: Request, who: Who, hub: HubDep) -> dict[str, Any]:
     checked = inspect_bundle(
         data, max_size=hub.options.max_bundle, expected_digest=request.headers.get(DIGEST_HEADER)
     )
+    await hub.registry.check_new(checked.config.ref, checked.digest)  # before a sandbox is spent
     await hub.control.check_loads(data, checked.digest)  # in a sandbox: never in the hub
     record = await hub.registry.publish(
         who, data, expected_digest=request.headers.get(DIGEST_HEADER)
