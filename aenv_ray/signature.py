@@ -7,6 +7,7 @@ every path (our fast path and MCP alike). Errors name the argument and the expec
 
 from __future__ import annotations
 
+import enum
 import inspect
 import re
 import typing
@@ -105,6 +106,42 @@ def _strip_titles(schema: Any) -> Any:
     return schema
 
 
+def _annotation_hint(param: inspect.Parameter) -> str:
+    """What to write for an unannotated parameter: the type of its default, when it has one.
+
+    >>> def f(limit=10, name=None): ...
+    >>> limit, name = inspect.signature(f).parameters.values()
+    >>> _annotation_hint(limit)
+    'argument `limit` has no type annotation; annotate `limit: int = 10` (its default is an int)'
+    >>> _annotation_hint(name).split("; ")[1]
+    'annotate `name: str | None = None` (its default is None'
+    """
+    name, default = param.name, param.default
+    if default is param.empty:
+        return f"argument `{name}` has no type annotation; write e.g. `{name}: str`"
+    if default is None:
+        return (
+            f"argument `{name}` has no type annotation; annotate `{name}: str | None = None` "
+            "(its default is None; put the type it takes otherwise)"
+        )
+    kind = type(default)
+    typed = kind.__name__
+    if kind in (list, tuple, set) and default:
+        typed += f"[{' | '.join(sorted({type(item).__name__ for item in default}))}]"
+    elif kind is dict and default:
+        keys = " | ".join(sorted({type(key).__name__ for key in default}))
+        values = " | ".join(sorted({type(value).__name__ for value in default.values()}))
+        typed += f"[{keys}, {values}]"
+    shown = f"{typed}.{default.name}" if isinstance(default, enum.Enum) else repr(default)
+    if len(shown) > 30 or shown.startswith("<"):  # a long or unreadable value
+        shown = "..."
+    article = "an" if typed[0].lower() in "aeiou" else "a"
+    return (
+        f"argument `{name}` has no type annotation; annotate `{name}: {typed} = {shown}` "
+        f"(its default is {article} {typed})"
+    )
+
+
 @dataclass(frozen=True)
 class CallSignature:
     """The validated calling convention of one registered function."""
@@ -143,10 +180,7 @@ class CallSignature:
             elif param.kind is param.POSITIONAL_ONLY:
                 problem = f"positional-only `{param.name}` is not supported; drop the `/`"
             elif param.name not in hints:
-                problem = (
-                    f"argument `{param.name}` has no type annotation; "
-                    f"write e.g. `{param.name}: str`"
-                )
+                problem = _annotation_hint(param)
             elif param.name.startswith("_"):
                 problem = f"argument `{param.name}` starts with `_`, which is reserved"
             if problem:

@@ -295,7 +295,7 @@ class VersionRegistry:
             hint = f"; published versions: {', '.join(map(str, same))}"
         else:
             hint = did_you_mean(name, sorted({d["name"] for d in docs}))
-            hint = hint or "; push it with `aenv push`"
+            hint = hint or "; `aenv list` shows what it has, `aenv push` publishes a project"
         return EnvironmentNotFoundError(f"no `{ref}` in the registry{hint}", env_name=ref)
 
     async def search(

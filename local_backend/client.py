@@ -86,10 +86,13 @@ class _LoopState:
 class DaemonEngine:
     """The local engine daemon of ``state_dir``, started on demand. See the module docstring.
 
-    ``env_path`` and ``idle_exit`` are the daemon's ``--env-path`` (where names without a
-    ``project`` are looked up, besides the built-ins) and ``--idle-exit``; they apply when this
-    object starts the daemon, a daemon already running keeps its own. ``start_timeout`` bounds
-    the wait for a daemon to answer after starting it.
+    ``env_path`` is where :meth:`create` looks up a name without a ``project`` (besides the
+    built-ins; a spec's own ``env_path`` wins): the lookup happens here, in the caller's
+    process, and the daemon gets the project directory, so a daemon started by a command with
+    another ``AENV_ENV_PATH`` serves this one's. ``None`` leaves names to the daemon's own
+    ``--env-path`` (set from ``env_path`` when this object starts it). ``idle_exit`` is the
+    daemon's ``--idle-exit`` when this object starts it (a daemon already running keeps its
+    own). ``start_timeout`` bounds the wait for a daemon to answer after starting it.
     """
 
     name = "local-daemon"
@@ -99,7 +102,7 @@ class DaemonEngine:
         self,
         state_dir: str | Path,
         *,
-        env_path: str = "",
+        env_path: str | None = None,
         idle_exit: float = 600.0,
         start_timeout: float = 60.0,
     ) -> None:
@@ -139,14 +142,16 @@ class DaemonEngine:
     async def create(self, spec: InstanceSpec, *, timeout: float = 60.0) -> InstanceInfo:
         """Have the daemon start an instance of ``spec``; return once it answers calls.
 
-        Relative ``project``, ``datasource`` and ``storage`` paths are made absolute here (the
-        daemon runs in ``/``).
+        A name without a ``project`` is looked up here (in ``spec.env_path``, else this
+        object's ``env_path``) when either is set, else by the daemon. Relative ``project``,
+        ``datasource`` and ``storage`` paths are made absolute here (the daemon runs in ``/``).
         """
         project = spec.project
-        if project is None and spec.env_path is not None:  # looked up here, as the caller asks
+        env_path = spec.env_path if spec.env_path is not None else self.env_path
+        if project is None and env_path is not None:  # looked up here, where the caller is
             from aenv_ray.resolve import resolve_environment
 
-            ref, found = resolve_environment(spec.env_ref, spec.env_path)
+            ref, found = resolve_environment(spec.env_ref, env_path)
             spec, project = replace(spec, env_ref=ref), str(found)
         body = {
             "env": spec.env_ref,
@@ -279,7 +284,7 @@ class DaemonEngine:
             "--idle-exit",
             repr(float(self.idle_exit)),
             "--env-path",
-            self.env_path,
+            self.env_path or "",
         ]
         # sh starts it in the background and exits: the daemon is reparented, so no child of
         # ours is left to reap (nor a subprocess.Popen to warn about it); $0 is the log

@@ -21,7 +21,10 @@ answers JSON over a Unix socket ``DIR/engine.sock`` (mode 0600: only its user):
 
 ``env`` is a name (``NAME`` or ``NAME@VERSION``, found as ``aenv`` finds them: ``--env-path``,
 then the built-ins) unless ``project`` is given: an absolute project directory used as it is,
-``env`` then only its reference. ``ttl`` is seconds or a duration (``"30m"``); ``timeout`` is
+``env`` then only its reference. :class:`~local_backend.client.DaemonEngine` looks names up
+in its caller's process (the caller's ``AENV_ENV_PATH``) and sends ``project``, so
+``--env-path`` (fixed when the daemon starts) only serves requests that name ``env`` alone.
+``ttl`` is seconds or a duration (``"30m"``); ``timeout`` is
 seconds to wait for the instance to start (default 60). An instance is
 :func:`~aenv_ray.engine.info_to_json`'s document.
 

@@ -6,7 +6,8 @@ Exit codes, one rule for every command:
 - ``1``: the work failed: any :class:`~aenv_ray.errors.AEnvError` that is not a configuration
   error (an instance broke, a call timed out), a port already in use;
 - ``2``: the command line or the project must change: an unknown command or option, a missing
-  argument, a bad value, and :class:`~aenv_ray.errors.ConfigurationError` (with its subclass
+  argument, a bad value, an unknown environment (:class:`~aenv_ray.errors.EnvironmentNotFoundError`,
+  in every command), and :class:`~aenv_ray.errors.ConfigurationError` (with its subclass
   :class:`~aenv_ray.errors.DefinitionError`: a bad ``config.json``, a decorator misuse);
 - ``130``: interrupted before serving; ``aenv test`` exits with its script's code.
 
@@ -34,7 +35,7 @@ import typer
 from aenv_ray import __version__
 from aenv_ray.cli import _build, _hub, _instance, _project, _rollout, _serve, _service
 from aenv_ray.cli._common import EXIT_FAILURE, EXIT_USAGE, error_line
-from aenv_ray.errors import AEnvError, ConfigurationError
+from aenv_ray.errors import AEnvError, ConfigurationError, EnvironmentNotFoundError
 
 __all__ = ["app", "main"]
 
@@ -101,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv) or ["--help"]
     try:
         result = command.main(args=args, prog_name="aenv", standalone_mode=False)
-    except ConfigurationError as exc:
+    except (ConfigurationError, EnvironmentNotFoundError) as exc:  # fix the name or the project
         print(error_line(str(exc)), file=sys.stderr)
         return EXIT_USAGE
     except AEnvError as exc:

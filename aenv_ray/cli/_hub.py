@@ -159,7 +159,13 @@ def list_envs(
     all_: Annotated[bool, typer.Option("--all", "-a", help="include deprecated")] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """List the hub's environments (one line per name, its latest version)."""
+    """List the hub's environments (one line per name, its latest version); without a hub,
+    those on this machine (built-in and on AENV_ENV_PATH), broken projects included."""
+    from aenv_ray.settings import get_settings
+
+    if not get_settings().system_url:
+        _list_local(search, tag or [], as_json)
+        return
 
     async def work(client: Any) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = await client.search(search, tags=tag, deprecated=all_)
@@ -183,6 +189,65 @@ def list_envs(
             ",".join(env["tags"]),
             env["description"][:60],
         )
+    Console().print(table)
+
+
+def _list_local(search: str, tags: list[str], as_json: bool) -> None:
+    """``aenv list`` without a hub: what ``aenv instance create NAME`` and ``Environment(NAME)``
+    find here, one line per version, and each broken project with what is wrong in it."""
+    from aenv_ray.resolve import available_environments, broken_environments
+
+    rows: list[dict[str, Any]] = []
+    for ref, project in sorted(available_environments().items()):
+        parsed = EnvRef.parse(ref)
+        try:
+            config = json.loads((project / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            config = {}
+        rows.append(
+            {
+                "ref": ref,
+                "name": parsed.name,
+                "version": parsed.version,
+                "project": str(project),
+                "tags": [str(t) for t in config.get("tags") or []],
+                "description": str(config.get("description") or ""),
+                "error": None,
+            }
+        )
+    rows = [
+        row
+        for row in rows
+        if search.lower() in f"{row['name']} {row['description']}".lower()
+        and all(t in row["tags"] for t in tags)
+    ]
+    if not search and not tags:  # a broken project has no name nor tags to filter by
+        for config_path, problem in sorted(broken_environments().items()):
+            rows.append(
+                {
+                    "ref": None,
+                    "name": None,
+                    "version": None,
+                    "project": str(config_path.parent),
+                    "tags": [],
+                    "description": "",
+                    "error": problem,
+                }
+            )
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, title="no hub configured: the environments on this machine")
+    for column in ("NAME", "VERSION", "PROJECT", "DESCRIPTION"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        if row["error"]:
+            table.add_row("[red]broken[/red]", "-", row["project"], row["error"], style="red")
+        else:
+            table.add_row(row["name"], row["version"], row["project"], row["description"][:60])
     Console().print(table)
 
 

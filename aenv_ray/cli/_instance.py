@@ -44,7 +44,7 @@ def _state_dir() -> Path:
 
 async def _on_hub(client: Any, op: str, arg: Any, **kw: Any) -> Any:
     if op == "create":
-        return await client.create_instance(arg, **kw)
+        return await client.create_instance(arg[0], **kw)
     if op == "list":  # terminated ones too: --all filters here
         return await client.list_instances(env=arg, include_terminated=True)
     if op == "renew":
@@ -60,7 +60,8 @@ async def _on_engine(engine: Any, op: str, arg: Any, **kw: Any) -> Any:
     ttl = parse_duration(raw_ttl) if raw_ttl is not None else None
     if op == "create":
         kw["arguments"] = tuple(kw["arguments"])
-        info = await engine.create(InstanceSpec(env_ref=arg, ttl=ttl, **kw))
+        ref, project = arg
+        info = await engine.create(InstanceSpec(env_ref=ref, project=project, ttl=ttl, **kw))
     elif op == "list":
         return [info_to_json(i) for i in await engine.list(env_ref=arg)]
     elif op == "renew":
@@ -104,6 +105,41 @@ def _call(op: str, arg: Any, **kw: Any) -> Any:
         return asyncio.run(main())
     except (ConfigurationError, LookupError) as exc:
         die(str(exc), EXIT_USAGE)
+
+
+def _is_project_path(env: str) -> bool:
+    """Whether ``env`` names a project directory rather than an environment: it holds a path
+    separator (``./notes``, ``/srv/envs/notes``), as ``aenv rollout ENV`` decides."""
+    return "/" in env or "\\" in env
+
+
+def _target(env: str) -> tuple[str, str | None]:
+    """``(env_ref, project directory or None)`` of ``aenv instance create ENV``: a name is
+    looked up by the engine (or the hub); a path is the project there, named by its
+    ``config.json``. With a hub, instances come from its registry: a path is refused (exit 2)."""
+    from aenv_ray.settings import get_settings
+
+    if not _is_project_path(env):
+        return env, None
+    if get_settings().system_url:
+        if Path(env).expanduser().is_dir():
+            die(
+                f"{env} is a project directory, but with a hub configured instances come from "
+                f"its registry: publish it (`aenv push {env}`) and create NAME@VERSION, or unset "
+                "AENV_SYSTEM_URL to run it on this machine",
+                EXIT_USAGE,
+            )
+        return env, None  # TENANT/NAME[@VERSION]: the hub's business
+    from aenv_ray.config import EnvConfig
+
+    root = Path(env).expanduser().resolve()
+    if not root.is_dir():
+        die(
+            f"no project directory {env} (resolved: {root}); give a directory holding a "
+            "config.json, or an environment's NAME[@VERSION]",
+            EXIT_USAGE,
+        )
+    return str(EnvConfig.load(root).ref), str(root)
 
 
 def _datasource(given: str | None) -> str | None:
@@ -153,7 +189,13 @@ JsonOption = Annotated[bool, typer.Option("--json", help="print JSON")]
 
 @app.command()
 def create(
-    env: Annotated[str, typer.Argument(help="NAME or NAME@VERSION", metavar="NAME[@VERSION]")],
+    env: Annotated[
+        str,
+        typer.Argument(
+            help="NAME or NAME@VERSION, or a project directory (a path: ./notes)",
+            metavar="NAME[@VERSION]|PATH",
+        ),
+    ],
     ttl: Annotated[
         str | None, typer.Option(help='lifetime, e.g. "30m", "1h" (default: config, 30m)')
     ] = None,
@@ -167,10 +209,10 @@ def create(
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Create an instance; print its id and URL."""
+    """Create an instance of an environment (or of a project directory); print its id and URL."""
     created = _call(
         "create",
-        env,
+        _target(env),
         ttl=ttl,
         environment_variables=pairs(env_var or [], "--env"),
         arguments=arg or [],

@@ -24,7 +24,9 @@ router = APIRouter(tags=["instances"])
 
 def datasource_path(value: str | None, root: Path | None) -> str | None:
     """The directory ``value`` names under ``root`` (the hub's ``--datasource-root``), or
-    ``None`` when none is asked for; refused when it is not a directory under ``root``."""
+    ``None`` when none is asked for: a path relative to ``root``, or an absolute path under it
+    (an absolute path that is not under it is read relative to it, as ``/x`` always was);
+    refused when it is not a directory under ``root``."""
     if not value:
         return None
     if root is None:
@@ -32,8 +34,12 @@ def datasource_path(value: str | None, root: Path | None) -> str | None:
             "this hub mounts no datasources: start it with --datasource-root DIR and name "
             "a directory under it"
         )
-    path = (root / value.lstrip("/")).resolve()
-    if not path.is_relative_to(root.resolve()) or not path.is_dir():
+    base = root.resolve()
+    given = Path(value)
+    path = (base / value.lstrip("/")).resolve()
+    if given.is_absolute() and given.resolve().is_relative_to(base):
+        path = given.resolve()
+    if not path.is_relative_to(base) or not path.is_dir():
         raise ConfigurationError(
             f"datasource `{value}` is not a directory under the hub's datasource root"
         )
