@@ -602,21 +602,22 @@ class InstancePool:
         if granted < deficit and wait > 0:
             await asyncio.sleep(min(wait, _TICK))
 
+    async def _back_off(self, what: str, exc: AEnvError) -> None:
+        """A creation failed: log it and wait longer the more failed in a row (its slot stays
+        counted as creating meanwhile, so the next round does not retry at once)."""
+        self._create_failures += 1
+        log.warning(
+            what,
+            extra={"pool": self.spec.name, "error": str(exc), "failures": self._create_failures},
+        )
+        await asyncio.sleep(min(5.0, 0.1 * 2 ** min(self._create_failures, 6)))
+
     async def _prewarm(self, spec: InstanceSpec, count: int) -> None:
         assert self._shared is not None
         try:
             started = await self._shared.prewarm(spec, pool=self.spec.name, count=count)
         except AEnvError as exc:
-            self._create_failures += 1
-            log.warning(
-                "warm instances could not be started",
-                extra={
-                    "pool": self.spec.name,
-                    "error": str(exc),
-                    "failures": self._create_failures,
-                },
-            )
-            await asyncio.sleep(min(5.0, 0.1 * 2 ** min(self._create_failures, 6)))
+            await self._back_off("warm instances could not be started", exc)
             return
         finally:
             self._creating -= count
@@ -635,16 +636,7 @@ class InstancePool:
                     await env.release()
                 raise
         except AEnvError as exc:
-            self._create_failures += 1
-            log.warning(
-                "instance creation failed",
-                extra={
-                    "pool": self.spec.name,
-                    "error": str(exc),
-                    "failures": self._create_failures,
-                },
-            )
-            await asyncio.sleep(min(5.0, 0.1 * 2 ** min(self._create_failures, 6)))
+            await self._back_off("instance creation failed", exc)
             return
         finally:
             self._creating -= 1
