@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,7 +22,42 @@ import aiohttp
 from aenv_ray.protocol import FAST_CALL_PATH
 from aenv_ray.testing import free_port
 
-__all__ = ["HubProcess", "call_tool", "eventually", "free_port", "raw", "refused", "run"]
+__all__ = [
+    "HubProcess",
+    "aenv",
+    "call_tool",
+    "eventually",
+    "free_port",
+    "new_key",
+    "raw",
+    "refused",
+    "run",
+]
+
+
+def aenv(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``aenv ARGS`` in a child process, without a hub or key unless ``env`` names them."""
+    base = {k: v for k, v in os.environ.items() if k not in ("AENV_SYSTEM_URL", "AENV_API_KEY")}
+    return subprocess.run(
+        [sys.executable, "-m", "aenv_ray.cli", *args],
+        env={**base, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def new_key(tenant: str, store: str) -> str:
+    """A new API key of ``tenant`` in the hub store ``store``, made as an operator does
+    (``aenv keys create``)."""
+    done = aenv(
+        "keys", "create", "--tenant", tenant, "--name", f"{tenant}'s tests", "--store", store
+    )
+    assert done.returncode == 0, done.stderr
+    key = done.stdout.strip()
+    assert re.fullmatch(r"aenv_[0-9a-f]{12}_\S{20,}", key), done.stdout
+    assert tenant in done.stderr  # "key ... for tenant alice: shown once"
+    return key
 
 
 class HubProcess:

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -31,7 +28,7 @@ from aenv_ray.errors import (
 )
 from aenv_ray.hub import HubClient
 from aenv_ray.settings import Settings
-from tests._hub import HubProcess, eventually, free_port, raw, refused, run
+from tests._hub import HubProcess, aenv, eventually, free_port, new_key, raw, refused, run
 
 MINI = "mini-terminal@1.0.0"
 # the instance's own id (set by the engine) and its storage, isolated (/storage) or not
@@ -56,33 +53,10 @@ class Hub:
         return self.proc.data_dir
 
 
-def _aenv(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """``aenv ARGS`` in a child process, without a hub or key unless ``env`` names them."""
-    base = {k: v for k, v in os.environ.items() if k not in ("AENV_SYSTEM_URL", "AENV_API_KEY")}
-    return subprocess.run(
-        [sys.executable, "-m", "aenv_ray.cli", *args],
-        env={**base, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
-def _new_key(tenant: str, store: str) -> str:
-    done = _aenv(
-        "keys", "create", "--tenant", tenant, "--name", f"{tenant}'s tests", "--store", store
-    )
-    assert done.returncode == 0, done.stderr
-    key = done.stdout.strip()
-    assert re.fullmatch(r"aenv_[0-9a-f]{12}_\S{20,}", key), done.stdout
-    assert tenant in done.stderr  # "key ... for tenant alice: shown once"
-    return key
-
-
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
     proc = HubProcess(tmp_path_factory.mktemp("hub"), auth=True, engine="inprocess")
-    alice, bob = _new_key("alice", proc.store), _new_key("bob", proc.store)
+    alice, bob = new_key("alice", proc.store), new_key("bob", proc.store)
     with proc:
         yield Hub(proc, alice, bob)
 
@@ -551,37 +525,37 @@ async def test_service_keep_storage_and_limits(hub: Hub, alice: HubClient) -> No
 
 def test_cli_instances_on_a_hub(hub: Hub) -> None:
     env = {"AENV_SYSTEM_URL": hub.url, "AENV_API_KEY": hub.alice}
-    made = _aenv("instance", "create", "mini-terminal", "--ttl", "10m", "--json", env=env)
+    made = aenv("instance", "create", "mini-terminal", "--ttl", "10m", "--json", env=env)
     assert made.returncode == 0, made.stderr
     doc = json.loads(made.stdout)
     iid = doc["id"]
     assert (doc["state"], doc["env_ref"], doc["tenant"]) == ("running", MINI, "alice")
     try:
-        listed = _aenv("instance", "list", "--json", env=env)
+        listed = aenv("instance", "list", "--json", env=env)
         assert listed.returncode == 0, listed.stderr
         assert iid in [d["id"] for d in json.loads(listed.stdout)]
 
-        shown = _aenv("instance", "get", iid, env=env)
+        shown = aenv("instance", "get", iid, env=env)
         assert shown.returncode == 0, shown.stderr
         assert re.search(rf"^id\s+{iid}$", shown.stdout, re.M)
         assert re.search(r"^state\s+running$", shown.stdout, re.M)
         assert re.search(rf"^url\s+{re.escape(doc['url'])}$", shown.stdout, re.M)
 
-        renewed = _aenv("instance", "renew", iid, "--ttl", "1h", "--json", env=env)
+        renewed = aenv("instance", "renew", iid, "--ttl", "1h", "--json", env=env)
         assert renewed.returncode == 0, renewed.stderr
         assert json.loads(renewed.stdout)["expires_at"] > doc["expires_at"] + 2000
     finally:
-        deleted = _aenv("instance", "delete", iid, env=env)
+        deleted = aenv("instance", "delete", iid, env=env)
     assert deleted.returncode == 0, deleted.stderr
     assert re.search(r"^state\s+terminated$", deleted.stdout, re.M)
     assert re.search(r"^ended\s+deleted", deleted.stdout, re.M)
-    listed = _aenv("instance", "list", "--json", env=env)
+    listed = aenv("instance", "list", "--json", env=env)
     assert iid not in [d["id"] for d in json.loads(listed.stdout)]
-    listed = _aenv("instance", "list", "--all", "--json", env=env)
+    listed = aenv("instance", "list", "--all", "--json", env=env)
     assert iid in [d["id"] for d in json.loads(listed.stdout)]
 
     # bob's key: alice's instance is unknown to him
-    other = _aenv("instance", "get", iid, env={**env, "AENV_API_KEY": hub.bob})
+    other = aenv("instance", "get", iid, env={**env, "AENV_API_KEY": hub.bob})
     assert other.returncode == 2
     assert other.stderr.startswith("aenv: error: ")
     assert other.stderr.count("\n") == 1
@@ -590,35 +564,35 @@ def test_cli_instances_on_a_hub(hub: Hub) -> None:
 
 def test_cli_services_on_a_hub(hub: Hub) -> None:
     env = {"AENV_SYSTEM_URL": hub.url, "AENV_API_KEY": hub.alice}
-    made = _aenv("service", "create", "mini-terminal", "--replicas", "1", "--json", env=env)
+    made = aenv("service", "create", "mini-terminal", "--replicas", "1", "--json", env=env)
     assert made.returncode == 0, made.stderr
     svc = json.loads(made.stdout)
     sid = svc["id"]
     assert (svc["replicas"], svc["ready"], svc["env_ref"]) == (1, 1, MINI)
     try:
-        listed = _aenv("service", "list", "--json", env=env)
+        listed = aenv("service", "list", "--json", env=env)
         assert listed.returncode == 0, listed.stderr
         assert sid in [s["id"] for s in json.loads(listed.stdout)]
-        table = _aenv("service", "list", env=env)
+        table = aenv("service", "list", env=env)
         assert table.returncode == 0, table.stderr
         assert sid in table.stdout
         assert "1/1" in table.stdout
 
-        shown = _aenv("service", "get", sid, env=env)
+        shown = aenv("service", "get", sid, env=env)
         assert shown.returncode == 0, shown.stderr
         assert re.search(rf"^id\s+{sid}$", shown.stdout, re.M)
         assert re.search(r"^replicas\s+1/1 ready$", shown.stdout, re.M)
         assert f"{hub.url}/v1/services/{sid}/proxy" in shown.stdout
 
-        scaled = _aenv("service", "update", sid, "--replicas", "2", "--json", env=env)
+        scaled = aenv("service", "update", sid, "--replicas", "2", "--json", env=env)
         assert scaled.returncode == 0, scaled.stderr
         grown = json.loads(scaled.stdout)
         assert (grown["replicas"], grown["ready"], len(grown["endpoints"])) == (2, 2, 2)
     finally:
-        deleted = _aenv("service", "delete", sid, env=env)
+        deleted = aenv("service", "delete", sid, env=env)
     assert deleted.returncode == 0, deleted.stderr
     assert deleted.stdout.strip() == f"deleted service {sid}"
-    gone = _aenv("service", "get", sid, env=env)
+    gone = aenv("service", "get", sid, env=env)
     assert gone.returncode == 2, gone.stderr
     assert gone.stderr.startswith("aenv: error: ")
     assert gone.stderr.count("\n") == 1
@@ -637,24 +611,24 @@ def test_cli_errors_in_hub_mode(hub: Hub) -> None:
         ("instance", "create", "no-such-env"),
         ("service", "create", "no-such-env"),
     ):
-        done = _aenv(*args, env=env)
+        done = aenv(*args, env=env)
         assert done.returncode == 2, (args, done.stdout, done.stderr)
         assert done.stderr.startswith("aenv: error: "), (args, done.stderr)
         assert done.stderr.count("\n") == 1, (args, done.stderr)
         assert args[2] in done.stderr, (args, done.stderr)
 
-    nohub = _aenv("service", "list")
+    nohub = aenv("service", "list")
     assert nohub.returncode == 2
     assert nohub.stderr.startswith("aenv: error: no hub configured")
     assert nohub.stderr.count("\n") == 1
 
     for group in ("instance", "service"):
-        nokey = _aenv(group, "list", env={"AENV_SYSTEM_URL": hub.url})
+        nokey = aenv(group, "list", env={"AENV_SYSTEM_URL": hub.url})
         assert nokey.returncode == 1, (group, nokey.stderr)
         assert nokey.stderr.startswith("aenv: error: this hub needs an API key"), nokey.stderr
         assert nokey.stderr.count("\n") == 1
 
-    wrong = _aenv("service", "list", env={**env, "AENV_API_KEY": "aenv_000000000000_" + "x" * 32})
+    wrong = aenv("service", "list", env={**env, "AENV_API_KEY": "aenv_000000000000_" + "x" * 32})
     assert wrong.returncode == 1
     assert "unknown to the hub" in wrong.stderr
 

@@ -32,7 +32,7 @@ from k8s_backend.warm import ANNOTATION_CLAIM, CLAIMED, claim_patch, claimed_by,
 from rollout._instance_pool import InstancePool
 from rollout.lease import Owner
 from rollout.spec import PoolSpec
-from tests._hub import HubProcess, eventually, run
+from tests._hub import HubProcess, eventually, new_key, run
 from tests._k8s import KubeCluster
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(2400)]
@@ -293,28 +293,6 @@ async def test_aenv_rollout_runs_its_episodes_on_kubernetes_through_ray_pool_act
         await watcher.aclose()
 
 
-def _key(tenant: str, store: str) -> str:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "aenv_ray.cli",
-            "keys",
-            "create",
-            "--tenant",
-            tenant,
-            "--store",
-            store,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
-
-
 def _free_ids(cluster: KubeCluster, namespace: str, *, ready: bool = True) -> set[str]:
     """The pool's free pods: the Ready ones (a claim takes only those), or all."""
     return {
@@ -343,7 +321,7 @@ async def test_hubs_keep_a_shared_warm_pool_and_their_creates_claim_from_it(
     warm = ["--warm", "mini-terminal@1.0.0=2"]
     first = HubProcess(tmp_path / "one", engine="kubernetes", env=env, extra=warm)
     second = HubProcess(tmp_path / "two", engine="kubernetes", env=env, extra=warm)
-    key = _key("alice", first.store)
+    key = new_key("alice", first.store)
     with first, second:
 
         async def two_free() -> set[str] | None:
@@ -396,7 +374,7 @@ async def test_aenv_rollout_through_a_hub_claims_its_warm_pods_and_calls_through
     hub = HubProcess(
         tmp_path / "hub", engine="kubernetes", env=env, extra=["--warm", "mini-terminal@1.0.0=2"]
     )
-    key = _key("alice", hub.store)
+    key = new_key("alice", hub.store)
     with hub:
 
         async def two_free() -> set[str] | None:

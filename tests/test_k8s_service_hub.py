@@ -16,7 +16,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ from aenv_ray.hub import HubClient
 from aenv_ray.protocol import TOKEN_ENV
 from k8s_backend.service_controller import is_serving, service_info, service_problem
 from k8s_backend.services import LABEL_SERVICE, service_name, storage_claim_name
-from tests._hub import HubProcess, raw, run
+from tests._hub import HubProcess, aenv, new_key, raw, run
 from tests._k8s import KubeCluster
 
 MINI = "mini-terminal@1.0.0"
@@ -251,23 +250,6 @@ class K8sHub:
         return self.proc.url
 
 
-def _aenv(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if k not in ("AENV_SYSTEM_URL", "AENV_API_KEY")}
-    return subprocess.run(
-        [sys.executable, "-m", "aenv_ray.cli", *args],
-        env={**base, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
-def _key(tenant: str, store: str) -> str:
-    done = _aenv("keys", "create", "--tenant", tenant, "--store", store)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
-
-
 @pytest.fixture(scope="module")
 def k8s_hub(
     kube_cluster: KubeCluster, tmp_path_factory: pytest.TempPathFactory
@@ -280,7 +262,7 @@ def k8s_hub(
             "AENV_K8S_IMAGE_PREFIX": os.environ.get("AENV_TEST_IMAGE_PREFIX", ""),
         }
         proc = HubProcess(tmp_path_factory.mktemp("k8s-hub"), engine="kubernetes", env=env)
-        alice, bob = _key("alice", proc.store), _key("bob", proc.store)
+        alice, bob = new_key("alice", proc.store), new_key("bob", proc.store)
         with proc:
             yield K8sHub(proc, namespace, api, alice, bob)
 
@@ -292,7 +274,7 @@ async def alice(k8s_hub: K8sHub) -> AsyncIterator[HubClient]:
 
 
 def _cli(hub: K8sHub, *args: str) -> subprocess.CompletedProcess[str]:
-    return _aenv("service", *args, env={"AENV_SYSTEM_URL": hub.url, "AENV_API_KEY": hub.alice})
+    return aenv("service", *args, env={"AENV_SYSTEM_URL": hub.url, "AENV_API_KEY": hub.alice})
 
 
 def _json(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
@@ -367,7 +349,7 @@ async def test_a_service_scales_up_and_down_through_the_cli(k8s_hub: K8sHub) -> 
         assert core.read_namespaced_service(service_name(sid), hub.namespace)
         assert set(made["instances"]) == set(_pods(hub, sid))
         # the hub keeps no replicas of its own: the Deployment's pods are the service
-        listed = _aenv(
+        listed = aenv(
             "instance",
             "list",
             "--json",

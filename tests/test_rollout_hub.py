@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from aenv_ray.hub import HubClient
-from tests._hub import HubProcess
+from tests._hub import HubProcess, new_key
 
 ROOT = Path(__file__).resolve().parent.parent
 AENV = [sys.executable, "-m", "aenv_ray.cli"]
@@ -20,15 +20,7 @@ AENV = [sys.executable, "-m", "aenv_ray.cli"]
 
 def test_both_paths_create_their_instances_through_the_configured_hub(tmp_path: Path) -> None:
     hub = HubProcess(tmp_path / "hub")
-    made = subprocess.run(
-        [*AENV, "keys", "create", "--tenant", "alice", "--store", hub.store],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert made.returncode == 0, made.stderr
-    key = made.stdout.strip()
+    key = new_key("alice", hub.store)
     env = {**os.environ, "AENV_SYSTEM_URL": hub.url, "AENV_API_KEY": key}
     with hub:
         ids: dict[str, set[str]] = {}
