@@ -195,6 +195,13 @@ class HubClient:
         result: dict[str, Any] = await self.request("GET", f"/v1/envs/{name}/{version}")
         return result
 
+    async def resolve(self, env: str) -> dict[str, Any]:
+        """What ``env`` means for this key's tenant, as a create would run it: ``{"ref",
+        "publisher", "warnings", "calls"}`` (``calls``: what its reward and functions take).
+        Raises :class:`~aenv_ray.errors.EnvironmentNotFoundError` naming what exists."""
+        result: dict[str, Any] = await self.request("GET", f"/v1/resolve/{env}")
+        return result
+
     async def pull(self, name: str, version: str = "latest") -> tuple[dict[str, Any], bytes]:
         """A version's record and its bundle, whose digest is checked."""
         record = await self.get_version(name, version)

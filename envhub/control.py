@@ -118,11 +118,38 @@ class ControlPlane:
     _tenant_locks: dict[str, asyncio.Lock] = field(default_factory=dict, repr=False)
     _starting: dict[str, int] = field(default_factory=dict, repr=False)  # tenant -> creates
     _task: asyncio.Task[None] | None = field(default=None, repr=False)
+    _calls: dict[str, dict[str, Any] | None] = field(default_factory=dict, repr=False)
 
     # -- definitions and limits ----------------------------------------------------------------
     async def resolve(self, caller: Caller, ref: str) -> Definition:
         """The definition ``ref`` names for ``caller`` (:func:`envhub.resolve.resolve`)."""
         return await resolve(self.registry, self.data_dir, caller.tenant, ref)
+
+    async def describe(self, caller: Caller, ref: str) -> dict[str, Any]:
+        """What ``ref`` means for ``caller``: the ref it resolves to, its publisher (``None``:
+        built into the hub), warnings (deprecated), and ``calls``: what its reward and functions
+        take (``None`` when the engine cannot load definitions), so a client can check its
+        tasks before it starts instances. The hub's own definitions are loaded in a sandbox
+        for it once; a published version's were recorded when it was published."""
+        found = await self.resolve(caller, ref)
+        calls = found.calls
+        if calls is None and found.publisher is None:
+            key = str(found.project)
+            if key not in self._calls:
+                from aenv_ray.loadcheck import load_in_sandbox
+
+                manifest = await load_in_sandbox(
+                    self.engine, found.project, timeout=self.startup_timeout
+                )
+                described = manifest.get("calls") if manifest is not None else None
+                self._calls[key] = described if isinstance(described, dict) else None
+            calls = self._calls[key]
+        return {
+            "ref": found.ref,
+            "publisher": found.publisher,
+            "warnings": list(found.warnings),
+            "calls": calls,
+        }
 
     def _tenant_lock(self, tenant: str) -> asyncio.Lock:
         return self._tenant_locks.setdefault(tenant, asyncio.Lock())

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -99,9 +99,16 @@ class VersionRegistry:
 
     # -- publishing ----------------------------------------------------------------------------
     async def publish(
-        self, caller: Caller, data: bytes, *, expected_digest: str | None = None
+        self,
+        caller: Caller,
+        data: bytes,
+        *,
+        expected_digest: str | None = None,
+        calls: Mapping[str, Any] | None = None,
     ) -> Document:
-        """Check ``data`` (a bundle), then publish it as its config's ``name@version``.
+        """Check ``data`` (a bundle), then publish it as its config's ``name@version``, with
+        ``calls``: what its reward and functions take, as the sandbox that loaded it reported
+        (callers check tasks against it before they start instances).
 
         Raises :class:`~aenv_ray.errors.ArtifactError` (corrupt), ``ArtifactTooLargeError``,
         :class:`~aenv_ray.errors.PermissionDeniedError` (a built-in's name, another tenant's,
@@ -118,7 +125,7 @@ class VersionRegistry:
             await self._check_bytes(caller, info.digest, info.size)
             await self._claim_name(caller, info.config.name)
             await self.check_new(info.config.ref, info.digest)
-            return await self._store_version(caller, info, data)
+            return await self._store_version(caller, info, data, calls)
 
     async def check_new(self, ref: str, digest: str) -> None:
         """Raise the :class:`~aenv_ray.errors.VersionConflictError` a push of ``digest`` as
@@ -128,7 +135,9 @@ class VersionRegistry:
         if existing is not None:
             raise await self._conflict(existing, digest)
 
-    async def _store_version(self, caller: Caller, info: BundleInfo, data: bytes) -> Document:
+    async def _store_version(
+        self, caller: Caller, info: BundleInfo, data: bytes, calls: Mapping[str, Any] | None
+    ) -> Document:
         config = info.config
         ref = config.ref
         now = time.time()
@@ -154,6 +163,7 @@ class VersionRegistry:
                 "deprecated": False,
                 "deprecation": "",
                 "deleted": False,
+                "calls": dict(calls) if calls is not None else None,
             }
             if not await self.store.create(VERSIONS, ref, record):
                 winner = await self.store.get(VERSIONS, ref) or {}

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aenv_ray.config import EnvConfig
 from aenv_ray.envref import EnvRef, closest
@@ -43,6 +44,7 @@ class Definition:
     config: EnvConfig
     publisher: str | None  # the tenant whose code it is; None: built into the hub
     warnings: list[str] = field(default_factory=list)
+    calls: dict[str, Any] | None = None  # what its reward and functions take, when published
 
 
 async def resolve(registry: VersionRegistry, data_dir: Path, tenant: str, ref: str) -> Definition:
@@ -82,7 +84,8 @@ async def resolve(registry: VersionRegistry, data_dir: Path, tenant: str, ref: s
     project = await _unpack(registry, data_dir, doc)
     config = await asyncio.to_thread(EnvConfig.load, project)
     qualified = doc["ref"] if publisher == tenant else f"{publisher}/{doc['ref']}"
-    return Definition(qualified, project, config, publisher, warnings)
+    calls = doc.get("calls") if isinstance(doc.get("calls"), dict) else None
+    return Definition(qualified, project, config, publisher, warnings, calls)
 
 
 def _local(local: dict[str, Path], wanted: EnvRef) -> str | None:

@@ -164,6 +164,11 @@ def _run(context: TemplateContext, channel: socket.socket) -> NoReturn:
         "functions": sorted(registry.functions),
         "reward": registry.reward.name if registry.reward else None,
         "health": registry.health.name if registry.health else None,
+        # what the reward and functions take, for callers' checks before any instance starts
+        "calls": {
+            "reward": registry.reward.describe() if registry.reward else None,
+            "functions": [entry.describe() for entry in registry.functions.values()],
+        },
     }
     # Everything imported so far lives as long as the template: keep the garbage collector from
     # walking (and so copying, page by page) those objects in every instance.

@@ -811,6 +811,16 @@ def _null_socket() -> socket.socket:
     return theirs
 
 
+def _described_calls(calls: Any) -> bool:
+    """Whether a manifest's ``calls`` is ``{"reward": described or None, "functions": [...]}``."""
+    if not isinstance(calls, dict) or not isinstance(calls.get("functions"), list):
+        return False
+    described = [calls.get("reward"), *calls["functions"]]
+    return all(
+        c is None or (isinstance(c, dict) and isinstance(c.get("name"), str)) for c in described
+    )
+
+
 def _checked_manifest(manifest: Any) -> dict[str, Any]:
     """The template's account of the environment, checked as untrusted data."""
     if not isinstance(manifest, dict):
@@ -827,6 +837,9 @@ def _checked_manifest(manifest: Any) -> dict[str, Any]:
     for key in ("ref", "reward", "health"):
         if manifest.get(key) is not None and not isinstance(manifest[key], str):
             raise ProtocolViolation(f"a manifest whose {key} is not a string")
+    calls = manifest.get("calls")
+    if calls is not None and not _described_calls(calls):
+        raise ProtocolViolation("a manifest whose calls are not described by name")
     return manifest
 
 

@@ -128,6 +128,12 @@ class Version(_Out):
     published_at: float
     deprecated: bool
     deprecation: str = ""
+    calls: dict[str, Any] | None = Field(
+        None,
+        description='what its reward and functions take (`{"reward": {name, inputSchema} '
+        'or null, "functions": [...]}`), as the sandbox that loaded it reported; null when '
+        "the hub's engine could not load it",
+    )
 
 
 class Service(_Out):

@@ -79,12 +79,25 @@ async def publish(request: Request, who: Who, hub: HubDep) -> dict[str, Any]:
         data, max_size=hub.options.max_bundle, expected_digest=request.headers.get(DIGEST_HEADER)
     )
     await hub.registry.check_new(checked.config.ref, checked.digest)  # before a sandbox is spent
-    await hub.control.check_loads(data, checked.digest)  # in a sandbox: never in the hub
+    # in a sandbox: never in the hub
+    manifest = await hub.control.check_loads(data, checked.digest)
+    calls = manifest.get("calls") if manifest is not None else None
     record = await hub.registry.publish(
-        who, data, expected_digest=request.headers.get(DIGEST_HEADER)
+        who,
+        data,
+        expected_digest=request.headers.get(DIGEST_HEADER),
+        calls=calls if isinstance(calls, dict) else None,
     )
     log.info("published", extra={"ref": record["ref"], "tenant": who.tenant, "size": len(data)})
     return record
+
+
+@router.get("/v1/resolve/{env:path}")
+async def resolve(env: str, who: Who, hub: HubDep) -> dict[str, Any]:
+    """What ``env`` (``name[@version]`` or ``tenant/name[@version]``) means for the caller, as
+    an instance created from it would run: ``ref``, ``publisher`` (null: built into the hub),
+    ``warnings`` and ``calls`` (what its reward and functions take)."""
+    return await hub.control.describe(who, env)
 
 
 @router.get("/v1/envs")
