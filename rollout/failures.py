@@ -25,14 +25,13 @@ from __future__ import annotations
 import enum
 import logging
 import os
+import sys
 import traceback
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
-
-import ray.exceptions as rex
 
 import aenv_ray
 from aenv_ray.errors import (
@@ -114,10 +113,19 @@ def _classify(exc: BaseException | None, seen: set[int]) -> EpisodeOutcome:
     return outcome
 
 
+def _ray_error(exc: BaseException, kind: str) -> bool:
+    """Whether ``exc`` is Ray's exception class ``kind`` (``RayError``, ``RayTaskError``): Ray
+    is not imported for it, since no Ray exception exists in a process that never imported
+    Ray (``aenv rollout`` with nothing left to do, ``--no-ray``)."""
+    rex = sys.modules.get("ray.exceptions")
+    return rex is not None and isinstance(exc, getattr(rex, kind))
+
+
 def _classify_one(exc: BaseException, seen: set[int]) -> EpisodeOutcome:
-    if isinstance(exc, rex.RayTaskError):
-        if isinstance(exc.cause, BaseException) and exc.cause is not exc:
-            return _classify(exc.cause, seen)
+    if _ray_error(exc, "RayTaskError"):
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, BaseException) and cause is not exc:
+            return _classify(cause, seen)
         return EpisodeOutcome.AGENT_ERROR  # a task's own code failed; Ray did not
     if isinstance(exc, InstanceClosedError):
         return EpisodeOutcome.AGENT_ERROR  # the episode used an instance after releasing it
@@ -127,7 +135,7 @@ def _classify_one(exc: BaseException, seen: set[int]) -> EpisodeOutcome:
         return EpisodeOutcome.INFRASTRUCTURE_ERROR  # not the agent's; not retried either
     if isinstance(exc, (AEnvTimeoutError, TimeoutError)):  # Ray's GetTimeoutError is one
         return EpisodeOutcome.TIMEOUT
-    if isinstance(exc, rex.RayError):
+    if _ray_error(exc, "RayError"):
         return EpisodeOutcome.INFRASTRUCTURE_ERROR  # Ray's own failures (not a task's code)
     return EpisodeOutcome.AGENT_ERROR
 
@@ -145,7 +153,8 @@ def is_retryable(exc: BaseException | None) -> bool:
         >>> from aenv_ray.errors import CallTimeoutError, ProtocolError, ToolTimeoutError
         >>> is_retryable(CallTimeoutError("silent")), is_retryable(ProtocolError("html"))
         (True, False)
-        >>> is_retryable(ToolTimeoutError("slow tool")), is_retryable(rex.ActorDiedError())
+        >>> from ray.exceptions import ActorDiedError
+        >>> is_retryable(ToolTimeoutError("slow tool")), is_retryable(ActorDiedError())
         (False, True)
     """
     return _is_retryable(exc, set())
@@ -157,12 +166,13 @@ def _is_retryable(exc: BaseException | None, seen: set[int]) -> bool:
     seen.add(id(exc))
     if isinstance(exc, BaseExceptionGroup):
         return any(_is_retryable(inner, seen) for inner in exc.exceptions)
-    if isinstance(exc, rex.RayTaskError):
-        cause = exc.cause if isinstance(exc.cause, BaseException) else None
+    if _ray_error(exc, "RayTaskError"):
+        cause = getattr(exc, "cause", None)
+        cause = cause if isinstance(cause, BaseException) else None
         return cause is not exc and _is_retryable(cause, seen)
     if isinstance(exc, AEnvError):
         return exc.retryable
-    if isinstance(exc, rex.RayError) and not isinstance(exc, TimeoutError):
+    if _ray_error(exc, "RayError") and not isinstance(exc, TimeoutError):
         return True
     return _is_retryable(exc.__cause__, seen)
 
