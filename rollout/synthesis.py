@@ -64,6 +64,7 @@ from aenv_ray.errors import (
     FunctionNotFoundError,
 )
 from aenv_ray.openai_tools import to_openai_tools
+from aenv_ray.settings import get_settings
 from rollout.failures import (
     EpisodeOutcome,
     PolicyCodeError,
@@ -248,8 +249,13 @@ def load_policy(spec: str) -> Policy:
 def _demo_module(env_name: str) -> Any:
     from builtin_envs import builtin_path
 
-    path = builtin_path(env_name)
+    project = "/" in env_name or env_name.startswith(".")  # a project's directory
+    path = None if project else builtin_path(env_name)
     if path is None:
+        if not project and not get_settings().system_url:
+            from aenv_ray.resolve import resolve_environment
+
+            resolve_environment(env_name, None)  # an unknown name: say so, with the closest
         raise ConfigurationError(
             f"{env_name} is not a built-in environment, so it has no demo policy or tasks: "
             "pass --policy MODULE:CALLABLE (or --base-url/--model) and --tasks FILE"
@@ -829,9 +835,14 @@ async def synthesize(
 def _chosen_policy(policy: Policy | str | None, env_name: str) -> Policy:
     """``policy`` itself, the policy a ``module:attribute`` string names, or (``None``) the
     environment's demo policy."""
+    from rollout.precheck import check_policy, import_policy
+
     if policy is None:
         return demo_policy(env_name)
-    return load_policy(policy) if isinstance(policy, str) else policy
+    if isinstance(policy, str):
+        return import_policy(policy)  # type: ignore[no-any-return]
+    check_policy(policy, describe_policy(policy)["name"])
+    return policy
 
 
 @dataclass
@@ -938,7 +949,9 @@ async def _synthesize(
         raise
     seconds = time.perf_counter() - started  # the episodes' time, not the Parquet file's
     run.compact()  # an episode run again leaves one line, as it leaves one Parquet row
-    write_parquet(run.jsonl, run.path / PARQUET)
+    parquet = run.path / PARQUET
+    if todo or not parquet.is_file() or parquet.stat().st_mtime_ns < run.jsonl.stat().st_mtime_ns:
+        write_parquet(run.jsonl, parquet)  # (nothing new: the file already says it all)
     return tally.summary(run, episodes=episodes, skipped=skipped, seconds=seconds)
 
 

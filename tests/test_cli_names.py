@@ -71,14 +71,11 @@ def aenv(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProc
     )
 
 
-def one_line_usage_error(
-    done: subprocess.CompletedProcess[str], *words: str, last_line: bool = False
-) -> None:
-    """Exit 2 with one ``aenv: error:`` line naming ``words`` (``last_line``: the error is the
-    last line; ``aenv rollout --no-ray`` draws its progress bar before the lookup fails, which
-    point 2 of issue 13 moves, elsewhere)."""
+def one_line_usage_error(done: subprocess.CompletedProcess[str], *words: str) -> None:
+    """Exit 2 with one ``aenv: error:`` line naming ``words`` (and nothing else on stderr: no
+    progress bar is drawn before a lookup fails)."""
     assert done.returncode == 2, (done.args, done.stdout, done.stderr)
-    text = done.stderr.splitlines()[-1] + "\n" if last_line else done.stderr
+    text = done.stderr
     assert text.startswith("aenv: error: "), done.stderr
     assert text.count("\n") == 1, done.stderr
     for word in words:
@@ -105,7 +102,7 @@ def test_unknown_names_exit_2_without_a_hub(base_env: dict[str, str], tmp_path: 
             aenv(base_env, tmp_path, "instance", verb, "nope"), "no instance `nope`", "list"
         )
     ran = rollout(base_env, tmp_path, "nope")
-    one_line_usage_error(ran, "no environment `nope`", listing, last_line=True)
+    one_line_usage_error(ran, "no environment `nope`", listing)
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +137,7 @@ def test_unknown_names_exit_2_with_a_hub(
         (("service", "get", "svc-0000000000"), ["`svc-0000000000`", "aenv service list"]),
     ):
         one_line_usage_error(aenv(env, tmp_path, *args), *words)
-    one_line_usage_error(rollout(env, tmp_path, "nope"), "`nope`", "aenv list", last_line=True)
+    one_line_usage_error(rollout(env, tmp_path, "nope"), "`nope`", "aenv list")
     assert not (tmp_path / "x").exists()
 
 

@@ -6,16 +6,18 @@ that gives up, a tool error) stays an episode outcome."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import pickle
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from rollout.failures import PolicyCodeError, TaskCallError, is_programming_error
-from rollout.synthesis import read_trajectories
+from rollout.synthesis import read_trajectories, synthesize
 
 TERMINAL = "mini-terminal@1.0.0"
 AENV_ROLLOUT = [sys.executable, "-m", "aenv_ray.cli", "rollout", TERMINAL]
@@ -98,12 +100,33 @@ def test_a_programming_error_in_the_policy_stops_the_run_at_the_first(
 def test_a_policy_with_the_wrong_signature_stops_the_run(tmp_path: Path) -> None:
     code, stderr = run(tmp_path, "one_argument")
     assert code == 2, stderr
-    (line,) = [x for x in stderr.splitlines() if x.startswith("aenv: error:")]
-    assert line.startswith(
-        "aenv: error: the policy `policies:one_argument` cannot be called as "
-        "`await policy(task, env)`: TypeError: one_argument() takes 1 positional argument but 2 "
-        "were given; a policy is `async def policy(task: dict, env: AgentEnv) -> str | None`"
-    ), line
+    # found before anything starts (issue 13, point 2): the one line is all there is
+    assert stderr == (
+        "aenv: error: policy policies:one_argument takes (task), but is called as "
+        "policy(task, env): too many positional arguments\n"
+    ), stderr
+    assert read_trajectories(tmp_path / "run") == []
+
+
+async def test_a_policy_whose_signature_lies_stops_the_run_at_its_first_call(
+    tmp_path: Path,
+) -> None:
+    """What no check can see before the first call (a signature that lies) still stops the
+    run at the first episode, with the documented form in the message."""
+
+    async def policy(task: dict[str, Any]) -> None:
+        return None
+
+    policy.__signature__ = inspect.signature(lambda task, env: None)  # type: ignore[attr-defined]
+    with pytest.raises(PolicyCodeError, match=r"cannot be called as `await policy\(task, env\)`"):
+        await synthesize(
+            "mini-terminal@1.0.0",
+            episodes=2,
+            concurrency=1,
+            out=tmp_path / "run",
+            tasks=[{"id": "t", "prompt": "p"}],
+            policy=policy,
+        )
     assert read_trajectories(tmp_path / "run") == []
 
 
@@ -117,10 +140,31 @@ def test_a_reward_call_with_arguments_it_rejects_stops_the_run(tmp_path: Path) -
     tasks.write_text(json.dumps({"id": "t", "prompt": "p", "reward_arguments": {"file": "x"}}))
     done = rollout(tmp_path, "-n", "2", "--policy", "ok:agent", "--tasks", str(tasks))
     assert done.returncode == 2, done.stderr
-    (line,) = done.stderr.strip().splitlines()[-1:]
-    assert line.startswith("aenv: error: task t: the environment refused its reward call: "), line
-    assert "file" in line
-    assert "fix the task's reward_arguments" in line
+    # found before anything starts (issue 13, point 2), from what the reward takes
+    assert done.stderr.startswith(f"aenv: error: {tasks}: task `t` gives the reward"), done.stderr
+    assert "`file`, which it does not take" in done.stderr
+    assert "fix the task's reward_arguments" in done.stderr
+    assert read_trajectories(tmp_path / "run") == []
+
+
+async def test_a_reward_call_the_environment_refuses_at_run_time_stops_the_run(
+    tmp_path: Path,
+) -> None:
+    """Without the CLI's checks (the library's synthesize), the refusal of the first reward
+    call stops the run: nothing is recorded as an episode outcome."""
+
+    async def agent(task: dict[str, Any], env: Any) -> str:
+        return "42"
+
+    with pytest.raises(TaskCallError, match="task t: the environment refused its reward call"):
+        await synthesize(
+            "mini-terminal@1.0.0",
+            episodes=2,
+            concurrency=1,
+            out=tmp_path / "run",
+            tasks=[{"id": "t", "prompt": "p", "reward_arguments": {"file": "x"}}],
+            policy=agent,
+        )
     assert read_trajectories(tmp_path / "run") == []
 
 

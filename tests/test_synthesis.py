@@ -243,8 +243,10 @@ def test_task_files_are_read_and_bad_ones_say_where(tmp_path: Path) -> None:
     bad.write_text("{not json\n")
     with pytest.raises(ConfigurationError, match=r"bad\.jsonl"):
         load_tasks(bad, TERMINAL)
+    with pytest.raises(EnvironmentNotFoundError, match=r"no environment `hostile@1\.0\.0`"):
+        load_tasks(None, "hostile@1.0.0")  # an unknown name: said so, not "no demo tasks"
     with pytest.raises(ConfigurationError, match="no demo"):
-        load_tasks(None, "hostile@1.0.0")
+        load_tasks(None, str(tmp_path / "a-project"))  # a user's project ships none
 
 
 def aenv_rollout(*args: str) -> list[str]:

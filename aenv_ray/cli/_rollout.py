@@ -120,6 +120,7 @@ def rollout_command(
         run = stack.enter_context(RunDirectory.open(out))
         from rollout.synthesis import OpenAIPolicy, load_tasks, pending_episodes, synthesize
 
+        # what can be checked is checked before Ray or any instance starts (one line, exit 2)
         chosen: Any = policy
         if base_url is not None:
             assert model is not None
@@ -132,17 +133,23 @@ def rollout_command(
                 system_prompt=system_prompt,
                 logprobs=logprobs,
             )
+        elif policy is not None:
+            from rollout.precheck import import_policy
+
+            import_policy(policy)  # synthesize finds it imported
         task_list = load_tasks(tasks, env)
         run.check_identity(_identity(env, tasks, policy, base_url, model), force=force)
         todo = pending_episodes(task_list, episodes, run.records, retry_failed=retry_failed)
         if run.torn is not None:
             console.print(f"[yellow]{run.torn.describe()}")
+        if todo:
+            _check_environment(console, env, task_list, tasks, engine)
         # a pool only for the episodes left (none left: no Ray at all)
         size = min(concurrency, len(todo))
         source: Any = None
         if use_ray and size:
             source = _ray_source(stack, console, env, size, engine)
-        elif engine is not None:
+        elif engine is not None and size:
             from rollout.sources import SDKSource
 
             source = SDKSource(env, engine=engine)
@@ -168,6 +175,28 @@ def rollout_command(
     console.print(_summary_table(summary, env))
     console.print(f"trajectories: {summary.out / 'trajectories.jsonl'} and .parquet")
     return EXIT_OK if summary.ok else EXIT_FAILURE
+
+
+def _check_environment(
+    console: Console,
+    env: str,
+    task_list: list[dict[str, Any]],
+    tasks: Path | None,
+    engine: str | None,
+) -> None:
+    """The environment resolves as the run will resolve it (through the configured hub, unless
+    ``--engine`` names one) and takes what the tasks give its reward and setup functions."""
+    from aenv_ray.settings import get_settings
+    from rollout.precheck import check_tasks, environment_calls
+
+    settings = get_settings()
+    hub_url = settings.system_url if engine is None else None
+    with console.status(f"checking {env} and its tasks"):
+        calls = asyncio.run(
+            environment_calls(env, task_list, hub_url=hub_url, api_key=settings.api_key)
+        )
+    if calls is not None:
+        check_tasks(task_list, calls, source=str(tasks) if tasks else f"the demo tasks of {env}")
 
 
 def _identity(
