@@ -803,12 +803,6 @@ def test_a_dockerfile_for_another_context_exits_2_before_any_build(
     assert error_lines(nowhere) == [line]
     # --no-image builds nothing, so checks nothing
     assert aenv("build", str(project), "--no-image", PATH=str(tmp_path / "bin")).returncode == 0
-    # a project without a Dockerfile of its own gets one written for its bundle
-    (project / "Dockerfile").unlink()
-    result = aenv("build", str(project), PATH=str(tmp_path / "bin"))
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "(written for the bundle: the project has no ./Dockerfile)" in result.stdout
-    assert json.loads(record.read_text())["installed"], "the fake builder saw no install"
 
 
 def test_a_built_in_environment_gets_a_complete_context(tmp_path: Path) -> None:
@@ -819,6 +813,8 @@ def test_a_built_in_environment_gets_a_complete_context(tmp_path: Path) -> None:
     result = aenv("build", str(builtin), "--out", str(out), PATH=str(tmp_path / "bin"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "built image mini-terminal:1.0.0" in result.stdout
+    # it has no Dockerfile of its own: one is written for its bundle
+    assert "(written for the bundle: the project has no ./Dockerfile)" in result.stdout
     seen = json.loads(record.read_text())
     assert seen["installed"] == [f"aenv_ray-{__version__}-py3-none-any.whl"]
     dockerfile = (out / "image" / "Dockerfile").read_text()
