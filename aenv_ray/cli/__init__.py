@@ -20,8 +20,9 @@ Layout: a module per command group. Top-level commands on a project live in ``_p
 ``typer.Typer()`` that is mounted here with ``app.add_typer(module.app, name="instance")``.
 Importing this package imports typer only; commands import the runtime when they run.
 
-May import: typer, rich, ``aenv_ray``, ``sandbox_runtime``, ``local_backend`` (the engine
-daemon), ``rollout`` and ``envhub`` (the hub and its bundles; all inside commands).
+May import: typer, rich, packaging (the wheel ``aenv build`` writes), ``aenv_ray``,
+``sandbox_runtime``, ``local_backend`` (the engine daemon), ``rollout`` and ``envhub`` (the hub
+and its bundles; all inside commands).
 """
 
 from __future__ import annotations

@@ -1,15 +1,17 @@
-"""``aenv build``: a project -> an immutable, content-addressed bundle, its lock and a Dockerfile.
+"""``aenv build``: a project -> an immutable, content-addressed bundle, its lock and an image.
 
 ``aenv build [PROJECT] [--out DIR]`` writes into ``DIR`` (default ``PROJECT/dist``):
 
 - ``NAME-VERSION.aenv.tgz``: the bundle (what ``aenv push`` uploads and EnvHub serves);
 - ``aenv.lock``: the project's requirements pinned from this interpreter's packages;
-- ``Dockerfile``: an image for the bundle's files;
-- ``NAME-VERSION.json``: the manifest, ``{"name", "version", "digest", "size", "files"}``.
+- ``NAME-VERSION.json``: the manifest, ``{"name", "version", "digest", "size", "files"}``;
+- ``image/``: the image's build context (:mod:`._image`): its ``Dockerfile`` (the project's own,
+  else one written for the bundle), ``env/`` (the bundle's files) and ``wheels/`` (a wheel of
+  this aenv-ray, :mod:`._wheel`: the image never installs aenv-ray from an index by name).
 
-Then, unless ``--no-image``, it builds the image with the first of docker, podman, buildah on
-PATH, in a context directory holding the extracted bundle and the Dockerfile; with none, it says
-so in one line and stops there (exit 0: the bundle is what EnvHub needs).
+Then, unless ``--no-image``, it checks that the context holds what the Dockerfile copies and
+builds the image there with the first of docker, podman, buildah on PATH; with none, it says so
+in one line and stops there (exit 0: the bundle is what EnvHub needs).
 
 May import: typer, ``aenv_ray`` (its bundle format and the CLI's image module inside the
 command). Not ``envhub`` nor the runtime: the load check runs in a sandbox (``_loadcheck``).
@@ -22,18 +24,19 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from aenv_ray.cli._common import EXIT_FAILURE, die
+from aenv_ray.cli._common import EXIT_FAILURE, EXIT_USAGE, die
 from aenv_ray.config import EnvConfig
+from aenv_ray.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from aenv_ray.bundle import Bundle
+    from aenv_ray.cli._image import Context
 
 __all__ = ["default_tag", "register"]
 
@@ -78,57 +81,92 @@ def _manifest(bundle: Bundle) -> dict[str, Any]:
     }
 
 
-def _write_outputs(bundle: Bundle, out: Path) -> dict[str, Path]:
-    """Write the bundle, lock, Dockerfile and manifest into ``out``; their paths by label."""
-    from aenv_ray.cli._image import dockerfile_text
+def _dockerfile(project: Path, bundle: Bundle) -> tuple[str, str]:
+    """The image's Dockerfile and where it comes from: the project's ``buildConfig.dockerfile``
+    when that file exists (``aenv init`` writes one), else one written for the bundle."""
+    from aenv_ray.cli._image import base_image, dockerfile_text
 
-    dockerfile = dockerfile_text(bundle)  # first: a bad baseImage must leave nothing written
+    base_image(bundle.config)  # a bad buildConfig.baseImage is an error, whichever is used
+    named = bundle.config.build_config.dockerfile
+    path = project / named
+    if not path.is_file():
+        return dockerfile_text(bundle), f"written for the bundle: the project has no {named}"
+    if not path.resolve().is_relative_to(project.resolve()):
+        raise ConfigurationError(
+            f"buildConfig.dockerfile `{named}` is outside the project {_shown(project)}; "
+            "name a file inside it, e.g. ./Dockerfile"
+        )
+    try:
+        return path.read_text(encoding="utf-8"), f"the project's {named}"
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigurationError(f"cannot read {_shown(path)}: {exc}") from exc
+
+
+def _write_outputs(
+    bundle: Bundle, project: Path, out: Path
+) -> tuple[dict[str, Path], Context, str]:
+    """Write the bundle, lock, manifest and the image's context into ``out``: their paths by
+    label, the context, and where its Dockerfile comes from."""
+    from aenv_ray.cli._image import CONTEXT_DIR, prepare_context
+    from aenv_ray.cli._wheel import build_wheel
+
+    # first: a bad baseImage or Dockerfile, or no wheel to be had, must leave nothing written
+    dockerfile, origin = _dockerfile(project, bundle)
+    wheel = build_wheel()
     stem = f"{bundle.config.name}-{bundle.config.version}"
     paths = {
         "bundle": out / f"{stem}.aenv.tgz",
         "lock": out / "aenv.lock",
-        "Dockerfile": out / "Dockerfile",
         "manifest": out / f"{stem}.json",
     }
     try:
         out.mkdir(parents=True, exist_ok=True)
         _write(paths["bundle"], bundle.data)
         _write(paths["lock"], bundle.lock.encode("utf-8"))
-        _write(paths["Dockerfile"], dockerfile.encode("utf-8"))
         manifest = json.dumps(_manifest(bundle), indent=2) + "\n"
         _write(paths["manifest"], manifest.encode("utf-8"))
+        _remove_old_dockerfile(out)
     except OSError as exc:
         die(f"cannot write the build outputs into {_shown(out)}: {exc.strerror or exc}")
-    return paths
+    context = prepare_context(bundle, dockerfile, (wheel.filename, wheel.data), out / CONTEXT_DIR)
+    paths["context"] = context.path
+    paths["Dockerfile"] = context.dockerfile
+    return paths, context, origin
+
+
+def _remove_old_dockerfile(out: Path) -> None:
+    """Remove ``out/Dockerfile`` when an older ``aenv build`` wrote it (it installed aenv-ray by
+    name and is now ``out/image/Dockerfile``): a stale copy would be built by mistake."""
+    old = out / "Dockerfile"
+    try:
+        text = old.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return
+    if "\n# Written by `aenv build`; build it in a directory holding the bundle's files." in text:
+        old.unlink()
 
 
 def _build_image(
-    bundle: Bundle, builder: str, tag: str, timeout: float, say: Callable[[str], None]
+    context: Context, builder: str, tag: str, timeout: float, say: Callable[[str], None]
 ) -> None:
-    """Run ``builder build -t TAG -f Dockerfile CONTEXT`` on the extracted bundle."""
-    from aenv_ray.bundle import extract_bundle
-    from aenv_ray.cli._image import write_dockerfile
-
+    """Run ``builder build -t TAG -f CONTEXT/Dockerfile CONTEXT``."""
     name = Path(builder).name
-    say(f"building image {tag} with {name} ...")
-    with tempfile.TemporaryDirectory(prefix="aenv-build-") as tmp:
-        context = extract_bundle(bundle.data, Path(tmp, "context"))
-        dockerfile = write_dockerfile(bundle, context)
-        command = [builder, "build", "-t", tag, "-f", str(dockerfile), str(context)]
-        try:
-            done = subprocess.run(
-                command,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                errors="replace",
-                timeout=timeout,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            die(f"`{name} build` did not finish within {timeout:g} s; the bundle is written")
-        except OSError as exc:
-            die(f"cannot run {builder}: {exc.strerror or exc}")
+    say(f"building image {tag} with {name} in {_shown(context.path)} ...")
+    command = [builder, "build", "-t", tag, "-f", str(context.dockerfile), str(context.path)]
+    try:
+        done = subprocess.run(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        die(f"`{name} build` did not finish within {timeout:g} s; the bundle is written")
+    except OSError as exc:
+        die(f"cannot run {builder}: {exc.strerror or exc}")
     if done.returncode != 0:
         tail = [line for line in done.stdout.splitlines() if line.strip()][-_TAIL_LINES:]
         for line in tail:
@@ -164,7 +202,8 @@ def build(
         ),
     ] = None,
     no_image: Annotated[
-        bool, typer.Option("--no-image", help="write the bundle and Dockerfile only")
+        bool,
+        typer.Option("--no-image", help="write the bundle and the image's context, build nothing"),
     ] = False,
     as_json: Annotated[
         bool, typer.Option("--json", help="print the manifest as JSON (messages go to stderr)")
@@ -173,10 +212,12 @@ def build(
         float, typer.Option(help="seconds the image build may take", min=1.0)
     ] = 3600.0,
 ) -> None:
-    """Bundle a project (content-addressed .aenv.tgz, aenv.lock, Dockerfile) and build its image.
+    """Bundle a project (content-addressed .aenv.tgz, aenv.lock) and build its image.
 
-    The image is built with the first of docker, podman, buildah on PATH; without one, the
-    Dockerfile is written for building elsewhere.
+    The image's context is DIR/image: the project's Dockerfile (or one written for the bundle),
+    env/ (the bundle's files), wheels/ (this aenv-ray). The image is built there with the first
+    of docker, podman, buildah on PATH; without one, build it elsewhere with
+    `docker build -t NAME:VERSION DIR/image`.
     """
     from aenv_ray.bundle import build_bundle
     from aenv_ray.cli._loadcheck import check_loads, describe
@@ -186,10 +227,12 @@ def build(
     bundle = build_bundle(project, exclude=[out_dir])
     # before anything is written
     loads = describe(check_loads(bundle.data, bundle.config.ref, _shown(project)))
-    paths = _write_outputs(bundle, out_dir)
-    _report(bundle, loads, paths, as_json=as_json)
+    paths, context, origin = _write_outputs(bundle, project, out_dir)
+    _report(bundle, loads, paths, origin, as_json=as_json)
     if not no_image:
-        _build_image_if_possible(bundle, paths["Dockerfile"], tag, timeout, _sayer(as_json))
+        _check_context(context)
+        image = tag or default_tag(bundle.config)
+        _build_image_if_possible(context, image, timeout, _sayer(as_json))
 
 
 def _check_tag(tag: str | None) -> None:
@@ -209,8 +252,11 @@ def _sayer(as_json: bool) -> Callable[[str], None]:
     return say
 
 
-def _report(bundle: Bundle, loads: str, paths: dict[str, Path], *, as_json: bool) -> None:
-    """Print what was built: the manifest as JSON, or a summary with the outputs' paths."""
+def _report(
+    bundle: Bundle, loads: str, paths: dict[str, Path], origin: str, *, as_json: bool
+) -> None:
+    """Print what was built: the manifest as JSON, or a summary with the outputs' paths (and
+    where the Dockerfile comes from)."""
     if as_json:
         print(json.dumps(_manifest(bundle), indent=2), flush=True)
         return
@@ -219,7 +265,7 @@ def _report(bundle: Bundle, loads: str, paths: dict[str, Path], *, as_json: bool
     print(f"  size        {bundle.size} bytes, {len(bundle.files)} files")
     print(f"  loads       {loads}")
     for label, path in paths.items():
-        print(f"  {label:<11} {_shown(path)}")
+        print(f"  {label:<11} {_shown(path)}{f' ({origin})' if label == 'Dockerfile' else ''}")
     print(f"  image       {expected_image(bundle.config)}")
 
 
@@ -246,35 +292,51 @@ def expected_image(config: EnvConfig) -> str:
     )
 
 
+def _check_context(context: Context) -> None:
+    """Exit 2 when the Dockerfile copies a file the context does not hold (a Dockerfile
+    written for another layout): before any builder runs, and where none exists."""
+    from aenv_ray.cli._image import ENV_DIR, WHEELS_DIR, missing_sources
+
+    missing = missing_sources(context.dockerfile.read_text(encoding="utf-8"), context.path)
+    if not missing:
+        return
+    where = ", ".join(f"line {line}: `{source}`" for line, source in missing)
+    die(
+        f"the image's Dockerfile copies what its context {_shown(context.path)} does not hold "
+        f"({where}); the context holds Dockerfile, {ENV_DIR}/ (the bundle's files: config.json, "
+        f"src/, aenv.lock ...) and {WHEELS_DIR}/ (aenv-ray): copy from there, e.g. "
+        f"`COPY {ENV_DIR}/ /env/` (`aenv init` writes a Dockerfile that does); the bundle is "
+        "written",
+        EXIT_USAGE,
+    )
+
+
 def _build_image_if_possible(
-    bundle: Bundle,
-    dockerfile: Path,
-    tag: str | None,
-    timeout: float,
-    say: Callable[[str], None],
+    context: Context, tag: str, timeout: float, say: Callable[[str], None]
 ) -> None:
-    """Build the image (``tag``, else :func:`default_tag`) with the first container builder on
-    PATH; with none, or one that cannot build here, say so in one line and stop (the bundle is
-    what EnvHub needs)."""
+    """Build the image ``tag`` in ``context`` with the first container builder on PATH; with
+    none, or one that cannot build here, say so in one line and stop (the bundle is what EnvHub
+    needs)."""
     from aenv_ray.cli._image import find_image_builder
 
+    by_hand = f"`docker build -t {tag} {_shown(context.path)}`"
     builder = find_image_builder()
     if builder is None:
         say(
-            "no container builder (docker, podman, buildah) on PATH: wrote "
-            f"{_shown(dockerfile)}; build the image where one exists, or push the "
+            "no container builder (docker, podman, buildah) on PATH: the image's context is "
+            f"{_shown(context.path)}; build it where one exists ({by_hand}), or push the "
             "bundle with `aenv push`"
         )
         return
     problem = _unusable(builder)
     if problem is not None:
         say(
-            f"{Path(builder).name} is on PATH but cannot build images here ({problem}): wrote "
-            f"{_shown(dockerfile)}; build the image where a builder works, or push the "
-            "bundle with `aenv push`"
+            f"{Path(builder).name} is on PATH but cannot build images here ({problem}): the "
+            f"image's context is {_shown(context.path)}; build it where a builder works "
+            f"({by_hand}), or push the bundle with `aenv push`"
         )
         return
-    _build_image(bundle, builder, tag or default_tag(bundle.config), timeout, say)
+    _build_image(context, builder, tag, timeout, say)
 
 
 def _unusable(builder: str) -> str | None:

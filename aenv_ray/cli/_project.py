@@ -89,6 +89,7 @@ def init(
     print("next:")
     print(f"  aenv test {shown}    run its tests")
     print(f"  aenv run {shown}     serve it on http://127.0.0.1:{DEFAULT_FUNCTIONS_PORT}")
+    print(f"  aenv build {shown}   bundle it and build its image (Dockerfile)")
 
 
 def _banner(ref: str, root: Path, summary: str, addresses: list[tuple[str, int]]) -> str:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from string import Template
 
-from aenv_ray import __version__
+from aenv_ray.cli._image import DEFAULT_BASE_IMAGE, dockerfile_lines
 from aenv_ray.config import EnvConfig
 
 __all__ = ["module_name", "project_files", "write_project"]
@@ -109,19 +109,18 @@ pythonpath = src
 addopts = -p no:asyncio
 """
 
-_DOCKERFILE = """\
-FROM python:3.11-slim
-WORKDIR /app
-COPY requirements.txt /app/requirements.txt
-RUN pip install --no-cache-dir "aenv-ray>=$aenv_version" -r /app/requirements.txt
-COPY . /app
-EXPOSE 8080 8081
-CMD ["python", "-m", "sandbox_runtime", "/app", "--host", "0.0.0.0"]
+_DOCKERFILE_HEAD = """\
+# The image of $ref, built by `aenv build` in the context it prepares, dist/image/:
+#   env/     the bundle's files (config.json, src/, aenv.lock ...)
+#   wheels/  a wheel of the aenv-ray that built it (never installed from an index by name)
+# Without docker, podman or buildah here: `aenv build --no-image`, then, where a builder
+# exists, `docker build -t $tag dist/image`. Edit freely (system packages: RUN
+# apt-get ...), but copy only from env/ and wheels/: the project itself is not the context.
 """
 
 _REQUIREMENTS = """\
-# What the environment's own code needs, one requirement per line (aenv-ray is installed by the
-# Dockerfile). Tests need pytest.
+# What the environment's own code needs, one requirement per line; `aenv build` pins them into
+# aenv.lock (the image installs aenv-ray itself from a wheel). Tests need pytest.
 """
 
 _README = """\
@@ -156,12 +155,22 @@ asyncio.run(main())
 run with `DUMMY_INSTANCE_IP=http://localhost python agent.py`. Any MCP client can use
 `http://127.0.0.1:8081/mcp` as well.
 
+## Build its image
+
+    aenv build $name       # dist/: the bundle (what `aenv push` publishes) and the image's
+                           # context dist/image/; builds $tag with docker, podman or buildah
+
+The image installs aenv-ray from a wheel `aenv build` writes into its context (not from a
+package index) and the requirements pinned in `aenv.lock`. Without a builder on this machine,
+copy `dist/image/` to one that has one and run `docker build -t $tag .` there.
+
 ## Files
 
 - `config.json`: name, version, resources (`deployConfig`), the test script (`testConfig`)
 - `src/`: every public module here is imported; decorate functions with `@register_tool`,
   `@register_function`, `@register_reward`, `@register_health`
-- `tests/`: the project's tests; `Dockerfile`, `requirements.txt`: the instance image
+- `tests/`: the project's tests; `requirements.txt`: what `src/` needs
+- `Dockerfile`: the instance image, built by `aenv build` in the context it prepares
 """
 
 
@@ -199,14 +208,18 @@ def project_files(name: str) -> dict[str, str]:
         "name": name,
         "module": module,
         "ref": f"{name}@1.0.0",
-        "aenv_version": __version__,
+        "tag": EnvConfig(name=name).image_tag,
     }
+    dockerfile = [
+        Template(_DOCKERFILE_HEAD).substitute(values).rstrip("\n"),
+        *dockerfile_lines(DEFAULT_BASE_IMAGE),
+    ]
     return {
         "config.json": _config(name),
         f"src/{module}.py": Template(_MODULE).substitute(values),
         f"tests/test_{module}.py": Template(_TEST).substitute(values),
         "pytest.ini": _PYTEST_INI,
-        "Dockerfile": Template(_DOCKERFILE).substitute(values),
+        "Dockerfile": "\n".join(dockerfile) + "\n",
         "requirements.txt": _REQUIREMENTS,
         "README.md": Template(_README).substitute(values),
     }
