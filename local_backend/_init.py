@@ -38,7 +38,10 @@ def init_binary() -> tuple[Path | None, str]:
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
         return None, "no C compiler (cc) to build the instances' init"
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a user without a writable home (nobody's is /nonexistent)
+        return None, f"cannot cache the instances' init in {target.parent}: {exc.strerror}"
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / "aenv-init"
         result = subprocess.run(
