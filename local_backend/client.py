@@ -421,15 +421,21 @@ class DaemonEngine:
 def _check_owner(state_dir: Path) -> None:
     """Refuse a state directory of another user: its daemon is theirs (its instances run as
     them), even where the permissions would let us in (root)."""
+    advice = "every user needs a daemon of their own; unset AENV_STATE_DIR, or point it at a "
+    advice += "directory of yours"
     try:
         owner = state_dir.stat().st_uid
+    except PermissionError:
+        raise ConfigurationError(
+            f"the engine state directory {state_dir} is not this user's (permission denied): "
+            f"{advice}"
+        ) from None
     except OSError:
-        return  # not there yet (we create it), or not ours to see: the connect says why
+        return  # not there yet: the daemon we start creates it
     if owner != os.geteuid():
         raise ConfigurationError(
             f"the engine state directory {state_dir} belongs to uid {owner}, not to this user "
-            f"(uid {os.geteuid()}): every user needs a daemon of their own; unset "
-            "AENV_STATE_DIR, or point it at a directory of yours"
+            f"(uid {os.geteuid()}): {advice}"
         )
 
 
