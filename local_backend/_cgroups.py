@@ -7,6 +7,9 @@ those (``mkdir``/``open`` with ``dir_fd``), so the sandbox root never needs ``/s
 Groups are created under the cgroup the engine already runs in (``/proc/self/cgroup``), named
 ``aenv-<owner>/<zygote>/<group>`` (``<owner>`` starts with the engine's pid), so two engines never
 collide, each zygote has a subtree of its own, and a machine's own hierarchy is never touched.
+Without root the same works where those cgroups are the user's (a subtree root delegated to them,
+the engine started inside it); elsewhere :func:`limit_warnings` says, once, that nothing is
+limited.
 Where the kernel or the hierarchy refuses, :meth:`Cgroups.detect` returns what it could set up and
 one warning per missing controller; the engine logs them loudly.
 

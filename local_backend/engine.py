@@ -2,7 +2,8 @@
 
 Instances are forked from one zygote per environment definition (``zygote.py``), isolated with
 Linux namespaces where the host allows it (as root, or through unprivileged user namespaces) and
-limited by cgroups as root, as plain processes (with a loud warning) where it does not. The
+limited by cgroups as root (or in a cgroup subtree delegated to the user), as plain processes
+(with a loud warning) where it does not. The
 engine runs its own event loop on a daemon thread, so its async methods work from any event loop
 and any number of ``asyncio.run`` calls in one process.
 
