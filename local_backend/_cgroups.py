@@ -253,9 +253,10 @@ def limit_warnings(cgroups: Cgroups, *, privileged: bool) -> list[str]:
         why = f"the cgroups delegated to this user lack {', '.join(missing)}"
     return [
         f"NO RESOURCE LIMITS: {why}; deployConfig {', '.join(missing)} "
-        f"{'is' if len(missing) == 1 else 'are'} not enforced (an instance can exhaust this "
-        "machine). Run as root, or run the engine inside a cgroup subtree delegated to this user "
-        '(docs/local-engine.md, "Without root")'
+        f"{'is' if len(missing) == 1 else 'are'} not enforced for an instance as a whole (rlimits "
+        "stand in: memory per process, pids per instance; cpu not at all), so an instance can "
+        "exhaust this machine. Run as root, or run the engine inside a cgroup subtree delegated "
+        'to this user (docs/local-engine.md, "Without root")'
     ]
 
 

@@ -160,7 +160,10 @@ class LocalEngine:
                 "on a Linux kernel that allows unprivileged user namespaces, or use "
                 "isolation='none' for plain processes"
             )
-        _warn_once(_not_isolated(why_not))
+        warning = _not_isolated(why_not)  # said by every such engine: each chose it or met it
+        log.warning("local engine: %s", warning)
+        with _warned_lock:
+            _warned.add(warning)
         return False
 
     @property

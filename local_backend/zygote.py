@@ -544,7 +544,10 @@ class Zygote:
                     if fd is not None:
                         names.append(name)
                         fds.append(fd)
-            limits = self.limits if instance.group is not None else Limits()
+            # without a group, the runtime makes the limits rlimits (RLIMIT_NPROC counts per
+            # user namespace: per instance when isolated, but every process of the user if not)
+            isolated_or_grouped = instance.group is not None or self.isolated
+            limits = self.limits if isolated_or_grouped else Limits()
             go = {
                 "op": "go",
                 "memory": limits.memory,
