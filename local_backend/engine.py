@@ -140,11 +140,7 @@ class LocalEngine:
         )
         self._thread.start()
         self._isolated = self._decide_isolation()
-        if os.geteuid() != 0:  # root's cgroup warnings come from its zygotes, path by path
-            from local_backend._cgroups import missing_limits
-
-            for warning in missing_limits():
-                _warn_once(warning)
+        self._limits_told = os.geteuid() == 0  # root's cgroup warnings come from its zygotes
 
     # -- isolation -----------------------------------------------------------------------------
     def _decide_isolation(self) -> bool:
@@ -185,6 +181,12 @@ class LocalEngine:
     # -- SandboxEngine -------------------------------------------------------------------------
     async def create(self, spec: InstanceSpec, *, timeout: float = 60.0) -> InstanceInfo:
         """Fork an instance of ``spec`` from its definition's zygote (started on first use)."""
+        if not self._limits_told:  # said with the first instance (not for inspect: a build)
+            self._limits_told = True
+            from local_backend._cgroups import missing_limits
+
+            for warning in missing_limits():
+                _warn_once(warning)
         return await self._call(self._create(spec, timeout))
 
     async def get(self, instance_id: str) -> InstanceInfo:
@@ -522,8 +524,9 @@ class LocalEngine:
                 )
             raise AEnvError(f"cannot start instances of {root}: {reply.get('message')}")
         zygote.manifest = dict(reply.get("manifest") or {})
-        for warning in reply.get("warnings") or []:
-            _warn_once(str(warning))
+        if os.geteuid() == 0:  # without root, create() says what its zygotes would
+            for warning in reply.get("warnings") or []:
+                _warn_once(str(warning))
         return zygote
 
     def _on_message(self, zygote: _Zygote) -> None:
