@@ -13,6 +13,6 @@ May import: ``aenv_ray`` (engine contract, config, errors), ``sandbox_runtime``,
 kubernetes, envhub, rollout.
 """
 
-from local_backend.engine import Isolation, LocalEngine
+from local_backend.engine import Isolation, LocalEngine, host_warnings
 
-__all__ = ["Isolation", "LocalEngine"]
+__all__ = ["Isolation", "LocalEngine", "host_warnings"]

@@ -7,6 +7,9 @@ those (``mkdir``/``open`` with ``dir_fd``), so the sandbox root never needs ``/s
 Groups are created under the cgroup the engine already runs in (``/proc/self/cgroup``), named
 ``aenv-<owner>/<zygote>/<group>`` (``<owner>`` starts with the engine's pid), so two engines never
 collide, each zygote has a subtree of its own, and a machine's own hierarchy is never touched.
+Without root the same works where those cgroups are the user's (a subtree root delegated to them,
+the engine started inside it); elsewhere :func:`limit_warnings` says, once, that nothing is
+limited.
 Where the kernel or the hierarchy refuses, :meth:`Cgroups.detect` returns what it could set up and
 one warning per missing controller; the engine logs them loudly.
 
@@ -24,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Cgroups", "InstanceGroup", "Limits"]
+__all__ = ["Cgroups", "InstanceGroup", "Limits", "limit_warnings", "missing_limits"]
 
 _ROOT = Path("/sys/fs/cgroup")
 _CONTROLLERS = ("memory", "pids", "cpu")
@@ -142,6 +145,13 @@ class Cgroups:
             controllers=enabled,
         )
 
+    @property
+    def limited(self) -> frozenset[str]:
+        """The controllers whose limits the instances' groups get (memory, pids, cpu)."""
+        if self.version == 2:
+            return self.controllers if self.dir_fds else frozenset()
+        return frozenset(self.dir_fds)
+
     def create(self, name: str, limits: Limits) -> InstanceGroup:
         """A new group ``name`` with ``limits`` applied (missing controllers are skipped)."""
         group = InstanceGroup(self, name)
@@ -228,14 +238,49 @@ class Cgroups:
         self.parents = []
 
 
+def limit_warnings(cgroups: Cgroups, *, privileged: bool) -> list[str]:
+    """The warnings an engine logs about what its instances are not limited by (none: memory,
+    pids and cpu all are). As root, :meth:`Cgroups.detect`'s own; otherwise one loud warning,
+    the same text for every engine of the user (so a process can say it once)."""
+    if privileged:
+        return list(cgroups.warnings)
+    missing = [c for c in _CONTROLLERS if c not in cgroups.limited]
+    if not missing:
+        return []
+    if len(missing) == len(_CONTROLLERS):
+        why = "not root and no cgroup delegated to this user, so instances get no cgroup limits"
+    else:
+        why = f"the cgroups delegated to this user lack {', '.join(missing)}"
+    return [
+        f"NO RESOURCE LIMITS: {why}; deployConfig {', '.join(missing)} "
+        f"{'is' if len(missing) == 1 else 'are'} not enforced for an instance as a whole (rlimits "
+        "stand in: memory per process, pids per instance; cpu not at all), so an instance can "
+        "exhaust this machine. Run as root, or run the engine inside a cgroup subtree delegated "
+        'to this user (docs/local-engine.md, "Without root")'
+    ]
+
+
+def missing_limits() -> list[str]:
+    """What this process's engines could not limit, as :func:`limit_warnings` says it, found by
+    creating (and removing) a cgroup where an engine would."""
+    probe = Cgroups.detect(f"{os.getpid()}-probe{time.monotonic_ns() % 10**6}", "probe")
+    try:
+        return limit_warnings(probe, privileged=os.geteuid() == 0)
+    finally:
+        probe.close()
+
+
 def _remove_stale(parent: Path) -> None:
-    """Remove ``aenv-<pid>-*`` subtrees left by engines whose process is gone."""
+    """Remove ``aenv-<pid>-*`` subtrees left by engines whose process is gone (only this
+    user's: another user's engine may share the parent, and its groups are not ours to touch)."""
+    uid = os.geteuid()
     with contextlib.suppress(OSError):
         for group in parent.glob("aenv-*"):
             pid = group.name.removeprefix("aenv-").split("-", 1)[0]
             if not pid.isdigit() or Path(f"/proc/{pid}").exists():
                 continue
-            kill_and_remove([group])
+            if group.stat().st_uid == uid:
+                kill_and_remove([group])
 
 
 def hierarchy_roots() -> list[Path]:
@@ -287,7 +332,7 @@ def kill_and_remove(trees: list[Path], *, seconds: float = 10.0) -> list[str]:
                 continue
             for pid in pids:
                 alive = True
-                with contextlib.suppress(ProcessLookupError):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
         left = []
         for group in sorted(groups, key=lambda g: len(g.parts), reverse=True):

@@ -33,12 +33,17 @@ def init_binary() -> tuple[Path | None, str]:
         return None, "AENV_LOCAL_INIT=python"
     source = SOURCE.read_bytes()
     target = _cache_dir() / f"aenv-init-{hashlib.sha256(source).hexdigest()[:16]}"
-    if target.is_file() and os.access(target, os.X_OK):
-        return target, ""
-    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if compiler is None:
-        return None, "no C compiler (cc) to build the instances' init"
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        if target.is_file() and os.access(target, os.X_OK):
+            return target, ""
+        compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+        if compiler is None:
+            return None, "no C compiler (cc) to build the instances' init"
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        # a user without a home of their own: nobody's is /nonexistent, and without $HOME the
+        # zygote (root of its user namespace) would look in root's
+        return None, f"cannot cache the instances' init in {target.parent}: {exc.strerror}"
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / "aenv-init"
         result = subprocess.run(

@@ -58,6 +58,7 @@ from aenv_ray.errors import (
     decode_error,
 )
 from local_backend.daemon import SOCKET_NAME
+from local_backend.engine import host_warnings
 
 __all__ = ["DaemonEngine"]
 
@@ -118,6 +119,7 @@ class DaemonEngine:
         self._loops: dict[asyncio.AbstractEventLoop, _LoopState] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._warned = False
 
     @property
     def socket_path(self) -> Path:
@@ -165,6 +167,9 @@ class DaemonEngine:
             "owner": spec.owner,
             "labels": dict(spec.labels),
         }
+        if not self._warned:  # what the daemon's engine cannot do here, told to our user once
+            self._warned = True
+            await asyncio.to_thread(host_warnings)
         data = await self._request(
             "POST", "/v1/instances", body, timeout=timeout + _MARGIN, env_name=spec.env_ref
         )
@@ -348,6 +353,7 @@ class DaemonEngine:
             stale = [old for old in self._loops if old.is_closed()]
             gone = [self._loops.pop(old) for old in stale]
             if state is None:
+                _check_owner(self.state_dir)
                 # a connection per request: nothing stays open on a loop that ends (asyncio.run)
                 connector = aiohttp.UnixConnector(path=str(self.socket_path), force_close=True)
                 session = aiohttp.ClientSession(connector=connector)
@@ -410,6 +416,27 @@ class DaemonEngine:
         if status >= 400:
             raise _error(data, status, instance_id=instance_id, env_name=env_name)
         return data
+
+
+def _check_owner(state_dir: Path) -> None:
+    """Refuse a state directory of another user: its daemon is theirs (its instances run as
+    them), even where the permissions would let us in (root)."""
+    advice = "every user needs a daemon of their own; unset AENV_STATE_DIR, or point it at a "
+    advice += "directory of yours"
+    try:
+        owner = state_dir.stat().st_uid
+    except PermissionError:
+        raise ConfigurationError(
+            f"the engine state directory {state_dir} is not this user's (permission denied): "
+            f"{advice}"
+        ) from None
+    except OSError:
+        return  # not there yet: the daemon we start creates it
+    if owner != os.geteuid():
+        raise ConfigurationError(
+            f"the engine state directory {state_dir} belongs to uid {owner}, not to this user "
+            f"(uid {os.geteuid()}): {advice}"
+        )
 
 
 def _error(data: Any, status: int, *, instance_id: str | None, env_name: str | None) -> AEnvError:

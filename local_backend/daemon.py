@@ -238,7 +238,11 @@ async def _serve(state_dir: Path, idle_exit: float, env_path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
     site = web.UnixSite(runner, str(path))
-    await site.start()
+    umask = os.umask(0o177)  # the socket is this user's only from its creation, not from chmod
+    try:
+        await site.start()
+    finally:
+        os.umask(umask)
     path.chmod(0o600)
     (state_dir / PID_NAME).write_text(str(os.getpid()))
     log.info("engine daemon ready", extra={"socket": str(path), "pid": os.getpid()})

@@ -2,7 +2,8 @@
 
 Instances are forked from one zygote per environment definition (``zygote.py``), isolated with
 Linux namespaces where the host allows it (as root, or through unprivileged user namespaces) and
-limited by cgroups as root, as plain processes (with a loud warning) where it does not. The
+limited by cgroups as root (or in a cgroup subtree delegated to the user), as plain processes
+(with a loud warning) where it does not. The
 engine runs its own event loop on a daemon thread, so its async methods work from any event loop
 and any number of ``asyncio.run`` calls in one process.
 
@@ -69,7 +70,7 @@ from aenv_ray.errors import (
 from aenv_ray.resolve import resolve_environment
 from local_backend._channel import MAX_MESSAGE
 
-__all__ = ["Isolation", "LocalEngine"]
+__all__ = ["Isolation", "LocalEngine", "host_warnings"]
 
 log = logging.getLogger("local_backend")
 T = TypeVar("T")
@@ -139,6 +140,7 @@ class LocalEngine:
         )
         self._thread.start()
         self._isolated = self._decide_isolation()
+        self._limits_told = os.geteuid() == 0  # root's cgroup warnings come from its zygotes
 
     # -- isolation -----------------------------------------------------------------------------
     def _decide_isolation(self) -> bool:
@@ -154,11 +156,10 @@ class LocalEngine:
                 "on a Linux kernel that allows unprivileged user namespaces, or use "
                 "isolation='none' for plain processes"
             )
-        log.warning(
-            "INSTANCES ARE NOT ISOLATED: %s. They run as plain processes that can read the "
-            "host's files and network. Use this only with code you trust.",
-            why_not,
-        )
+        warning = _not_isolated(why_not)  # said by every such engine: each chose it or met it
+        log.warning("local engine: %s", warning)
+        with _warned_lock:
+            _warned.add(warning)
         return False
 
     @property
@@ -180,6 +181,12 @@ class LocalEngine:
     # -- SandboxEngine -------------------------------------------------------------------------
     async def create(self, spec: InstanceSpec, *, timeout: float = 60.0) -> InstanceInfo:
         """Fork an instance of ``spec`` from its definition's zygote (started on first use)."""
+        if not self._limits_told:  # said with the first instance (not for inspect: a build)
+            self._limits_told = True
+            from local_backend._cgroups import missing_limits
+
+            for warning in missing_limits():
+                _warn_once(warning)
         return await self._call(self._create(spec, timeout))
 
     async def get(self, instance_id: str) -> InstanceInfo:
@@ -433,12 +440,11 @@ class LocalEngine:
         """Wait for a zygote whose socket we closed to exit (it takes its instances down with
         it), killing it if it takes too long; then remove whatever it left in its cgroups."""
         _stop_process(zygote.process, grace=5.0 + 0.01 * instances)
-        if os.geteuid() == 0:
-            from local_backend._cgroups import remove_tree
+        from local_backend._cgroups import remove_tree  # not root: a delegated subtree's
 
-            left = remove_tree(self.owner, zygote.name)
-            if left:
-                log.warning("cgroups left behind", extra={"groups": ",".join(left)})
+        left = remove_tree(self.owner, zygote.name)
+        if left:
+            log.warning("cgroups left behind", extra={"groups": ",".join(left)})
 
     # -- zygotes -------------------------------------------------------------------------------
     async def inspect(self, project: str | Path, *, timeout: float = 60.0) -> dict[str, Any]:
@@ -518,8 +524,9 @@ class LocalEngine:
                 )
             raise AEnvError(f"cannot start instances of {root}: {reply.get('message')}")
         zygote.manifest = dict(reply.get("manifest") or {})
-        for warning in reply.get("warnings") or []:
-            log.warning("local engine: %s", warning)
+        if os.geteuid() == 0:  # without root, create() says what its zygotes would
+            for warning in reply.get("warnings") or []:
+                _warn_once(str(warning))
         return zygote
 
     def _on_message(self, zygote: _Zygote) -> None:
@@ -662,6 +669,44 @@ class LocalEngine:
         if record.workspace is not None:
             shutil.rmtree(record.workspace, ignore_errors=True)
             record.workspace = None
+
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_once(warning: str) -> None:
+    """Log ``warning`` loudly, once per process (every engine and zygote of it says the same)."""
+    with _warned_lock:
+        if warning in _warned:
+            return
+        _warned.add(warning)
+    log.warning("local engine: %s", warning)
+
+
+def _not_isolated(why_not: str) -> str:
+    return (
+        f"INSTANCES ARE NOT ISOLATED: {why_not}. They run as plain processes that can read the "
+        "host's files and network. Use this only with code you trust."
+    )
+
+
+def host_warnings() -> list[str]:
+    """What the local engine cannot do for this user on this machine, one loud warning each,
+    logged once per process (``local engine: ...`` on the ``local_backend`` logger, which
+    reaches stderr when logging is not configured); empty when instances are isolated and
+    limited. For a process that uses the engine elsewhere (a Ray pool's actors, the engine
+    daemon) and should tell its user: ``aenv rollout``, ``aenv instance``."""
+    from local_backend._cgroups import missing_limits
+    from local_backend._sandbox import namespaces_available
+
+    why_not = namespaces_available()
+    warnings = [] if why_not is None else [_not_isolated(why_not)]
+    if os.geteuid() != 0:
+        warnings.extend(missing_limits())
+    for warning in warnings:
+        _warn_once(warning)
+    return warnings
 
 
 def _resources(config: EnvConfig) -> dict[str, Any]:

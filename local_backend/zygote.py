@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from local_backend import _channel
-from local_backend._cgroups import Cgroups, InstanceGroup, Limits
+from local_backend._cgroups import Cgroups, InstanceGroup, Limits, limit_warnings
 from local_backend._channel import ProtocolViolation, Received
 from local_backend._template import TemplateContext
 
@@ -149,14 +149,13 @@ class Zygote:
         from sandbox_runtime import warm_imports
 
         warm_imports()
-        if self.privileged:
-            self.cgroups = Cgroups.detect(self.owner, self.cgroup_name)
-            self.warnings.extend(self.cgroups.warnings)
+        # not root: the groups of a cgroup subtree delegated to this user, where there is one
+        cgroups = Cgroups.detect(self.owner, self.cgroup_name)
+        self.warnings.extend(limit_warnings(cgroups, privileged=self.privileged))
+        if self.privileged or cgroups.limited:
+            self.cgroups = cgroups
         else:
-            self.warnings.append(
-                "NO RESOURCE LIMITS: not root, so instances get no cgroup limits; deployConfig "
-                "memory, cpu and pids are not enforced (an instance can exhaust this machine)"
-            )
+            cgroups.close()
         if self.isolated:
             from local_backend import _linux, _sandbox
             from local_backend._init import init_binary
@@ -545,7 +544,10 @@ class Zygote:
                     if fd is not None:
                         names.append(name)
                         fds.append(fd)
-            limits = self.limits if instance.group is not None else Limits()
+            # without a group, the runtime makes the limits rlimits (RLIMIT_NPROC counts per
+            # user namespace: per instance when isolated, but every process of the user if not)
+            isolated_or_grouped = instance.group is not None or self.isolated
+            limits = self.limits if isolated_or_grouped else Limits()
             go = {
                 "op": "go",
                 "memory": limits.memory,
