@@ -21,6 +21,7 @@ import pytest
 
 from builtin_envs.tau2.domain import get_domain
 from builtin_envs.tau2.messages import ToolCall
+from tests.tau2_golden.relational import relational_calls
 
 ORACLE_PYTHON = Path(os.environ.get("AENV_TAU2_ORACLE_PYTHON", "/work/oracle/tau2venv/bin/python"))
 DRIVER = Path(__file__).parent / "tau2_golden" / "oracle_driver.py"
@@ -92,6 +93,20 @@ def _random_calls(domain: str, seed: int, count: int) -> list[dict[str, Any]]:
             args.pop(rng.choice(list(args)))
         calls.append({"name": name, "arguments": args})
     return calls
+
+
+@pytest.mark.parametrize("domain", ["airline", "retail"])
+def test_related_call_sequences_match_the_original_live(oracle: _Oracle, domain: str) -> None:
+    """Calls over one user's world (their orders, items, payment methods...), new seeds."""
+    base = random.randrange(1 << 30)
+    for seed in range(base, base + 4):
+        calls = relational_calls(domain, get_domain(domain).base_db, seed, 40)
+        expected = oracle.ask({"op": "calls", "domain": domain, "calls": calls})
+        env = get_domain(domain).new_environment()
+        for i, (call, want) in enumerate(zip(calls, expected["results"], strict=True)):
+            got = env.get_response(ToolCall(call["name"], call["arguments"], str(i)))
+            assert (got.content, got.error) == (want["content"], want["error"]), (seed, i, call)
+        assert env.get_db_hash() == expected["hash"], seed
 
 
 @pytest.mark.parametrize("domain", ["airline", "retail"])

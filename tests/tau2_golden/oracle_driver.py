@@ -36,6 +36,7 @@ from loguru import logger
 logger.remove()
 logging.disable(logging.CRITICAL)
 
+from relational import relational_calls  # noqa: E402  (beside this file)
 from tau2.data_model.message import (  # noqa: E402
     AssistantMessage,
     SystemMessage,
@@ -48,6 +49,7 @@ from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation  # noqa
 from tau2.registry import registry  # noqa: E402
 
 DOMAINS = ("airline", "retail")
+RELATIONAL_SEEDS = 40  # sequences of 30 related calls per domain
 BIG = 1500  # results longer than this are stored as their SHA-256 (the file stays small)
 
 _TASKS: dict[str, dict[str, Any]] = {}
@@ -407,6 +409,12 @@ def dump(path: str) -> None:
         for label, calls in fuzz_calls(domain).items():
             entry["sequences"].append(
                 {"label": f"fuzz:{label}", "calls": calls, **run_calls(domain, calls)}
+            )
+        db = env.tools.db
+        for seed in range(RELATIONAL_SEEDS):
+            calls = relational_calls(domain, db, seed, 30)
+            entry["sequences"].append(
+                {"label": f"relational:{seed}", "calls": calls, **run_calls(domain, calls)}
             )
         entry["trajectories"] = trajectories(domain)
         golden["domains"][domain] = entry
