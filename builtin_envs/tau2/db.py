@@ -92,6 +92,9 @@ class TableDB(Tau2DB):
     _root: TableDB | None = PrivateAttr(default=None)
     _owned: set[tuple[str, str]] = PrivateAttr(default_factory=set)
     _fragments: dict[str, dict[str, str]] | None = PrivateAttr(default=None)
+    _table_cache: dict[str, tuple[dict[str, int], list[str], str]] = PrivateAttr(
+        default_factory=dict
+    )
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
@@ -164,20 +167,44 @@ class TableDB(Tau2DB):
             return self._root_fragments()[table][key]
         return _dumps(record)
 
+    def _root_table_parts(self, table: str) -> tuple[dict[str, int], list[str], str]:
+        """The root's table serialized: key positions, ``"key": record`` parts, the whole."""
+        root = self.root
+        cached = root._table_cache.get(table)
+        if cached is None:
+            fragments = self._root_fragments()[table]
+            keys = sorted(fragments)
+            parts = [f"{json.dumps(k)}: {fragments[k]}" for k in keys]
+            cached = ({k: i for i, k in enumerate(keys)}, parts, "{" + ", ".join(parts) + "}")
+            root._table_cache[table] = cached
+        return cached
+
+    def _table_json(self, table: str, changed: set[str]) -> str:
+        positions, parts, whole = self._root_table_parts(table)
+        if not changed:
+            return whole
+        records = self._table(table)
+        if records.keys() == positions.keys():  # same keys: patch the changed parts
+            patched = list(parts)
+            for key in changed:
+                patched[positions[key]] = f"{json.dumps(key)}: {self._fragment(table, key)}"
+            return "{" + ", ".join(patched) + "}"
+        return (
+            "{"
+            + ", ".join(f"{json.dumps(k)}: {self._fragment(table, k)}" for k in sorted(records))
+            + "}"
+        )
+
     def get_hash(self) -> str:
-        """tau2's hash, from the root's cached record fragments and this fork's changes."""
-        digest = hashlib.sha256()
-        parts = ["{"]
-        for i, t in enumerate(self._tables):
-            records = self._table(t)
-            parts.append(f"{', ' if i else ''}{json.dumps(t)}: {{")
-            parts.append(
-                ", ".join(f"{json.dumps(k)}: {self._fragment(t, k)}" for k in sorted(records))
-            )
-            parts.append("}")
-        parts.append("}")
-        digest.update("".join(parts).encode())
-        return digest.hexdigest()
+        """tau2's hash, from the root's cached serialization and this fork's changed records."""
+        changed: dict[str, set[str]] = {t: set() for t in self._tables}
+        if self._root is not None:
+            for table, key in self._changed():
+                changed[table].add(key)
+        body = ", ".join(
+            f"{json.dumps(t)}: {self._table_json(t, changed[t])}" for t in self._tables
+        )
+        return hashlib.sha256(("{" + body + "}").encode()).hexdigest()
 
     def same_state(self, other: Tau2DB) -> bool:
         """Whether ``other`` hashes as this one does; only changed records are compared."""
