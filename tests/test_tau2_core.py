@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from aenv_ray.cli import main
+from aenv_ray.errors import ConfigurationError
 from builtin_envs.tau2 import get_domain, grade
 from builtin_envs.tau2._docstring import parse_docstring
 from builtin_envs.tau2.data import data_dir
@@ -118,6 +119,7 @@ def test_non_counting_endings_score_zero_with_the_originals_note() -> None:
         (("hotel", "0", [], "agent_stop"), Tau2NotFoundError, "domain 'hotel' not found"),
         (("airline", "9999", [], "agent_stop"), Tau2NotFoundError, "task '9999' not found"),
         (("airline", "0", [], "gave_up"), TrajectoryError, "not one of tau2's"),
+        (("airline", "0", [], "agent_stop", True), ConfigurationError, "does not support solo"),
         (("airline", "0", [{"role": "robot"}], "agent_stop"), TrajectoryError, "unknown role"),
         (
             ("airline", "0", [{"role": "tool", "id": "x", "content": "1"}], "agent_stop"),

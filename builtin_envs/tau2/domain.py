@@ -22,6 +22,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
+from aenv_ray.errors import ConfigurationError
 from builtin_envs.tau2.data import data_dir
 from builtin_envs.tau2.db import Tau2DB
 from builtin_envs.tau2.environment import Tau2Environment
@@ -149,7 +150,7 @@ class Domain:
     def new_environment(self, solo_mode: bool = False) -> Tau2Environment:
         """A fresh episode: toolkits over forks of the loaded databases."""
         if solo_mode and not self.supports_solo:
-            raise ValueError(f"{self.name.capitalize()} domain does not support solo mode")
+            raise ConfigurationError(f"{self.name.capitalize()} domain does not support solo mode")
         self._load()
         assert self._db is not None
         user_db = self._user_db.fork() if self._user_db is not None else None
