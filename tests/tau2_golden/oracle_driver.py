@@ -396,6 +396,7 @@ def dump(path: str) -> None:
             "schemas": [t.openai_schema for t in tools],
             "tool_types": {t.name: env.tools.tool_type(t.name).value for t in tools},
             "initial_hash": env.get_db_hash(),
+            "tools_description": env.get_tools_description("assistant"),
             "sequences": [],
         }
         for task_id, task in tasks(domain).items():
