@@ -161,6 +161,14 @@ class Toolkit:
         """tau2's ``openai_schema`` of every tool, in order (fresh copies)."""
         return [spec.openai_schema for spec in cls.tool_specs().values()]
 
+    @classmethod
+    def tools_description(cls) -> str:
+        """tau2's ``get_tools_description``: ``"N. name\nsummary"`` per tool, sorted by name."""
+        specs = sorted(cls.tool_specs().values(), key=lambda spec: spec.name)
+        return "\n\n".join(
+            f"{i + 1}. {spec.name}\n{spec.short_description}" for i, spec in enumerate(specs)
+        )
+
     def use_tool(self, tool_name: str, **kwargs: Any) -> Any:
         """Call tool ``tool_name`` with ``kwargs`` as tau2 does (no validation before the call)."""
         if tool_name not in self._tool_kinds:
