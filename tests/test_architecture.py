@@ -309,6 +309,9 @@ RULES: dict[str, Rule] = {
     # "May import: ``aenv_ray``'s public API, as a user's project would." (Plus, for a project's
     # modules, their siblings in the project's src/: see _project_siblings.)
     "builtin_envs": Rule(may=frozenset({"aenv_ray"})),
+    # "May import: pydantic, ``aenv_ray``'s public API (errors)." (tau2's data models are pydantic
+    # models, as the original's: their dumps, hashes and validation errors are the outputs.)
+    "builtin_envs.tau2": Rule(may=frozenset({"aenv_ray", "pydantic"})),
 }
 
 # What the code imports beyond its docstring, with why; the docstring should say it. Each entry

@@ -34,7 +34,7 @@ from typing import Annotated, Any
 import typer
 
 from aenv_ray import __version__
-from aenv_ray.cli import _build, _hub, _instance, _project, _rollout, _serve, _service
+from aenv_ray.cli import _build, _hub, _instance, _project, _rollout, _serve, _service, _tau2
 from aenv_ray.cli._common import EXIT_FAILURE, EXIT_USAGE, error_line
 from aenv_ray.errors import AEnvError, ConfigurationError, EnvironmentNotFoundError
 
@@ -74,6 +74,7 @@ _serve.register(app)
 _hub.register(app)
 app.add_typer(_instance.app, name="instance")
 app.add_typer(_service.app, name="service")
+app.add_typer(_tau2.app, name="tau2")
 
 
 def _click_errors() -> tuple[type[BaseException], ...]:
