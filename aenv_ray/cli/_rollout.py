@@ -191,6 +191,10 @@ def _check_environment(
 
     settings = get_settings()
     hub_url = settings.system_url if engine is None else None
+    if engine == "local" or (engine is None and not hub_url and settings.engine == "local"):
+        from local_backend import host_warnings
+
+        host_warnings()  # here, once: a Ray pool's engines warn only into Ray's logs
     with console.status(f"checking {env} and its tasks"):
         calls = asyncio.run(
             environment_calls(env, task_list, hub_url=hub_url, api_key=settings.api_key)
