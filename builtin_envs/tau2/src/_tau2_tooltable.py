@@ -82,7 +82,7 @@ class ToolTable(dict[str, Registered]):
         entry = super().get(name)
         if entry is not None:
             return entry
-        if not isinstance(name, str) or not name:
+        if not isinstance(name, str):
             return default
         # an unknown name reaches the episode, which answers as tau2 does
         return _entry(name, name, {"type": "object", "properties": {}}, self._call)

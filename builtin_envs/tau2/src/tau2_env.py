@@ -152,6 +152,7 @@ def tau2_reset(
     max_steps: int | None = None,
     max_errors: int | None = None,
     all_tasks: bool = False,
+    user_llm: str | None = None,
 ) -> dict[str, Any]:
     """Start a new episode: a task of a domain on a fresh copy of its database.
 
@@ -168,6 +169,7 @@ def tau2_reset(
         max_steps: the orchestrator's step limit (default 100).
         max_errors: the orchestrator's tool-error limit (default 10).
         all_tasks: look the task up among every task, whatever the split.
+        user_llm: the user simulator's model (the endpoint and key stay the instance's).
     """
     global _EPISODE, _STARTED_FROM_ENV
     with _LOCK:
@@ -180,6 +182,7 @@ def tau2_reset(
             user_script=tuple(user_script) if user_script is not None else None,
             max_steps=max_steps,
             max_errors=max_errors,
+            user_llm=user_llm,
         )
         if all_tasks:
             settings = dataclasses.replace(settings, split=None)
