@@ -10,11 +10,13 @@ it is installed (``AENV_TAU2_ORACLE_PYTHON``).
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import hashlib
 import json
 import os
 import re
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -37,7 +39,7 @@ try:
 except Tau2DataError as exc:  # pragma: no cover - only without the data
     pytest.skip(f"tau2 data not installed: {exc}", allow_module_level=True)
 
-PROJECT = builtin_path("tau2@1.0.0")
+PROJECT = builtin_path("tau2@1.0.0") or Path("builtin_envs/tau2")
 GOLDEN = Path(__file__).parent / "tau2_golden" / "tau2_golden.json.gz"
 ORACLE_PYTHON = Path(os.environ.get("AENV_TAU2_ORACLE_PYTHON", "/work/oracle/tau2venv/bin/python"))
 SECRET = "sk-tau2-test-7f3a9c1e5b"
@@ -184,7 +186,7 @@ async def test_tool_list_follows_the_domain_with_the_original_schemas(
 
 def _same(ours: str, expected: dict[str, Any]) -> bool:
     if "sha256" in expected:
-        return hashlib.sha256(ours.encode()).hexdigest() == expected["sha256"]
+        return bool(hashlib.sha256(ours.encode()).hexdigest() == expected["sha256"])
     return _PYDANTIC_URL.sub("X/", ours) == _PYDANTIC_URL.sub("X/", expected["content"])
 
 
@@ -294,3 +296,48 @@ async def test_a_failing_user_endpoint_never_shows_the_key(
     assert "tau2_reset" in log or log, "the runtime's log is empty"
     for text in [*outputs, log]:
         assert SECRET not in text
+
+
+_ORACLE_PROMPTS = """
+import json, os, sys
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+from loguru import logger
+logger.remove()
+from tau2.agent.llm_agent import LLMAgent
+from tau2.registry import registry
+from tau2.user.user_simulator import UserSimulator
+out = {}
+for domain, task_id in json.loads(sys.argv[1]):
+    env = registry.get_env_constructor(domain)()
+    agent = LLMAgent(tools=env.get_tools(), domain_policy=env.get_policy())
+    out["agent:" + domain] = agent.system_prompt
+    task = {t.id: t for t in registry.get_tasks_loader(domain)(None)}[task_id]
+    user = UserSimulator(tools=None, instructions=str(task.user_scenario))
+    out["user:" + domain + ":" + task_id] = user.system_prompt
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not ORACLE_PYTHON.exists(), reason=f"the original is not at {ORACLE_PYTHON}")
+async def test_prompts_equal_the_originals(
+    env: Environment, chat: ChatServer, outputs: list[str]
+) -> None:
+    """The agent's system prompt per domain and the user simulator's (what the endpoint got)."""
+    cases = [("retail", "5"), ("airline", "1"), ("retail", "0")]
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [str(ORACLE_PYTHON), "-c", _ORACLE_PROMPTS, json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    original = json.loads(done.stdout)
+    for domain, task_id in cases:
+        await _fn(env, outputs, "tau2_reset", domain=domain, task_id=task_id, user_llm="user-model")
+        prompt = await _fn(env, outputs, "tau2_get_system_prompt")
+        assert prompt == original[f"agent:{domain}"]
+        assert chat.requests[-1]["messages"][0] == {
+            "role": "system",
+            "content": original[f"user:{domain}:{task_id}"],
+        }
