@@ -16,12 +16,12 @@ only for a copy-on-write fork of the database per episode.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import threading
 from typing import Any
 
-import orjson
 from _tau2_episode import Episode, Settings, task_summary
 from _tau2_tooltable import install
 
@@ -92,7 +92,7 @@ def _listing() -> bytes | None:
             }
             for schema in episode.tool_schemas()
         ]
-        listing = _LISTINGS[key] = orjson.dumps({"tools": tools})
+        listing = _LISTINGS[key] = json.dumps({"tools": tools}, separators=(",", ":")).encode()
     return listing
 
 
