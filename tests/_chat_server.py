@@ -7,13 +7,15 @@ mini-terminal's command under its OpenAI name, writing the task's ``expected`` i
 ``answer.txt``; ``call-b``: ``cat answer.txt`` under the plain name), the second answers
 ``done``. Each reply carries ``usage`` (prompt tokens = the request's messages, completion
 tokens = 7 and 3) and, when the request asks for them, ``logprobs`` of its made-up tokens.
-``requests`` keeps every request body.
+``requests`` keeps every request body, ``headers`` their headers. ``ChatServer(responder)``
+answers with ``responder(body)`` instead: a reply body, or ``(status, body)``.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -86,17 +88,22 @@ def reply(body: dict[str, Any]) -> dict[str, Any]:
 class ChatServer:
     """``with ChatServer() as server:`` ``server.url`` is ``http://127.0.0.1:PORT/v1``."""
 
-    def __init__(self) -> None:
+    def __init__(self, responder: Callable[[dict[str, Any]], Any] | None = None) -> None:
         self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
         owner = self
+        answer = responder or reply
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", "0"))
                 body = json.loads(self.rfile.read(length))
                 owner.requests.append(body)
-                data = json.dumps(reply(body)).encode()
-                self.send_response(200)
+                owner.headers.append(dict(self.headers))
+                answered = answer(body)
+                status, payload = answered if isinstance(answered, tuple) else (200, answered)
+                data = json.dumps(payload).encode()
+                self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()

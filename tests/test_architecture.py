@@ -325,6 +325,22 @@ UNDOCUMENTED: dict[tuple[str, str], str] = {
     ("local_backend._sandbox", "builtin_envs"): "lazy: bind-mounts the built-ins' tree",
     ("local_backend.daemon", "aiohttp"): "the daemon's HTTP server on a Unix socket",
     ("local_backend.client", "aiohttp"): "DaemonEngine: HTTP client of the daemon's socket",
+    ("builtin_envs.tau2.src._tau2_tooltable", "sandbox_runtime"): (
+        "lazy: tau2's tool listing follows the domain; the runtime has no public hook for that "
+        "yet (remove with PRIVATE_WORKAROUNDS once it has)"
+    ),
+}
+
+# Private names a built-in environment reaches across packages, with why. Each one is a runtime
+# feature the environment needs and the runtime lacks; the list only shrinks.
+PRIVATE_WORKAROUNDS: dict[tuple[str, str], str] = {
+    ("builtin_envs.tau2.src._tau2_tooltable", "aenv_ray.registry"): (
+        "_target: the registry being loaded, to serve tools whose set follows tau2's domain and "
+        "whose arguments reach tau2 unvalidated (its errors are the outputs)"
+    ),
+    ("builtin_envs.tau2.src._tau2_tooltable", "sandbox_runtime"): (
+        "_http.RuntimeApp: its tool listing is fixed at load; tau2's follows the domain"
+    ),
 }
 
 
@@ -557,8 +573,13 @@ def test_no_package_imports_another_packages_private_modules_or_names() -> None:
     bad = [
         i
         for i in IMPORTS + EXAMPLES
-        if i.root in PACKAGES and i.root != _root(i.module) and _private(i)
+        if i.root in PACKAGES
+        and i.root != _root(i.module)
+        and _private(i)
+        and (i.module, i.target) not in PRIVATE_WORKAROUNDS
     ]
+    used = {(i.module, i.target) for i in IMPORTS}
+    assert set(PRIVATE_WORKAROUNDS) <= used, "remove the PRIVATE_WORKAROUNDS nothing uses now"
     assert not bad, _violations("what crosses packages is public (no _private imports)", bad)
     probe = _imports(
         ROOT / "envhub" / "probe.py", "from aenv_ray.x import _y\nimport aenv_ray._z\n"

@@ -11,6 +11,7 @@ import json
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,9 +27,35 @@ def _project(root: Path, name: str, source: str) -> Path:
     return project
 
 
+def _tau2_calls() -> dict[str, dict[str, Any]]:
+    """tau2's default episode (airline's first task): for each tool, in the order the check
+    calls them, arguments that succeed there (a gold action's, else a plain read)."""
+    from builtin_envs.tau2 import get_domain
+
+    airline = get_domain("airline")
+    env = airline.initial_environment(airline.task(airline.task_ids("base")[0]))
+    candidates: dict[str, list[dict[str, Any]]] = {
+        "search_onestop_flight": [{"origin": "ORD", "destination": "PHL", "date": "2024-05-26"}],
+        "get_flight_status": [{"flight_number": "HAT001", "date": "2024-05-01"}],
+    }
+    for task_id in airline.task_ids(None):
+        criteria = airline.task(task_id).evaluation_criteria
+        for action in (criteria.actions if criteria else None) or []:
+            candidates.setdefault(action.name, []).append(action.arguments)
+    calls = {}
+    for schema in type(env.tools).openai_schemas():
+        name = schema["function"]["name"]
+        for arguments in [*candidates.get(name, []), {}]:
+            if not env.respond(name, arguments).error:
+                calls[name] = arguments
+                break
+    return calls
+
+
 @pytest.mark.parametrize("ref", sorted(builtin_refs()))
 async def test_every_builtin_environment_passes(ref: str) -> None:
-    report = await check_environment(builtin_refs()[ref])
+    calls = _tau2_calls() if ref == "tau2@1.0.0" else None
+    report = await check_environment(builtin_refs()[ref], calls=calls)
     assert report.env_ref == ref
     assert report.healthy
     assert set(report.results) == set(report.tools)

@@ -1,0 +1,83 @@
+"""tau2 demo: every task of every domain, and a policy that replays each task's gold actions.
+
+A task's ``setup`` calls ``tau2_reset`` (so one warm instance serves any task), its
+``reward_arguments`` are empty (``tau2_reward`` grades the episode), ``solution`` holds the gold
+actions and ``communicate`` what the agent must tell the user. The policy calls the actions
+through the tools, tells the user the ``communicate`` strings in one message (the scripted user
+then says ``###STOP###``: ``user_stop``) and ends the episode (``tau2_done``). Tasks whose gold
+actions include the user's own tools (telecom) run in solo mode, where the agent holds the
+user's tools too, and end with the ``done`` tool. The replay reaches reward 1.0 on every task.
+
+    aenv rollout tau2@1.0.0                         # these tasks, this policy
+    aenv rollout tau2@1.0.0 --tasks my_tasks.jsonl  # the same task format
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["TASKS", "policy", "task_for"]
+
+_DOMAINS = ("airline", "retail", "telecom")
+
+
+def task_for(domain: str, task_id: str, split: str | None = None) -> dict[str, Any]:
+    """The demo task (``aenv rollout`` form) of task ``task_id`` of ``domain``."""
+    from builtin_envs.tau2 import get_domain
+
+    task = get_domain(domain).task(task_id)
+    criteria = task.evaluation_criteria
+    actions = [a.model_dump(mode="json") for a in (criteria.actions or [])] if criteria else []
+    solo = any(a["requestor"] == "user" for a in actions) and task.ticket is not None
+    reset: dict[str, Any] = {"domain": domain, "task_id": task.id, "user_mode": "scripted"}
+    if split is None:
+        reset["all_tasks"] = True
+    else:
+        reset["split"] = split
+    if solo:
+        reset["solo_mode"] = True
+    return {
+        "id": f"{domain}-{task.id}",
+        "prompt": f"tau2 {domain} task {task.id}",
+        "setup": [{"function": "tau2_reset", "arguments": reset}],
+        "reward_arguments": {},
+        "solution": [
+            {"name": a["name"], "arguments": a["arguments"], "requestor": a["requestor"]}
+            for a in actions
+        ],
+        "communicate": list(criteria.communicate_info or []) if criteria else [],
+        "solo": solo,
+    }
+
+
+def _tasks() -> list[dict[str, Any]]:
+    from builtin_envs.tau2 import get_domain
+    from builtin_envs.tau2.domain import DOMAIN_MODULES
+
+    tasks = []
+    for domain in _DOMAINS:
+        try:
+            importlib.import_module(DOMAIN_MODULES[domain])
+        except ModuleNotFoundError:  # a domain not there (yet)
+            continue
+        for task_id in get_domain(domain).task_ids("base"):
+            tasks.append(task_for(domain, task_id, "base"))
+    return tasks
+
+
+TASKS: list[dict[str, Any]] = _tasks()
+
+
+async def policy(task: dict[str, Any], env: Any) -> str | None:
+    """Replay the gold actions, say what must be said, end the episode."""
+    for action in task.get("solution") or []:
+        await env.call_tool(action["name"], dict(action["arguments"]))
+    if task.get("solo"):
+        await env.call_tool("done", {})
+        return None
+    said = " ".join(task.get("communicate") or []) or "Is there anything else I can help with?"
+    reply = await env.call_function("tau2_send_message", {"message": said})
+    if not reply.get("done"):
+        await env.call_function("tau2_done", {})
+    return said

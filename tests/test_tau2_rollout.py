@@ -1,0 +1,85 @@
+"""tau2@1.0.0 in real instances of the local engine: ``TAU2_*`` at creation, and ``aenv rollout``
+end to end with the demo policy (gold replays) reaching reward 1.0."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aenv_ray import Environment
+from builtin_envs.demos import tau2 as demo
+from builtin_envs.tau2 import get_domain
+from builtin_envs.tau2.data import data_dir
+from builtin_envs.tau2.errors import Tau2DataError
+from local_backend import LocalEngine
+
+try:
+    data_dir()
+except Tau2DataError as exc:  # pragma: no cover - only without the data
+    pytest.skip(f"tau2 data not installed: {exc}", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def test_variables_at_creation_in_a_local_instance() -> None:
+    """The template loaded the data once; the instance's variables choose airline task 1."""
+    engine = LocalEngine()
+    try:
+        variables = {"TAU2_DOMAIN": "airline", "TAU2_TASK_ID": "1"}
+        async with Environment("tau2@1.0.0", engine=engine, environment_variables=variables) as env:
+            tools = await env.list_tools()
+            expected = type(get_domain("airline").new_environment().tools).openai_schemas()
+            assert [t["name"] for t in tools] == [
+                f"tau2@1.0.0/{s['function']['name']}" for s in expected
+            ]
+            result = await env.call_tool("get_reservation_details", {"reservation_id": "Q69X3R"})
+            assert not result.is_error
+            assert json.loads(result.text)["reservation_id"] == "Q69X3R"
+            status = await env.call_function("tau2_get_status", {"hashes": False})
+            assert (status["domain"], status["task_id"], status["step"]) == ("airline", "1", 3)
+    finally:
+        engine.close()
+
+
+def test_aenv_rollout_replays_gold_actions_to_reward_one(tmp_path: Path) -> None:
+    picked = ["airline-1", "airline-5", "retail-0", "retail-9"]
+    tasks = [t for t in demo.TASKS if t["id"] in picked]
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aenv_ray.cli",
+            "rollout",
+            "tau2@1.0.0",
+            "--tasks",
+            str(path),
+            "-n",
+            str(len(tasks)),
+            "-c",
+            "2",
+            "--no-ray",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    assert sorted(r["task_id"] for r in rows) == sorted(picked)
+    assert [(r["task_id"], r["outcome"], r["reward"]) for r in rows] == [
+        (r["task_id"], "ok", 1.0) for r in rows
+    ]
+    for row in rows:
+        assert row["reward_components"]["termination_reason"] in ("user_stop", "agent_stop")
+        assert row["reward_components"]["components"] == {"DB": 1.0, "COMMUNICATE": 1.0}
