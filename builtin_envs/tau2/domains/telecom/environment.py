@@ -1,0 +1,48 @@
+"""Telecom's environment: after every call, the phone is brought in line with the carrier's side.
+
+tau2's ``TelecomEnvironment.sync_tools``: once the user is known (their phone number), the line
+behind that number decides whether the phone's line is active, whether roaming is allowed and
+whether the data limit is exceeded; a payment the user made marks its bill paid; a bill awaiting
+payment becomes the user's payment request.
+"""
+
+from __future__ import annotations
+
+from builtin_envs.tau2.domains.telecom.models import LineStatus
+from builtin_envs.tau2.domains.telecom.tools import TelecomTools
+from builtin_envs.tau2.domains.telecom.user_models import PaymentRequest
+from builtin_envs.tau2.domains.telecom.user_tools import TelecomUserTools
+from builtin_envs.tau2.environment import Tau2Environment
+
+__all__ = ["TelecomEnvironment"]
+
+
+class TelecomEnvironment(Tau2Environment):
+    """A telecom episode: the agent's :class:`TelecomTools`, the user's phone tools."""
+
+    tools: TelecomTools
+    user_tools: TelecomUserTools
+
+    def sync_tools(self) -> None:
+        """Bring the user's surroundings in line with their line, plan and bills (tau2's rules)."""
+        where = self.user_tools.db.surroundings
+        phone_number = where.phone_number
+        if phone_number is None:
+            return
+        line = self.tools._get_line_by_phone(phone_number)
+        where.line_active = line.status == LineStatus.ACTIVE
+        where.roaming_allowed = bool(line.roaming_enabled)
+        plan = self.tools._get_plan_by_id(line.plan_id)
+        where.mobile_data_usage_exceeded = (
+            line.data_used_gb >= plan.data_limit_gb + line.data_refueling_gb
+        )
+        if where.payment_request is not None and where.payment_request.paid:
+            self.tools._set_bill_to_paid(where.payment_request.bill_id)
+            where.payment_request = None
+        if where.payment_request is None:
+            customer = self.tools.get_customer_by_phone(phone_number)
+            awaiting = self.tools._get_bills_awaiting_payment(customer)
+            if awaiting:
+                where.payment_request = PaymentRequest(
+                    bill_id=awaiting[0].bill_id, amount_due=awaiting[0].total_due
+                )
