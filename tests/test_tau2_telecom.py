@@ -64,6 +64,7 @@ def test_schemas_policy_and_hashes_equal_the_originals(
 ) -> None:
     expected = golden["setups"][f"{domain}:{solo_mode}"]
     env = get_domain(domain).new_environment(solo_mode)
+    assert env.user_tools is not None
     tools, user_tools = type(env.tools), type(env.user_tools)
     assert env.domain_name == expected["domain_name"]
     assert hashlib.sha256(env.policy.encode()).hexdigest() == expected["policy_sha256"]

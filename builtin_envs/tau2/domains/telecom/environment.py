@@ -22,6 +22,23 @@ class TelecomEnvironment(Tau2Environment):
 
     tools: TelecomTools
     user_tools: TelecomUserTools
+    _frozen_hashes: tuple[str | None, str | None] | None = None
+
+    def freeze_hashes(self) -> None:
+        """Remember both hashes: this environment will not change again (a gold outcome)."""
+        self._frozen_hashes = (self.get_db_hash(), self.get_user_db_hash())
+
+    def db_hashes(self) -> tuple[str | None, str | None]:
+        """tau2's hashes of the agent's and the user's databases."""
+        if self._frozen_hashes is not None:
+            return self._frozen_hashes
+        return (self.get_db_hash(), self.get_user_db_hash())
+
+    def same_db_state(self, other: Tau2Environment) -> bool:
+        """Whether both databases hash as ``other``'s do (a gold outcome's hashes, remembered)."""
+        if isinstance(other, TelecomEnvironment):
+            return self.db_hashes() == other.db_hashes()
+        return super().same_db_state(other)
 
     def sync_tools(self) -> None:
         """Bring the user's surroundings in line with their line, plan and bills (tau2's rules)."""

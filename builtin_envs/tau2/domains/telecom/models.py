@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import datetime
 from enum import Enum
+from typing import Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from builtin_envs.tau2.db import Tau2DB
 
@@ -28,6 +29,7 @@ __all__ = [
     "PaymentMethod",
     "PaymentMethodType",
     "Plan",
+    "RebuiltForkDB",
     "TelecomDB",
 ]
 
@@ -37,6 +39,29 @@ _DEFAULT_CREATED = datetime.date(2025, 1, 1)
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class RebuiltForkDB(Tau2DB):
+    """A database forked by rebuilding it from its dump: ~6x faster than a deep copy here.
+
+    The first fork of a database checks that the rebuilt copy hashes as the original does (a
+    value the models would convert, a default date where a datetime belongs, would not); if
+    not, that database forks by deep copy. Forks are taken of loaded databases, never changed.
+    """
+
+    _rebuild_ok: bool | None = PrivateAttr(default=None)
+
+    def fork(self) -> Self:
+        """An independent copy for one episode."""
+        if self._rebuild_ok is False:
+            return super().fork()
+        try:
+            copy = type(self).model_validate(self.model_dump(warnings=False))
+        except ValidationError:
+            copy = None
+        if self._rebuild_ok is None:
+            self._rebuild_ok = copy is not None and copy.get_hash() == self.get_hash()
+        return copy if copy is not None and self._rebuild_ok else super().fork()
 
 
 class Address(_Strict):
@@ -158,7 +183,7 @@ class Customer(_Strict):
     goodwill_credit_used_this_year: float = 0.0
 
 
-class TelecomDB(Tau2DB):
+class TelecomDB(RebuiltForkDB):
     """The agent's side: every record of the telecom carrier (small: a deep copy per episode)."""
 
     plans: list[Plan] = Field(default_factory=list)

@@ -11,7 +11,7 @@ from enum import Enum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from builtin_envs.tau2.db import Tau2DB
+from builtin_envs.tau2.domains.telecom.models import RebuiltForkDB
 
 __all__ = [
     "APNNames",
@@ -208,7 +208,7 @@ class UserSurroundings(_Strict):
     payment_request: PaymentRequest | None = None
 
 
-class TelecomUserDB(Tau2DB):
+class TelecomUserDB(RebuiltForkDB):
     """The user's database: their phone and their surroundings."""
 
     device: MockPhoneAttributes = Field(default_factory=MockPhoneAttributes)
