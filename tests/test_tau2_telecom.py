@@ -154,3 +154,93 @@ def test_rewards_equal_the_original_evaluators(golden: dict[str, Any]) -> None:
     for needed in ("drop_action", "wrong_argument", "reversed", "extra_write", "max_steps"):
         assert variants.get(needed, 0) > 0, needed
     assert not mismatches, f"{len(mismatches)} differences; first: {mismatches[:2]}"
+
+
+def _text(message: Any) -> str:
+    assert message.content is not None
+    text: str = message.content
+    return text
+
+
+def _gold_messages(domain: str, task_id: str, solo_mode: bool) -> list[dict[str, Any]]:
+    """The task's gold actions as a conversation, each call by its requestor, our results."""
+    the_domain = get_domain(domain)
+    task = the_domain.task(task_id)
+    env = the_domain.initial_environment(task, solo_mode)
+    messages: list[dict[str, Any]] = []
+    assert task.evaluation_criteria is not None
+    for i, action in enumerate(task.evaluation_criteria.actions or []):
+        role = "assistant" if solo_mode else action.requestor
+        result = env.respond(action.name, action.arguments, requestor=role, call_id=str(i))
+        messages.append(
+            {
+                "role": role,
+                "tool_calls": [{"id": str(i), "name": action.name, "arguments": action.arguments}],
+            }
+        )
+        messages.append(
+            {
+                "role": "tool",
+                "id": str(i),
+                "requestor": role,
+                "content": result.content,
+                "error": result.error,
+            }
+        )
+    messages.append({"role": "assistant", "content": "Done."})
+    return messages
+
+
+def test_gold_replays_of_every_telecom_task_reach_one() -> None:
+    telecom = get_domain("telecom")
+    below = []
+    for task_id in telecom.task_ids(None):
+        result = grade("telecom", task_id, _gold_messages("telecom", task_id, False), "agent_stop")
+        if result["reward"] != 1.0:
+            below.append((task_id, result["reward_breakdown"]))
+    assert not below, below[:3]
+    for task_id in telecom.task_ids("base")[:10]:  # solo mode: the agent makes the user's calls
+        messages = _gold_messages("telecom", task_id, True)
+        assert grade("telecom", task_id, messages, "agent_stop", solo_mode=True)["reward"] == 1.0
+
+
+def test_refuel_without_a_draft_bill_opens_one_with_a_random_id_as_the_original() -> None:
+    telecom = get_domain("telecom")
+    root_hash = telecom.base_db.get_hash()
+    first, second = telecom.new_environment(), telecom.new_environment()
+    for env in (first, second):
+        reply = env.respond(
+            "refuel_data", {"customer_id": "C1002", "line_id": "L1004", "gb_amount": 2}
+        )
+        assert json.loads(_text(reply))["charge"] == "0.2"
+    bills = [
+        json.loads(_text(env.respond("get_bills_for_customer", {"customer_id": "C1002"})))[0]
+        for env in (first, second)
+    ]
+    assert all(re.fullmatch(r"B[0-9a-f]{8}", b["bill_id"]) for b in bills)
+    assert bills[0]["bill_id"] != bills[1]["bill_id"]
+    for bill in bills:
+        assert (bill["period_start"], bill["period_end"], bill["due_date"]) == (
+            "2025-03-01",
+            "2025-03-31",
+            "2025-03-15",
+        )
+        assert (bill["status"], bill["total_due"], len(bill["line_items"])) == ("Draft", 0.2, 1)
+    assert telecom.base_db.get_hash() == root_hash
+
+
+def test_episodes_share_nothing_they_change() -> None:
+    """Copy-on-write records and per-episode VPN defaults: one episode's changes (a suspended
+    line, a broken VPN) never reach another; tau2 leaks the broken VPN through a class-wide
+    default, here every episode starts as the first one of a fresh tau2 process does."""
+    telecom = get_domain("telecom")
+    first = telecom.new_environment()
+    first.respond("suspend_line", {"customer_id": "C1001", "line_id": "L1002", "reason": "x"})
+    first.user_tools.break_vpn()  # type: ignore[union-attr]
+    assert "poor" in _text(first.respond("check_vpn_status", {}, requestor="user"))
+    second = telecom.new_environment()
+    line = json.loads(_text(second.respond("get_details_by_id", {"id": "L1002"})))
+    assert line["status"] == "Active"
+    second.respond("connect_vpn", {}, requestor="user")
+    assert "EXCELLENT" in _text(second.respond("check_vpn_status", {}, requestor="user"))
+    assert second.get_db_hash() == telecom.base_db.get_hash() != first.get_db_hash()

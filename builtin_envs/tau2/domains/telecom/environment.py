@@ -47,12 +47,17 @@ class TelecomEnvironment(Tau2Environment):
         if phone_number is None:
             return
         line = self.tools._get_line_by_phone(phone_number)
-        where.line_active = line.status == LineStatus.ACTIVE
-        where.roaming_allowed = bool(line.roaming_enabled)
+        # the values tau2 sets, in its order; assigned only when they change (not free)
+        active = line.status == LineStatus.ACTIVE
+        if where.line_active is not active:
+            where.line_active = active
+        roaming = bool(line.roaming_enabled)
+        if where.roaming_allowed is not roaming:
+            where.roaming_allowed = roaming
         plan = self.tools._get_plan_by_id(line.plan_id)
-        where.mobile_data_usage_exceeded = (
-            line.data_used_gb >= plan.data_limit_gb + line.data_refueling_gb
-        )
+        exceeded = line.data_used_gb >= plan.data_limit_gb + line.data_refueling_gb
+        if where.mobile_data_usage_exceeded is not exceeded:
+            where.mobile_data_usage_exceeded = exceeded
         if where.payment_request is not None and where.payment_request.paid:
             self.tools._set_bill_to_paid(where.payment_request.bill_id)
             where.payment_request = None

@@ -7,9 +7,12 @@ mixins as there (a value compares equal to its string; ``repr`` names the class)
 
 from __future__ import annotations
 
+import copy
 import datetime
+import hashlib
+import json
 from enum import Enum
-from typing import Self
+from typing import ClassVar, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
@@ -30,6 +33,7 @@ __all__ = [
     "PaymentMethodType",
     "Plan",
     "RebuiltForkDB",
+    "Record",
     "TelecomDB",
 ]
 
@@ -37,7 +41,9 @@ __all__ = [
 _DEFAULT_CREATED = datetime.date(2025, 1, 1)
 
 
-class _Strict(BaseModel):
+class Record(BaseModel):
+    """A record: no extra fields; assignment is not validated, as in tau2."""
+
     model_config = ConfigDict(extra="forbid")
 
 
@@ -64,14 +70,14 @@ class RebuiltForkDB(Tau2DB):
         return copy if copy is not None and self._rebuild_ok else super().fork()
 
 
-class Address(_Strict):
+class Address(Record):
     street: str
     city: str
     state: str
     zip_code: str
 
 
-class Plan(_Strict):
+class Plan(Record):
     plan_id: str
     name: str
     data_limit_gb: float
@@ -87,7 +93,7 @@ class DeviceType(str, Enum):  # noqa: UP042 - tau2's str mixin (its repr and str
     OTHER = "other"
 
 
-class Device(_Strict):
+class Device(Record):
     device_id: str
     device_type: DeviceType
     model: str
@@ -105,7 +111,7 @@ class LineStatus(str, Enum):  # noqa: UP042
     CLOSED = "Closed"
 
 
-class Line(_Strict):
+class Line(Record):
     line_id: str
     phone_number: str
     status: LineStatus = LineStatus.PENDING_ACTIVATION
@@ -120,7 +126,7 @@ class Line(_Strict):
     suspension_start_date: datetime.date | None = None
 
 
-class LineItem(_Strict):
+class LineItem(Record):
     description: str
     amount: float
     date: datetime.date
@@ -136,7 +142,7 @@ class BillStatus(str, Enum):  # noqa: UP042
     DISPUTED = "Disputed"
 
 
-class Bill(_Strict):
+class Bill(Record):
     bill_id: str
     customer_id: str
     period_start: datetime.date
@@ -161,13 +167,13 @@ class PaymentMethodType(str, Enum):  # noqa: UP042
     PAYPAL = "PayPal"
 
 
-class PaymentMethod(_Strict):
+class PaymentMethod(Record):
     method_type: PaymentMethodType
     account_number_last_4: str
     expiration_date: str
 
 
-class Customer(_Strict):
+class Customer(Record):
     customer_id: str
     full_name: str
     date_of_birth: str
@@ -183,11 +189,85 @@ class Customer(_Strict):
     goodwill_credit_used_this_year: float = 0.0
 
 
-class TelecomDB(RebuiltForkDB):
-    """The agent's side: every record of the telecom carrier (small: a deep copy per episode)."""
+_R = TypeVar("_R", bound=BaseModel)
+
+
+def _record_json(record: BaseModel) -> str:
+    return json.dumps(record.model_dump(warnings=False), sort_keys=True, default=str)
+
+
+class TelecomDB(Tau2DB):
+    """The agent's side: every record of the telecom carrier, in lists (as in tau2).
+
+    Forked copy-on-write: a fork copies the five lists and shares the records with the loaded
+    database until a tool asks to change one (:meth:`writable` copies it then; every tool that
+    changes a record asks first). Its hash reuses the serialized form of every shared record,
+    computed once per process, so it costs the records the episode changed.
+    """
+
+    _LISTS: ClassVar[tuple[str, ...]] = ("bills", "customers", "devices", "lines", "plans")
 
     plans: list[Plan] = Field(default_factory=list)
     customers: list[Customer] = Field(default_factory=list)
     lines: list[Line] = Field(default_factory=list)
     bills: list[Bill] = Field(default_factory=list)
     devices: list[Device] = Field(default_factory=list)
+
+    _root: TelecomDB | None = PrivateAttr(default=None)
+    _shared: dict[int, tuple[BaseModel, str]] | None = PrivateAttr(default=None)
+
+    def fork(self) -> Self:
+        """A copy sharing the records of this (loaded) database until they are changed."""
+        if self._root is not None:  # a fork of a fork: an independent deep copy
+            copies: dict[str, object] = {n: copy.deepcopy(getattr(self, n)) for n in self._LISTS}
+            return self.model_construct(**copies)  # type: ignore[arg-type]
+        lists: dict[str, object] = {name: list(getattr(self, name)) for name in self._LISTS}
+        new = self.model_construct(**lists)  # type: ignore[arg-type]
+        new._root = self
+        return new
+
+    def _shared_records(self) -> dict[int, tuple[BaseModel, str]]:
+        """The loaded database's records by ``id``, each with its JSON (computed once)."""
+        if self._shared is None:
+            self._shared = {
+                id(record): (record, _record_json(record))
+                for name in self._LISTS
+                for record in getattr(self, name)
+            }
+        return self._shared
+
+    def _shared_json(self, record: BaseModel) -> str | None:
+        if self._root is None:
+            return None
+        hit = self._root._shared_records().get(id(record))
+        return hit[1] if hit is not None and hit[0] is record else None
+
+    def writable(self, record: _R) -> _R:
+        """``record`` ready to be changed: copied first if still shared with the loaded database."""
+        if self._shared_json(record) is None:
+            return record
+        mine = record.model_copy(deep=True)
+        for name in self._LISTS:
+            records = getattr(self, name)
+            for i, candidate in enumerate(records):
+                if candidate is record:
+                    records[i] = mine
+                    return mine
+        return record  # pragma: no cover - every record lives in one of the lists
+
+    def get_hash(self) -> str:
+        """tau2's hash, from the shared records' cached JSON and this fork's own records."""
+        root = self._root
+        if root is None:
+            return super().get_hash()
+        shared = root._shared_records()
+        parts = []
+        for name in self._LISTS:
+            items = []
+            for record in getattr(self, name):
+                hit = shared.get(id(record))
+                items.append(
+                    hit[1] if hit is not None and hit[0] is record else _record_json(record)
+                )
+            parts.append(f'"{name}": [{", ".join(items)}]')
+        return hashlib.sha256(("{" + ", ".join(parts) + "}").encode()).hexdigest()

@@ -1,7 +1,8 @@
 """The telecom agent's tools (tau2's ``TelecomTools``): outputs, errors and database changes.
 
 Checks run in tau2's order and arguments are used as given (no validation first), so a bad
-argument fails where and how it fails there. Methods that are not tools (``set_data_usage``,
+argument fails where and how it fails there. A record is taken with ``db.writable`` before it is
+changed: the episode's database copies a shared record then. Methods that are not tools (``set_data_usage``,
 ``suspend_line_for_overdue_bill``, the ``assert_*`` functions) are what tasks name in their
 initialization actions and assertions.
 """
@@ -187,6 +188,7 @@ class TelecomTools(Toolkit):
         line = self._get_target_line(customer_id, line_id)
         if line.status != LineStatus.ACTIVE:
             raise ValueError("Line must be active to suspend")
+        line = self.db.writable(line)
         line.status = LineStatus.SUSPENDED
         line.suspension_start_date = TODAY
         return {
@@ -214,6 +216,7 @@ class TelecomTools(Toolkit):
         line = self._get_target_line(customer_id, line_id)
         if line.status not in (LineStatus.SUSPENDED, LineStatus.PENDING_ACTIVATION):
             raise ValueError("Line must be suspended to resume")
+        line = self.db.writable(line)
         line.status = LineStatus.ACTIVE
         line.suspension_start_date = None
         return {"message": "Line resumed successfully", "line": line}
@@ -266,7 +269,7 @@ class TelecomTools(Toolkit):
             raise ValueError("A bill is already awaiting payment for this customer")
         if bill_id not in customer.bill_ids:
             raise ValueError(f"Bill {bill_id} not found for customer {customer_id}")
-        bill = self._get_bill_by_id(bill_id)
+        bill = self.db.writable(self._get_bill_by_id(bill_id))
         bill.status = BillStatus.AWAITING_PAYMENT
         return f"Payment request sent to the customer for bill {bill.bill_id}"
 
@@ -275,7 +278,7 @@ class TelecomTools(Toolkit):
         return [bill for bill in bills if bill.status == BillStatus.AWAITING_PAYMENT]
 
     def _set_bill_to_paid(self, bill_id: str) -> str:
-        self._get_bill_by_id(bill_id).status = BillStatus.PAID
+        self.db.writable(self._get_bill_by_id(bill_id)).status = BillStatus.PAID
         return f"Bill {bill_id} set to paid"
 
     def _apply_one_time_charge(self, customer_id: str, amount: float, description: str) -> None:
@@ -303,7 +306,8 @@ class TelecomTools(Toolkit):
                 status=BillStatus.DRAFT,
             )
             self.db.bills.append(draft)
-            customer.bill_ids.append(draft.bill_id)
+            self.db.writable(customer).bill_ids.append(draft.bill_id)
+        draft = self.db.writable(draft)
         draft.line_items.append(
             LineItem(
                 description=description,
@@ -344,7 +348,7 @@ class TelecomTools(Toolkit):
 
     def set_data_usage(self, customer_id: str, line_id: str, data_used_gb: float) -> str:
         """Set a line's data used this cycle (a task's initialization)."""
-        self._get_target_line(customer_id, line_id).data_used_gb = data_used_gb
+        self.db.writable(self._get_target_line(customer_id, line_id)).data_used_gb = data_used_gb
         return f"Data usage set to {data_used_gb} GB for line {line_id}"
 
     @tool(ToolKind.WRITE)
@@ -365,7 +369,7 @@ class TelecomTools(Toolkit):
         line = self._get_target_line(customer_id, line_id)
         if line.roaming_enabled:
             return "Roaming was already enabled"  # type: ignore[return-value]
-        line.roaming_enabled = True
+        self.db.writable(line).roaming_enabled = True
         return "Roaming enabled successfully"  # type: ignore[return-value]
 
     @tool(ToolKind.WRITE)
@@ -386,7 +390,7 @@ class TelecomTools(Toolkit):
         line = self._get_target_line(customer_id, line_id)
         if not line.roaming_enabled:
             return "Roaming was already disabled"
-        line.roaming_enabled = False
+        self.db.writable(line).roaming_enabled = False
         return "Roaming disabled successfully"
 
     @tool(ToolKind.GENERIC)
@@ -428,6 +432,7 @@ class TelecomTools(Toolkit):
             raise ValueError("Refuel amount must be positive")
         plan = self._get_plan_by_id(line.plan_id)
         charge = gb_amount * plan.data_refueling_price_per_gb
+        line = self.db.writable(line)
         line.data_refueling_gb += gb_amount
         self._apply_one_time_charge(
             customer_id,
@@ -479,7 +484,8 @@ class TelecomTools(Toolkit):
         )
         bill.total_due += amount
         self.db.bills.append(bill)
-        customer.bill_ids.append(new_bill_id)
+        self.db.writable(customer).bill_ids.append(new_bill_id)
+        line = self.db.writable(line)
         line.status = LineStatus.SUSPENDED
         line.suspension_start_date = TODAY
         if contract_ended:

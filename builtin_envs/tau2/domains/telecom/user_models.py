@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from enum import Enum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from builtin_envs.tau2.domains.telecom.models import RebuiltForkDB
+from builtin_envs.tau2.domains.telecom.models import RebuiltForkDB, Record
 
 __all__ = [
     "APNNames",
@@ -30,10 +30,6 @@ __all__ = [
     "UserSurroundings",
     "VpnDetails",
 ]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class SimStatus(str, Enum):  # noqa: UP042 - tau2's str mixin (its repr and str() differ)
@@ -86,7 +82,7 @@ class APNNames(str, Enum):  # noqa: UP042
     BROKEN = "broken"
 
 
-class APNSettings(_Strict):
+class APNSettings(Record):
     """Represents the configuration for a single Access Point Name (APN)."""
 
     apn_name: APNNames = Field(
@@ -112,7 +108,7 @@ class APNSettings(_Strict):
     )
 
 
-class VpnDetails(_Strict):
+class VpnDetails(Record):
     server_address: str | None = None
     protocol: str | None = None
     server_performance: PerformanceLevel = Field(
@@ -120,14 +116,14 @@ class VpnDetails(_Strict):
     )
 
 
-class AppPermissions(_Strict):
+class AppPermissions(Record):
     sms: bool = False
     storage: bool = False
     phone: bool = False
     network: bool = False
 
 
-class AppStatus(_Strict):
+class AppStatus(Record):
     app_name: str
     permissions: AppPermissions = Field(default_factory=AppPermissions)
 
@@ -143,7 +139,7 @@ def _default_apps() -> dict[str, AppStatus]:
     }
 
 
-class MockPhoneAttributes(_Strict):
+class MockPhoneAttributes(Record):
     """The phone: SIM, radios, data, APN, Wi-Fi, calling, VPN and app settings."""
 
     sim_card_status: SimStatus = Field(default=SimStatus.ACTIVE, validate_default=True)
@@ -178,7 +174,7 @@ class MockPhoneAttributes(_Strict):
     app_statuses: dict[str, AppStatus] = Field(default_factory=_default_apps)
 
 
-class PaymentRequest(_Strict):
+class PaymentRequest(Record):
     bill_id: str
     amount_due: float
     paid: bool = False
@@ -193,7 +189,7 @@ def _default_signal() -> dict[NetworkTechnology, SignalStrength]:
     }
 
 
-class UserSurroundings(_Strict):
+class UserSurroundings(Record):
     """Where the user is: who they are, abroad or not, signal, what the carrier allows."""
 
     name: str | None = None
