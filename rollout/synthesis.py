@@ -621,8 +621,6 @@ async def _attempt(
             except Exception as exc:  # the engine or pool itself failed
                 raise _InfrastructureFailure(f"{type(exc).__name__}: {exc}") from exc
             trajectory.instance_id = instance.instance_id
-            agent = AgentEnv(instance, env_name, task, tools=await instance.list_tools())
-            trajectory.env_ref = agent.naming.env_ref
             clock.lap("acquire")
             for call in task.get("setup") or []:
                 await _task_call(
@@ -630,6 +628,10 @@ async def _attempt(
                     call["function"],
                     task,
                 )
+            # the tools as the policy meets them: a setup call may change them (a reset to
+            # another task's domain)
+            agent = AgentEnv(instance, env_name, task, tools=await instance.list_tools())
+            trajectory.env_ref = agent.naming.env_ref
             clock.lap("setup")
             try:
                 answer = await policy(task, agent)
