@@ -15,6 +15,9 @@ reward as a Python ``float`` (AReaL rejects ints).
         base_url=proxy_url, api_key=session_key, http_client=client)
 
 ``data`` is a task (see :mod:`rollout.synthesis`: ``prompt``, ``reward_arguments``, ``setup``).
+Where the environment simulates the user (``dialogue=``; by default the built-in's own, such as
+tau2's ``builtin_envs.demos.tau2.DIALOGUE``), the model talks with that user until the episode
+ends.
 An episode whose instance failed is retried on a fresh one; if it still fails,
 :class:`EpisodeFailedError` is raised rather than a made-up reward (an infrastructure failure is
 not the agent's score). An agent error or a timeout scores ``0.0``.
@@ -30,7 +33,14 @@ from typing import Any
 from aenv_ray.errors import AEnvError, ConfigurationError
 from rollout.failures import EpisodeOutcome
 from rollout.sources import InstanceSource, SDKSource
-from rollout.synthesis import OpenAIPolicy, Policy, Trajectory, play_episode
+from rollout.synthesis import (
+    Dialogue,
+    OpenAIPolicy,
+    Policy,
+    Trajectory,
+    demo_dialogue,
+    play_episode,
+)
 
 __all__ = ["AEnvWorkflow", "EpisodeFailedError"]
 
@@ -56,6 +66,7 @@ class AEnvWorkflow:
         episode_timeout: float | None = 600.0,
         base_url: str | None = None,
         api_key: str | None = None,
+        dialogue: Dialogue | None = None,
     ) -> None:
         self.env_name = env_name
         self.model = model
@@ -68,6 +79,7 @@ class AEnvWorkflow:
         self.episode_timeout = episode_timeout
         self.base_url = base_url  # for run_agent_return_reward, which gets no proxy address
         self.api_key = api_key
+        self.dialogue = dialogue if dialogue is not None else demo_dialogue(env_name)
         self.last_trajectory: Trajectory | None = None
         self._count = itertools.count()
 
@@ -111,4 +123,5 @@ class AEnvWorkflow:
             temperature=self.temperature,
             system_prompt=self.system_prompt,
             http_client=extra.get("http_client"),
+            dialogue=self.dialogue,
         )

@@ -50,7 +50,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from aenv_ray import ToolResult
 from aenv_ray.errors import (
@@ -88,12 +88,14 @@ from rollout.trajectories import (
 
 __all__ = [
     "AgentEnv",
+    "Dialogue",
     "OpenAIPolicy",
     "Policy",
     "Step",
     "SynthesisSummary",
     "Trajectory",
     "Turn",
+    "demo_dialogue",
     "demo_policy",
     "describe_policy",
     "load_policy",
@@ -271,6 +273,16 @@ def demo_policy(env_name: str) -> Policy:
     return _demo_module(env_name).policy  # type: ignore[no-any-return]
 
 
+def demo_dialogue(env_name: str) -> Dialogue | None:
+    """The :class:`Dialogue` a built-in environment with a simulated user ships (its demo
+    module's ``DIALOGUE``: tau2's), else ``None``: a model's answer ends its episode."""
+    from builtin_envs import builtin_path
+
+    if "/" in env_name or env_name.startswith(".") or builtin_path(env_name) is None:
+        return None
+    return getattr(_demo_module(env_name), "DIALOGUE", None)
+
+
 def load_tasks(path: str | Path | None, env_name: str) -> list[dict[str, Any]]:
     """Tasks from a JSON-lines (or JSON list) file, else the built-in environment's demo tasks."""
     if path is None:
@@ -294,14 +306,33 @@ def load_tasks(path: str | Path | None, env_name: str) -> list[dict[str, Any]]:
     return normalized
 
 
+class Dialogue(Protocol):
+    """The user's side of an episode whose environment simulates the user (tau2's does:
+    ``builtin_envs.demos.tau2.DIALOGUE``). :class:`OpenAIPolicy` opens the conversation with
+    :meth:`opening` instead of the task's prompt, and hands every text answer of the model to
+    :meth:`reply`; the user's reply is the next user message, until it is ``None``."""
+
+    async def opening(self, task: dict[str, Any], env: AgentEnv) -> list[dict[str, Any]]:
+        """The messages before the model's first turn: a system prompt, a greeting, the
+        user's first message (chat-completions messages)."""
+        ...
+
+    async def reply(self, answer: str, task: dict[str, Any], env: AgentEnv) -> str | None:
+        """The user's reply to the agent's text ``answer``; ``None`` when the episode is over."""
+        ...
+
+
 class OpenAIPolicy:
     """An agent over any OpenAI-compatible ``/chat/completions`` endpoint, with tools.
 
     The task's ``prompt`` is the user message (after ``system_prompt``, if any); each tool call
     the model makes is executed and its result sent back, until the model answers without a
-    tool call (its answer) or ``max_turns``. ``logprobs=True`` asks the endpoint for the
-    log-probabilities of each reply's tokens. Every message and each reply's ``usage`` and
-    ``logprobs`` go into the episode's record.
+    tool call (its answer) or ``max_turns``. With a ``dialogue`` (an environment that simulates
+    the user), the conversation opens with the dialogue's messages and each answer goes to the
+    user, whose reply continues it, until the dialogue says the episode is over (or
+    ``max_turns``); ``system_prompt`` then replaces the opening's system message.
+    ``logprobs=True`` asks the endpoint for the log-probabilities of each reply's tokens. Every
+    message and each reply's ``usage`` and ``logprobs`` go into the episode's record.
     """
 
     def __init__(
@@ -315,8 +346,10 @@ class OpenAIPolicy:
         system_prompt: str | None = None,
         logprobs: bool = False,
         http_client: Any = None,
+        dialogue: Dialogue | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.dialogue = dialogue
         self.http_client = http_client  # an httpx.AsyncClient to use (AReaL passes one)
         self.model = model
         self.api_key = api_key
@@ -335,7 +368,16 @@ class OpenAIPolicy:
             "temperature": self.temperature,
             "max_turns": self.max_turns,
             "logprobs": self.logprobs,
-        }
+        } | ({} if self.dialogue is None else {"dialogue": type(self.dialogue).__name__})
+
+    async def _opening(self, task: dict[str, Any], env: AgentEnv) -> list[dict[str, Any]]:
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        if self.dialogue is None:
+            return [*system, {"role": "user", "content": str(task.get("prompt", ""))}]
+        opening = [dict(m) for m in await self.dialogue.opening(task, env)]
+        if system:
+            opening = system + [m for m in opening if m.get("role") != "system"]
+        return opening
 
     async def __call__(self, task: dict[str, Any], env: AgentEnv) -> str | None:
         tools = await env.list_openai_tools()
@@ -345,9 +387,8 @@ class OpenAIPolicy:
             messages.append(message)
             env.add_message(message)
 
-        if self.system_prompt:
-            say({"role": "system", "content": self.system_prompt})
-        say({"role": "user", "content": str(task.get("prompt", ""))})
+        for message in await self._opening(task, env):
+            say(message)
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         async with contextlib.AsyncExitStack() as stack:
             post = await self._poster(stack, headers)
@@ -369,7 +410,14 @@ class OpenAIPolicy:
                     finish_reason=choice.get("finish_reason"),
                 )
                 if not calls:
-                    return str(message.get("content") or "")
+                    answer = str(message.get("content") or "")
+                    if self.dialogue is None:
+                        return answer
+                    user = await self.dialogue.reply(answer, task, env)
+                    if user is None:
+                        return answer
+                    say({"role": "user", "content": user})
+                    continue
                 for call in calls:
                     function = call["function"]
                     try:

@@ -24,3 +24,14 @@ def die(message: str, code: int = EXIT_FAILURE) -> NoReturn:
     """Print ``aenv: error: MESSAGE`` to stderr and exit with ``code``."""
     print(error_line(message), file=sys.stderr, flush=True)
     raise typer.Exit(code)
+
+
+def pairs(values: list[str], option: str) -> dict[str, str]:
+    """``KEY=VALUE`` options (``--env``) as a dict; a malformed one is a usage error."""
+    out = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"`{item}` is not KEY=VALUE", param_hint=option)
+        out[key] = value
+    return out

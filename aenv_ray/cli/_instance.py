@@ -20,7 +20,7 @@ from typing import Annotated, Any
 
 import typer
 
-from aenv_ray.cli._common import EXIT_USAGE, die
+from aenv_ray.cli._common import EXIT_USAGE, die, pairs
 
 __all__ = ["app", "pairs"]
 
@@ -172,16 +172,6 @@ def _show(info: dict[str, Any], as_json: bool) -> None:
     if info.get("reason"):
         detail = f" ({info['detail']})" if info.get("detail") else ""
         print(f"ended    {info['reason']}{detail}")
-
-
-def pairs(values: list[str], option: str) -> dict[str, str]:
-    out = {}
-    for item in values:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise typer.BadParameter(f"`{item}` is not KEY=VALUE", param_hint=option)
-        out[key] = value
-    return out
 
 
 JsonOption = Annotated[bool, typer.Option("--json", help="print JSON")]

@@ -26,7 +26,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from aenv_ray.cli._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, die
+from aenv_ray.cli._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, die, pairs
 from aenv_ray.engine import ENGINES
 
 __all__ = ["register"]
@@ -83,6 +83,10 @@ def rollout_command(
     retry_failed: Annotated[
         bool, typer.Option(help="rerun episodes an earlier run recorded as failed")
     ] = False,
+    env_var: Annotated[
+        list[str] | None,
+        typer.Option("--env", "-e", help="KEY=VALUE in every instance's environment, repeatable"),
+    ] = None,
     engine: Annotated[
         str | None,
         typer.Option(
@@ -114,11 +118,18 @@ def rollout_command(
         die("--temperature and --logprobs are settings of --base-url/--model", EXIT_USAGE)
     if engine is not None and engine not in ENGINES:
         die(f"unknown engine `{engine}`: use one of {', '.join(ENGINES)}", EXIT_USAGE)
+    variables = pairs(env_var or [], "--env")
     console = Console(stderr=True)
     with contextlib.ExitStack() as stack:
         # first of all: a second driver on OUT exits 2 here, before anything starts
         run = stack.enter_context(RunDirectory.open(out))
-        from rollout.synthesis import OpenAIPolicy, load_tasks, pending_episodes, synthesize
+        from rollout.synthesis import (
+            OpenAIPolicy,
+            demo_dialogue,
+            load_tasks,
+            pending_episodes,
+            synthesize,
+        )
 
         # what can be checked is checked before Ray or any instance starts (one line, exit 2)
         chosen: Any = policy
@@ -132,13 +143,14 @@ def rollout_command(
                 temperature=temperature,
                 system_prompt=system_prompt,
                 logprobs=logprobs,
+                dialogue=demo_dialogue(env),  # a built-in whose user is simulated (tau2)
             )
         elif policy is not None:
             from rollout.precheck import import_policy
 
             import_policy(policy)  # synthesize finds it imported
         task_list = load_tasks(tasks, env)
-        run.check_identity(_identity(env, tasks, policy, base_url, model), force=force)
+        run.check_identity(_identity(env, tasks, policy, base_url, model, variables), force=force)
         todo = pending_episodes(task_list, episodes, run.records, retry_failed=retry_failed)
         if run.torn is not None:
             console.print(f"[yellow]{run.torn.describe()}")
@@ -148,11 +160,11 @@ def rollout_command(
         size = min(concurrency, len(todo))
         source: Any = None
         if use_ray and size:
-            source = _ray_source(stack, console, env, size, engine)
-        elif engine is not None and size:
+            source = _ray_source(stack, console, env, size, engine, variables)
+        elif (engine is not None or variables) and size:
             from rollout.sources import SDKSource
 
-            source = SDKSource(env, engine=engine)
+            source = SDKSource(env, engine=engine, environment_variables=variables)
         display = _Display(console, env, episodes)
         with _policy_traceback(), display.progress:
             summary = asyncio.run(
@@ -204,15 +216,29 @@ def _check_environment(
 
 
 def _identity(
-    env: str, tasks: Path | None, policy: str | None, base_url: str | None, model: str | None
+    env: str,
+    tasks: Path | None,
+    policy: str | None,
+    base_url: str | None,
+    model: str | None,
+    variables: dict[str, str],
 ) -> dict[str, str]:
-    """What makes a run this run: its environment, tasks (the file's content, wherever it
-    lies) and policy."""
+    """What makes a run this run: its environment and the instances' variables (by digest:
+    they may hold keys), tasks (the file's content, wherever it lies) and policy."""
     import hashlib
 
-    content = f"sha256:{hashlib.sha256(tasks.read_bytes()).hexdigest()[:16]}" if tasks else "demo"
+    def digest(data: bytes) -> str:
+        return f"sha256:{hashlib.sha256(data).hexdigest()[:16]}"
+
+    content = digest(tasks.read_bytes()) if tasks else "demo"
     who = f"{base_url} model {model}" if base_url is not None else policy or "the demo policy"
-    return {"env": env, "tasks": content, "policy": who}
+    given = "\0".join(f"{k}={v}" for k, v in sorted(variables.items()))
+    return {
+        "env": env,
+        "variables": digest(given.encode()) if variables else "none",
+        "tasks": content,
+        "policy": who,
+    }
 
 
 @contextlib.contextmanager
@@ -229,16 +255,21 @@ def _policy_traceback() -> Iterator[None]:
 
 
 def _ray_source(
-    stack: contextlib.ExitStack, console: Console, env: str, size: int, engine: str | None
+    stack: contextlib.ExitStack,
+    console: Console,
+    env: str,
+    size: int,
+    engine: str | None,
+    variables: dict[str, str],
 ) -> Any:
     """A warm :class:`rollout.RolloutPool` of ``size`` instances on ``engine`` (None: the
-    ``AENV_ENGINE`` setting), closed with ``stack``."""
+    ``AENV_ENGINE`` setting) with ``variables`` in their environment, closed with ``stack``."""
     from rollout import RolloutPool
     from rollout.sources import PoolSource
 
     with console.status(f"starting a Ray pool of {size} warm {env} instances"):
         where: dict[str, Any] = {"project": env} if "/" in env else {"env_name": env}
-        pool = RolloutPool(size=size, engine=engine, **where)
+        pool = RolloutPool(size=size, engine=engine, environment_variables=variables, **where)
     stack.callback(pool.close)
     return PoolSource(pool)
 

@@ -17,9 +17,8 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from aenv_ray.cli._common import EXIT_USAGE, die
+from aenv_ray.cli._common import EXIT_USAGE, die, pairs
 from aenv_ray.cli._hub import hub_call
-from aenv_ray.cli._instance import pairs
 
 __all__ = ["app"]
 

@@ -10,6 +10,11 @@ user's tools too, and end with the ``done`` tool. The replay reaches reward 1.0 
 
     aenv rollout tau2@1.0.0                         # these tasks, this policy
     aenv rollout tau2@1.0.0 --tasks my_tasks.jsonl  # the same task format
+
+:data:`DIALOGUE` is the user's side for a model playing the agent (``aenv rollout tau2@1.0.0
+--base-url URL --model M``, ``rollout.areal.AEnvWorkflow``): the conversation opens with tau2's
+system prompt, the agent's greeting and the user's first message, and each text answer of the
+model goes to the user (``tau2_send_message``), whose reply continues it until the episode ends.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["TASKS", "policy", "task_for"]
+__all__ = ["DIALOGUE", "TASKS", "Tau2Dialogue", "policy", "task_for"]
 
 _DOMAINS = ("airline", "retail", "telecom")
 
@@ -81,3 +86,29 @@ async def policy(task: dict[str, Any], env: Any) -> str | None:
     if not reply.get("done"):
         await env.call_function("tau2_done", {})
     return said
+
+
+class Tau2Dialogue:
+    """tau2's user, for a model playing the agent (a ``rollout.synthesis.Dialogue``)."""
+
+    async def opening(self, task: dict[str, Any], env: Any) -> list[dict[str, Any]]:
+        """tau2's system prompt, then the conversation so far as the agent sees it: its
+        greeting and the user's text (never the user's own tool calls; none in solo mode)."""
+        system = await env.call_function("tau2_get_system_prompt", {})
+        messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+        for message in await env.call_function("tau2_get_trajectory", {}):
+            content, role = message.get("content"), message.get("role")
+            said = isinstance(content, str) and not message.get("tool_calls")
+            if said and role in ("assistant", "user"):
+                messages.append({"role": role, "content": content})
+        return messages
+
+    async def reply(self, answer: str, task: dict[str, Any], env: Any) -> str | None:
+        """The user's answer to the agent's ``answer``; ``None`` once the episode is over."""
+        observation = await env.call_function("tau2_send_message", {"message": answer})
+        if observation.get("done"):
+            return None
+        return str(observation.get("observation") or "")
+
+
+DIALOGUE = Tau2Dialogue()
