@@ -115,7 +115,7 @@ _SUITE_RAN = re.compile(
 )
 
 
-def test_exit_code(log: str) -> int | None:
+def recorded_exit_code(log: str) -> int | None:
     """The test command's exit status the evaluation script wrote, or None."""
     match = _EXIT_CODE.search(log)
     return int(match.group(1)) if match else None
@@ -131,7 +131,7 @@ def logs_eval(log: str, parser: Parser) -> tuple[dict[str, str], bool]:
     statuses = parser(between) or parser(log)  # some runners print outside the markers
     if not statuses and not _SUITE_RAN.search(log):
         return {}, False
-    code = test_exit_code(log)
+    code = recorded_exit_code(log)
     if code not in (None, 0) and statuses and not any(s in _FAILING for s in statuses.values()):
         return {}, False  # the log claims no failure but the command failed: not this run's log
     return statuses, True

@@ -35,7 +35,7 @@ __all__ = [
     "load_rows",
     "modified_files",
     "parse_row",
-    "test_directives",
+    "directives_from_patch",
 ]
 
 PYTEST_TEST_CMD = "pytest -rA"
@@ -99,7 +99,7 @@ class Row:
         """What the test command runs: the row's ``test_directives``, else derived."""
         if self.test_directives is not None:
             return list(self.test_directives)
-        return test_directives(self.test_patch, django=self.is_django)
+        return directives_from_patch(self.test_patch, django=self.is_django)
 
     def test_command(self) -> str:
         """The full test command line."""
@@ -244,7 +244,7 @@ _DIFF_FILE = re.compile(r"diff --git a/.* b/(.*)")
 _HUNK_OLD = re.compile(r"^--- (?:a/(.*)|/dev/null)\s*$", re.MULTILINE)
 
 
-def test_directives(test_patch: str, *, django: bool = False) -> list[str]:
+def directives_from_patch(test_patch: str, *, django: bool = False) -> list[str]:
     """The files a test patch touches, minus data files (Django: as module names without the
     ``tests/`` prefix)."""
     found = [d for d in _DIFF_FILE.findall(test_patch) if not d.endswith(NON_TEST_EXTENSIONS)]
