@@ -352,7 +352,8 @@ class Episode:
     def _path(self, path: str) -> str:
         if not path or "\x00" in path:
             raise ValueError("give a path: a file or directory of the repository")
-        return path if os.path.isabs(path) else os.path.join(self.settings.repo_dir, path)
+        full = path if os.path.isabs(path) else os.path.join(self.settings.repo_dir, path)
+        return os.path.normpath(full)
 
     def run(self, command: str, timeout: float | None = None) -> dict[str, Any]:
         """Run a bash command in the repository; its output and exit status."""
