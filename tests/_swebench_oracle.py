@@ -157,7 +157,7 @@ def ours(case: Case) -> dict[str, Any]:
     text = case.log.replace("\r\n", "\n").replace("\r", "\n")
     parser = resolve_parser(case.parser)
     statuses, found = grading.logs_eval(text, parser)
-    report = grading.tests_report(statuses, case.f2p, case.p2p, case.eval_type)
+    report = grading.eval_tests_report(statuses, case.f2p, case.p2p, case.eval_type)
     return {
         "parsed": {name: resolve_parser(name)(text) for name in case.parsers},
         "statuses": statuses,

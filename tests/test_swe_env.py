@@ -160,10 +160,13 @@ async def test_the_demo_gold_patch_resolves_and_an_empty_patch_does_not(
 ) -> None:
     row = _demo_rows()[instance_id]
     task = await env.call_function("swe_reset", {"instance_id": instance_id})
-    assert task["instance_id"] == instance_id and task["repo_dir"] == "/workspace/testbed"
-    assert "patch" not in task and "test_patch" not in task
+    assert task["instance_id"] == instance_id
+    assert task["repo_dir"] == "/workspace/testbed"
+    assert "patch" not in task
+    assert "test_patch" not in task
     empty = await env.call_reward({})
-    assert empty["reward"] == 0.0 and empty["resolution"] == "RESOLVED_NO"
+    assert empty["reward"] == 0.0
+    assert empty["resolution"] == "RESOLVED_NO"
     assert empty["gradable"] is True  # the tests ran; the F2P test failed
     status = empty["report"][instance_id]["tests_status"]
     assert status["FAIL_TO_PASS"]["failure"] == json.loads(row["FAIL_TO_PASS"])
@@ -174,7 +177,8 @@ async def test_the_demo_gold_patch_resolves_and_an_empty_patch_does_not(
     answer = await demo.policy(next(t for t in demo.TASKS if t["id"] == instance_id), env)
     assert answer is not None
     gold = await env.call_reward({})
-    assert gold["reward"] == 1.0 and gold["resolved"] is True, gold["test_log"]
+    assert gold["reward"] == 1.0, gold["test_log"]
+    assert gold["resolved"] is True
     assert gold["resolution"] == "RESOLVED_FULL"
     assert gold["model_patch"].strip() == row["patch"].strip()
     GRADED.append(("gold", row, gold))
@@ -219,7 +223,8 @@ async def test_a_local_repository_gold_resolves_empty_and_breaking_do_not(
     cheat = await env.call_reward({})
     assert cheat["resolution"] == "RESOLVED_FULL"  # the real tests ran, and pass
     after = await _run(env, "git status --short; ls tests")
-    assert "test_area.py" in after["output"] and SECRET_TEST not in after["output"]
+    assert "test_area.py" in after["output"]
+    assert SECRET_TEST not in after["output"]
 
 
 async def test_the_real_runs_are_graded_as_swebench_grades_them() -> None:
@@ -274,37 +279,46 @@ async def test_the_agent_cannot_see_the_dataset_the_patches_or_later_commits(
         ("search", {"pattern": "MARKER", "path": "/tmp"}),
     ]:
         result = await env.call_tool(name, args)
-        assert SECRET_TEST not in result.text and "test_patch" not in result.text
+        assert SECRET_TEST not in result.text
+        assert "test_patch" not in result.text
     # nothing a command starts outlives it
     await _run(env, "setsid sleep 300 & (sleep 300 &) ; nohup sleep 300 >/dev/null 2>&1 &")
     listing = await _run(env, "ps -eo pid,comm")
     assert "sleep" not in listing["output"]
     # the task the agent may know
     task = await env.call_function("swe_task", {})
-    assert SECRET_TEST not in json.dumps(task) and SECRET_FIX not in json.dumps(task)
+    assert SECRET_TEST not in json.dumps(task)
+    assert SECRET_FIX not in json.dumps(task)
 
 
 async def test_the_file_tools(env: Environment) -> None:
     await _reset_shapes(env)
     made = await env.call_tool("create_file", {"path": "notes/a.txt", "file_text": "x\ny\nx\n"})
-    assert not made.is_error and "notes/a.txt" in made.text
+    assert not made.is_error
+    assert "notes/a.txt" in made.text
     again = await env.call_tool("create_file", {"path": "notes/a.txt", "file_text": ""})
-    assert again.is_error and "already exists" in again.text
+    assert again.is_error
+    assert "already exists" in again.text
     shown = await env.call_tool("view", {"path": "notes/a.txt", "view_range": [2, -1]})
     assert shown.text.endswith("     2\ty\n     3\tx\n")
     bad_range = await env.call_tool("view", {"path": "notes/a.txt", "view_range": [5, 9]})
-    assert bad_range.is_error and "outside the file's lines 1..3" in bad_range.text
+    assert bad_range.is_error
+    assert "outside the file's lines 1..3" in bad_range.text
     twice = await env.call_tool("str_replace", {"path": "notes/a.txt", "old_str": "x"})
-    assert twice.is_error and "Multiple occurrences of old_str in lines [1, 3]" in twice.text
+    assert twice.is_error
+    assert "Multiple occurrences of old_str in lines [1, 3]" in twice.text
     absent = await env.call_tool("str_replace", {"path": "notes/a.txt", "old_str": "zz"})
-    assert absent.is_error and "did not appear verbatim" in absent.text
+    assert absent.is_error
+    assert "did not appear verbatim" in absent.text
     edited = await env.call_tool(
         "str_replace", {"path": "notes/a.txt", "old_str": "y\n", "new_str": "why\n"}
     )
-    assert not edited.is_error and "     2\twhy" in edited.text
+    assert not edited.is_error
+    assert "     2\twhy" in edited.text
     assert (await _run(env, "cat notes/a.txt"))["output"] == "x\nwhy\nx\n"
     listing = await env.call_tool("view", {"path": "."})
-    assert "notes/a.txt" in listing.text and "shapes/area.py" in listing.text
+    assert "notes/a.txt" in listing.text
+    assert "shapes/area.py" in listing.text
     found = await env.call_tool("search", {"pattern": "def (square|rectangle)", "include": "*.py"})
     assert found.text.splitlines() == [
         "shapes/area.py:1:def square(side):",
@@ -313,10 +327,13 @@ async def test_the_file_tools(env: Environment) -> None:
     none = await env.call_tool("search", {"pattern": "nothing-like-this", "fixed_strings": True})
     assert none.text.startswith("No matches")
     missing = await env.call_tool("view", {"path": "no/such/file.py"})
-    assert missing.is_error and "no such file or directory" in missing.text
+    assert missing.is_error
+    assert "no such file or directory" in missing.text
     slow = await env.call_tool("run_command", {"command": "echo started; sleep 30", "timeout": 1})
-    assert slow.structured is not None and slow.structured["returncode"] == 124
-    assert "started" in slow.structured["output"] and "killed after 1 s" in slow.structured["output"]
+    assert slow.structured is not None
+    assert slow.structured["returncode"] == 124
+    assert "started" in slow.structured["output"]
+    assert "killed after 1 s" in slow.structured["output"]
     diff = await env.call_function("swe_diff", {})
     assert "+++ b/notes/a.txt" in diff["patch"]
 

@@ -16,11 +16,11 @@ from builtin_envs.swe import grading
 from builtin_envs.swe.log_parsers import parse_django, parser_for_repo, resolve_parser
 from builtin_envs.swe.rows import (
     RowError,
+    directives_from_patch,
     eval_script,
     load_rows,
     modified_files,
     parse_row,
-    directives_from_patch,
 )
 from tests._swebench_oracle import Case, oracle, ours
 
@@ -181,7 +181,8 @@ CASES = [
     ),
     Case(
         "timed-out",
-        _wrapped("PASSED t.py::test_a") + ">>>>> Tests Timed Out\nTimeout error: 5 seconds exceeded.",
+        _wrapped("PASSED t.py::test_a")
+        + ">>>>> Tests Timed Out\nTimeout error: 5 seconds exceeded.",
         f2p=["t.py::test_a"],
     ),
     Case(
@@ -411,4 +412,5 @@ def test_rows_load_from_json_and_jsonl(tmp_path: Path) -> None:
     with pytest.raises(RowError, match="cannot read the SWE-bench rows"):
         load_rows(tmp_path / "absent.jsonl")
     row = parse_row(_row(), "x")
-    assert "test_patch" not in row.public() and "patch" not in row.public()
+    assert "test_patch" not in row.public()
+    assert "patch" not in row.public()

@@ -10,7 +10,7 @@ sandbox::
 
     from builtin_envs.swe import grading, log_parsers
     statuses, ok = grading.logs_eval(log_text, log_parsers.parse_pytest)
-    report = grading.tests_report(statuses, fail_to_pass, pass_to_pass)
+    report = grading.eval_tests_report(statuses, fail_to_pass, pass_to_pass)
     grading.resolution_status(report)  # ResolvedStatus.FULL
 
 May import: ``aenv_ray``'s public API (errors, datasource).

@@ -330,21 +330,27 @@ class Episode:
         )
 
     def _clear_workspace(self, repo: str) -> None:
-        """Remove the previous episode's repository and whatever else is in its directory."""
+        """Remove the previous episode's repository, and when the repository lies directly in
+        the workspace, whatever else the agent left there (a ``.gitconfig`` included)."""
+        workspace = os.environ.get("AENV_WORKSPACE") or "/workspace"
+        parent = os.path.dirname(os.path.normpath(repo))
+        everything = os.path.normpath(parent) == os.path.normpath(workspace)
         if self.settings.datasource:
-            parent = shlex.quote(os.path.dirname(repo))
-            self.sandbox.run(
-                ["sh", "-c", f"mkdir -p {parent} && find {parent} -mindepth 1 -delete"],
-                cwd="/",
-                timeout=300,
+            target = shlex.quote(parent if everything else repo)
+            command = (
+                f"mkdir -p {target} && find {target} -mindepth 1 -delete"
+                if everything
+                else f"rm -rf {target} && mkdir -p {shlex.quote(parent)}"
             )
+            self.sandbox.run(["sh", "-c", command], cwd="/", timeout=300)
             return
-        parent = Path(repo).parent
-        parent.mkdir(parents=True, exist_ok=True)
-        for entry in parent.iterdir():
+        folder = Path(parent)
+        folder.mkdir(parents=True, exist_ok=True)
+        entries = list(folder.iterdir()) if everything else [Path(repo)]
+        for entry in entries:
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry)
-            else:
+            elif entry.exists() or entry.is_symlink():
                 entry.unlink()
 
     # -- the agent's tools -----------------------------------------------------------------
@@ -460,10 +466,10 @@ class Episode:
         changed = text.replace(old_str, new_str, 1)
         self._write(full, changed, create=False)
         first = text.count("\n", 0, start) + 1
-        lines = changed.split("\n")
+        changed_lines = changed.split("\n")
         low = max(first - 4, 1)
-        high = min(first + new_str.count("\n") + 4, len(lines))
-        snippet = "\n".join(f"{n:6}\t{lines[n - 1]}" for n in range(low, high + 1))
+        high = min(first + new_str.count("\n") + 4, len(changed_lines))
+        snippet = "\n".join(f"{n:6}\t{changed_lines[n - 1]}" for n in range(low, high + 1))
         return (
             f"The file {full} has been edited. Here's the result of running `cat -n` on a "
             f"snippet of {full}:\n{snippet}\nReview the changes and make sure they are as "
@@ -498,9 +504,7 @@ class Episode:
             return f"No matches for {pattern!r} in {path}"
         if result.returncode != 0:
             raise ValueError(result.output.strip() or f"grep failed with {result.returncode}")
-        lines = [
-            line.removeprefix("./") for line in result.output.rstrip("\n").split("\n")
-        ]
+        lines = [line.removeprefix("./") for line in result.output.rstrip("\n").split("\n")]
         shown = "\n".join(lines[:max_results])
         more = len(lines) - max_results
         return shown + (f"\n[{more} more matches not shown]" if more > 0 else "")
@@ -511,7 +515,7 @@ class Episode:
         """The agent's change against the base commit, new files included (the model patch)."""
         script = (
             'export GIT_INDEX_FILE="$(mktemp -u /tmp/swe-index.XXXXXX)"; '
-            'trap \'rm -f "$GIT_INDEX_FILE"\' EXIT; '
+            "trap 'rm -f \"$GIT_INDEX_FILE\"' EXIT; "
             'git read-tree "$1" && git add -A . >/dev/null 2>&1; '
             'git -c core.fileMode=false diff --cached "$1"'
         )
@@ -531,7 +535,7 @@ class Episode:
         added = " ".join(shlex.quote(f) for f in added_files(self.row.test_patch))
         if added:
             script += f"rm -f -- {added}\n"  # the test patch's new files go with it
-        where = "/tmp" if not self.settings.datasource else "/tmp"
+        where = "/tmp"
         name = f"{where}/swe-eval-{secrets.token_hex(8)}.sh"
         self._put(name, script)
         try:

@@ -3,7 +3,7 @@
 A run's log holds the test output between two markers the evaluation script prints
 (:data:`START_TEST_OUTPUT`, :data:`END_TEST_OUTPUT`) and the test command's exit status after
 them (:data:`TEST_EXIT_CODE`). :func:`logs_eval` parses it into ``{test: status}`` or says the
-run is not gradable; :func:`tests_report` sorts the instance's ``FAIL_TO_PASS`` and
+run is not gradable; :func:`eval_tests_report` sorts the instance's ``FAIL_TO_PASS`` and
 ``PASS_TO_PASS`` tests into success and failure; :func:`resolution_status` is
 ``RESOLVED_FULL`` (every F2P test passes and no P2P test broke), ``RESOLVED_PARTIAL`` or
 ``RESOLVED_NO``; :func:`eval_report` is the per-instance report of ``swebench``'s
@@ -47,9 +47,9 @@ __all__ = [
     "TestStatus",
     "classify_infra_failure",
     "eval_report",
+    "eval_tests_report",
     "logs_eval",
     "resolution_status",
-    "tests_report",
 ]
 
 
@@ -183,7 +183,7 @@ def _sort(
     return {"success": success, "failure": failure}
 
 
-def tests_report(
+def eval_tests_report(
     statuses: Mapping[str, str],
     fail_to_pass: Sequence[str],
     pass_to_pass: Sequence[str],
@@ -294,7 +294,7 @@ def eval_report(
             report["infra_failure_reason"] = classified[0]
         return report
     report["patch_successfully_applied"] = True
-    tests = tests_report(statuses, fail_to_pass, pass_to_pass, eval_type)
+    tests = eval_tests_report(statuses, fail_to_pass, pass_to_pass, eval_type)
     report["resolved"] = resolution_status(tests) is ResolvedStatus.FULL
     if include_tests_status:
         report["tests_status"] = tests

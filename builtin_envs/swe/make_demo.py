@@ -49,7 +49,7 @@ CALC_FIX = CALC_OPS.replace(
     "    if not values:\n"
     '        raise ValueError("mean of no values")\n',
 )
-CALC_TESTS = '''from calc.ops import add, divide, mean
+CALC_TESTS = """from calc.ops import add, divide, mean
 
 
 def test_add():
@@ -62,15 +62,15 @@ def test_divide():
 
 def test_mean():
     assert mean([1, 2, 3]) == 2
-'''
-CALC_NEW_TEST = '''
+"""
+CALC_NEW_TEST = """
 
 def test_mean_of_nothing():
     import pytest
 
     with pytest.raises(ValueError, match="no values"):
         mean([])
-'''
+"""
 
 SLUG = '''"""URL slugs."""
 
@@ -110,7 +110,7 @@ suite = unittest.defaultTestLoader.loadTestsFromNames(args.labels or ["test_slug
 result = unittest.TextTestRunner(verbosity=args.verbosity).run(suite)
 sys.exit(0 if result.wasSuccessful() else 1)
 '''
-SLUG_TESTS = '''import unittest
+SLUG_TESTS = """import unittest
 
 from textkit.slug import slugify
 
@@ -121,11 +121,11 @@ class SlugTests(unittest.TestCase):
 
     def test_lowercase(self):
         self.assertEqual(slugify("Hello World"), "hello-world")
-'''
-SLUG_NEW_TEST = '''
+"""
+SLUG_NEW_TEST = """
     def test_punctuation(self):
         self.assertEqual(slugify("Hello, World!"), "hello-world")
-'''
+"""
 
 
 def _git(repo: Path, *args: str, stdin: str | None = None) -> str:
@@ -214,7 +214,8 @@ def build(out: Path = DATA) -> list[dict[str, Any]]:
                 "PASS_TO_PASS": json.dumps(
                     [f"tests/test_ops.py::test_{t}" for t in ("add", "divide", "mean")]
                 ),
-                "test_cmd": "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -rA -p no:cacheprovider",
+                "test_cmd": "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -rA "
+                "-p no:cacheprovider",
             }
         )
         bundle, base, patch, test_patch = _repository(

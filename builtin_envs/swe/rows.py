@@ -31,11 +31,11 @@ __all__ = [
     "PYTEST_TEST_CMD",
     "Row",
     "RowError",
+    "directives_from_patch",
     "eval_script",
     "load_rows",
     "modified_files",
     "parse_row",
-    "directives_from_patch",
 ]
 
 PYTEST_TEST_CMD = "pytest -rA"

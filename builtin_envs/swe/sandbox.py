@@ -17,6 +17,7 @@ May import: ``aenv_ray``'s public API.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import selectors
@@ -175,7 +176,11 @@ class LocalSandbox:
         # pid 1 of its own pid namespace, and each hidden directory empty
         probe = 'echo "$$"; for d in "$@"; do ls -A "$d" | wc -l; done'
         result = self._run(
-            ["/bin/sh", "-c", probe, "probe", *self.hidden], cwd="/", timeout=30, stdin=b"", cap=4096
+            ["/bin/sh", "-c", probe, "probe", *self.hidden],
+            cwd="/",
+            timeout=30,
+            stdin=b"",
+            cap=4096,
         )
         if result.returncode != 0 or result.output.split() != ["1"] + ["0"] * len(self.hidden):
             raise IsolationUnavailableError(
@@ -213,7 +218,8 @@ class LocalSandbox:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        assert process.stdin is not None and process.stdout is not None
+        assert process.stdin is not None
+        assert process.stdout is not None
         timed_out = False
         try:
             try:
@@ -248,10 +254,8 @@ class LocalSandbox:
 
 
 def _kill(process: subprocess.Popen[bytes]) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     try:
         process.wait(timeout=10)
     except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL is not ignored
