@@ -52,9 +52,19 @@ def _tau2_calls() -> dict[str, dict[str, Any]]:
     return calls
 
 
+# swe's default episode is the first demo row (calc): arguments its tools accept there
+_SWE_CALLS: dict[str, dict[str, Any]] = {
+    "run_command": {"command": "git status --short"},
+    "view": {"path": "calc/ops.py", "view_range": [1, 5]},
+    "search": {"pattern": "def mean", "include": "*.py"},
+    "create_file": {"path": "notes/check.txt", "file_text": "checked\n"},
+    "str_replace": {"path": "calc/ops.py", "old_str": "return a + b", "new_str": "return b + a"},
+}
+
+
 @pytest.mark.parametrize("ref", sorted(builtin_refs()))
 async def test_every_builtin_environment_passes(ref: str) -> None:
-    calls = _tau2_calls() if ref == "tau2@1.0.0" else None
+    calls = _tau2_calls() if ref == "tau2@1.0.0" else _SWE_CALLS if ref == "swe@1.0.0" else None
     report = await check_environment(builtin_refs()[ref], calls=calls)
     assert report.env_ref == ref
     assert report.healthy

@@ -1,0 +1,305 @@
+"""Where the agent's commands run: a view of the instance without the task's secrets.
+
+:class:`LocalSandbox` (the local engine) runs each command in fresh namespaces nested in the
+instance's: a user namespace whose mounts lay an empty read-only file system over every hidden
+directory (the dataset, the repositories it came from, the environment's private files), then
+another user namespace (which locks those mounts: they cannot be unmounted from inside), a pid
+namespace with its own ``/proc`` (the runtime's process and memory are out of sight) and a
+mount namespace. When the command exits, everything it started is killed with its pid
+namespace: nothing of the agent runs between calls. :class:`DatasourceSandbox` (the Kubernetes
+engine's ``DualContainer`` instances) runs commands in the datasource container, which holds no
+dataset. Both cap what a command prints (the head and the tail are kept) and kill it at its
+timeout.
+
+May import: ``aenv_ray``'s public API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from aenv_ray.errors import ConfigurationError
+
+__all__ = [
+    "CommandResult",
+    "DatasourceSandbox",
+    "IsolationUnavailableError",
+    "LocalSandbox",
+    "Sandbox",
+]
+
+log = logging.getLogger("swe")
+
+_HIDE = (
+    'n=$1; shift; i=0; while [ "$i" -lt "$n" ]; do '
+    'mount -t tmpfs -o ro,size=4k,mode=0555 swe-hidden "$1" '
+    '|| { echo "swe: cannot hide $1" >&2; exit 125; }; shift; i=$((i + 1)); done; '
+    'exec unshare --user --map-root-user --mount --pid --fork --mount-proc --kill-child -- "$@"'
+)
+
+
+class IsolationUnavailableError(ConfigurationError):
+    """Commands cannot be run out of sight of the dataset here (no nested user namespaces)."""
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What a command did: its exit status (124 after a timeout), its output (stdout and
+    stderr together, decoded; the middle cut past the cap) and whether either happened."""
+
+    returncode: int
+    output: str
+    timed_out: bool = False
+    truncated: bool = False
+
+
+class Sandbox(Protocol):
+    """Runs a command in the agent's view of the instance."""
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        timeout: float,
+        stdin: bytes = b"",
+        max_output: int = 100_000,
+    ) -> CommandResult:
+        """Run ``argv`` in ``cwd`` with ``stdin``; kill it past ``timeout`` seconds."""
+        ...
+
+
+def decode_output(data: bytes) -> str:
+    """Bytes a command printed as text, line ends as Python's text files read them."""
+    text = data.decode("utf-8", errors="replace")
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+class _Capped:
+    """The first and last ``limit / 2`` bytes of a stream, and how many were dropped."""
+
+    def __init__(self, limit: int) -> None:
+        self.half = max(limit // 2, 1)
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.dropped = 0
+
+    def add(self, chunk: bytes) -> None:
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail += chunk
+            excess = len(self.tail) - self.half
+            if excess > 0:
+                del self.tail[:excess]
+                self.dropped += excess
+
+    def text(self) -> str:
+        if not self.dropped:
+            return decode_output(bytes(self.head + self.tail))
+        note = f"\n[... {self.dropped} bytes of output cut here ...]\n"
+        return decode_output(bytes(self.head)) + note + decode_output(bytes(self.tail))
+
+
+def _environment(extra: Mapping[str, str]) -> dict[str, str]:
+    python_bin = os.path.dirname(sys.executable)
+    path = os.environ.get("PATH") or "/usr/local/bin:/usr/bin:/bin"
+    env = {
+        "PATH": f"{python_bin}:{path}",
+        "LANG": os.environ.get("LANG") or "C.UTF-8",
+        "HOME": os.environ.get("AENV_WORKSPACE") or os.getcwd(),
+        "TERM": "dumb",
+        "PAGER": "cat",
+        "GIT_PAGER": "cat",
+        "PYTHONIOENCODING": "utf-8",
+    }
+    env.update(extra)
+    return env
+
+
+def _outermost(paths: Iterable[str]) -> list[str]:
+    """The paths not inside another one of them (hiding a directory hides what it holds)."""
+    kept: list[str] = []
+    for path in sorted({os.path.realpath(p) for p in paths}):
+        if not any(path == k or path.startswith(k.rstrip("/") + "/") for k in kept):
+            kept.append(path)
+    return kept
+
+
+class LocalSandbox:
+    """Commands in nested namespaces that hide ``hidden`` directories (see the module)."""
+
+    def __init__(
+        self, hidden: Sequence[str], *, isolate: bool = True, env: Mapping[str, str] | None = None
+    ) -> None:
+        self.hidden = _outermost(p for p in hidden if os.path.isdir(p))
+        self.isolate = isolate
+        self.env = dict(env or {})
+        self._checked = False
+
+    def _prefix(self) -> list[str]:
+        if not self.isolate:
+            return []
+        unshare = shutil.which("unshare") or "/usr/bin/unshare"
+        return [
+            unshare,
+            "--user",
+            "--map-root-user",
+            "--mount",
+            "--",
+            "/bin/sh",
+            "-c",
+            _HIDE,
+            "swe-hide",
+            str(len(self.hidden)),
+            *self.hidden,
+        ]
+
+    def check(self) -> None:
+        """Raise :class:`IsolationUnavailableError` if commands cannot be isolated here."""
+        if self._checked or not self.isolate:
+            return
+        # pid 1 of its own pid namespace, and each hidden directory empty
+        probe = 'echo "$$"; for d in "$@"; do ls -A "$d" | wc -l; done'
+        result = self._run(
+            ["/bin/sh", "-c", probe, "probe", *self.hidden],
+            cwd="/",
+            timeout=30,
+            stdin=b"",
+            cap=4096,
+        )
+        if result.returncode != 0 or result.output.split() != ["1"] + ["0"] * len(self.hidden):
+            raise IsolationUnavailableError(
+                "swe: the agent's commands cannot be run out of sight of the dataset here: "
+                f"nested user and pid namespaces failed ({result.output.strip()[:300]!r}); "
+                "use a kernel that allows unprivileged user namespaces, or set "
+                "SWE_ISOLATION=none to run commands without hiding the dataset "
+                "(the agent can then read the gold patch and the test patch)"
+            )
+        self._checked = True
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        timeout: float,
+        stdin: bytes = b"",
+        max_output: int = 100_000,
+    ) -> CommandResult:
+        """Run ``argv`` in the hidden view; see :class:`Sandbox`."""
+        self.check()
+        return self._run(argv, cwd=cwd, timeout=timeout, stdin=stdin, cap=max_output)
+
+    def _run(
+        self, argv: Sequence[str], *, cwd: str, timeout: float, stdin: bytes, cap: int
+    ) -> CommandResult:
+        output = _Capped(cap)
+        process = subprocess.Popen(
+            [*self._prefix(), *argv],
+            cwd=cwd,
+            env=_environment(self.env),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        assert process.stdin is not None
+        assert process.stdout is not None
+        timed_out = False
+        try:
+            try:
+                process.stdin.write(stdin)
+                process.stdin.close()
+            except BrokenPipeError:
+                pass
+            deadline = time.monotonic() + timeout
+            with selectors.DefaultSelector() as selector:
+                selector.register(process.stdout, selectors.EVENT_READ)
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        timed_out = True
+                        break
+                    if not selector.select(min(left, 1.0)):
+                        continue
+                    chunk = os.read(process.stdout.fileno(), 65536)
+                    if not chunk:
+                        break
+                    output.add(chunk)
+        finally:
+            if timed_out or process.poll() is None:
+                _kill(process)
+            process.stdout.close()
+        code = process.wait()
+        text = output.text()
+        if timed_out:
+            text += f"\n[the command was killed after {timeout:g} s]"
+            code = 124
+        return CommandResult(code, text, timed_out=timed_out, truncated=bool(output.dropped))
+
+
+def _kill(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL is not ignored
+        log.warning("swe: a killed command did not exit", extra={"pid": process.pid})
+
+
+class DatasourceSandbox:
+    """Commands in the datasource container of a ``DualContainer`` instance."""
+
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        self.env = dict(env or {})
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        timeout: float,
+        stdin: bytes = b"",
+        max_output: int = 100_000,
+    ) -> CommandResult:
+        """Run ``argv`` in the datasource container; see :class:`Sandbox`."""
+        from aenv_ray import datasource
+        from aenv_ray.errors import DatasourceTimeoutError
+
+        merged = ["/bin/sh", "-c", 'exec "$@" 2>&1', "sh", *argv]
+        env = {"TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat", **self.env}
+        try:
+            result = asyncio.run(
+                datasource.run(
+                    merged,
+                    cwd=cwd,
+                    env=env,
+                    stdin=stdin,
+                    timeout=timeout,
+                    max_output=max_output,
+                )
+            )
+        except DatasourceTimeoutError as exc:
+            partial_result = getattr(exc, "result", None)
+            partial = partial_result.stdout if partial_result is not None else b""
+            text = decode_output(partial) + f"\n[the command was killed after {timeout:g} s]"
+            return CommandResult(124, text, timed_out=True)
+        text = decode_output(result.stdout)
+        if result.stdout_truncated:
+            text += "\n[... output cut here ...]"
+        return CommandResult(result.returncode, text, truncated=result.stdout_truncated)
