@@ -134,7 +134,16 @@ def oracle_python(oracle: Oracle) -> Path:
         pytest.skip(message)
 
 
-ORACLES = (TAU2,)
+# SWE-bench's log parsers and grading (tests/_swebench_oracle.py bypasses the harness package's
+# module, which imports docker, datasets and modal)
+SWEBENCH = Oracle(
+    name="swebench",
+    no_deps=("swebench==5.0.2",),
+    packages=("unidiff==0.7.5",),
+    env_variable="AENV_SWEBENCH_ORACLE_PYTHON",
+)
+
+ORACLES = (TAU2, SWEBENCH)
 TAU2_DRIVER = ROOT / "tests" / "tau2_golden" / "oracle_driver.py"
 
 

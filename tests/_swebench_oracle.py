@@ -1,33 +1,26 @@
 """The official ``swebench`` package's log parsers and grading, run in a virtual environment of
 their own: the oracle ``builtin_envs.swe`` is compared with.
 
-The virtual environment is ``$AENV_SWEBENCH_ORACLE`` (default
-``~/.cache/aenv-ray/oracles/swebench``), made here when missing with ``pip install --no-deps
-swebench==5.0.2 unidiff``: the parsers and grading need nothing else once
-``swebench.harness``'s package module (which imports docker, datasets and modal) is bypassed.
-Where PyPI cannot be reached, :func:`oracle` skips the test, saying so.
+The virtual environment is ``tests/_oracles.py``'s ``SWEBENCH`` (``swebench==5.0.2`` without
+its declared dependencies, plus ``unidiff``; ``AENV_SWEBENCH_ORACLE_PYTHON`` names another):
+the parsers and grading need nothing else once ``swebench.harness``'s package module (which
+imports docker, datasets and modal) is bypassed.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import subprocess
-import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
+from tests._oracles import SWEBENCH, oracle_python
 
-VERSION = "5.0.2"
-ROOT = Path(
-    os.environ.get("AENV_SWEBENCH_ORACLE")
-    or Path.home() / ".cache" / "aenv-ray" / "oracles" / "swebench"
-)
+VERSION = SWEBENCH.no_deps[0].split("==")[1]
 
 # Runs in the oracle's interpreter: reads cases (JSON) on stdin, prints what swebench says.
 _DRIVER = r"""
@@ -88,36 +81,9 @@ class Case:
     parsers: Sequence[str] = field(default_factory=lambda: ["parse_log_pytest"])
 
 
-def _install() -> Path:
-    python = ROOT / "bin" / "python"
-    ROOT.parent.mkdir(parents=True, exist_ok=True)
-    with open(str(ROOT) + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        ready = ROOT / f".swebench-{VERSION}"
-        if ready.exists():
-            return python
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(ROOT)], check=True)
-        done = subprocess.run(
-            [
-                str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                "--no-deps", f"swebench=={VERSION}", "unidiff",
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )  # fmt: skip
-        if done.returncode != 0:
-            pytest.skip(
-                f"the swebench oracle cannot be installed into {ROOT} (no PyPI?): "
-                f"{done.stderr.strip()[-400:]}"
-            )
-        ready.touch()
-    return python
-
-
 def oracle(cases: Sequence[Case]) -> list[dict[str, Any]]:
     """What swebench's parsers and grading say of each case (installing swebench if needed)."""
-    python = _install()
+    python = oracle_python(SWEBENCH)
     with tempfile.TemporaryDirectory(prefix="swe-oracle-") as tmp:
         payload = []
         for n, case in enumerate(cases):
