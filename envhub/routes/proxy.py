@@ -8,7 +8,7 @@ a person opens in a browser (it cannot send the key). The capability in the path
 authority, checked by the instance's runtime; the hub forwards only to that runtime's preview
 route: a path part that decodes to ``.`` or ``..`` (or holds a separator) is refused here, and
 every part is re-encoded, so no path can reach another route of the runtime with its token.
-Every refusal is the same 404, whether the instance exists or not.
+An unknown or ended instance gets the words of the runtime's refusal of a wrong capability.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 
 _PREVIEW = "aenv/v1/preview/"
+_NO_PREVIEW = "no such preview: the address is wrong or its instance has ended\n"  # the runtime's
 
 
 # before the general proxy route: the first route that matches a path serves it
@@ -42,7 +43,7 @@ async def instance_preview(iid: str, path: str, request: Request) -> Response:
     plain = not any(part in (".", "..") or "\\" in part for part in parts)
     target = await hub.control.preview_target(iid) if plain else None
     if target is None:
-        return PlainTextResponse("no such preview\n", status_code=404)
+        return PlainTextResponse(_NO_PREVIEW, status_code=404)
     url, token = target
     return await hub.forwarder.forward_preview(request, url, _PREVIEW, parts, token)
 
