@@ -4,8 +4,9 @@ Owns the public SDK (:class:`Environment`, :class:`ToolResult`), the decorators 
 environment (:func:`register_tool`, :func:`register_function`, :func:`register_reward`,
 :func:`register_health`), the error tree (:mod:`aenv_ray.errors`), the engine contract
 (:class:`SandboxEngine`), ``config.json`` and wire models, environment references
-(:mod:`aenv_ray.envref`), the bundle format (:mod:`aenv_ray.bundle`), settings, structured
-logging, the EnvHub client (:mod:`aenv_ray.hub`) and the ``aenv`` CLI.
+(:mod:`aenv_ray.envref`), the bundle format (:mod:`aenv_ray.bundle`), the preview an
+environment names for browsers (:mod:`aenv_ray.preview`), settings, structured logging, the
+EnvHub client (:mod:`aenv_ray.hub`) and the ``aenv`` CLI.
 
 May import: pydantic, pydantic-settings, aiohttp, orjson, the mcp/fastmcp clients, packaging
 (requirement specifiers in a bundle's lock), typer and rich (CLI only); lazily, inside functions:

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 
@@ -61,6 +62,7 @@ from aenv_ray.errors import (
     InstanceClosedError,
     InstanceExpiredError,
     InstanceUnreachableError,
+    NotSupportedError,
     ProtocolError,
     StartupTimeoutError,
     ToolArgumentError,
@@ -702,6 +704,29 @@ class Environment:
             raise ProtocolError(f"health answered HTTP {status}: {data!r}")
         report = data.get("data")
         return report if isinstance(report, dict) else {"status": str(report)}
+
+    async def preview_url(self, path: str = "", *, timeout: float | None = None) -> str:
+        """The address where a browser opens the instance's preview (``path``: a file in it),
+        e.g. ``http://127.0.0.1:PORT/aenv/v1/preview/CAPABILITY/index.html``.
+
+        The preview is the directory the environment's code serves
+        (:func:`aenv_ray.preview.set_preview_directory`); the address holds a capability, not
+        the instance's token: whoever has it can read those files (and nothing else) while the
+        instance lives. Through a hub's proxy it is the hub's address, which needs no key.
+        Raises :class:`~aenv_ray.errors.NotSupportedError` when the environment serves none.
+        """
+        limit = float(timeout if timeout is not None else self.timeout)
+        status, data = await self._request("GET", p.PREVIEW_PATH, timeout=limit)
+        if status != 200 or not isinstance(data, dict) or not isinstance(data.get("path"), str):
+            raise ProtocolError(f"{self.url}{p.PREVIEW_PATH} answered HTTP {status}: {data!r}")
+        if data.get("directory") is None:
+            raise NotSupportedError(
+                f"`{self._ref}` serves no preview: its code has not called "
+                "aenv_ray.preview.set_preview_directory(...) (yet)",
+                env_name=self.env_name,
+                instance_id=self.instance_id,
+            )
+        return f"{self.url}{data['path']}{quote(path.lstrip('/'))}"
 
     def __repr__(self) -> str:
         return f"Environment({self.env_name!r}, state={self._state.value}, url={self.url!r})"

@@ -31,10 +31,13 @@ __all__ = [
     "FUNCTIONS_LIST_PATH",
     "FUNCTIONS_PREFIX",
     "HEALTH_PATH",
+    "MAX_PREVIEW_FILE_BYTES",
     "MAX_REQUEST_BYTES",
     "MAX_RESPONSE_BYTES",
     "MAX_TIMEOUT",
     "MCP_PATH",
+    "PREVIEW_PATH",
+    "PREVIEW_PREFIX",
     "READY_PATH",
     "REWARD_PATH",
     "TIMEOUT_HEADER",
@@ -56,6 +59,13 @@ FAST_CALL_PATH = "/aenv/v1/call"
 FAST_TOOLS_PATH = "/aenv/v1/tools"
 FAST_INFO_PATH = "/aenv/v1/info"
 READY_PATH = "/aenv/v1/ready"  # no token needed, no environment code run: for probes
+PREVIEW_PATH = "/aenv/v1/preview"
+"""``GET``: where this instance's preview is (its capability path); needs the token."""
+PREVIEW_PREFIX = "/aenv/v1/preview/"
+"""``GET PREVIEW_PREFIX + CAPABILITY + "/" + FILE``: a file of the preview, for a browser (no
+token: the capability in the path is the authority; see :mod:`aenv_ray.preview`)."""
+MAX_PREVIEW_FILE_BYTES = 16 * 1024 * 1024
+"""A preview file larger than this is not served (HTTP 413)."""
 TOKEN_ENV = (
     "AENV_RUNTIME_TOKEN"  # the instance token, for a runtime an engine starts in a container
 )

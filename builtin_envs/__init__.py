@@ -1,7 +1,8 @@
 """builtin_envs: the environments that ship with aenv-ray, one project directory each.
 
-``mini_terminal`` (``mini-terminal@1.0.0``): a shell per instance. :func:`builtin_path` finds a
-built-in project by its ``name@version`` or name.
+``mini_terminal`` (``mini-terminal@1.0.0``): a shell per instance; ``mini_program``
+(``mini-program@1.0.0``): a mini program IDE with a live preview (``docs/builtins.md``).
+:func:`builtin_path` finds a built-in project by its ``name@version`` or name.
 
 May import: ``aenv_ray``'s public API, as a user's project would.
 """

@@ -1,7 +1,9 @@
 """EnvHub's HTTP API (FastAPI): the registry, the control plane, and a proxy to instances.
 
-Every route but ``/v1/health`` and the OpenAPI document (``/openapi.json``, browsable at
-``/docs``) needs ``Authorization: Bearer KEY`` unless the hub runs with ``auth=False``. Errors
+Every route but ``/v1/health``, the OpenAPI document (``/openapi.json``, browsable at
+``/docs``) and an instance's preview (whose path holds its capability: ``GET``/``HEAD`` of
+``.../proxy/aenv/v1/preview/...``, :mod:`envhub.routes.proxy`) needs
+``Authorization: Bearer KEY`` unless the hub runs with ``auth=False``. Errors
 are :func:`aenv_ray.errors.encode_error`'s envelope, ``{"error": "MESSAGE", "type":
 "<aenv_ray.errors class>", "retryable": BOOL, ...typed fields}``, with the status of their
 kind (401, 403, 404, 409, 410, 413, 415, 400, 502, 503, 500), so a client re-raises the same
@@ -11,20 +13,21 @@ Before any route,
 :class:`envhub.guard.RequestGuard` refuses what a web page could make a browser send (415 for a
 body that is not JSON; without auth, 403 for a foreign ``Host`` or ``Origin``).
 
-==============================================  ============================================
-``POST   /v1/envs``                             publish a bundle (body: its bytes)
-``GET    /v1/envs?q=&tag=&deprecated=``         search: one summary per name
-``GET    /v1/envs/{name}``                      every version of a name
-``GET    /v1/envs/{name}/{version}``            one version (``latest``: the current one)
-``GET    /v1/envs/{name}/{version}/bundle``     the bundle's bytes
-``PATCH  /v1/envs/{name}/{version}``            deprecate / undeprecate
-``DELETE /v1/envs/{name}/{version}``            delete (a tombstone: never reused)
-``GET    /v1/tags``                             tag -> how many names carry it
-``POST   /v1/instances`` ...                    create, list, get, delete, renew, fork
-``/v1/instances/{id}/proxy/{path}``             the instance's runtime, through the hub
-``POST   /v1/services`` ...                     create, list, get, update, delete
-``/v1/services/{id}/proxy/{path}``              a running replica, round-robin
-==============================================  ============================================
+=======================================================  =========================================
+``POST   /v1/envs``                                      publish a bundle (body: its bytes)
+``GET    /v1/envs?q=&tag=&deprecated=``                  search: one summary per name
+``GET    /v1/envs/{name}``                               every version of a name
+``GET    /v1/envs/{name}/{version}``                     one version (``latest``: the current one)
+``GET    /v1/envs/{name}/{version}/bundle``              the bundle's bytes
+``PATCH  /v1/envs/{name}/{version}``                     deprecate / undeprecate
+``DELETE /v1/envs/{name}/{version}``                     delete (a tombstone: never reused)
+``GET    /v1/tags``                                      tag -> how many names carry it
+``POST   /v1/instances`` ...                             create, list, get, delete, renew, fork
+``/v1/instances/{id}/proxy/{path}``                      the instance's runtime, through the hub
+``GET    /v1/instances/{id}/proxy/aenv/v1/preview/{p}``  a preview, for a browser: no key
+``POST   /v1/services`` ...                              create, list, get, update, delete
+``/v1/services/{id}/proxy/{path}``                       a running replica, round-robin
+=======================================================  =========================================
 
 This module assembles the app: the routers (:mod:`envhub.routes`, one per concern, sharing one
 :class:`envhub.routes.context.Hub`), the guard, the error envelope and the lifespan (the control

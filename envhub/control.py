@@ -336,6 +336,18 @@ class ControlPlane:
         """One of the caller's instances, its state refreshed from the engine."""
         return await self._refresh(await self._mine(caller, instance_id))
 
+    async def preview_target(self, instance_id: str) -> tuple[str, str | None] | None:
+        """``(url, token)`` of the running instance ``instance_id``, whatever its tenant, or
+        None: for the preview route, where the capability in the path is the authority (the
+        instance's runtime checks it) and no key is sent."""
+        doc = await self.store.get(INSTANCES, instance_id)
+        if doc is None:
+            return None
+        doc = await self._refresh(doc)
+        if doc["state"] != InstanceState.RUNNING.value or not doc.get("url"):
+            return None
+        return str(doc["url"]), doc.get("token")
+
     async def list_instances(
         self, caller: Caller, *, env: str | None = None, include_terminated: bool = False
     ) -> list[Document]:

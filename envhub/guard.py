@@ -9,6 +9,10 @@ page can make without the hub's consent:
   ``localhost`` or an IP literal (with any port);
 - **another site's page** (no auth): a request carrying ``Origin`` (or ``Sec-Fetch-Site``) of
   another origin than the hub's own (``http://`` + its ``Host``);
+- **the preview is exempt**: ``GET``/``HEAD`` of ``/v1/instances/{id}/proxy/aenv/v1/preview/...``
+  is what a browser sends when a person opens an instance's preview (its subresources come from
+  a sandboxed, opaque origin: ``Sec-Fetch-Site: cross-site``, ``Origin: null``); the capability
+  in its path is its authority, and it reads files only (:mod:`envhub.routes.proxy`);
 - **"simple" requests** (always, auth or not): a page may POST ``text/plain``, a form or
   ``multipart/form-data`` anywhere without asking the server first; the hub reads a body only as
   ``application/json``, and the bundle upload (``POST /v1/envs``) only as
@@ -21,12 +25,16 @@ page can make without the hub's consent:
     403
     >>> refusal("GET", "/v1/envs", {"host": "localhost:8000"}, auth=False) is None
     True
+    >>> refusal("GET", "/v1/instances/i1/proxy/aenv/v1/preview/CAP/app.js",
+    ...         {"host": "127.0.0.1:8000", "sec-fetch-site": "cross-site"}, auth=False) is None
+    True
 
 May import: the standard library, ``aenv_ray.errors``, starlette (the middleware).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from starlette.responses import JSONResponse
@@ -38,6 +46,7 @@ from aenv_ray.net import is_local_host, media_type
 __all__ = ["RequestGuard", "refusal"]
 
 UPLOAD = ("POST", "/v1/envs")
+_PREVIEW = re.compile(r"^/v1/instances/[^/]+/proxy/aenv/v1/preview/")
 _WITH_BODY = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
@@ -49,6 +58,8 @@ def refusal(
     ``headers`` are lower-cased names; a name sent twice is joined by ``,`` (as HTTP does), so a
     second ``Host`` or ``Origin`` cannot hide behind the first.
     """
+    if method in ("GET", "HEAD") and _PREVIEW.match(path):
+        return None
     if not auth:
         host = headers.get("host", "")
         if not is_local_host(host):

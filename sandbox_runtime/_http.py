@@ -13,6 +13,8 @@ Routes (on every port the runtime listens on):
 ``GET  /aenv/v1/tools``     ``{"tools": [{name, description, inputSchema}]}``
 ``GET  /aenv/v1/info``      name, version, tools, functions, reward, pid
 ``GET  /aenv/v1/ready``     ``{"ready": true}``: the runtime serves (no token, no env code)
+``GET  /aenv/v1/preview``   where the preview is: ``{"path", "directory"}``
+``GET  /aenv/v1/preview/*`` the preview's files (no token: a capability; :mod:`._preview`)
 ``GET  /health``            ``{"success", "data": {"status": "healthy"|...}}`` (503 if not)
 ``POST /task/reward``       ``{"success", "data"}`` or ``{"success": false, "error", ...}``
 ``POST /functions/NAME``    same envelope
@@ -26,10 +28,13 @@ function's kind or exception class name; ``unauthorized``, ``forbidden``, ``bad_
 
 An instance an engine creates has a token (:attr:`~aenv_ray.engine.InstanceInfo.token`): every
 request on every route must then carry ``Authorization: Bearer TOKEN``, else it is answered
-401. One route needs no token: ``/aenv/v1/ready``, a readiness probe's (a kubelet sends no
-secret); it runs no environment code and says nothing but that the runtime serves. Its port is
-reachable by whatever shares the network with it (other instances allowed the network, other
-users of the host); the token is what keeps them out.
+401. Two routes need no token: ``/aenv/v1/ready``, a readiness probe's (a kubelet sends no
+secret), which runs no environment code and says nothing but that the runtime serves; and the
+preview's files under ``/aenv/v1/preview/CAPABILITY/``, which a browser opens (it cannot send the
+token), read-only, behind a capability only the token's holder learns
+(:mod:`sandbox_runtime._preview`). The port is reachable by whatever shares the network with it
+(other instances allowed the network, other users of the host); the token is what keeps them
+out.
 
 A runtime without a token (``aenv run``, :class:`~aenv_ray.testing.RuntimeProcess`) is reachable
 by any web page open in a browser on the same machine; it refuses what a browser sends across
@@ -71,6 +76,7 @@ from aenv_ray.net import is_local_host, media_type
 from aenv_ray.registry import Kind
 from sandbox_runtime import _limits
 from sandbox_runtime._dispatch import CallFailed, Dispatcher
+from sandbox_runtime._preview import PreviewRoute
 from sandbox_runtime._runner import WorkerStuckError
 
 __all__ = ["RuntimeApp"]
@@ -175,6 +181,7 @@ class RuntimeApp:
         }
         self._info_payload = b""
         self._info_pid = 0
+        self.preview = PreviewRoute()
 
     def set_token(self, token: str | None) -> None:
         """Require ``Authorization: Bearer token`` on every request (None: require nothing)."""
@@ -256,6 +263,9 @@ class RuntimeApp:
         if path == p.READY_PATH:
             await _send_raw(send, b'{"ready":true}')
             return
+        if path.startswith(p.PREVIEW_PREFIX):  # a browser's: the capability is the authority
+            await self.preview.serve(scope, send)
+            return
         if not self._is_authorized(scope):
             no_token = AuthenticationError(
                 "this instance's runtime needs its token: send the header "
@@ -280,6 +290,8 @@ class RuntimeApp:
                 await _send_raw(send, self._tools_payload)
             elif path == p.FAST_INFO_PATH and method == "GET":
                 await _send_raw(send, self._info_bytes())
+            elif path == p.PREVIEW_PATH and method == "GET":
+                await _send_json(send, 200, self.preview.describe())
             elif path == p.HEALTH_PATH and method in ("GET", "POST"):
                 await self._health(scope, receive, send)
             elif path == p.REWARD_PATH and method == "POST":

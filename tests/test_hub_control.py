@@ -641,13 +641,15 @@ def _documented_routes() -> set[tuple[str, str]]:
     ("create, list, get, ...") spelled out; path parameters as ``{}``."""
     doc = envhub.app.__doc__ or ""
     rows = re.findall(r"^``(?:([A-Z]+)\s+)?(/\S+?)``\s*(\.\.\.)?\s+(.*)$", doc, re.M)
-    assert len(rows) == 12, rows
+    assert len(rows) == 13, rows
     routes: set[tuple[str, str]] = set()
     proxy_methods = ("GET", "POST", "PUT", "PATCH", "DELETE")
     for method, path, more, _ in rows:
         path = re.sub(r"\{[^}]*\}", "{}", path.split("?")[0])
         if path.endswith("/proxy/{}"):
             routes |= {(m, path) for m in proxy_methods}
+        elif "/proxy/aenv/v1/preview/" in path:
+            routes |= {("GET", path), ("HEAD", path)}
         elif more and path == "/v1/instances":
             routes |= {
                 ("POST", path),
@@ -681,7 +683,7 @@ async def test_openapi_documents_every_route(hub: Hub) -> None:
         for method in item
     }
     documented = _documented_routes()
-    assert len(documented) == 29
+    assert len(documented) == 31
     missing = documented - served
     assert not missing, f"documented but not served: {sorted(missing)}"
     assert served - documented == {("GET", "/v1/health"), ("GET", "/v1/whoami")}
@@ -716,6 +718,11 @@ async def test_every_route_but_health_needs_a_key(hub: Hub) -> None:
         if path == "/v1/health":
             continue
         url = hub.url + re.sub(r"\{[^}]*\}", "x", path)
+        if "/aenv/v1/preview/" in path:  # a browser's: the capability in the path is the key
+            for method in item:
+                status, _, body = await raw(method.upper(), url)
+                assert status == 404, (method, path, body)
+            continue
         for method in item:
             for key in (None, "not-a-key", "aenv_000000000000_" + "x" * 32):
                 status, headers, body = await raw(method.upper(), url, key=key)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import AsyncIterator
+from urllib.parse import quote
 
 import aiohttp
 from fastapi import Request
@@ -82,6 +83,28 @@ class Forwarder:
             raise InstanceUnreachableError(
                 f"the hub cannot reach the instance at {base} ({exc}); it may have ended"
             ) from exc
+        return self._streamed(upstream)
+
+    async def forward_preview(
+        self, request: Request, base: str, prefix: str, parts: list[str], token: str | None
+    ) -> Response:
+        """``request`` (a browser's ``GET`` or ``HEAD`` of a preview file) sent to ``base`` +
+        ``prefix`` + ``parts``, each part percent-encoded again (so that none becomes a
+        separator or a dot segment), with only ``token`` as its header: nothing of the
+        browser's (cookies, its origin) reaches the runtime."""
+        assert self._session is not None, "the hub's lifespan opens the forwarder"
+        path = "/".join(quote(part, safe="") for part in parts)  # no dot segment: checked
+        url = f"{base.rstrip('/')}/{prefix}{path}"
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        try:
+            upstream = await self._session.request(request.method, url, headers=headers)
+        except aiohttp.ClientError as exc:
+            raise InstanceUnreachableError(
+                f"the hub cannot reach the instance at {base} ({exc}); it may have ended"
+            ) from exc
+        return self._streamed(upstream)
+
+    def _streamed(self, upstream: aiohttp.ClientResponse) -> Response:
         out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP}
 
         async def body() -> AsyncIterator[bytes]:

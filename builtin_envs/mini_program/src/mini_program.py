@@ -1,0 +1,237 @@
+"""mini-program: a mini program IDE per instance (AEnvironment's "Mini Program IDE").
+
+The agent builds a small web app (``index.html`` and its CSS, JavaScript, data) in the instance's
+project directory with file tools, runs Python in it, checks the code with ``validate``, and a
+person opens the result in a browser through the live preview (``await env.preview_url()``):
+the runtime serves the project directory (:mod:`aenv_ray.preview`).
+
+The project is ``$AENV_WORKSPACE/project`` (``/workspace/project`` in an engine's instance),
+else a private temporary directory (``aenv run``), made on first use: by the health check (which
+every ``Environment`` calls before its first call), a tool, a function or the reward.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from _mp_checks import CHECKED_EXTENSIONS, check_file, page_text
+from _mp_files import Project, ProjectError, split_path
+from _mp_python import MAX_TIMEOUT, run_python
+
+from aenv_ray import register_function, register_health, register_reward, register_tool
+from aenv_ray.preview import set_preview_directory
+
+ENTRY = "index.html"
+_lock = threading.Lock()
+_project: Project | None = None
+
+
+def project() -> Project:
+    """This instance's project (made, and served as the preview, on first use)."""
+    global _project
+    with _lock:
+        if _project is None:
+            workspace = os.environ.get("AENV_WORKSPACE")
+            if workspace:
+                root = Path(workspace) / "project"
+            else:  # aenv run: a directory of our own, removed when the runtime exits
+                root = Path(tempfile.mkdtemp(prefix="aenv-mini-program-")) / "project"
+                atexit.register(shutil.rmtree, root.parent, True)
+            _project = Project(root)
+            set_preview_directory(root)
+        return _project
+
+
+def _after_fork_in_child() -> None:
+    # A fork of a running instance (Environment.fork) has the parent's Python state and a copy
+    # of its workspace, which an unisolated engine puts at another path: find the project again
+    # (the health check the forked Environment calls first does, and serves it as the preview).
+    global _project, _lock
+    _lock = threading.Lock()
+    _project = None
+    set_preview_directory(None)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@register_tool
+def write_file(file_path: str, content: str) -> dict[str, Any]:
+    """Write a file of the mini program (made, or replaced), creating its directories.
+
+    The entry point the preview opens is `index.html`. Paths are relative to the project root
+    (`index.html`, `css/style.css`); `..` and hidden names are refused. At most 1 MB per file.
+
+    Args:
+        file_path: path of the file in the project, e.g. "index.html" or "js/app.js".
+        content: the file's whole text.
+    """
+    size, created = project().write(file_path, content)
+    path = "/".join(split_path(file_path))
+    return {"file_path": path, "size": size, "created": created}
+
+
+@register_tool
+def read_file(file_path: str) -> dict[str, Any]:
+    """Read a file of the mini program (the first 200,000 characters of a longer one).
+
+    Args:
+        file_path: path of the file in the project, e.g. "index.html".
+    """
+    text, size, truncated = project().read(file_path)
+    return {
+        "file_path": "/".join(split_path(file_path)),
+        "content": text,
+        "size": size,
+        "truncated": truncated,
+    }
+
+
+@register_tool
+def list_files(directory: str = "/") -> dict[str, Any]:
+    """List the files of the mini program (below `directory`), with their sizes in bytes.
+
+    Args:
+        directory: a directory of the project; "/" (the default) is its root.
+    """
+    found = list(project().walk(directory))
+    return {
+        "directory": directory,
+        "files": [path for path, _ in found],
+        "sizes": dict(found),
+        "count": len(found),
+    }
+
+
+@register_tool
+def delete_file(file_path: str) -> dict[str, Any]:
+    """Delete a file of the mini program (a directory goes with its last file).
+
+    Args:
+        file_path: path of the file in the project.
+    """
+    project().delete(file_path)
+    return {"file_path": "/".join(split_path(file_path)), "deleted": True}
+
+
+@register_tool(timeout=MAX_TIMEOUT + 10)
+def execute_python_code(code: str, timeout: int = 30) -> dict[str, Any]:
+    """Run Python code in the project directory (it can read and write the project's files and
+    import its modules) and return its output.
+
+    The code runs in a new Python process with no input; `success` is true when it exits with
+    status 0 in time. stdout is `output`, stderr is `error` (each cut after 100 kB). Past
+    `timeout` it is killed (returncode 124); processes it leaves running are killed when it ends.
+
+    Args:
+        code: the Python program to run.
+        timeout: seconds before it is killed, 1 to 120.
+    """
+    if not 1 <= timeout <= MAX_TIMEOUT:
+        raise ValueError(f"timeout must be between 1 and {MAX_TIMEOUT} seconds, got {timeout}")
+    return run_python(code, cwd=project().root, timeout=timeout).describe()
+
+
+@register_tool
+def validate(file_path: str = "") -> dict[str, Any]:
+    """Check the mini program's HTML, JavaScript, CSS and JSON for mistakes that break a page.
+
+    HTML: unclosed or misnested elements, stray end tags, references to files that are not in
+    the project (or start with `/`, or come from the network); JavaScript and CSS: unbalanced
+    brackets, unterminated strings, comments, template literals and regular expressions; JSON:
+    syntax. `valid` is true when there is no error (warnings do not count). Without `file_path`
+    every such file is checked, and a missing `index.html` is an error.
+
+    Args:
+        file_path: one file to check; empty (the default): the whole project.
+    """
+    return _validate(project(), file_path)
+
+
+def _validate(files: Project, file_path: str = "") -> dict[str, Any]:
+    known = frozenset(path for path, _ in files.walk())
+    errors: list[str] = []
+    warnings: list[str] = []
+    if file_path:
+        targets = ["/".join(split_path(file_path))]
+        files.read(targets[0], limit=None)  # a clear error when it is not there
+    else:
+        targets = [f for f in sorted(known) if f.rpartition(".")[2].lower() in CHECKED_EXTENSIONS]
+        if ENTRY not in known:
+            errors.append(f"{ENTRY}: missing: the preview opens it; write it with write_file")
+    for target in targets:
+        text, _, _ = files.read(target, limit=None)
+        for problem in check_file(target, text, known):
+            line = f"{target}:{problem.line}: {problem.message}"
+            (errors if problem.severity == "error" else warnings).append(line)
+    return {"valid": not errors, "checked": targets, "errors": errors, "warnings": warnings}
+
+
+@register_function
+def reset_project(files: dict[str, str] | None = None) -> dict[str, Any]:
+    """Empty the project, then write `files` (path -> text): a task's starting point.
+
+    Args:
+        files: the files to start with; none by default.
+    """
+    current = project()
+    current.clear()
+    for path, content in (files or {}).items():
+        current.write(path, content)
+    return {"files": sorted(path for path, _ in current.walk())}
+
+
+@register_function
+def project_files() -> dict[str, str]:
+    """Every file of the project as path -> text (to record what an episode built)."""
+    current = project()
+    return {path: current.read(path, limit=None)[0] for path, _ in current.walk()}
+
+
+@register_reward
+def page_reward(
+    expected_text: list[str] | None = None,
+    expected_files: list[str] | None = None,
+    entry: str = ENTRY,
+) -> dict[str, Any]:
+    """The share of checks the mini program passes: the entry page exists (else 0.0), each
+    expected text is shown by the page (in its text, or in a script it runs), each expected
+    file exists, and `validate` finds no error.
+
+    Args:
+        expected_text: texts the page must show (case-sensitive, whitespace collapsed).
+        expected_files: project files that must exist.
+        entry: the page to check.
+    """
+    current = project()
+    checks: dict[str, bool] = {}
+    try:
+        source, _, _ = current.read(entry, limit=None)
+    except ProjectError:
+        return {"reward": 0.0, "checks": {f"page {entry}": False}, "errors": []}
+    checks[f"page {entry}"] = True
+    known = frozenset(path for path, _ in current.walk())
+    shown, inline, loaded = page_text(entry, source, known)
+    scripts = [*inline, *(current.read(s, limit=None)[0] for s in loaded if s in known)]
+    for text in expected_text or []:
+        wanted = " ".join(text.split())
+        checks[f"shows {text!r}"] = wanted in shown or any(wanted in s for s in scripts)
+    for path in expected_files or []:
+        checks[f"file {path}"] = current.exists(path)
+    report = _validate(current)
+    checks["validate"] = report["valid"]
+    passed = sum(checks.values())
+    return {"reward": passed / len(checks), "checks": checks, "errors": report["errors"][:5]}
+
+
+@register_health
+def health() -> dict[str, Any]:
+    """Healthy while the project directory exists; makes it (and the preview) on first use."""
+    root = project().root
+    return {"status": "healthy" if root.is_dir() else "unhealthy", "project": str(root)}
