@@ -21,6 +21,7 @@ body that is not JSON; without auth, 403 for a foreign ``Host`` or ``Origin``).
 ``GET    /v1/envs/{name}/{version}/bundle``              the bundle's bytes
 ``PATCH  /v1/envs/{name}/{version}``                     deprecate / undeprecate
 ``DELETE /v1/envs/{name}/{version}``                     delete (a tombstone: never reused)
+``GET    /v1/resolve/{env}``                             what a create of ``env`` would resolve to
 ``GET    /v1/tags``                                      tag -> how many names carry it
 ``POST   /v1/instances`` ...                             create, list, get, delete, renew, fork
 ``/v1/instances/{id}/proxy/{path}``                      the instance's runtime, through the hub
