@@ -110,7 +110,7 @@ class InstanceSpec:
     env_ref: str
     project: str | None = None
     ttl: float | None = None
-    environment_variables: Mapping[str, str] = field(default_factory=dict)
+    environment_variables: Mapping[str, str] = field(default_factory=dict, repr=False)
     arguments: Sequence[str] = ()
     datasource: str | None = None
     owner: str | None = None
@@ -292,7 +292,7 @@ class ServiceSpec:
     env_ref: str
     project: str | None = None
     replicas: int = 1
-    environment_variables: Mapping[str, str] = field(default_factory=dict)
+    environment_variables: Mapping[str, str] = field(default_factory=dict, repr=False)
     arguments: Sequence[str] = ()
     owner: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
