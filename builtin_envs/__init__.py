@@ -1,7 +1,9 @@
 """builtin_envs: the environments that ship with aenv-ray, one project directory each.
 
-``mini_terminal`` (``mini-terminal@1.0.0``): a shell per instance. :func:`builtin_path` finds a
-built-in project by its ``name@version`` or name.
+``mini_terminal`` (``mini-terminal@1.0.0``): a shell per instance; ``tau2`` (``tau2@1.0.0``):
+tau2-bench's domains; ``agent`` (``agent@1.0.0``): an agent as an environment, a model behind a
+``chat`` tool that uses another environment's tools. :func:`builtin_path` finds a built-in
+project by its ``name@version`` or name. docs/builtins.md describes each.
 
 May import: ``aenv_ray``'s public API, as a user's project would.
 """
