@@ -393,4 +393,5 @@ def test_settings_are_read_with_clear_problems_and_scrubbed() -> None:
         {**base, "AGENT_API_KEY_VAR": "MODEL_SECRET_X", "MODEL_SECRET_X": "abcdefgh"}
     )
     assert keyed.api_key == "abcdefgh"
+    assert keyed.scrub("MODEL_SECRET_X holds abcdefgh") == "MODEL_SECRET_X holds [redacted]"
     assert "abcdefgh" not in json.dumps(keyed.describe()) + repr(keyed)

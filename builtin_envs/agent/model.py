@@ -131,6 +131,10 @@ def _parse(settings: AgentSettings, where: str, text: str) -> ModelReply:
             f"{settings.scrub(text)[:_QUOTE]!r}",
         ) from None
     content = message.get("content")
+    if isinstance(content, list):  # content parts: their text
+        content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    elif content is not None and not isinstance(content, str):
+        content = str(content)
     kept: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         kept["tool_calls"] = calls

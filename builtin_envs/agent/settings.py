@@ -32,6 +32,7 @@ PREFIX_INNER = "AGENT_INNER_"
 """``AGENT_INNER_NAME=value`` in an agent instance sets ``NAME=value`` in its inner instance."""
 
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+_NOT_SECRET = frozenset({"AGENT_API_KEY_VAR"})  # named like a secret, holds a variable's name
 _MIN_SECRET = 6  # shorter values are not scrubbed from text (they would mangle ordinary words)
 _VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -185,7 +186,8 @@ def _secrets(variables: Mapping[str, str]) -> tuple[str, ...]:
     found = {
         value.strip()
         for name, value in variables.items()
-        if (name == key_variable or _SECRET_NAME.search(name)) and len(value.strip()) >= _MIN_SECRET
+        if (name == key_variable or (_SECRET_NAME.search(name) and name not in _NOT_SECRET))
+        and len(value.strip()) >= _MIN_SECRET
     }
     return tuple(sorted(found, key=len, reverse=True))
 
