@@ -23,8 +23,9 @@ from typing import Any
 
 import pytest
 
-from aenv_ray import Environment, FunctionError, ToolResult
+from aenv_ray import Environment, FunctionError, TerminationReason, ToolResult
 from aenv_ray.bundle import build_bundle
+from aenv_ray.engine import default_engine
 from aenv_ray.hub import HubClient
 from aenv_ray.testing import free_port
 from tests._chat_server import AgentModel, ChatServer
@@ -81,7 +82,7 @@ async def test_agent_b_works_in_its_own_terminal_and_keeps_its_conversation(
     async with HubClient(hub[0].url, api_key=hub[1]) as client:
         async with b, other:
             inners = await _one_level(model, client, b, other)
-        # the agents are gone (the fork too): no inner instance outlives its agent by long
+        # the agents are gone (released, expired, the fork released): their inner instances end
         for left in inners:
             await eventually(lambda i=left: ended(client, i), f"the inner instance {left} ends")
 
@@ -129,6 +130,16 @@ async def _one_level(
     assert "No such file" in elsewhere.text
     other_inner = elsewhere.structured["environment"]["instance_id"]
     assert other_inner != inner_id
+    # the other agent's own TTL runs out (in a second): its inner instance follows it below
+    engine = default_engine()
+    assert other.instance_id is not None
+    await engine.renew(other.instance_id, 1)
+
+    async def expired() -> bool:
+        info = await engine.get(str(other.instance_id))
+        return info.reason is TerminationReason.EXPIRED
+
+    await eventually(expired, "the other agent expires")
 
     # renewed while its agent lives: the TTL moves on
     first_expiry = record["expires_at"]
