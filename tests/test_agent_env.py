@@ -172,7 +172,23 @@ async def _one_level(
     fresh = await b.call_tool("chat", {"message": "run: ls"})
     fresh_inner = fresh.structured["environment"]["instance_id"]
     assert fresh_inner != inner_id
-    return [fresh_inner, other_inner, child_inner]
+
+    # the inner instance dies under a call: an error result, the call answered in the
+    # conversation (so the endpoint takes it again), and the next chat gets a new instance
+    await client.delete_instance(fresh_inner)
+    broken = await b.call_tool("chat", {"message": "run: ls"})
+    assert broken.is_error
+    assert broken.structured["error"] == "environment_error"
+    assert f"(instance {fresh_inner}) failed calling" in broken.text
+    assert "the next chat starts a new instance of it" in broken.text
+    last = (await history(b))[-1]
+    assert last["role"] == "tool"
+    assert "was not run" in last["content"]
+    recovered = await b.call_tool("chat", {"message": "run: echo back > answer.txt"})
+    assert recovered.text == DONE
+    new_inner = recovered.structured["environment"]["instance_id"]
+    assert new_inner not in (fresh_inner, inner_id)
+    return [new_inner, other_inner, child_inner]
 
 
 async def test_two_levels_deep_through_the_hub_with_the_agents_sdk(

@@ -132,13 +132,35 @@ class AgentSession:
                 answer = str(kept.get("content") or "")
                 structured = {"reply": answer, **exchange.summary(inner)}
                 return ToolResult([{"type": "text", "text": answer}], structured=structured)
-            for call in calls:
-                self.messages.append(await self._tool_message(settings, inner, call, exchange))
+            await self._answer_calls(settings, inner, calls, exchange)
         text = (
             f"no answer after {settings.max_turns} model turns (AGENT_MAX_TURNS): each asked for "
             "tools; the conversation is kept, so chat again to go on, or call reset"
         )
         return _failed(ChatFailure.MAX_TURNS, text, exchange.summary(inner))
+
+    async def _answer_calls(
+        self,
+        settings: AgentSettings,
+        inner: InnerEnvironment | None,
+        calls: list[dict[str, Any]],
+        exchange: _Exchange,
+    ) -> None:
+        """A ``role: tool`` message for each call, in order. When the inner instance fails (or
+        the chat is interrupted) the calls not run get one saying so: a conversation whose tool
+        calls lack answers is one no endpoint takes again."""
+        answered = 0
+        try:
+            for call in calls:
+                self.messages.append(await self._tool_message(settings, inner, call, exchange))
+                answered += 1
+        finally:
+            for call in calls[answered:]:
+                name = call["function"]["name"]
+                text = (
+                    f"`{name}` was not run: the chat ended (its environment failed, or a timeout)"
+                )
+                self.messages.append({"role": "tool", "tool_call_id": call["id"], "content": text})
 
     def _with_id(self, call: dict[str, Any], index: int) -> dict[str, Any]:
         if call.get("id"):
