@@ -105,6 +105,7 @@ class InstanceSpec:
     Kubernetes. ``env_path`` is where an engine that looks names up on this host (the local
     engine, its daemon's client) finds projects besides the built-ins (``None``: the
     ``AENV_ENV_PATH`` setting); an engine with a registry of its own (a hub) ignores it.
+    ``environment_variables`` may hold keys (an agent's model key): they are not in the repr.
     """
 
     env_ref: str
