@@ -105,12 +105,13 @@ class InstanceSpec:
     Kubernetes. ``env_path`` is where an engine that looks names up on this host (the local
     engine, its daemon's client) finds projects besides the built-ins (``None``: the
     ``AENV_ENV_PATH`` setting); an engine with a registry of its own (a hub) ignores it.
+    ``environment_variables`` may hold keys (an agent's model key): they are not in the repr.
     """
 
     env_ref: str
     project: str | None = None
     ttl: float | None = None
-    environment_variables: Mapping[str, str] = field(default_factory=dict)
+    environment_variables: Mapping[str, str] = field(default_factory=dict, repr=False)
     arguments: Sequence[str] = ()
     datasource: str | None = None
     owner: str | None = None
@@ -292,7 +293,7 @@ class ServiceSpec:
     env_ref: str
     project: str | None = None
     replicas: int = 1
-    environment_variables: Mapping[str, str] = field(default_factory=dict)
+    environment_variables: Mapping[str, str] = field(default_factory=dict, repr=False)
     arguments: Sequence[str] = ()
     owner: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)

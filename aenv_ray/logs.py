@@ -49,7 +49,7 @@ def configure_logging(level: int | str = "INFO", *, stream: Any = None) -> None:
     """Send aenv-ray's loggers to ``stream`` (stderr) as logfmt; idempotent."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(LogfmtFormatter())
-    for name in ("aenv_ray", "sandbox_runtime", "envhub", "rollout", "k8s_backend"):
+    for name in ("aenv_ray", "sandbox_runtime", "envhub", "rollout", "k8s_backend", "builtin_envs"):
         logger = logging.getLogger(name)
         logger.handlers[:] = [handler]
         logger.setLevel(level)

@@ -56,7 +56,7 @@ class PoolSpec:
     project: str | None = None
     engine: str | EngineFactory = "local"
     ttl: float | None = None
-    environment_variables: Mapping[str, str] = field(default_factory=dict)
+    environment_variables: Mapping[str, str] = field(default_factory=dict, repr=False)
     arguments: Sequence[str] = ()
     datasource: str = ""
     call_timeout: float | None = None

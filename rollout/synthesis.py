@@ -283,6 +283,15 @@ def demo_dialogue(env_name: str) -> Dialogue | None:
     return getattr(_demo_module(env_name), "DIALOGUE", None)
 
 
+def check_demo(env_name: str, environment_variables: Mapping[str, str]) -> None:
+    """The built-in environment's demo can run with these instance variables: a demo module
+    that needs some (``builtin_envs.demos.agent``: a model, a hub) says which are missing, as a
+    :class:`~aenv_ray.errors.ConfigurationError`."""
+    check = getattr(_demo_module(env_name), "check", None)
+    if check is not None:
+        check(dict(environment_variables))
+
+
 def load_tasks(path: str | Path | None, env_name: str) -> list[dict[str, Any]]:
     """Tasks from a JSON-lines (or JSON list) file, else the built-in environment's demo tasks."""
     if path is None:

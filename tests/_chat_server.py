@@ -8,7 +8,12 @@ mini-terminal's command under its OpenAI name, writing the task's ``expected`` i
 ``done``. Each reply carries ``usage`` (prompt tokens = the request's messages, completion
 tokens = 7 and 3) and, when the request asks for them, ``logprobs`` of its made-up tokens.
 ``requests`` keeps every request body, ``headers`` their headers. ``ChatServer(responder)``
-answers with ``responder(body)`` instead: a reply body, or ``(status, body)``.
+answers with ``responder(body)`` instead: a reply body, or ``(status, body)``, where a body of
+bytes is sent as it is (a malformed answer).
+
+:class:`AgentModel` is the stand-in model of the agent-as-environment tests
+(``builtin_envs/agent``): it answers by the conversation's last messages, whatever the level of
+agent asks (see its docstring).
 """
 
 from __future__ import annotations
@@ -92,7 +97,7 @@ class ChatServer:
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         owner = self
-        answer = responder or reply
+        answer = self.responder = responder or reply
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
@@ -100,14 +105,20 @@ class ChatServer:
                 body = json.loads(self.rfile.read(length))
                 owner.requests.append(body)
                 owner.headers.append(dict(self.headers))
-                answered = answer(body)
+                if getattr(answer, "takes_headers", False):
+                    answered = answer(body, dict(self.headers))
+                else:
+                    answered = answer(body)
                 status, payload = answered if isinstance(answered, tuple) else (200, answered)
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except OSError:  # the client gave up first (its timeout)
+                    pass
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
@@ -121,6 +132,106 @@ class ChatServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        closed = getattr(self.responder, "closed", None)
+        if isinstance(closed, threading.Event):
+            closed.set()  # a responder holding a request back lets it go
         self.server.shutdown()
         self.server.server_close()
         self.thread.join(timeout=10)
+
+
+def _text(content: Any) -> str:
+    """A message's text: a string, or the text parts of a list (as some clients send it)."""
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content or "")
+
+
+def _reply_with(body: dict[str, Any], message: dict[str, Any]) -> dict[str, Any]:
+    messages = body["messages"]
+    finish = "tool_calls" if message.get("tool_calls") else "stop"
+    return {
+        "id": f"chatcmpl-{len(messages)}",
+        "object": "chat.completion",
+        "created": 0,
+        "model": body["model"],
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": {
+            "prompt_tokens": 10 * len(messages),
+            "completion_tokens": 5,
+            "total_tokens": 10 * len(messages) + 5,
+        },
+    }
+
+
+def _call(name: str, arguments: str, index: int) -> dict[str, Any]:
+    return {
+        "id": f"call-{index}",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+
+
+class AgentModel:
+    """A deterministic model for agents over environments, by the conversation's last message:
+
+    - after a tool's result: the answer ``done: RESULT``;
+    - a user message ``fail:http500`` / ``fail:401`` (its body quotes the Authorization header,
+      as some providers quote a wrong key) / ``fail:json`` (not JSON) / ``fail:shape`` (JSON,
+      no choices) / ``fail:slow`` (no answer until the server closes);
+    - a user message ``loop: ...``: a call of the first tool offered after every result (never
+      an answer), ``badargs: ...``: one call whose arguments are not JSON;
+    - any other user message: with a tool named ``..._chat`` offered, a call of it with the same
+      message (an agent asking the next agent); with ``..._execute_command``, a call of it with
+      the command after ``run:``; with no tools, the answer ``echo: MESSAGE``.
+    """
+
+    takes_headers = True  # ChatServer passes each request's headers
+
+    def __init__(self) -> None:
+        self.closed = threading.Event()
+
+    def __call__(self, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
+        messages = body["messages"]
+        last = messages[-1]
+        user = next(m for m in reversed(messages) if m["role"] == "user")
+        text = _text(user.get("content"))
+        tools = [t["function"]["name"] for t in body.get("tools") or []]
+        if text.startswith("loop:"):
+            name = tools[0] if tools else "no_such_tool"
+            message = {"role": "assistant", "content": None, "tool_calls": [_call(name, "{}", 0)]}
+            return _reply_with(body, message)
+        if last["role"] == "tool":
+            done = f"done: {_text(last.get('content'))}"
+            return _reply_with(body, {"role": "assistant", "content": done})
+        if text.startswith("fail:"):
+            return self._failure(text, headers or {})
+        if text.startswith("badargs:") and tools:
+            calls = [_call(tools[0], "{not json", 0)]
+            return _reply_with(body, {"role": "assistant", "content": None, "tool_calls": calls})
+        chat = next((t for t in tools if t.endswith("_chat")), None)
+        terminal = next((t for t in tools if t.endswith("_execute_command")), None)
+        if chat is not None:
+            call = _call(chat, json.dumps({"message": text}), 0)
+        elif terminal is not None:
+            command = text.split("run:", 1)[1].strip() if "run:" in text else text
+            call = _call(terminal, json.dumps({"command": command}), 0)
+        else:
+            return _reply_with(body, {"role": "assistant", "content": f"echo: {text}"})
+        return _reply_with(body, {"role": "assistant", "content": None, "tool_calls": [call]})
+
+    def _failure(self, text: str, headers: dict[str, str]) -> Any:
+        kind = text.removeprefix("fail:").split()[0]
+        if kind == "401":
+            given = headers.get("Authorization", "").removeprefix("Bearer ")
+            return 401, {"error": {"message": f"Incorrect API key provided: {given}"}}
+        if kind == "http500":
+            return 500, {"error": {"message": "the model crashed", "type": "server_error"}}
+        if kind == "json":
+            return 200, b"{this is not json"
+        if kind == "shape":
+            return 200, {"object": "chat.completion", "result": "no choices here"}
+        if kind == "slow":
+            self.closed.wait(120)
+            return 503, {"error": "closed"}
+        raise AssertionError(f"AgentModel: unknown failure {text!r}")

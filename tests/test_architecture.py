@@ -309,6 +309,9 @@ RULES: dict[str, Rule] = {
     # "May import: ``aenv_ray``'s public API, as a user's project would." (Plus, for a project's
     # modules, their siblings in the project's src/: see _project_siblings.)
     "builtin_envs": Rule(may=frozenset({"aenv_ray"})),
+    # "May import: ``aenv_ray``'s public API (the SDK, the hub client), aiohttp (the model's HTTP
+    # client)."
+    "builtin_envs.agent": Rule(may=frozenset({"aenv_ray", "aiohttp"})),
     # "May import: pydantic, ``aenv_ray``'s public API (errors)." (tau2's data models are pydantic
     # models, as the original's: their dumps, hashes and validation errors are the outputs.)
     "builtin_envs.tau2": Rule(may=frozenset({"aenv_ray", "pydantic"})),

@@ -7,6 +7,7 @@ local engine, never in this process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import textwrap
@@ -17,6 +18,7 @@ import pytest
 
 from aenv_ray.testing import ConformanceError, check_environment
 from builtin_envs import builtin_refs
+from tests._chat_server import AgentModel, ChatServer
 
 
 def _project(root: Path, name: str, source: str) -> Path:
@@ -65,11 +67,20 @@ _SWE_CALLS: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("ref", sorted(builtin_refs()))
 async def test_every_builtin_environment_passes(ref: str) -> None:
     calls = _tau2_calls() if ref == "tau2@1.0.0" else _SWE_CALLS if ref == "swe@1.0.0" else None
-    report = await check_environment(builtin_refs()[ref], calls=calls)
+    with contextlib.ExitStack() as stack:
+        variables = None
+        if ref == "agent@1.0.0":  # configured at creation: a model (a stand-in), no environment
+            model = stack.enter_context(ChatServer(AgentModel()))
+            variables = {"AGENT_BASE_URL": model.url, "AGENT_MODEL": "stand-in"}
+        report = await check_environment(
+            builtin_refs()[ref], calls=calls, environment_variables=variables
+        )
     assert report.env_ref == ref
     assert report.healthy
     assert set(report.results) == set(report.tools)
     assert not any(r.is_error for r in report.results.values())
+    if ref == "agent@1.0.0":
+        assert report.results["chat"].text == "echo: x"  # the model answered the chat
 
 
 async def test_a_sound_project_is_called_once_per_tool(tmp_path: Path) -> None:

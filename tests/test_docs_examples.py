@@ -28,6 +28,10 @@ ends without an exception. An HTML comment on the lines just above a fence chang
       ``127.0.0.1:8081`` in the block's text are replaced by them.
     - ``hub-notes``: a real hub (``aenv serve`` via ``tests/_hub.py``, no auth, engine in
       process) with README's ``notes`` pushed to it by ``aenv push``; ``AENV_SYSTEM_URL`` names it.
+    - ``agent-stand-in``: for builtins.md's agent: a deterministic stand-in model
+      (``tests/_chat_server.AgentModel``) whose URL replaces ``http://127.0.0.1:30000/v1`` in the
+      block, a real hub with auth and ``--allow-network`` (``AENV_SYSTEM_URL``, a key in
+      ``AENV_API_KEY``) with ``examples/agent_b`` pushed to it, a made-up ``OPENAI_API_KEY``.
     - ``pytest``: the block is a test module: run by pytest (``asyncio_mode=auto``, as this
       repository's tests), which must pass at least one test.
     - ``continues``: the block goes on from the previous Python block of its page, in the same
@@ -62,7 +66,8 @@ from pathlib import Path
 import pytest
 
 from aenv_ray.testing import RuntimeProcess
-from tests._hub import HubProcess
+from tests._chat_server import AgentModel, ChatServer
+from tests._hub import HubProcess, new_key
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
@@ -323,6 +328,19 @@ def hub_notes(ctx: Context) -> None:
     assert "published notes@1.0.0" in ctx.run("push", "notes")
 
 
+def agent_stand_in(ctx: Context) -> None:
+    model = ctx.stack.enter_context(ChatServer(AgentModel()))
+    hub = HubProcess(ctx.tmp / "hub", extra=["--allow-network"], env=ctx.env)
+    ctx.stack.enter_context(hub)
+    ctx.env.update(
+        AENV_SYSTEM_URL=hub.url,
+        AENV_API_KEY=new_key("docs", hub.store),
+        OPENAI_API_KEY="sk-docs-stand-in",
+    )
+    ctx.rewrites.append(("http://127.0.0.1:30000/v1", model.url))
+    assert "published agent-b@1.0.0" in ctx.run("push", str(ROOT / "examples" / "agent_b"))
+
+
 def pytest_module(ctx: Context) -> None:
     ctx.pytest = True
 
@@ -332,6 +350,7 @@ def continues(ctx: Context) -> None:
 
 
 SETUPS: dict[str, Callable[[Context], None]] = {
+    "agent-stand-in": agent_stand_in,
     "continues": continues,
     "guess-project": guess_project,
     "guess-served": guess_served,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import NoReturn
 
@@ -26,12 +27,21 @@ def die(message: str, code: int = EXIT_FAILURE) -> NoReturn:
     raise typer.Exit(code)
 
 
-def pairs(values: list[str], option: str) -> dict[str, str]:
-    """``KEY=VALUE`` options (``--env``) as a dict; a malformed one is a usage error."""
+def pairs(values: list[str], option: str, *, from_environment: bool = False) -> dict[str, str]:
+    """``KEY=VALUE`` options (``--env``) as a dict; a malformed one is a usage error.
+    ``from_environment``: a bare ``KEY`` takes its value from this process's environment (so
+    a key need not be on the command line)."""
     out = {}
     for item in values:
         key, sep, value = item.partition("=")
+        if from_environment and not sep and key:
+            if key not in os.environ:
+                raise typer.BadParameter(
+                    f"`{key}` is not set here: write {key}=VALUE, or export it", param_hint=option
+                )
+            value, sep = os.environ[key], "="
         if not sep or not key:
-            raise typer.BadParameter(f"`{item}` is not KEY=VALUE", param_hint=option)
+            hint = " (or KEY, to copy it from this environment)" if from_environment else ""
+            raise typer.BadParameter(f"`{item}` is not KEY=VALUE{hint}", param_hint=option)
         out[key] = value
     return out

@@ -85,7 +85,12 @@ def rollout_command(
     ] = False,
     env_var: Annotated[
         list[str] | None,
-        typer.Option("--env", "-e", help="KEY=VALUE in every instance's environment, repeatable"),
+        typer.Option(
+            "--env",
+            "-e",
+            help="KEY=VALUE in every instance's environment, repeatable; a bare KEY copies it "
+            "from this environment (keys stay off the command line)",
+        ),
     ] = None,
     engine: Annotated[
         str | None,
@@ -118,13 +123,14 @@ def rollout_command(
         die("--temperature and --logprobs are settings of --base-url/--model", EXIT_USAGE)
     if engine is not None and engine not in ENGINES:
         die(f"unknown engine `{engine}`: use one of {', '.join(ENGINES)}", EXIT_USAGE)
-    variables = pairs(env_var or [], "--env")
+    variables = pairs(env_var or [], "--env", from_environment=True)
     console = Console(stderr=True)
     with contextlib.ExitStack() as stack:
         # first of all: a second driver on OUT exits 2 here, before anything starts
         run = stack.enter_context(RunDirectory.open(out))
         from rollout.synthesis import (
             OpenAIPolicy,
+            check_demo,
             demo_dialogue,
             load_tasks,
             pending_episodes,
@@ -150,6 +156,8 @@ def rollout_command(
 
             import_policy(policy)  # synthesize finds it imported
         task_list = load_tasks(tasks, env)
+        if policy is None and base_url is None:
+            check_demo(env, variables)  # a demo that needs settings (a model) says which
         run.check_identity(_identity(env, tasks, policy, base_url, model, variables), force=force)
         todo = pending_episodes(task_list, episodes, run.records, retry_failed=retry_failed)
         if run.torn is not None:

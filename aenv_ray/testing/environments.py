@@ -127,6 +127,7 @@ async def check_environment(
     calls: Mapping[str, Mapping[str, Any]] | None = None,
     engine: SandboxEngine | None = None,
     timeout: float = 60.0,
+    environment_variables: Mapping[str, str] | None = None,
 ) -> EnvironmentReport:
     """Load ``project`` in an instance, check its tools' schemas, call each tool once, check
     health; raise :class:`~aenv_ray.testing.ConformanceError` listing every problem.
@@ -134,10 +135,17 @@ async def check_environment(
     ``calls`` maps tool names to the arguments to call them with (tools left out are called with
     :func:`sample_arguments` of their schema). A tool call that ends in an error result is a
     problem, whatever the kind: give ``calls`` that a correct tool answers.
+    ``environment_variables`` are the instance's, as ``Environment(...)`` passes them (the
+    settings of an environment configured at creation, such as ``agent@1.0.0``'s model).
     """
     calls = dict(calls or {})
     problems: list[str] = []
-    env = Environment.from_project(project, engine=engine, timeout=timeout)
+    env = Environment.from_project(
+        project,
+        engine=engine,
+        timeout=timeout,
+        environment_variables=dict(environment_variables or {}),
+    )
     report = EnvironmentReport(env.env_name)
     try:
         await env.initialize()
