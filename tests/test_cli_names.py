@@ -19,6 +19,7 @@ import pytest
 from aenv_ray import Environment, register_tool
 from aenv_ray.errors import ConfigurationError, DefinitionError
 from aenv_ray.resolve import broken_environments, resolve_environment
+from builtin_envs import builtin_refs
 from envhub.routes.instances import datasource_path
 from tests._hub import HubProcess
 
@@ -225,7 +226,7 @@ def test_broken_projects_on_the_env_path_are_reported(
     listed = aenv(env, tmp_path, "list", "--json")
     assert listed.returncode == 0, listed.stderr
     rows = json.loads(listed.stdout)
-    assert {r["ref"] for r in rows if not r["error"]} == {"fine@1.0.0", "mini-terminal@1.0.0"}
+    assert {r["ref"] for r in rows if not r["error"]} == {"fine@1.0.0", *builtin_refs()}
     errors = {r["project"]: r["error"] for r in rows if r["error"]}
     assert errors == {str(p.parent.resolve()): broken[p.resolve()] for p in broken}
     table = aenv(env, tmp_path, "list")
