@@ -331,6 +331,19 @@ def _core(cluster: KubeCluster) -> k8s_client.CoreV1Api:
     return k8s_client.CoreV1Api(cluster.api_client())
 
 
+async def _refused(url: str) -> bool:
+    """Nothing listens at ``url``'s host and port any more."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    try:
+        _, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    except OSError:
+        return True
+    writer.close()
+    return False
+
+
 async def _until(predicate: Any, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while not await predicate():
@@ -387,6 +400,10 @@ async def test_a_pod_deleted_behind_the_engines_back_ends_its_environment(
         gone = await engine.get(info.id)
         assert gone.reason is TerminationReason.DELETED
         assert "deleted" in gone.describe_end()
+        # the test kubelet kills the pod's process soon after the API says it is deleted (a
+        # real kubelet too): until then it still answers
+        url = (await engine.route(info)).url
+        assert await _until(lambda: _refused(url), 30), f"{url} still answers"
         with pytest.raises(AEnvError, match="deleted"):
             await env.call_tool("execute_command", {"command": "echo again"})
         assert env.state is EnvironmentState.BROKEN
