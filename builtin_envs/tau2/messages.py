@@ -80,6 +80,10 @@ class SystemMessage:
 Message = ParticipantMessage | ToolMessage | SystemMessage
 
 
+def _is_mapping(value: Any) -> bool:
+    return type(value) is dict or isinstance(value, Mapping)  # a dict skips the ABC's check
+
+
 def _where(index: int) -> str:
     return f"message {index}"
 
@@ -114,10 +118,10 @@ def _tool_calls(raw: Any, role: Requestor, index: int) -> tuple[ToolCall, ...]:
         raise TrajectoryError(f"{_where(index)}: tool_calls must be a list")
     calls = []
     for call in raw:
-        if not isinstance(call, Mapping):
+        if not _is_mapping(call):
             raise TrajectoryError(f"{_where(index)}: each tool call must be an object")
         function = call.get("function")
-        body = function if isinstance(function, Mapping) else call
+        body = function if function is not None and _is_mapping(function) else call
         name = body.get("name")
         if not isinstance(name, str):
             raise TrajectoryError(f"{_where(index)}: a tool call has no string 'name'")
@@ -138,9 +142,9 @@ def _tool_calls(raw: Any, role: Requestor, index: int) -> tuple[ToolCall, ...]:
 
 def parse_message(raw: Any, index: int = 0) -> Message:
     """One message of the chat shape above (``TrajectoryError`` if it is none of them)."""
-    if isinstance(raw, (ParticipantMessage, ToolMessage, SystemMessage)):
+    if type(raw) is not dict and isinstance(raw, (ParticipantMessage, ToolMessage, SystemMessage)):
         return raw
-    if not isinstance(raw, Mapping):
+    if not _is_mapping(raw):
         raise TrajectoryError(f"{_where(index)}: expected an object, got {type(raw).__name__}")
     role = raw.get("role")
     if role in ("assistant", "user"):

@@ -8,6 +8,8 @@ payment becomes the user's payment request.
 
 from __future__ import annotations
 
+from typing import Self
+
 from builtin_envs.tau2.domains.telecom.models import LineStatus
 from builtin_envs.tau2.domains.telecom.tools import TelecomTools
 from builtin_envs.tau2.domains.telecom.user_models import PaymentRequest
@@ -22,22 +24,43 @@ class TelecomEnvironment(Tau2Environment):
 
     tools: TelecomTools
     user_tools: TelecomUserTools
-    _frozen_hashes: tuple[str | None, str | None] | None = None
+    _frozen = False
+    _user_hash: str | None = None  # a frozen state's user database hash, computed once
 
-    def freeze_hashes(self) -> None:
-        """Remember both hashes: this environment will not change again (a gold outcome)."""
-        self._frozen_hashes = (self.get_db_hash(), self.get_user_db_hash())
+    def freeze(self) -> None:
+        """This state no longer changes (a task's initialized state, a gold outcome): forks
+        share its records; its user database hash is computed once, when first asked."""
+        super().freeze()
+        self._frozen = True
 
-    def db_hashes(self) -> tuple[str | None, str | None]:
-        """tau2's hashes of the agent's and the user's databases."""
-        if self._frozen_hashes is not None:
-            return self._frozen_hashes
-        return (self.get_db_hash(), self.get_user_db_hash())
+    def fork(self) -> Self:
+        """A new episode in this state (see :meth:`Tau2Environment.fork`)."""
+        new = super().fork()
+        new.__dict__.pop("_frozen", None)
+        new.__dict__.pop("_user_hash", None)
+        return new
+
+    def reproducible(self) -> bool:
+        """False once a random bill id was drawn (``refuel_data`` without a draft bill)."""
+        return not self.tools.drew_random_id
+
+    def user_db_hash(self) -> str:
+        """tau2's hash of the user's database (remembered for a frozen state)."""
+        if self._user_hash is not None:
+            return self._user_hash
+        user_hash = self.user_tools.db.get_hash()
+        if self._frozen:
+            self._user_hash = user_hash
+        return user_hash
 
     def same_db_state(self, other: Tau2Environment) -> bool:
-        """Whether both databases hash as ``other``'s do (a gold outcome's hashes, remembered)."""
+        """Whether both databases hash as ``other``'s do (the agent's compared record by record
+        where both fork one base, see :meth:`TelecomDB.same_state`)."""
         if isinstance(other, TelecomEnvironment):
-            return self.db_hashes() == other.db_hashes()
+            return (
+                self.tools.db.same_state(other.tools.db)
+                and self.user_db_hash() == other.user_db_hash()
+            )
         return super().same_db_state(other)
 
     def sync_tools(self) -> None:

@@ -15,8 +15,9 @@ default: every episode behaves as the first one of a fresh tau2 process.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
+from builtin_envs.tau2.db import deep_copy
 from builtin_envs.tau2.domains.telecom.user_models import (
     APNNames,
     APNSettings,
@@ -107,6 +108,14 @@ class TelecomUserTools(Toolkit):
             protocol="OpenVPN",
             server_performance=PerformanceLevel.EXCELLENT,
         )
+
+    def fork(self) -> Self:
+        """This phone copied, with the episode's VPN default (one copy where they are one
+        object: after ``break_vpn`` the phone's VPN is the default)."""
+        memo: dict[int, Any] = {}
+        new = type(self)(deep_copy(self.db, memo))
+        new.default_vpn_details = deep_copy(self.default_vpn_details, memo)
+        return new
 
     @property
     def device(self) -> MockPhoneAttributes:
