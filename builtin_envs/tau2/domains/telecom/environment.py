@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Self
 
-from builtin_envs.tau2.domains.telecom.models import LineStatus
+from builtin_envs.tau2.domains.telecom.models import LineStatus, TelecomDB
 from builtin_envs.tau2.domains.telecom.tools import TelecomTools
 from builtin_envs.tau2.domains.telecom.user_models import PaymentRequest
 from builtin_envs.tau2.domains.telecom.user_tools import TelecomUserTools
@@ -26,6 +26,9 @@ class TelecomEnvironment(Tau2Environment):
     user_tools: TelecomUserTools
     _frozen = False
     _user_hash: str | None = None  # a frozen state's user database hash, computed once
+    # sync's lookups of the carrier's side, with the state they were made in (see sync_tools)
+    _line_memo: tuple[TelecomDB, tuple[int, int, str], tuple[bool, bool, bool]] | None = None
+    _bill_memo: tuple[TelecomDB, tuple[int, int, str], tuple[str, float] | None] | None = None
 
     def freeze(self) -> None:
         """This state no longer changes (a task's initialized state, a gold outcome): forks
@@ -36,8 +39,8 @@ class TelecomEnvironment(Tau2Environment):
     def fork(self) -> Self:
         """A new episode in this state (see :meth:`Tau2Environment.fork`)."""
         new = super().fork()
-        new.__dict__.pop("_frozen", None)
-        new.__dict__.pop("_user_hash", None)
+        for name in ("_frozen", "_user_hash", "_line_memo", "_bill_memo"):
+            new.__dict__.pop(name, None)
         return new
 
     def reproducible(self) -> bool:
@@ -64,30 +67,54 @@ class TelecomEnvironment(Tau2Environment):
         return super().same_db_state(other)
 
     def sync_tools(self) -> None:
-        """Bring the user's surroundings in line with their line, plan and bills (tau2's rules)."""
+        """Bring the user's surroundings in line with their line, plan and bills (tau2's rules).
+
+        What the carrier's side says (the line's state, the first bill awaiting payment) is
+        looked up again only when that side changed since the last sync (:meth:`TelecomDB.
+        changes`) or the user's number did; the surroundings are compared and set every time.
+        """
         where = self.user_tools.db.surroundings
         phone_number = where.phone_number
         if phone_number is None:
             return
-        line = self.tools._get_line_by_phone(phone_number)
-        # the values tau2 sets, in its order; assigned only when they change (not free)
-        active = line.status == LineStatus.ACTIVE
-        if where.line_active is not active:
-            where.line_active = active
-        roaming = bool(line.roaming_enabled)
-        if where.roaming_allowed is not roaming:
-            where.roaming_allowed = roaming
-        plan = self.tools._get_plan_by_id(line.plan_id)
-        exceeded = line.data_used_gb >= plan.data_limit_gb + line.data_refueling_gb
-        if where.mobile_data_usage_exceeded is not exceeded:
-            where.mobile_data_usage_exceeded = exceeded
+        tools = self.tools
+        db = tools.db
+        state = (db.changes(), len(db.bills), phone_number)
+        memo = self._line_memo
+        if memo is not None and memo[0] is db and memo[1] == state:
+            active, roaming, exceeded = memo[2]
+            if where.line_active is not active:
+                where.line_active = active
+            if where.roaming_allowed is not roaming:
+                where.roaming_allowed = roaming
+            if where.mobile_data_usage_exceeded is not exceeded:
+                where.mobile_data_usage_exceeded = exceeded
+        else:
+            line = tools._get_line_by_phone(phone_number)
+            # the values tau2 sets, in its order; assigned only when they change (not free)
+            active = line.status == LineStatus.ACTIVE
+            if where.line_active is not active:
+                where.line_active = active
+            roaming = bool(line.roaming_enabled)
+            if where.roaming_allowed is not roaming:
+                where.roaming_allowed = roaming
+            plan = tools._get_plan_by_id(line.plan_id)
+            exceeded = line.data_used_gb >= plan.data_limit_gb + line.data_refueling_gb
+            if where.mobile_data_usage_exceeded is not exceeded:
+                where.mobile_data_usage_exceeded = exceeded
+            self._line_memo = (db, state, (active, roaming, exceeded))
         if where.payment_request is not None and where.payment_request.paid:
-            self.tools._set_bill_to_paid(where.payment_request.bill_id)
+            tools._set_bill_to_paid(where.payment_request.bill_id)
             where.payment_request = None
         if where.payment_request is None:
-            customer = self.tools.get_customer_by_phone(phone_number)
-            awaiting = self.tools._get_bills_awaiting_payment(customer)
-            if awaiting:
-                where.payment_request = PaymentRequest(
-                    bill_id=awaiting[0].bill_id, amount_due=awaiting[0].total_due
-                )
+            state = (db.changes(), len(db.bills), phone_number)  # paying changed it
+            bill_memo = self._bill_memo
+            if bill_memo is not None and bill_memo[0] is db and bill_memo[1] == state:
+                first = bill_memo[2]
+            else:
+                customer = tools.get_customer_by_phone(phone_number)
+                awaiting = tools._get_bills_awaiting_payment(customer)
+                first = (awaiting[0].bill_id, awaiting[0].total_due) if awaiting else None
+                self._bill_memo = (db, state, first)
+            if first is not None:
+                where.payment_request = PaymentRequest(bill_id=first[0], amount_due=first[1])

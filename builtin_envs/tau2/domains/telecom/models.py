@@ -195,6 +195,7 @@ class TelecomDB(Tau2DB):
     _base: TelecomDB | None = PrivateAttr(default=None)
     _frozen: bool = PrivateAttr(default=False)
     _records_json: dict[int, tuple[BaseModel, str]] | None = PrivateAttr(default=None)
+    _changes: int = PrivateAttr(default=0)
 
     def _private(self) -> dict[str, Any]:
         private: dict[str, Any] = self.__pydantic_private__  # type: ignore[assignment]
@@ -253,11 +254,23 @@ class TelecomDB(Tau2DB):
 
         return record_json
 
+    def changes(self) -> int:
+        """How many times a record was taken to be changed (:meth:`writable`): the same count
+        (and the same number of bills) means the same contents."""
+        changes: int = self._private()["_changes"]
+        return changes
+
     def writable(self, record: _R) -> _R:
-        """``record`` ready to be changed: copied first if still shared with the base."""
+        """``record`` ready to be changed: copied first if still shared with the base.
+
+        Every change of a record goes through here first (tools, initialization functions,
+        the environment's sync); records are only ever appended besides. It is counted
+        (:meth:`changes`).
+        """
         private = self._private()
         if private["_frozen"]:
             raise RuntimeError("a frozen telecom database does not change: fork it")
+        private["_changes"] += 1
         base: TelecomDB | None = private["_base"]
         if base is None:
             return record
