@@ -21,13 +21,22 @@ import hashlib
 import json
 import tomllib
 import typing
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
-__all__ = ["TableDB", "Tau2DB", "deep_copy", "dict_hash", "merge_update", "read_data_file"]
+__all__ = [
+    "TableDB",
+    "Tau2DB",
+    "deep_copy",
+    "dict_hash",
+    "frozen_copier",
+    "merge_update",
+    "read_data_file",
+]
 
 
 def dict_hash(obj: Any) -> str:
@@ -108,6 +117,74 @@ def deep_copy(value: Any, memo: dict[int, Any] | None = None) -> Any:
     object.__setattr__(model, "__pydantic_fields_set__", set(value.__pydantic_fields_set__))
     object.__setattr__(model, "__pydantic_private__", None)
     return model
+
+
+_SHARED = object()  # a plan's leaf: the value is shared, not copied
+_Plan = tuple[Any, ...]
+
+
+def _plan(value: Any, seen: set[int]) -> _Plan | object | None:
+    """How to copy ``value``: ``_SHARED``, a plan, or None (not planned: something reached
+    twice, or something ``deep_copy`` leaves to ``copy.deepcopy``)."""
+    kind = _kind(type(value))
+    if kind == _SHARE:
+        return _SHARED
+    if kind == _OTHER or id(value) in seen:
+        return None
+    seen.add(id(value))
+    if kind == _MODEL:
+        if value.__pydantic_extra__ is not None:
+            return None
+        items = value.__dict__.items()
+    elif kind == _DICT:
+        if any(_kind(type(key)) != _SHARE for key in value):
+            return None
+        items = value.items()
+    else:
+        items = enumerate(value)
+    children = []
+    for key, item in items:
+        plan = _plan(item, seen)
+        if plan is None:
+            return None
+        if plan is not _SHARED:
+            children.append((key, plan))
+    return (kind, type(value), tuple(children))
+
+
+def _copy_by(plan: _Plan, value: Any) -> Any:
+    kind, cls, children = plan
+    if kind == _MODEL:
+        fields = value.__dict__.copy()
+        for name, child in children:
+            fields[name] = _copy_by(child, fields[name])
+        model = object.__new__(cls)
+        object.__setattr__(model, "__dict__", fields)
+        object.__setattr__(model, "__pydantic_extra__", None)
+        object.__setattr__(model, "__pydantic_fields_set__", set(value.__pydantic_fields_set__))
+        object.__setattr__(model, "__pydantic_private__", None)
+        return model
+    new = value.copy()
+    for key, child in children:
+        new[key] = _copy_by(child, new[key])
+    return new
+
+
+def frozen_copier(value: Any) -> Callable[[], Any]:
+    """A function giving a :func:`deep_copy` of ``value``, which must not change again.
+
+    Where each model, list and dict of ``value`` sits is worked out once, so a copy copies
+    those and shares every scalar without looking at it (a model of 25 scalar fields costs one
+    dict copy). A value with something reached twice, or something ``deep_copy`` leaves to
+    ``copy.deepcopy``, is copied by :func:`deep_copy` each time.
+    """
+    plan = _plan(value, set())
+    if plan is _SHARED:
+        return lambda: value
+    if plan is None:
+        return lambda: deep_copy(value)
+    assert isinstance(plan, tuple)
+    return lambda: _copy_by(plan, value)
 
 
 def read_data_file(path: Path) -> Any:

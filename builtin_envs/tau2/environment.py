@@ -245,9 +245,9 @@ class Tau2Environment:
     def freeze(self) -> None:
         """Promise that this state no longer changes (a task's initialized state, a gold
         outcome): its databases' forks may share their records, :meth:`fork` is cheap."""
-        for toolkit in (self.tools, self.user_tools):
-            if toolkit is not None and toolkit.db is not None:
-                toolkit.db.freeze()
+        self.tools.freeze()
+        if self.user_tools is not None:
+            self.user_tools.freeze()
 
     def reproducible(self) -> bool:
         """Whether this state came about without chance (no random id drawn): a copy of it is

@@ -129,14 +129,10 @@ def _tool_calls(raw: Any, role: Requestor, index: int) -> tuple[ToolCall, ...]:
         requestor = call.get("requestor", role)
         if requestor not in ("user", "assistant"):
             raise TrajectoryError(f"{_where(index)}: requestor must be 'assistant' or 'user'")
-        calls.append(
-            ToolCall(
-                name=name,
-                arguments=_arguments(body.get("arguments", {}), index),
-                id=str(call_id),
-                requestor=requestor,
-            )
-        )
+        arguments = body.get("arguments", {})
+        if type(arguments) is not dict:
+            arguments = _arguments(arguments, index)
+        calls.append(ToolCall(name, arguments, str(call_id), requestor))
     return tuple(calls)
 
 
@@ -150,9 +146,9 @@ def parse_message(raw: Any, index: int = 0) -> Message:
     if role in ("assistant", "user"):
         calls = raw.get("tool_calls")
         return ParticipantMessage(
-            role=role,
-            content=_text(raw, index),
-            tool_calls=None if calls is None else _tool_calls(calls, role, index),
+            role,
+            _text(raw, index),
+            None if calls is None else _tool_calls(calls, role, index),
         )
     if role == "tool":
         requestor = raw.get("requestor", "assistant")
@@ -161,12 +157,7 @@ def parse_message(raw: Any, index: int = 0) -> Message:
         call_id = raw.get("id", raw.get("tool_call_id"))
         if not isinstance(call_id, str):
             raise TrajectoryError(f"{_where(index)}: a tool result needs its call's string 'id'")
-        return ToolMessage(
-            id=call_id,
-            content=_text(raw, index),
-            requestor=requestor,
-            error=bool(raw.get("error", False)),
-        )
+        return ToolMessage(call_id, _text(raw, index), requestor, bool(raw.get("error", False)))
     if role == "system":
         return SystemMessage(content=_text(raw, index))
     raise TrajectoryError(

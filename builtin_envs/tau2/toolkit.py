@@ -136,6 +136,12 @@ class Toolkit:
         state of its own besides the database copies it too."""
         return type(self)(None if self.db is None else self.db.fork())
 
+    def freeze(self) -> None:
+        """Promise that this toolkit's state no longer changes (:meth:`Tau2DB.freeze`): it is
+        then only forked."""
+        if self.db is not None:
+            self.db.freeze()
+
     @classmethod
     def tool_names(cls) -> list[str]:
         """The tools' names, in tau2's order."""

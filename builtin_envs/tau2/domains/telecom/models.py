@@ -167,6 +167,9 @@ class Customer(Record):
 _R = TypeVar("_R", bound=BaseModel)
 
 
+_PRIVATE_DEFAULTS: dict[type, dict[str, Any]] = {}
+
+
 def _record_json(record: BaseModel) -> str:
     return json.dumps(record.model_dump(warnings=False), sort_keys=True, default=str)
 
@@ -220,10 +223,18 @@ class TelecomDB(Tau2DB):
         object.__setattr__(new, "__dict__", {k: list(v) for k, v in self.__dict__.items()})
         object.__setattr__(new, "__pydantic_fields_set__", set(self.__pydantic_fields_set__))
         object.__setattr__(new, "__pydantic_extra__", None)
-        private = {n: a.get_default() for n, a in self.__private_attributes__.items()}
-        private["_base"] = self
-        object.__setattr__(new, "__pydantic_private__", private)
+        object.__setattr__(new, "__pydantic_private__", {**self._fresh_private(), "_base": self})
         return new
+
+    @classmethod
+    def _fresh_private(cls) -> dict[str, Any]:
+        """The private attributes' defaults (immutable values: one dict serves every fork)."""
+        defaults = _PRIVATE_DEFAULTS.get(cls)
+        if defaults is None:
+            defaults = {n: a.get_default() for n, a in cls.__private_attributes__.items()}
+            assert all(v is None or type(v) in (bool, int) for v in defaults.values())
+            _PRIVATE_DEFAULTS[cls] = defaults
+        return defaults
 
     def _shared(self) -> dict[int, tuple[BaseModel, str]]:
         """This (unchanging) database's records by ``id``, each with its JSON (computed once)."""
