@@ -106,8 +106,8 @@ class TelecomEnvironment(Tau2Environment):
         if where.payment_request is not None and where.payment_request.paid:
             tools._set_bill_to_paid(where.payment_request.bill_id)
             where.payment_request = None
-        if where.payment_request is None:
             state = (db.changes(), len(db.bills), phone_number)  # paying changed it
+        if where.payment_request is None:
             bill_memo = self._bill_memo
             if bill_memo is not None and bill_memo[0] is db and bill_memo[1] == state:
                 first = bill_memo[2]

@@ -112,19 +112,22 @@ class TelecomUserTools(Toolkit):
             )
         self.default_vpn_details = default_vpn_details
 
+    _frozen = False
     _copy_db: Callable[[], TelecomUserDB] | None = None  # frozen: copies the phone
 
     def freeze(self) -> None:
-        """This phone no longer changes: forks copy it by a plan made once
+        """This phone no longer changes: forks copy it by a plan made once, on the first fork
         (:func:`~builtin_envs.tau2.db.frozen_copier`)."""
         super().freeze()
-        self._copy_db = frozen_copier(self.db)
+        self._frozen = True
 
     def fork(self) -> Self:
         """This phone copied, with the episode's VPN default (one copy where they are one
         object: after ``break_vpn`` the phone's VPN is the default)."""
         vpn = self.default_vpn_details
-        if self._copy_db is not None:
+        if self._frozen:
+            if self._copy_db is None:
+                self._copy_db = frozen_copier(self.db)
             db = self._copy_db()
             shared = self.db.device.vpn_details is vpn
             return type(self)(db, db.device.vpn_details if shared else deep_copy(vpn))
