@@ -4,8 +4,10 @@ A domain subclasses :class:`Domain` and registers with :func:`register_domain`. 
 load its database(s) (:meth:`Domain.load_db`, :meth:`Domain.load_user_db`), how to build its
 toolkits over them (:meth:`Domain.make_toolkits`) and which :class:`Tau2Environment` class joins
 them. Everything else is shared: the databases are parsed once (the first episode pays) and each
-:meth:`Domain.new_environment` forks them; tasks and splits are read once; a task's gold outcome
-(the state after its gold actions) is computed once and cached (:meth:`Domain.gold_environment`).
+:meth:`Domain.new_environment` forks them; tasks and splits are read once; a task's initialized
+state (its initialization applied, :meth:`Domain.initialized_environment`) and its gold outcome
+(the state after its gold actions, :meth:`Domain.gold_environment`) are computed once, frozen and
+cached; episodes and grades fork the initialized state.
 
 :func:`get_domain` finds a domain by name, importing its module on first use.
 """

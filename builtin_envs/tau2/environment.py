@@ -125,16 +125,17 @@ class Tau2Environment:
 
     def get_response(self, call: ToolCall) -> ToolMessage:
         """The result of ``call`` as tau2 reports it (then :meth:`sync_tools`)."""
-        error = False
+        content, error = self._response(call)
+        return ToolMessage(id=call.id, content=content, requestor=call.requestor, error=error)
+
+    def _response(self, call: ToolCall) -> tuple[str, bool]:
+        """:meth:`get_response`'s content and error flag."""
         try:
             result = self.make_tool_call(call.name, call.requestor, _keywords(call.arguments))
             self.sync_tools()
         except Exception as exc:  # every tool failure is the caller's result, as in tau2
-            result = f"Error: {exc}"
-            error = True
-        return ToolMessage(
-            id=call.id, content=to_json_str(result), requestor=call.requestor, error=error
-        )
+            return to_json_str(f"Error: {exc}"), True
+        return to_json_str(result), False
 
     def respond(
         self,
@@ -227,14 +228,14 @@ class Tau2Environment:
     def replay(self, pairs: Iterable[tuple[ToolCall, ToolMessage]]) -> None:
         """Replay tool calls (from :func:`replay_pairs`), each result checked, then sync."""
         for call, stored in pairs:
-            replayed = self.get_response(call)
-            if replayed.content == stored.content:
+            content = self._response(call)[0]
+            if content == stored.content:
                 continue
-            if _loads_or_text(replayed.content) != _loads_or_text(stored.content):
+            if _loads_or_text(content) != _loads_or_text(stored.content):
                 raise ReplayMismatchError(
                     f"replaying tool call {call.name!r} (id {call.id!r}, from {call.requestor}) "
                     f"with arguments {json.dumps(call.arguments, default=str)[:500]} returned "
-                    f"{(replayed.content or '')[:500]!r}, but the trajectory stores "
+                    f"{content[:500]!r}, but the trajectory stores "
                     f"{(stored.content or '')[:500]!r}; the trajectory does not come from this "
                     "task's state (tau2 rejects it too)"
                 )

@@ -41,6 +41,14 @@ class TelecomEnvironment(Tau2Environment):
         new = super().fork()
         for name in ("_frozen", "_user_hash", "_line_memo", "_bill_memo"):
             new.__dict__.pop(name, None)
+        # sync's lookups still hold if this database did not change since: the fork's holds
+        # the same records
+        db, new_db = self.tools.db, new.tools.db
+        for name in ("_line_memo", "_bill_memo"):
+            memo = self.__dict__.get(name)
+            if memo is not None and memo[0] is db and memo[1][:2] == (db.changes(), len(db.bills)):
+                state = (new_db.changes(), len(new_db.bills), memo[1][2])
+                new.__dict__[name] = (new_db, state, memo[2])
         return new
 
     def reproducible(self) -> bool:
