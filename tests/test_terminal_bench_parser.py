@@ -150,7 +150,8 @@ def test_every_outcome_is_read_with_terminal_benchs_rules(outputs: dict[str, str
     assert report.summary_found
     skipped = [name for name, status in report.statuses.items() if status == "SKIPPED"]
     assert len(skipped) == 1
-    assert skipped[0].startswith("[1] test_every.py:") and skipped[0].endswith(": not today")
+    assert skipped[0].startswith("[1] test_every.py:")
+    assert skipped[0].endswith(": not today")
     # the name is what follows the path's first "::"; a FAILED line loses its last " - ..."
     # (a message holding " - " keeps the rest), other lines keep their message: Terminal-Bench's
     # quirks, kept
