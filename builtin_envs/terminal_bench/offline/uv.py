@@ -13,7 +13,8 @@ dependencies:
 - ``uv run pytest ARGS``: pytest, as its console script runs it (plugins other than pytest's
   own are not loaded: a fresh environment has none); ``uv run python ARGS``, ``uv run CMD``.
 
-Run as a script by ``uv/uv``; standard library only, pytest lazily.
+Run as a script by ``uv/uv`` (``-I -S``: it starts in a few milliseconds; the site-packages
+are added when a command needs them); standard library only, pytest lazily.
 """
 
 from __future__ import annotations
@@ -69,12 +70,20 @@ def init(args: list[str]) -> int:
     return 0
 
 
-def _versions() -> dict[str, str]:
-    """``{normalized name: version}`` of what this Python has installed (its dist-info)."""
+def _site() -> None:
+    """This Python's site-packages on ``sys.path`` (uv runs without them, to start fast)."""
     import site
 
+    if not sys.flags.no_site:
+        return
+    site.main()
+
+
+def _versions() -> dict[str, str]:
+    """``{normalized name: version}`` of what this Python has installed (its dist-info)."""
+    _site()
     found: dict[str, str] = {}
-    for directory in [*site.getsitepackages(), *sys.path]:
+    for directory in sys.path:
         try:
             names = os.listdir(directory or ".")
         except OSError:
@@ -186,7 +195,9 @@ def run(args: list[str]) -> int:
                 return code
         os.environ.setdefault("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
         sys.argv = ["pytest", *rest]
-        sys.path[0] = os.path.dirname(sys.executable)  # the console script's directory
+        _site()
+        extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path[:1] = [os.path.dirname(sys.executable), *extra]  # as its console script has it
         import pytest
 
         return int(pytest.main())

@@ -163,6 +163,10 @@ def build_root(settings: dict[str, object]) -> None:
         if _within(path, new):
             _bind(f"/proc/self/fd/{source}", path, writable=bool(writable))
         os.close(source)
+    for hidden in settings.get("hide", []):  # type: ignore[attr-defined]
+        path = new + str(hidden)
+        if os.path.isdir(path) and _within(path, new):
+            _mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4096,mode=555")
     os.mkdir(f"{new}/dev")
     _make_dev(f"{new}/dev")
     os.mkdir(f"{new}/proc")  # the instance's, fully visible: a box may mount its own on it
@@ -364,6 +368,10 @@ def serve(sock_fd: int, env: dict[str, str], cwd: str) -> None:
 def _pid_1(settings: dict[str, object], sock_fd: int | None) -> None:
     env = {str(k): str(v) for k, v in settings["env"].items()}  # type: ignore[attr-defined]
     cwd = str(settings["cwd"])
+    if settings["mode"] == "agent":  # the box stands: its stderr (the runtime's log) is closed
+        null = os.open("/dev/null", os.O_WRONLY)
+        os.dup2(null, 2)
+        os.close(null)
     child = os.fork()
     if child == 0:
         try:

@@ -43,20 +43,13 @@ def _setns(fd: int, kind: int, what: str) -> None:
 
 
 def warm() -> None:
-    """Import pytest and the plugins its ``main`` loads."""
+    """Import pytest, and what its ``main`` imports on top (the debugger's modules, ...)."""
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-    import importlib
+    import email.parser  # noqa: F401
+    import faulthandler  # noqa: F401
+    import pdb  # noqa: F401
 
-    import _pytest.config
     import pytest  # noqa: F401
-
-    # the plugins, and what their start imports (the debugger's, faulthandler)
-    names = [f"_pytest.{n}" for n in _pytest.config.default_plugins]
-    for name in [*names, "_pytest._argcomplete", "pdb", "faulthandler", "email.parser"]:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            continue
 
 
 def _namespaces(pid: int) -> list[tuple[int, int, str]]:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import builtin_envs.terminal_bench as terminal_bench_library
 from builtin_envs.terminal_bench import (
     BoxUnavailableError,
     NoTaskError,
@@ -45,9 +46,9 @@ log = logging.getLogger("terminal_bench")
 
 BOX = Path(__file__).resolve().with_name("_tb_box.py")
 PYTEST = Path(__file__).resolve().with_name("_tb_pytest.py")
-PROJECT = Path(__file__).resolve().parent.parent
-OFFLINE = PROJECT / "offline"
-DEMO_TASKS = PROJECT / "demo_tasks"
+LIBRARY = Path(terminal_bench_library.__file__ or "").resolve().parent  # wherever it is installed
+OFFLINE = LIBRARY / "offline"
+DEMO_TASKS = LIBRARY / "demo_tasks"
 STATE = Path("/tmp/.tb")  # the boxes' /tmp and /root, in the instance's /tmp
 WORKDIR = "/app"
 SYSTEM_DIRS = frozenset({"usr", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "opt"})
@@ -99,6 +100,20 @@ def _layout() -> tuple[dict[str, str], list[tuple[str, str, bool]]]:
     return links, binds
 
 
+def _hidden(binds: list[tuple[str, str, bool]]) -> list[str]:
+    """The tasks' directories inside what the boxes bind (the bundled demo tasks of an install
+    in a virtual environment, a dataset inside one), as the boxes see them: covered there."""
+    secret = [DEMO_TASKS, _dataset()]
+    if os.environ.get("TB_TASK_DIR"):
+        secret.append(Path(os.environ["TB_TASK_DIR"]))
+    covered = []
+    for path in (p.resolve() for p in secret if p.is_dir()):
+        for source, target, _ in binds:
+            if path.is_relative_to(source):
+                covered.append(str(Path(target) / path.relative_to(source)))
+    return sorted(set(covered))
+
+
 def _box_env(*, grader: bool) -> dict[str, str]:
     env = {
         "PATH": AGENT_PATH,
@@ -146,6 +161,7 @@ def _settings(mode: str, **more: Any) -> dict[str, Any]:
         "mode": mode,
         "links": links,
         "binds": binds,
+        "hide": _hidden(binds),
         "env": _box_env(grader=mode == "grader"),
         "cwd": WORKDIR,
         **more,
