@@ -35,6 +35,9 @@ if (why := namespaces_available()) is not None:
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 ROOT = Path(__file__).resolve().parent.parent
+needs_tmux = pytest.mark.skipif(
+    shutil.which("tmux") is None, reason="tmux is not installed (scripts/setup installs it as root)"
+)
 SECRET = f"TB-SECRET-{uuid.uuid4().hex}"
 RUN_TESTS = textwrap.dedent(
     """\
@@ -209,6 +212,7 @@ async def test_tests_past_their_time_are_stopped_and_fail(env: Environment) -> N
     assert again["max_test_timeout_sec"] == 1
 
 
+@needs_tmux
 async def test_the_agents_time_limit(env: Environment) -> None:
     await env.call_function("tb_reset", {"task": "mixed", "agent_timeout_sec": 3})
     await _run(env, "touch a b")
@@ -236,6 +240,7 @@ async def test_a_command_past_its_timeout_is_killed(env: Environment) -> None:
 # -- the tools ----------------------------------------------------------------------------------
 
 
+@needs_tmux
 async def test_files_commands_and_the_terminal(env: Environment) -> None:
     await env.call_function("tb_reset", {"task": "mixed"})
     written = await env.call_tool("write_file", {"path": "src/hello.py", "content": "print(42)\n"})
@@ -265,6 +270,7 @@ async def test_files_commands_and_the_terminal(env: Environment) -> None:
     assert "typed-42" in history
 
 
+@needs_tmux
 async def test_a_server_started_in_the_terminal_answers_the_tests(env: Environment) -> None:
     (task,) = [t for t in demo.TASKS if t["id"] == "http-server"]
     await env.call_function("tb_reset", {"task": "http-server"})
@@ -277,6 +283,7 @@ async def test_a_server_started_in_the_terminal_answers_the_tests(env: Environme
 # -- resets, the task at creation -------------------------------------------------------------
 
 
+@needs_tmux
 async def test_a_reset_starts_clean_and_knows_its_tasks(env: Environment, dataset: Path) -> None:
     await env.call_function("tb_reset", {"task": "mixed"})
     await _run(env, "touch a b /tmp/left-over ~/.profile-left; sleep 300 > /dev/null 2>&1 &")
@@ -428,6 +435,7 @@ async def test_tasks_inside_what_the_boxes_bind_are_covered(
 # -- the demo -----------------------------------------------------------------------------------
 
 
+@needs_tmux
 async def test_aenv_rollout_runs_the_demo_solutions_to_reward_one(tmp_path: Path) -> None:
     done = await asyncio.to_thread(
         subprocess.run,
