@@ -280,6 +280,19 @@ async def test_a_server_started_in_the_terminal_answers_the_tests(env: Environme
     assert result["reward"] == 1.0, result["output_tail"]
 
 
+async def test_a_fork_gets_its_own_box_and_files(env: Environment) -> None:
+    await env.call_function("tb_reset", {"task": "mixed"})
+    await _run(env, "touch a; sleep 300 > /dev/null 2>&1 &")
+    (child,) = await env.fork(1)
+    try:
+        ran = await _run(child, "ls /app; pgrep -c sleep; touch b")  # a copy of /app, no process
+        assert ran["output"].split() == ["a", "0"]
+        assert (await child.call_reward({}))["reward"] == 1.0
+        assert (await env.call_reward({}))["reward"] == 0.0  # the parent has no b
+    finally:
+        await child.release()
+
+
 # -- resets, the task at creation -------------------------------------------------------------
 
 
@@ -430,6 +443,40 @@ async def test_tasks_inside_what_the_boxes_bind_are_covered(
             assert (await env.call_reward({}))["reward"] == 1.0  # the tests still run
     finally:
         shutil.rmtree(inside)
+
+
+_AS_NOBODY = """
+import asyncio, json
+from aenv_ray import Environment
+
+async def main():
+    async with Environment("terminal-bench@1.0.0", timeout=120) as env:
+        await env.call_function("tb_reset", {"task": "hello-world"})
+        nothing = await env.call_reward({})
+        seen = await env.call_tool("run_command", {"command": "id -u; ls /data 2>&1"})
+        await env.call_function("tb_run_solution", {})
+        solved = await env.call_reward({})
+        print(json.dumps([nothing["reward"], seen.structured["output"], solved["reward"]]))
+
+asyncio.run(main())
+"""
+
+
+async def test_as_an_unprivileged_user(unprivileged: tuple[list[str], dict[str, str]]) -> None:
+    command, environment = unprivileged
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [*command, "-c", _AS_NOBODY],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    nothing, seen, solved = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (nothing, solved) == (0.0, 1.0)
+    assert seen.startswith("0\nls: cannot access '/data'")
 
 
 # -- the demo -----------------------------------------------------------------------------------

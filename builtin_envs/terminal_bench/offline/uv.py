@@ -71,12 +71,15 @@ def init(args: list[str]) -> int:
 
 
 def _site() -> None:
-    """This Python's site-packages on ``sys.path`` (uv runs without them, to start fast)."""
+    """This Python's site-packages on ``sys.path`` (uv runs without them, to start fast), and
+    the instance's pytest's (``TB_SITE_PACKAGES``)."""
     import site
 
-    if not sys.flags.no_site:
-        return
-    site.main()
+    if sys.flags.no_site:
+        site.main()
+    extra = os.environ.get("TB_SITE_PACKAGES")
+    if extra and extra not in sys.path:  # where the instance's pytest is, when not in site
+        sys.path.append(extra)
 
 
 def _versions() -> dict[str, str]:

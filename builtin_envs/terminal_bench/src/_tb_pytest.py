@@ -210,6 +210,9 @@ def serve(control: socket.socket) -> None:
 
 
 def main() -> None:
+    site = os.environ.get("TB_SITE_PACKAGES")
+    if site and site not in sys.path:  # pytest's directory, when -I leaves it out
+        sys.path.append(site)
     control = socket.socket(fileno=os.dup(0))
     os.close(0)
     os.open("/dev/null", os.O_RDONLY)

@@ -17,6 +17,7 @@ holds only the system's directories, Python, ``/app``, ``/tmp`` and ``/root``:
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -93,11 +94,24 @@ def _layout() -> tuple[dict[str, str], list[tuple[str, str, bool]]]:
         elif os.path.isdir(path):
             binds.append((path, path, False))
     prefixes = {Path(p).resolve() for p in (sys.base_prefix, sys.prefix, sys.exec_prefix)}
+    if PYTEST_SITE is not None:  # pytest may live outside the prefixes (PYTHONPATH)
+        prefixes.add(Path(PYTEST_SITE))
     system = [Path(b[0]) for b in binds]
     for prefix in _outermost(prefixes):
         if not any(prefix.is_relative_to(s) for s in system):
             binds.append((str(prefix), str(prefix), False))
     return links, binds
+
+
+def _pytest_site() -> str | None:
+    """The directory pytest is imported from (its site-packages), or None without pytest."""
+    spec = importlib.util.find_spec("pytest")
+    if spec is None or spec.origin is None:
+        return None
+    return str(Path(spec.origin).resolve().parent.parent)
+
+
+PYTEST_SITE = _pytest_site()
 
 
 def _hidden(binds: list[tuple[str, str, bool]]) -> list[str]:
@@ -130,6 +144,7 @@ def _box_env(*, grader: bool) -> dict[str, str]:
             PATH=f"{OFFLINE_AT}/bin:{AGENT_PATH}",
             TB_OFFLINE=OFFLINE_AT,
             TB_PYTHON=sys.executable,
+            TB_SITE_PACKAGES=PYTEST_SITE or "",
             COLUMNS="160",
             LINES="40",
             DEBIAN_FRONTEND="noninteractive",
@@ -311,7 +326,7 @@ class WarmPytest:
                 stdin=theirs.fileno(),
                 stdout=self._log,
                 stderr=subprocess.STDOUT,
-                env=_CLEAN_ENV,
+                env={**_CLEAN_ENV, "TB_SITE_PACKAGES": PYTEST_SITE or ""},
             )
         finally:
             theirs.close()

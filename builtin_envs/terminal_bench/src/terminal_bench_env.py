@@ -339,8 +339,9 @@ def tb_reward(scoring: Literal["all", "fraction"] | None = None, strict: bool = 
 
 
 @register_health
-def tb_health() -> dict[str, Any]:
-    """Healthy while the instance serves; names the current task."""
+async def tb_health() -> dict[str, Any]:
+    """Healthy while the instance serves; names the current task. (On the event loop: a test
+    run on the main thread does not hold it up.)"""
     episode = _EPISODE
     task = episode.task.name if episode is not None and episode.task is not None else None
     return {"status": "healthy", "task": task}
