@@ -30,7 +30,8 @@ from _tb_runtime import (
 )
 
 from aenv_ray import register_function, register_health, register_reward, register_tool
-from builtin_envs.terminal_bench import NoTaskError, grade
+from aenv_ray.errors import ConfigurationError
+from builtin_envs.terminal_bench import NoTaskError, Task, grade
 
 log = logging.getLogger("terminal_bench")
 
@@ -79,7 +80,9 @@ def _episode() -> Episode:
     return _EPISODE
 
 
-def _new_episode(task: Any, agent_timeout: float | None, test_timeout: float | None) -> Episode:
+def _new_episode(
+    task: Task | None, agent_timeout: float | None, test_timeout: float | None
+) -> Episode:
     if task is None:
         return Episode()
     return Episode(
@@ -95,7 +98,15 @@ def _new_episode(task: Any, agent_timeout: float | None, test_timeout: float | N
 
 def _env_seconds(name: str) -> float | None:
     value = os.environ.get(name)
-    return float(value) if value else None
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise ConfigurationError(f"{name}={value!r} is not a positive number of seconds")
+    return seconds
 
 
 def _box(episode: Episode) -> AgentBox:
