@@ -5,34 +5,23 @@ Every output here is captured from pytest itself (this interpreter's, run as a t
 xfail, xpass, parametrized, a class's method), a collection error, a crash mid-run, a run without
 ``-rA`` (no short summary) and one cut before its last line. Each is checked against what the
 rules say, and against Terminal-Bench's own parser (``terminal-bench`` 0.2.18 from PyPI, in a
-virtual environment of its own under ``~/.cache/aenv-ray/oracles``, made when missing with a
-Python >= 3.12; the comparison skips, saying why, where it cannot be made).
+virtual environment of its own with a Python >= 3.12: ``tests/_oracles.py``).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
-import fcntl
-import glob
 import json
 import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from builtin_envs.terminal_bench import TestRun, grade, parse_pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-ORACLE_VERSION = "0.2.18"
-ORACLE_DIR = Path(
-    os.environ.get("AENV_TB_ORACLE_DIR")
-    or Path.home() / ".cache" / "aenv-ray" / "oracles" / f"terminal-bench-{ORACLE_VERSION}"
-)
+from tests._oracles import TERMINAL_BENCH, oracle_python
 
 EVERY_OUTCOME = """
 import pytest
@@ -268,59 +257,9 @@ print(json.dumps(answers))
 """
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
-
-
-def _python_312() -> str:
-    """A Python >= 3.12 of this machine (terminal-bench needs one), else uv's choice."""
-    candidates = [os.environ.get("AENV_TB_ORACLE_PYTHON", "")]
-    for pattern in ("~/.pyenv/versions/3.1[2-9]*/bin/python3", "/usr/*bin/python3.1[2-9]"):
-        candidates += sorted(glob.glob(os.path.expanduser(pattern)))
-    for candidate in filter(None, candidates):
-        probe = subprocess.run(
-            [candidate, "-c", "import sys; sys.exit(sys.version_info < (3, 12))"],
-            capture_output=True,
-            check=False,
-        )
-        if probe.returncode == 0:
-            return candidate
-    return ">=3.12"
-
-
-def _oracle_python() -> tuple[Path, Path]:
-    """``(python, site-packages)`` of the oracle's environment, made when missing."""
-    python = ORACLE_DIR / "bin" / "python"
-    with _locked(ORACLE_DIR.with_suffix(".lock")):
-        if not (ORACLE_DIR / ".installed").exists():
-            uv = ROOT / ".venv" / "bin" / "uv"
-            if not uv.exists():
-                pytest.skip(f"no uv at {uv} to make the oracle's environment (scripts/setup)")
-            steps = [
-                [str(uv), "venv", "--quiet", "--python", _python_312(), str(ORACLE_DIR)],
-                [
-                    str(uv),
-                    "pip",
-                    "install",
-                    "--quiet",
-                    "--python",
-                    str(python),
-                    "--no-deps",
-                    f"terminal-bench=={ORACLE_VERSION}",
-                ],
-            ]
-            for step in steps:
-                done = subprocess.run(step, capture_output=True, text=True, timeout=300)
-                if done.returncode != 0:
-                    pytest.skip(
-                        f"terminal-bench {ORACLE_VERSION} cannot be installed as the oracle "
-                        f"({' '.join(step[:3])}: {done.stderr.strip()[-300:]})"
-                    )
-            (ORACLE_DIR / ".installed").touch()
+def _oracle() -> tuple[Path, Path]:
+    """``(python, site-packages)`` of Terminal-Bench's environment (tests/_oracles.py)."""
+    python = oracle_python(TERMINAL_BENCH)
     found = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True,
@@ -331,7 +270,7 @@ def _oracle_python() -> tuple[Path, Path]:
 
 
 def test_terminal_benchs_own_parser_reads_every_output_the_same(outputs: dict[str, str]) -> None:
-    python, site = _oracle_python()
+    python, site = _oracle()
     cases = sorted(outputs)
     done = subprocess.run(
         [str(python), "-I", "-c", _ORACLE_DRIVER, str(site)],
