@@ -302,11 +302,11 @@ def _session(env: dict[str, str], cwd: str) -> None:
     )
     if probe.returncode != 0:
         width, height = env.get("TB_TMUX_SIZE", "160x40").split("x")
+        session = ["new-session", "-d", "-s", TMUX_SESSION, "-x", width, "-y", height, "-c", cwd]
+        # the history limit first: a window keeps the one set when it was made
         _tmux(
-            ["new-session", "-d", "-s", TMUX_SESSION, "-x", width, "-y", height, "-c", cwd],
-            env,
+            ["start-server", ";", "set-option", "-g", "history-limit", "50000", ";", *session], env
         )
-        _tmux(["set-option", "-g", "history-limit", "50000"], env)
 
 
 def _screen(request: dict[str, object], env: dict[str, str], cwd: str) -> dict[str, object]:
