@@ -31,6 +31,34 @@ __all__ = [
 
 _VERSION = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}$")
 _ENV_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$", re.IGNORECASE)
+_WORKSPACE = re.compile(r"/[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+# top-level directories an instance's workspace may not take: the system's and the engines' own
+_RESERVED_DIRS = frozenset(
+    {
+        "bin", "boot", "data", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run",
+        "sbin", "storage", "sys", "tmp", "usr", "var",
+    }
+)  # fmt: skip
+
+
+def _check_workspace(value: str) -> str:
+    """The path of an instance's workspace (``deployConfig.workspace``): one directory right
+    under ``/``, not one of the system's or the engines' own.
+
+    >>> _check_workspace("/app")
+    '/app'
+    """
+    if not isinstance(value, str) or not _WORKSPACE.fullmatch(value):
+        raise ConfigurationError(
+            f'workspace `{value}` is not a directory right under /; write e.g. "/app" '
+            "(letters, digits, `.`, `_`, `-`)"
+        )
+    if value[1:] in _RESERVED_DIRS:
+        raise ConfigurationError(
+            f"workspace `{value}` is a directory of the system or the engine; choose another, "
+            'e.g. "/app"'
+        )
+    return value
 
 
 def parse_cpu(value: str | float | int) -> float:
@@ -155,6 +183,8 @@ class DeployConfig(_Camel):
     env: dict[str, str] = Field(default_factory=dict)
     ttl: str | float | None = None
     network: bool = False
+    # aenv-ray: where the instance's writable workspace is and its working directory
+    workspace: str = "/workspace"
     pids: int = Field(default=512, ge=8, le=1 << 22)  # aenv-ray: most processes at once
     # aenv-ray, Kubernetes: the user's own pod template, YAML text or the same as a JSON object
     # (k8s_backend.templates checks and merges it; other engines ignore it)
@@ -172,6 +202,11 @@ class DeployConfig(_Camel):
     def _memory(cls, value: Any) -> Any:
         parse_memory(value)
         return value
+
+    @field_validator("workspace")
+    @classmethod
+    def _workspace(cls, value: str) -> str:
+        return _check_workspace(value)
 
     @field_validator("custom_pod_template", mode="before")
     @classmethod

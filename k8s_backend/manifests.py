@@ -307,7 +307,7 @@ def _second_container(runtime: _Runtime, containers: list[dict[str, Any]]) -> di
             "command": [command, "--socket", f"{shared}/exec.sock", "--"],
             "securityContext": _container_security(),
             "volumeMounts": [
-                {"name": "workspace", "mountPath": "/workspace"},
+                {"name": "workspace", "mountPath": runtime.deploy.workspace},
                 mount,
                 {"name": "datasource-tmp", "mountPath": "/tmp"},
             ],
@@ -337,7 +337,7 @@ def _pod_spec(runtime: _Runtime) -> dict[str, Any]:
     resources = quantities(deploy)
     mounts = [
         {"name": "tmp", "mountPath": "/tmp"},
-        {"name": "workspace", "mountPath": "/workspace"},
+        {"name": "workspace", "mountPath": deploy.workspace},
     ]
     volumes: list[dict[str, Any]] = [
         {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
@@ -367,7 +367,7 @@ def _pod_spec(runtime: _Runtime) -> dict[str, Any]:
         "securityContext": _container_security(),
         "terminationMessagePolicy": "FallbackToLogsOnError",  # a failed start says why
         "volumeMounts": mounts,
-        "workingDir": "/workspace",
+        "workingDir": deploy.workspace,
     }
     containers = [container]
     dual: dict[str, Any] = {}
@@ -421,8 +421,9 @@ def instance_pod(recipe: PodRecipe) -> dict[str, Any]:
     """The Pod of one instance (see the module docstring): resources from ``deployConfig`` as
     requests and limits, non-root with no privilege and no capability, seccomp RuntimeDefault, no
     service-account token, ``restartPolicy: Never``, a readiness probe on the runtime's ready
-    path, ``activeDeadlineSeconds`` from ``max_lifetime``, writable ``/tmp`` and ``/workspace``
-    as emptyDirs (the root file system is read-only), the PersistentVolumeClaim
+    path, ``activeDeadlineSeconds`` from ``max_lifetime``, writable ``/tmp`` and the workspace
+    (``deployConfig.workspace``, ``/workspace`` by default, the working directory) as emptyDirs
+    (the root file system is read-only), the PersistentVolumeClaim
     ``storage_claim`` at ``/storage`` when given, all in the user's own template when
     ``deployConfig.customPodTemplate`` gives one."""
     ref = EnvRef.parse(recipe.env_ref)

@@ -315,6 +315,9 @@ RULES: dict[str, Rule] = {
     # "May import: pydantic, ``aenv_ray``'s public API (errors)." (tau2's data models are pydantic
     # models, as the original's: their dumps, hashes and validation errors are the outputs.)
     "builtin_envs.tau2": Rule(may=frozenset({"aenv_ray", "pydantic"})),
+    # "May import: yaml, pytest (the offline ``uv run pytest``), ``aenv_ray``'s public API
+    # (errors)." (task.yaml is YAML; a task's tests run with the instance's pytest.)
+    "builtin_envs.terminal_bench": Rule(may=frozenset({"aenv_ray", "yaml", "pytest"})),
 }
 
 # What the code imports beyond its docstring, with why; the docstring should say it. Each entry
