@@ -35,7 +35,7 @@ import typer
 
 from aenv_ray import __version__
 from aenv_ray.cli import _build, _hub, _instance, _project, _rollout, _serve, _service, _tau2
-from aenv_ray.cli._common import EXIT_FAILURE, EXIT_USAGE, error_line
+from aenv_ray.cli._common import EXIT_FAILURE, EXIT_USAGE, aenvironment_conflict, error_line
 from aenv_ray.errors import AEnvError, ConfigurationError, EnvironmentNotFoundError
 
 __all__ = ["app", "main"]
@@ -100,6 +100,10 @@ def _usage_line(exc: Any) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``aenv`` with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
+    conflict = aenvironment_conflict()
+    if conflict is not None:  # which `aenv` runs depends on the order of the two installs
+        print(error_line(conflict), file=sys.stderr)
+        return EXIT_USAGE
     command = typer.main.get_command(app)
     args = list(sys.argv[1:] if argv is None else argv) or ["--help"]
     try:

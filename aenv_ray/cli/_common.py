@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import sys
 from typing import NoReturn
 
 import typer
 
-__all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "die", "error_line"]
+__all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "aenvironment_conflict", "die", "error_line"]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1  # something went wrong while doing the work (port taken, instance broken)
@@ -45,3 +46,19 @@ def pairs(values: list[str], option: str, *, from_environment: bool = False) -> 
             raise typer.BadParameter(f"`{item}` is not KEY=VALUE{hint}", param_hint=option)
         out[key] = value
     return out
+
+
+def aenvironment_conflict() -> str | None:
+    """Why ``aenv`` cannot run here, when AEnvironment (``aenvironment``) is installed beside
+    aenv-ray: both install the ``aenv`` command and the ``aenv`` package (see the ``aenv``
+    package's ``_conflict``); None when it is not installed."""
+    try:
+        version = importlib.metadata.version("aenvironment")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return (
+        f"AEnvironment (the `aenvironment` package, {version}) is installed in this Python "
+        "environment; it installs an `aenv` command and an `aenv` package as aenv-ray does, and "
+        "the two cannot share an environment. Give each its own virtual environment, or run "
+        "`pip uninstall aenvironment` and then `pip install --force-reinstall --no-deps aenv-ray`"
+    )
