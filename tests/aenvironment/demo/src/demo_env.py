@@ -98,5 +98,8 @@ def reward(expected: str = "") -> dict:
 
 
 @register_health
-def health() -> dict:
-    return {"status": "healthy", "calls": STATE["calls"]}
+def health(detail: bool = False) -> dict:
+    report = {"status": "healthy", "calls": STATE["calls"]}
+    if detail:
+        report["pid"] = os.getpid()
+    return report
