@@ -385,9 +385,11 @@ class Environment:
 
     async def list_openai_tools(self) -> list[Any]:
         """The tools as OpenAI Agents SDK ``FunctionTool``s named as :meth:`list_tools` names
-        them (``strict_json_schema=True``); a tool's error result reaches the model as its
-        content's JSON. Needs ``pip install openai-agents``."""
+        them, with ``strict_json_schema=True`` (``False`` for a schema strict mode refuses,
+        such as an object of free keys, which AEnvironment fails on); a tool's error result
+        reaches the model as its content's JSON. Needs ``pip install openai-agents``."""
         try:
+            from agents.exceptions import UserError
             from agents.tool import FunctionTool
         except ImportError as exc:
             raise ImportError(
@@ -410,13 +412,28 @@ class Environment:
                     for item in result.content
                 )
 
-            return FunctionTool(
-                name=name,
-                description=description,
-                params_json_schema=schema,
-                on_invoke_tool=invoke,
-                strict_json_schema=True,
-            )
+            try:
+                return FunctionTool(
+                    name=name,
+                    description=description,
+                    params_json_schema=schema,
+                    on_invoke_tool=invoke,
+                    strict_json_schema=True,
+                )
+            except UserError as exc:  # a schema strict mode cannot take: send it as it is
+                log.warning(
+                    "tool %s: its schema cannot be strict (%s); sent with strict_json_schema=False",
+                    name,
+                    exc,
+                    extra={"env": self.env_name, "tool": name},
+                )
+                return FunctionTool(
+                    name=name,
+                    description=description,
+                    params_json_schema=schema,
+                    on_invoke_tool=invoke,
+                    strict_json_schema=False,
+                )
 
         tools = await self.list_tools()
         return [
