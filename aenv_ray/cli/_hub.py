@@ -22,7 +22,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from aenv_ray.cli._common import EXIT_USAGE, die
+from aenv_ray.cli._common import EXIT_USAGE, die, one_directory
 from aenv_ray.envref import LATEST, EnvRef
 from aenv_ray.errors import ConfigurationError, VersionConflictError
 
@@ -112,8 +112,6 @@ def push(
     as_json: JsonOption = False,
 ) -> None:
     """Publish a project (or a built bundle) to the hub as its name@version."""
-    from aenv_ray.cli._project import one_directory
-
     path = one_directory(path, work_dir)
     if version is not None and path.is_dir():
         from aenv_ray.config import EnvConfig

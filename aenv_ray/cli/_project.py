@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from pydantic import ValidationError
 
-from aenv_ray.cli._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, die
+from aenv_ray.cli._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, WorkDir, die, one_directory
 from aenv_ray.config import EnvConfig
 from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT, DEFAULT_MCP_PORT
 
 if TYPE_CHECKING:
     from sandbox_runtime import LoadedProject
 
-__all__ = ["WorkDir", "one_directory", "register"]
+__all__ = ["register"]
 
 ProjectDir = Annotated[
     Path,
@@ -140,19 +140,6 @@ def init(
     print(f"  aenv build {shown}   bundle it and build its image (Dockerfile)")
 
 
-def one_directory(directory: Path, work_dir: Path | None) -> Path:
-    """DIR or ``--work-dir`` (AEnvironment's spelling of it); both, when they differ, is an
-    error."""
-    if work_dir is None:
-        return directory
-    if directory != Path(".") and directory.resolve() != work_dir.resolve():
-        raise typer.BadParameter(
-            f"DIR {directory} and --work-dir {work_dir} differ; give one of them",
-            param_hint="--work-dir",
-        )
-    return work_dir
-
-
 def _banner(ref: str, root: Path, summary: str, addresses: list[tuple[str, int]]) -> str:
     def url(host: str, port: int) -> str:
         host = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(host, host)
@@ -186,19 +173,6 @@ def _summary(project: LoadedProject) -> str:
     if registry.health is not None:
         parts.append("health")
     return ", ".join(parts)
-
-
-WorkDir = Annotated[
-    Path | None,
-    typer.Option(
-        "--work-dir",
-        "-w",
-        help="the project directory, as AEnvironment names it (the same as DIR)",
-        exists=True,
-        file_okay=False,
-        dir_okay=True,
-    ),
-]
 
 
 def run(
