@@ -14,8 +14,9 @@ is the compatibility layer), on the embedded local engine:
   ``tau2@1.0.0``), an OpenAI Agents SDK agent, against a deterministic chat server that plays
   both the agent's model (it replays the task's gold actions) and tau2's user.
 
-AEnvironment's agent-as-environment example is not here yet: aenv-ray's agent environments are
-being built (docs/migrating.md).
+- agent as environment (its README): agent A calls agent B's ``chat`` tool; agent B is
+  examples/agent_b (the built-in agent as a project) configured the AEnvironment way, its model's
+  settings in ``deployConfig.environmentVariables``, and a deterministic model on loopback.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +33,7 @@ from typing import Any
 import pytest
 
 from aenv_ray.testing import RuntimeProcess
-from tests._chat_server import ChatServer
+from tests._chat_server import AgentModel, ChatServer
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = ROOT / "tests" / "aenvironment"
@@ -229,3 +231,25 @@ def test_the_tau2_rl_agent_loop() -> None:
     ]
     assert called  # the gold actions, called by the agent through the environment
     assert all(name.startswith("tau2-env@1.0.0/") for name in called)
+
+
+def test_agent_as_environment(tmp_path: Path) -> None:
+    config = json.loads((ROOT / "examples" / "agent_b" / "config.json").read_text())
+    deploy = config["deployConfig"]
+    deploy["env"].pop("AGENT_ENV")  # a chat agent, no inner environment (and so no hub)
+    agent_b = tmp_path / "agent_b"
+    (agent_b / "src").mkdir(parents=True)
+    shutil.copy(ROOT / "examples" / "agent_b" / "src" / "agent_b.py", agent_b / "src")
+    with ChatServer(AgentModel()) as model:
+        deploy["environmentVariables"] = {  # AEnvironment's key for an instance's variables
+            "AGENT_BASE_URL": model.url,
+            "AGENT_MODEL": "stand-in",
+            "OPENAI_API_KEY": "sk-model-key",
+        }
+        (agent_b / "config.json").write_text(json.dumps(config))
+        done = _python(HERE / "agent_a.py", env={"AENV_ENV_PATH": str(tmp_path)})
+        asked = [m for body in model.requests for m in body["messages"] if m["role"] == "user"]
+    lines = done.stdout.strip().splitlines()
+    assert "agent-b@1.0.0/chat" in lines[0]
+    assert lines[-1] == "[{'type': 'text', 'text': 'echo: Hello!'}]"
+    assert [m["content"] for m in asked] == ["Hello!"]  # agent B's model got agent A's message
