@@ -7,6 +7,7 @@ The hub commands run against a real ``aenv serve``; the project is tests/aenviro
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -14,7 +15,9 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
 
 from aenv_ray.testing import free_port
@@ -104,6 +107,20 @@ def test_push_list_get_instances_and_service_create(hub: HubProcess, tmp_path: P
     assert deleted.returncode == 0, deleted.stderr
 
 
+async def _healthy(url: str) -> Any:
+    """The first 200 answer of ``url`` (the server is up), within 30 s."""
+    async with aiohttp.ClientSession() as session:
+        for _ in range(600):
+            try:
+                async with session.get(url) as reply:
+                    if reply.status == 200:
+                        return await reply.json()
+            except aiohttp.ClientConnectionError:
+                pass
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"{url} never answered 200")
+
+
 def test_run_serves_the_work_dir() -> None:
     port, mcp_port = free_port(), free_port()
     both = aenv("run", str(ROOT / "builtin_envs" / "mini_terminal"), "--work-dir", str(DEMO))
@@ -119,8 +136,10 @@ def test_run_serves_the_work_dir() -> None:
     try:
         banner = proc.stdout.readline() if proc.stdout else ""
         assert banner.startswith("aenv: serving aenv-demo@1.0.0"), banner
+        health = asyncio.run(_healthy(f"http://127.0.0.1:{port}/health"))
+        assert health["data"]["status"] == "healthy"  # the work dir's project answers
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0
+    assert proc.returncode == 0, err
     assert "--inspector-port is not used" in err
