@@ -137,18 +137,25 @@ def pod_name(env_name: str, instance_id: str) -> str:
     return f"aenv-{env}-{ident}" if env else f"aenv-{ident}"[:63]
 
 
+def _bytes_quantity(value: str | int) -> str:
+    size = parse_memory(value)
+    return f"{size >> 20}Mi" if size % (1 << 20) == 0 else str(size)
+
+
 def quantities(deploy: DeployConfig) -> dict[str, str]:
-    """``deployConfig``'s cpu and memory as Kubernetes quantities (millicores, MiB when whole).
+    """``deployConfig``'s cpu and memory (and ``ephemeralStorage``, when given) as Kubernetes
+    quantities (millicores, MiB when whole).
 
     >>> quantities(DeployConfig(cpu="500m", memory="4G"))
     {'cpu': '500m', 'memory': '4096Mi'}
-    >>> quantities(DeployConfig(cpu="2C", memory=1000))
-    {'cpu': '2000m', 'memory': '1000'}
+    >>> quantities(DeployConfig(cpu="2C", memory=1000, ephemeralStorage="5Gi"))
+    {'cpu': '2000m', 'memory': '1000', 'ephemeral-storage': '5120Mi'}
     """
     millicores = max(1, round(parse_cpu(deploy.cpu) * 1000))
-    size = parse_memory(deploy.memory)
-    memory = f"{size >> 20}Mi" if size % (1 << 20) == 0 else str(size)
-    return {"cpu": f"{millicores}m", "memory": memory}
+    out = {"cpu": f"{millicores}m", "memory": _bytes_quantity(deploy.memory)}
+    if deploy.ephemeral_storage is not None:
+        out["ephemeral-storage"] = _bytes_quantity(deploy.ephemeral_storage)
+    return out
 
 
 def second_image(datasource: str, image_prefix: str) -> str:

@@ -180,7 +180,24 @@ TERMINAL_BENCH = Oracle(
     python=(3, 12),
 )
 
-ORACLES = (TAU2, SWEBENCH, TERMINAL_BENCH)
+
+# AEnvironment (its PyPI package aenvironment 0.1.7): the SDK and the server (`python -m
+# aenv.main`) import these; openai-agents for Environment.list_openai_tools(). The aenv
+# compatibility layer is compared with it (tests/test_aenv_oracle.py).
+AENVIRONMENT = Oracle(
+    name="aenvironment",
+    no_deps=("aenvironment==0.1.7",),
+    packages=(
+        "colorlog==6.12.0",
+        "fastmcp==2.14.7",
+        "httpx==0.28.1",
+        "openai-agents==0.6.3",
+        "pydantic==2.12.5",  # aenvironment pins <2.12, which its own agents extra cannot meet
+    ),
+    env_variable="AENV_AENVIRONMENT_ORACLE_PYTHON",
+)
+
+ORACLES = (TAU2, SWEBENCH, TERMINAL_BENCH, AENVIRONMENT)
 TAU2_DRIVER = ROOT / "tests" / "tau2_golden" / "oracle_driver.py"
 
 
