@@ -4,17 +4,31 @@ The fields are the seeds' (name, version, description, tags, status, codeUrl, ar
 buildConfig, testConfig, deployConfig). Unknown top-level keys are rejected so that a typo such as
 ``deplyConfig`` is an error, not a silent default. Human units (``"2C"``, ``"512M"``, ``"30m"``)
 are parsed here into numbers by :func:`parse_cpu`, :func:`parse_memory` and :func:`parse_duration`.
+
+AEnvironment's keys are read too, so its projects load as they are: ``environmentVariables``
+(merged into ``env``), the ``cpu``/``memory``/``ephemeralStorage`` requests and limits (one
+amount each: the limit, else the request), ``deployConfig.service`` and its flat legacy keys
+(:class:`ServiceConfig`), ``podTemplate: "Default"`` and a top-level ``requirements``. A key
+that means nothing here is logged once per process (``aenv_ray.config``), saying why.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from aenv_ray.errors import ConfigurationError
@@ -23,14 +37,45 @@ __all__ = [
     "BuildConfig",
     "DeployConfig",
     "EnvConfig",
+    "ServiceConfig",
     "TestConfig",
     "parse_cpu",
     "parse_duration",
     "parse_memory",
 ]
 
+log = logging.getLogger("aenv_ray.config")
+
 _VERSION = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}$")
 _ENV_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$", re.IGNORECASE)
+_WORKSPACE = re.compile(r"/[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+# top-level directories an instance's workspace may not take: the system's and the engines' own
+_RESERVED_DIRS = frozenset(
+    {
+        "bin", "boot", "data", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run",
+        "sbin", "storage", "sys", "tmp", "usr", "var",
+    }
+)  # fmt: skip
+
+
+def _check_workspace(value: str) -> str:
+    """The path of an instance's workspace (``deployConfig.workspace``): one directory right
+    under ``/``, not one of the system's or the engines' own.
+
+    >>> _check_workspace("/app")
+    '/app'
+    """
+    if not isinstance(value, str) or not _WORKSPACE.fullmatch(value):
+        raise ConfigurationError(
+            f'workspace `{value}` is not a directory right under /; write e.g. "/app" '
+            "(letters, digits, `.`, `_`, `-`)"
+        )
+    if value[1:] in _RESERVED_DIRS:
+        raise ConfigurationError(
+            f"workspace `{value}` is a directory of the system or the engine; choose another, "
+            'e.g. "/app"'
+        )
+    return value
 
 
 def parse_cpu(value: str | float | int) -> float:
@@ -144,21 +189,173 @@ class TestConfig(_Camel):
     script: str = ""
 
 
+_NOTED: set[tuple[str, str]] = set()
+
+
+def _note_once(key: str, value: Any, why: str) -> None:
+    """Log once per process that ``key`` (set to ``value``) is read but not used, and why."""
+    shown = json.dumps(value, sort_keys=True, default=str)
+    if (key, shown) in _NOTED:
+        return
+    _NOTED.add((key, shown))
+    log.warning(
+        "config.json: %s is not used by aenv-ray: %s",
+        key,
+        why,
+        extra={"key": key, "value": shown},
+    )
+
+
+class ServiceConfig(_Camel):
+    """``deployConfig.service`` (AEnvironment's): defaults of ``aenv service create``.
+
+    ``replicas`` and ``enableStorage`` are the defaults of ``--replicas`` and ``--storage``;
+    ``storageSize`` is the size of a service's volume on the Kubernetes engine. ``port``,
+    ``storageName``/``pvcName`` and ``mountPath`` are read and logged as unused: a service's
+    runtime serves every route on 8080 and 8081, and its storage is mounted at ``/storage``.
+    """
+
+    replicas: int = Field(default=1, ge=0, le=64)
+    port: int | None = Field(default=None, ge=1, le=65535)
+    enable_storage: bool = False
+    storage_name: str = ""
+    pvc_name: str = ""
+    storage_size: str | None = None
+    mount_path: str | None = None
+
+    @field_validator("storage_size", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        if value is not None:
+            parse_memory(value)
+            return str(value)
+        return value
+
+
+# AEnvironment's flat, legacy spelling of deployConfig.service's keys
+_FLAT_SERVICE_KEYS = (
+    "replicas",
+    "port",
+    "enableStorage",
+    "storageName",
+    "pvcName",
+    "storageSize",
+    "mountPath",
+)
+_RUNTIME_PORTS = (8080, 8081)
+_STORAGE_PATH = "/storage"
+
+
+def _one_amount(data: dict[str, Any], key: str) -> None:
+    """Fold AEnvironment's ``KEYRequest``/``KEYLimit`` into ``KEY``: one amount, the request and
+    the limit of an instance (the limit when both are given, as AEnvironment's docs recommend
+    one value for both)."""
+    request, limit = data.pop(f"{key}Request", None), data.pop(f"{key}Limit", None)
+    if key in data or (request is None and limit is None):
+        if request is not None or limit is not None:
+            _note_once(
+                f"deployConfig.{key}Request/{key}Limit",
+                {"request": request, "limit": limit},
+                f"`{key}` is given and is both the request and the limit of an instance",
+            )
+        return
+    data[key] = limit if limit is not None else request
+    if request is not None and limit is not None and request != limit:
+        _note_once(
+            f"deployConfig.{key}Request",
+            request,
+            f"an instance gets one {key} amount, the request and the limit: {key}Limit {limit}",
+        )
+
+
+def _pod_template(value: Any) -> Any:
+    """``"Default"`` (AEnvironment's name) and case variants -> the names used here."""
+    if isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered in ("default", "singlecontainer", "single"):
+            return "singleContainer"
+        if lowered == "dualcontainer":
+            return "DualContainer"
+    return value
+
+
+def _aenvironment_deploy(data: dict[str, Any]) -> dict[str, Any]:
+    """AEnvironment's ``deployConfig`` keys, read into ours (see the module docstring)."""
+    data = dict(data)
+    variables = data.pop("environmentVariables", data.pop("environment_variables", None))
+    if variables is not None:
+        if not isinstance(variables, dict):
+            raise ValueError("environmentVariables must be an object of strings")
+        env = data.get("env") or {}
+        if not isinstance(env, dict):
+            raise ValueError("env must be an object of strings")
+        clash = sorted(k for k in set(env) & set(variables) if env[k] != variables[k])
+        if clash:
+            raise ValueError(
+                f"env and environmentVariables give {', '.join(clash)} different values; "
+                "keep one of the two keys"
+            )
+        data["env"] = {**variables, **env}
+    for key in ("cpu", "memory", "ephemeralStorage"):
+        _one_amount(data, key)
+    flat = {k: data.pop(k) for k in _FLAT_SERVICE_KEYS if k in data}
+    if flat:
+        service = data.get("service")
+        data["service"] = {**flat, **(service if isinstance(service, dict) else {})}
+    service = data.get("service")
+    if isinstance(service, dict):
+        port = service.get("port")
+        if port is not None and port not in _RUNTIME_PORTS:
+            _note_once(
+                "deployConfig.service.port",
+                port,
+                "a service's runtime serves every route on ports 8080 and 8081",
+            )
+        mount = service.get("mountPath")
+        if mount not in (None, _STORAGE_PATH):
+            _note_once(
+                "deployConfig.service.mountPath",
+                mount,
+                f"a service's storage is mounted at {_STORAGE_PATH}",
+            )
+        for key in ("storageName", "pvcName"):
+            if service.get(key):
+                _note_once(
+                    f"deployConfig.service.{key}",
+                    service[key],
+                    "a service's storage is named after the service",
+                )
+    if "podTemplate" in data:
+        data["podTemplate"] = _pod_template(data["podTemplate"])
+    return data
+
+
 class DeployConfig(_Camel):
     """Resources and placement of an instance."""
 
     cpu: str | float = "1"
     memory: str | int = "2G"
+    # AEnvironment's: the instance's disk (Kubernetes: the ephemeral-storage request and limit;
+    # the local engine has no disk quota)
+    ephemeral_storage: str | int | None = None
     os: str = "linux"
     image_prefix: str = ""
     pod_template: Literal["singleContainer", "DualContainer", ""] = ""
     env: dict[str, str] = Field(default_factory=dict)
     ttl: str | float | None = None
     network: bool = False
+    # aenv-ray: where the instance's writable workspace is and its working directory
+    workspace: str = "/workspace"
     pids: int = Field(default=512, ge=8, le=1 << 22)  # aenv-ray: most processes at once
     # aenv-ray, Kubernetes: the user's own pod template, YAML text or the same as a JSON object
     # (k8s_backend.templates checks and merges it; other engines ignore it)
     custom_pod_template: str | dict[str, Any] | None = None
+    service: ServiceConfig = Field(default_factory=ServiceConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _aenvironment(cls, data: Any) -> Any:
+        return _aenvironment_deploy(data) if isinstance(data, dict) else data
 
     # "before" validators: they see the JSON value, so `true` is not read as 1 core or 1 byte
     @field_validator("cpu", mode="before")
@@ -171,6 +368,18 @@ class DeployConfig(_Camel):
     @classmethod
     def _memory(cls, value: Any) -> Any:
         parse_memory(value)
+        return value
+
+    @field_validator("workspace")
+    @classmethod
+    def _workspace(cls, value: str) -> str:
+        return _check_workspace(value)
+
+    @field_validator("ephemeral_storage", mode="before")
+    @classmethod
+    def _ephemeral_storage(cls, value: Any) -> Any:
+        if value is not None:
+            parse_memory(value)
         return value
 
     @field_validator("custom_pod_template", mode="before")
@@ -201,6 +410,29 @@ class EnvConfig(_Camel):
     build_config: BuildConfig = Field(default_factory=BuildConfig)
     test_config: TestConfig = Field(default_factory=TestConfig)
     deploy_config: DeployConfig = Field(default_factory=DeployConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _requirements(cls, data: Any) -> Any:
+        """AEnvironment's top-level ``requirements`` (``cpu``, ``memory``): the instance's, unless
+        ``deployConfig`` gives them."""
+        if not isinstance(data, dict) or "requirements" not in data:
+            return data
+        data = dict(data)
+        wanted = data.pop("requirements")
+        if not isinstance(wanted, dict):
+            raise ValueError('requirements must be an object such as {"cpu": "1"}')
+        unknown = sorted(set(wanted) - {"cpu", "memory"})
+        if unknown:
+            raise ValueError(f"requirements holds {', '.join(unknown)}; it takes cpu and memory")
+        key = "deploy_config" if "deploy_config" in data else "deployConfig"
+        deploy = dict(data.get(key) or {})
+        for field in ("cpu", "memory"):
+            given = {field, f"{field}Request", f"{field}Limit"} & set(deploy)
+            if field in wanted and not given:
+                deploy[field] = wanted[field]
+        data[key] = deploy
+        return data
 
     @field_validator("name")
     @classmethod

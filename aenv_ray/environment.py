@@ -121,6 +121,9 @@ class Environment:
         engine: the :class:`~aenv_ray.engine.SandboxEngine` that creates the instance, or its
             name (``"local"``, ``"kubernetes"``: the process-wide engine of that kind); default:
             a hub when one is configured, else the engine ``AENV_ENGINE`` names (``local``).
+        wait_healthy: ``initialize()`` waits until the health check answers healthy (the
+            default); ``False``: until the runtime answers at all, whatever the environment's
+            health check says (AEnvironment's ``skip_for_healthy``).
 
     Where the instance comes from, first match wins: :meth:`attach` (a running runtime);
     ``DUMMY_INSTANCE_IP`` (a server started with ``aenv run``); ``aenv_url`` /
@@ -145,6 +148,7 @@ class Environment:
         owner: str | None = None,
         settings: Settings | None = None,
         engine: SandboxEngine | str | None = None,
+        wait_healthy: bool = True,
     ) -> None:
         if not env_name or not isinstance(env_name, str):
             raise ConfigurationError("env_name must be a non-empty string such as `name@1.0.0`")
@@ -159,6 +163,7 @@ class Environment:
         self.max_retries = max_retries
         self.api_key = api_key or self.settings.api_key
         self.startup_timeout = startup_timeout
+        self.wait_healthy = wait_healthy
         self.owner = owner
         self.instance_id: str | None = None
         self._client: InstanceClient | None = None
@@ -376,10 +381,11 @@ class Environment:
         limit = self.startup_timeout or quick or self.settings.startup_timeout
         deadline = time.monotonic() + limit
         delay, last = 0.02, "no answer yet"
+        probe = p.HEALTH_PATH if self.wait_healthy else p.READY_PATH
         while True:
             try:
                 status, data = await self._client.request(
-                    "GET", p.HEALTH_PATH, timeout=max(0.5, min(5.0, deadline - time.monotonic()))
+                    "GET", probe, timeout=max(0.5, min(5.0, deadline - time.monotonic()))
                 )
                 if status == 200:
                     return
@@ -695,11 +701,28 @@ class Environment:
             "POST", p.REWARD_PATH, "reward", arguments or {}, timeout, self._declared.get("reward")
         )
 
-    async def check_health(self, timeout: float | None = None) -> dict[str, Any]:
+    async def check_health(
+        self, timeout: float | None = None, *, arguments: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """The health check's report, e.g. ``{"status": "healthy"}``; unhealthy is not an error
-        here (look at ``status``), a health check that raised is :class:`FunctionError`."""
+        here (look at ``status``), a health check that raised is :class:`FunctionError`.
+        ``arguments`` go to a health check that takes parameters."""
         limit = float(timeout if timeout is not None else self.timeout)
-        status, data = await self._request("GET", p.HEALTH_PATH, timeout=limit, function="health")
+        if arguments:
+            body = _encode(arguments, arguments)
+            if isinstance(body, str):
+                raise ToolArgumentError(
+                    f"arguments for the health check cannot be sent: {body} has no JSON form",
+                    env_name=self.env_name,
+                    instance_id=self.instance_id,
+                )
+            status, data = await self._request(
+                "POST", p.HEALTH_PATH, body=body, timeout=limit, function="health"
+            )
+        else:
+            status, data = await self._request(
+                "GET", p.HEALTH_PATH, timeout=limit, function="health"
+            )
         if not isinstance(data, dict) or data.get("success") is not True:
             raise ProtocolError(f"health answered HTTP {status}: {data!r}")
         report = data.get("data")
@@ -727,6 +750,18 @@ class Environment:
                 instance_id=self.instance_id,
             )
         return f"{self.url}{data['path']}{quote(path.lstrip('/'))}"
+
+    async def list_functions(self) -> dict[str, Any]:
+        """What the instance serves besides its tools: ``{"total", "functions", "reward",
+        "health"}``, each entry ``{"name", "endpoint", "method", "description", "parameters"
+        (its JSON schema), "is_async"}``."""
+        if self._state is EnvironmentState.NEW:
+            await self.initialize()
+        status, data = await self._request("GET", p.FUNCTIONS_LIST_PATH, timeout=self.timeout)
+        listing = data.get("data") if isinstance(data, dict) else None
+        if status != 200 or not isinstance(listing, dict):
+            raise ProtocolError(f"listing functions answered HTTP {status}: {data!r}")
+        return listing
 
     def __repr__(self) -> str:
         return f"Environment({self.env_name!r}, state={self._state.value}, url={self.url!r})"

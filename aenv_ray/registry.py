@@ -38,6 +38,7 @@ __all__ = [
     "DefinitionRegistry",
     "Kind",
     "Registered",
+    "current_registry",
     "default_registry",
     "register_function",
     "register_health",
@@ -226,6 +227,20 @@ _ACTIVE: list[DefinitionRegistry] = []
 
 def _target() -> DefinitionRegistry:
     return _ACTIVE[-1] if _ACTIVE else default_registry
+
+
+def current_registry() -> DefinitionRegistry:
+    """The registry the decorators fill now: the one :meth:`DefinitionRegistry.collecting` made
+    active (the project being loaded), else :data:`default_registry`.
+
+    >>> reg = DefinitionRegistry()
+    >>> with reg.collecting():
+    ...     current_registry() is reg
+    True
+    >>> current_registry() is default_registry
+    True
+    """
+    return _target()
 
 
 def _decorator(

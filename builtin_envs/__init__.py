@@ -3,8 +3,9 @@
 ``mini_terminal`` (``mini-terminal@1.0.0``): a shell per instance; ``tau2`` (``tau2@1.0.0``):
 tau2-bench's domains; ``agent`` (``agent@1.0.0``): an agent as an environment, a model behind a
 ``chat`` tool that uses another environment's tools; ``swe`` (``swe@1.0.0``): SWE-bench
-tasks; ``mini_program`` (``mini-program@1.0.0``): a mini program IDE with a live preview.
-:func:`builtin_path` finds a built-in project by its ``name@version`` or name.
+tasks; ``mini_program`` (``mini-program@1.0.0``): a mini program IDE with a live preview;
+``terminal_bench`` (``terminal-bench@1.0.0``): any Terminal-Bench task, its tests hidden until
+graded. :func:`builtin_path` finds a built-in project by its ``name@version`` or name.
 docs/builtins.md describes each.
 
 May import: ``aenv_ray``'s public API, as a user's project would.

@@ -137,18 +137,25 @@ def pod_name(env_name: str, instance_id: str) -> str:
     return f"aenv-{env}-{ident}" if env else f"aenv-{ident}"[:63]
 
 
+def _bytes_quantity(value: str | int) -> str:
+    size = parse_memory(value)
+    return f"{size >> 20}Mi" if size % (1 << 20) == 0 else str(size)
+
+
 def quantities(deploy: DeployConfig) -> dict[str, str]:
-    """``deployConfig``'s cpu and memory as Kubernetes quantities (millicores, MiB when whole).
+    """``deployConfig``'s cpu and memory (and ``ephemeralStorage``, when given) as Kubernetes
+    quantities (millicores, MiB when whole).
 
     >>> quantities(DeployConfig(cpu="500m", memory="4G"))
     {'cpu': '500m', 'memory': '4096Mi'}
-    >>> quantities(DeployConfig(cpu="2C", memory=1000))
-    {'cpu': '2000m', 'memory': '1000'}
+    >>> quantities(DeployConfig(cpu="2C", memory=1000, ephemeralStorage="5Gi"))
+    {'cpu': '2000m', 'memory': '1000', 'ephemeral-storage': '5120Mi'}
     """
     millicores = max(1, round(parse_cpu(deploy.cpu) * 1000))
-    size = parse_memory(deploy.memory)
-    memory = f"{size >> 20}Mi" if size % (1 << 20) == 0 else str(size)
-    return {"cpu": f"{millicores}m", "memory": memory}
+    out = {"cpu": f"{millicores}m", "memory": _bytes_quantity(deploy.memory)}
+    if deploy.ephemeral_storage is not None:
+        out["ephemeral-storage"] = _bytes_quantity(deploy.ephemeral_storage)
+    return out
 
 
 def second_image(datasource: str, image_prefix: str) -> str:
@@ -307,7 +314,7 @@ def _second_container(runtime: _Runtime, containers: list[dict[str, Any]]) -> di
             "command": [command, "--socket", f"{shared}/exec.sock", "--"],
             "securityContext": _container_security(),
             "volumeMounts": [
-                {"name": "workspace", "mountPath": "/workspace"},
+                {"name": "workspace", "mountPath": runtime.deploy.workspace},
                 mount,
                 {"name": "datasource-tmp", "mountPath": "/tmp"},
             ],
@@ -337,7 +344,7 @@ def _pod_spec(runtime: _Runtime) -> dict[str, Any]:
     resources = quantities(deploy)
     mounts = [
         {"name": "tmp", "mountPath": "/tmp"},
-        {"name": "workspace", "mountPath": "/workspace"},
+        {"name": "workspace", "mountPath": deploy.workspace},
     ]
     volumes: list[dict[str, Any]] = [
         {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
@@ -367,7 +374,7 @@ def _pod_spec(runtime: _Runtime) -> dict[str, Any]:
         "securityContext": _container_security(),
         "terminationMessagePolicy": "FallbackToLogsOnError",  # a failed start says why
         "volumeMounts": mounts,
-        "workingDir": "/workspace",
+        "workingDir": deploy.workspace,
     }
     containers = [container]
     dual: dict[str, Any] = {}
@@ -421,8 +428,9 @@ def instance_pod(recipe: PodRecipe) -> dict[str, Any]:
     """The Pod of one instance (see the module docstring): resources from ``deployConfig`` as
     requests and limits, non-root with no privilege and no capability, seccomp RuntimeDefault, no
     service-account token, ``restartPolicy: Never``, a readiness probe on the runtime's ready
-    path, ``activeDeadlineSeconds`` from ``max_lifetime``, writable ``/tmp`` and ``/workspace``
-    as emptyDirs (the root file system is read-only), the PersistentVolumeClaim
+    path, ``activeDeadlineSeconds`` from ``max_lifetime``, writable ``/tmp`` and the workspace
+    (``deployConfig.workspace``, ``/workspace`` by default, the working directory) as emptyDirs
+    (the root file system is read-only), the PersistentVolumeClaim
     ``storage_claim`` at ``/storage`` when given, all in the user's own template when
     ``deployConfig.customPodTemplate`` gives one."""
     ref = EnvRef.parse(recipe.env_ref)

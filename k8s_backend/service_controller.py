@@ -47,6 +47,7 @@ from k8s_backend.exec_helper import ExecHelper
 from k8s_backend.manifests import ANNOTATION_ENV
 from k8s_backend.services import (
     ANNOTATION_SERVICE,
+    DEFAULT_STORAGE_SIZE,
     LABEL_SERVICE,
     ServiceRecipe,
     service_deployment,
@@ -135,6 +136,8 @@ class KubernetesServices:
             owner=spec.owner,
             labels=dict(spec.labels),
             storage=spec.storage,
+            # AEnvironment's deployConfig.service.storageSize: the volume's size
+            storage_size=config.deploy_config.service.storage_size or DEFAULT_STORAGE_SIZE,
             port=self.port,
             token=token,
             runtime_env=self.delivery.env(config),

@@ -1,14 +1,14 @@
 """What a forked process keeps of its parent's open files.
 
 A fork inherits every descriptor of its parent: a template's control socket, an instance's
-listening socket, files open in the parent's ``/workspace``. Kept, they would let the child talk
+listening socket, files open in the parent's workspace. Kept, they would let the child talk
 to the zygote as its parent, answer the parent's calls, or write into the parent's files.
 :func:`neutralize` gives the child only what it may keep:
 
 - descriptors named in ``keep`` and the standard streams;
 - files on read-only mounts (the project, the system, ``/data``), character devices (``/dev``),
   and files on the shared ``/storage``;
-- files on a mount the child replaced with a copy (its ``/workspace`` and ``/tmp`` after a fork),
+- files on a mount the child replaced with a copy (its workspace and ``/tmp`` after a fork),
   reopened at the same path in the copy, with the same flags and offset;
 - anything else (sockets, pipes, epoll and event descriptors, other writable files) becomes
   ``/dev/null``: ``dup2`` keeps the number taken, so the Python objects that own those numbers

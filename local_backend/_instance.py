@@ -10,7 +10,7 @@ runtime needs to name its limits. Then the runtime serves on the socket the zygo
 A fork of a running instance (:func:`fork_children`, asked by the zygote, run on the runtime's
 main thread between jobs) goes through a throw-away child that starts the fork in a new pid
 namespace of its own, under its own pid 1: the fork cannot see or signal its parent or its
-siblings (``kill(-1)`` reaches nothing of theirs). The fork copies ``/workspace`` and ``/tmp`` into
+siblings (``kill(-1)`` reaches nothing of theirs). The fork copies the workspace and ``/tmp`` into
 mounts of its own, keeps none of its parent's sockets (the parent's listening socket least of
 all: it must never answer the parent's calls) and reopens the files its parent had open there in
 its copies (``_fds.neutralize``), then drops into a user namespace of its own as well.
@@ -89,9 +89,10 @@ def become_instance(
                 tmp_bytes=int(message.get("tmp_bytes") or 64 << 20),
                 workspace_bytes=int(message.get("workspace_bytes") or 1 << 30),
                 keep_under_tmp=context.keep_under_tmp,
+                workspace=context.workspace,
             )
             _sandbox.drop_to_new_user_namespace(_asker(map_w, go_r), dumpable=False)
-            workspace = "/workspace"
+            workspace = context.workspace
         else:
             workspace = str(message["workspace"])
             Path(workspace).mkdir(parents=True, exist_ok=True)
@@ -264,16 +265,17 @@ def become_fork(
         if context.isolated:
             from local_backend import _sandbox
 
-            copied = {os.stat("/workspace").st_dev, os.stat("/tmp").st_dev}
+            copied = {os.stat(context.workspace).st_dev, os.stat("/tmp").st_dev}
             _private_copies(
                 hostname=_hostname(iid),
                 own_network=not context.network,
                 keep_under_tmp=context.keep_under_tmp,
+                workspace=context.workspace,
             )
             keep = {listen_fd, channel_fd, map_w, go_r, *given}
             neutralize(keep=keep, copied_devices=copied)
             _sandbox.drop_to_new_user_namespace(_asker(map_w, go_r), dumpable=False)
-            workspace = "/workspace"
+            workspace = context.workspace
         else:
             workspace = str(item["workspace"])  # the zygote's, removed with the fork
             shutil.copytree(
@@ -300,16 +302,18 @@ def become_fork(
         os._exit(code)
 
 
-def _private_copies(*, hostname: str, own_network: bool, keep_under_tmp: tuple[str, ...]) -> None:
-    """In a fork (root of its parent's user namespace): its own namespaces; mounts of
-    ``/workspace`` and ``/tmp`` holding copies of the parent's; its own ``/proc``."""
+def _private_copies(
+    *, hostname: str, own_network: bool, keep_under_tmp: tuple[str, ...], workspace: str
+) -> None:
+    """In a fork (root of its parent's user namespace): its own namespaces; mounts of the
+    workspace and ``/tmp`` holding copies of the parent's; its own ``/proc``."""
     from local_backend import _linux, _sandbox
 
     flags = _linux.CLONE_NEWNS | _linux.CLONE_NEWIPC | _linux.CLONE_NEWUTS
     if own_network:
         flags |= _linux.CLONE_NEWNET
     _linux.unshare(flags)
-    for path, mode in (("/workspace", "755"), ("/tmp", "1777")):
+    for path, mode in ((workspace, "755"), ("/tmp", "1777")):
         old = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
         try:
             size = os.statvfs(path)

@@ -9,7 +9,8 @@ Five steps, in four kinds of process (``zygote.py`` says who runs which):
 1. :func:`enter_template_root` (the zygote, once): a private mount namespace whose root is a small
    tmpfs holding read-only binds of what the runtime needs (``/usr``, ``/etc``, the Python
    installation, the virtual environment, the environment project, the packages' sources), a
-   ``/proc`` of the zygote's own pid namespace, empty ``/tmp``, ``/workspace``, ``/data`` and
+   ``/proc`` of the zygote's own pid namespace, empty ``/tmp``, ``/workspace`` (and the
+   definition's ``deployConfig.workspace``, when it names another directory), ``/data`` and
    ``/storage``, and ``/dev`` (null, zero, full, random, urandom). The host's root stays
    reachable at ``/.host`` for the next step only. **No environment code has run yet, and none
    ever runs in the zygote.**
@@ -23,11 +24,11 @@ Five steps, in four kinds of process (``zygote.py`` says who runs which):
    privileges. Only now does the template import the environment's modules.
 3. :func:`enter_instance_sandbox` (an instance, forked by its template into a new pid
    namespace): its own mount, ipc, uts and network namespaces, size-limited tmpfs on ``/tmp``
-   and ``/workspace``, its own ``/proc``; then :func:`drop_to_new_user_namespace` again (its
+   and its workspace, its own ``/proc``; then :func:`drop_to_new_user_namespace` again (its
    template maps it): the instance has no capability over its template's namespaces, its
    siblings' or the host's.
 4. A fork of a running instance repeats step 3 from inside that instance (``_instance.py``),
-   with copies of ``/workspace`` and ``/tmp``.
+   with copies of the workspace and ``/tmp``.
 
 Paths the runtime needs that live under ``/tmp`` (a virtual environment there, a project
 there) stay visible: every private ``/tmp`` binds them again (:func:`private_tmp`).
@@ -59,6 +60,7 @@ __all__ = [
     "MAX_PROJECT_BYTES",
     "NOBODY",
     "ProjectTooLarge",
+    "check_workspace_free",
     "copy_tree",
     "drop_to_new_user_namespace",
     "enter_instance_sandbox",
@@ -159,10 +161,26 @@ def _mkdirs(root: str, path: str) -> str:
     return target
 
 
-def enter_template_root(binds: Iterable[Path], *, init: Path | None = None) -> str | None:
+def check_workspace_free(workspace: str, binds: Iterable[Path]) -> None:
+    """Refuse a workspace (``deployConfig.workspace``, one directory right under ``/``) that
+    would cover or sit inside what the instances must see (:func:`runtime_paths`)."""
+    top = Path(workspace)
+    for path in binds:
+        if path == top or path.is_relative_to(top) or top.is_relative_to(path):
+            raise ValueError(
+                f"deployConfig.workspace `{workspace}` would hide {path}, which the runtime "
+                "needs on this machine; choose another directory such as /app"
+            )
+
+
+def enter_template_root(
+    binds: Iterable[Path], *, init: Path | None = None, workspace: str = "/workspace"
+) -> str | None:
     """Step 1: pivot this process (root of its user namespace) into a new template root.
 
     ``init``, the compiled pid 1 of instances, is copied in; returns its path inside (or None).
+    ``workspace`` (:func:`check_workspace_free`) gets an empty directory, where instances mount
+    theirs.
     """
     L.unshare(L.CLONE_NEWNS)
     L.mount(None, "/", None, L.MS_REC | L.MS_PRIVATE)
@@ -177,7 +195,7 @@ def enter_template_root(binds: Iterable[Path], *, init: Path | None = None) -> s
             os.symlink(os.readlink(host), f"{root}/{name}")
         elif host.is_dir() and not any(host.is_relative_to(str(b)) for b in binds):
             L.bind_mount(str(host), _mkdirs(root, str(host)))
-    for name in _ROOT_DIRS:
+    for name in (*_ROOT_DIRS, workspace.lstrip("/")):
         os.makedirs(f"{root}/{name}", exist_ok=True)
     if init is not None:
         shutil.copyfile(init, f"{root}{INIT}")
@@ -344,9 +362,11 @@ def enter_instance_sandbox(
     tmp_bytes: int,
     workspace_bytes: int,
     keep_under_tmp: Iterable[str],
+    workspace: str = "/workspace",
 ) -> None:
     """Step 3 (an instance, root of its template's user namespace, in a new pid namespace):
-    its namespaces, ``/tmp`` and ``/workspace``, and a ``/proc`` of its pid namespace."""
+    its namespaces, ``/tmp`` and its workspace (``/workspace``, or ``deployConfig.workspace``),
+    and a ``/proc`` of its pid namespace."""
     flags = L.CLONE_NEWNS | L.CLONE_NEWIPC | L.CLONE_NEWUTS
     if own_network:
         flags |= L.CLONE_NEWNET
@@ -354,7 +374,7 @@ def enter_instance_sandbox(
     private_tmp(tmp_bytes, keep=keep_under_tmp)
     L.mount(
         "tmpfs",
-        "/workspace",
+        workspace,
         "tmpfs",
         L.MS_NOSUID | L.MS_NODEV,
         f"mode=755,size={workspace_bytes},uid=0,gid=0",

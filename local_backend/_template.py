@@ -57,6 +57,7 @@ class TemplateContext:
     privileged: bool
     network: bool
     keep_under_tmp: tuple[str, ...] = ()
+    workspace: str = "/workspace"  # deployConfig.workspace: mounted there, the working directory
     init_path: str | None = None
     default_timeout: float = 600.0
     datasource: str | None = None

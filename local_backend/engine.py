@@ -271,7 +271,8 @@ class LocalEngine:
             "token": token,
             "env": env,
             "arguments": list(spec.arguments),
-            **resources,
+            # the workspace's path is the zygote's (set when it starts), never a message's
+            **{k: v for k, v in resources.items() if k != "workspace"},
             "timeout": timeout,
             # /tmp and /workspace are tmpfs: their pages count against the memory limit
             "tmp_bytes": min(_MAX_TMP, memory // 4),
@@ -500,6 +501,7 @@ class LocalEngine:
             "--default-timeout",
             str(self.default_timeout),
             *(["--network"] if resources["network"] else []),
+            *(["--workspace", resources["workspace"]] if resources["workspace"] else []),
             *(["--memory", str(resources["memory"])] if resources["memory"] else []),
             *(["--pids", str(resources["pids"])] if resources["pids"] else []),
             *(["--cpu", str(resources["cpu"])] if resources["cpu"] else []),
@@ -710,10 +712,12 @@ def host_warnings() -> list[str]:
 
 
 def _resources(config: EnvConfig) -> dict[str, Any]:
-    """What an instance of ``config`` may use: network, memory bytes, cores, processes."""
+    """What an instance of ``config`` may use: network, memory bytes, cores, processes, and
+    where its workspace is (None: the default, ``/workspace``)."""
     deploy = config.deploy_config
     return {
         "network": deploy.network,
+        "workspace": None if deploy.workspace == "/workspace" else deploy.workspace,
         "memory": parse_memory(deploy.memory),
         "cpu": parse_cpu(deploy.cpu),
         "pids": deploy.pids,

@@ -121,6 +121,7 @@ class Zygote:
         network: bool = False,
         limits: Limits | None = None,
         default_timeout: float = 600.0,
+        workspace: str = "/workspace",
     ) -> None:
         self.control = control
         self.project = str(Path(project).resolve())
@@ -129,6 +130,7 @@ class Zygote:
         self.owner = owner
         self.cgroup_name = cgroup_name
         self.network = network
+        self.workspace = workspace  # its instances' workspace and working directory
         self.limits = limits or Limits()
         self.default_timeout = default_timeout
         self.cgroups: Cgroups | None = None
@@ -161,11 +163,14 @@ class Zygote:
             from local_backend._init import init_binary
 
             paths = _sandbox.runtime_paths(Path(self.project))
+            _sandbox.check_workspace_free(self.workspace, paths)
             self.keep_under_tmp = tuple(_sandbox.under_tmp(paths))
             init, why_not = init_binary()
             if init is None:
                 log.info("instances get a Python pid 1", extra={"reason": why_not})
-            self.init_path = _sandbox.enter_template_root(paths, init=init)
+            self.init_path = _sandbox.enter_template_root(
+                paths, init=init, workspace=self.workspace
+            )
             _linux.set_child_subreaper()
         wake_read, wake_write = os.pipe()
         os.set_blocking(wake_write, False)
@@ -195,6 +200,7 @@ class Zygote:
             privileged=self.privileged,
             network=self.network,
             keep_under_tmp=self.keep_under_tmp,
+            workspace=self.workspace,
             init_path=self.init_path,
             default_timeout=self.default_timeout,
             datasource=key[0],
@@ -857,6 +863,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cgroup-name", default="z")
     parser.add_argument("--default-timeout", type=float, default=600.0)
     parser.add_argument("--network", action="store_true")
+    parser.add_argument("--workspace", default="/workspace")
     parser.add_argument("--memory", type=int)
     parser.add_argument("--pids", type=int)
     parser.add_argument("--cpu", type=float)
@@ -886,6 +893,7 @@ def main(argv: list[str] | None = None) -> int:
         network=args.network,
         limits=Limits(memory=args.memory, pids=args.pids, cpu=args.cpu),
         default_timeout=args.default_timeout,
+        workspace=args.workspace,
     )
     try:
         zygote.prepare()

@@ -785,13 +785,20 @@ async def _task_call(call: Awaitable[Any], function: str, task: dict[str, Any]) 
 _REFUSED = (FunctionErrorKind.NOT_FOUND, FunctionErrorKind.INVALID_ARGUMENTS)
 
 
-def _split_reward(value: Any, task: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+def _split_reward(value: Any, task: dict[str, Any]) -> tuple[float | None, dict[str, Any] | None]:
     """``(reward, components)`` of what the environment's reward returned: a number, or an
-    object with a number under ``"reward"`` and its components beside it."""
+    object with a number under ``"reward"`` and its components beside it; ``"reward": null``
+    is an episode the environment does not score (an invalid task): no reward, its components
+    kept."""
     if isinstance(value, int | float):
         return float(value), None
-    if isinstance(value, dict) and isinstance(value.get("reward"), int | float):
-        return float(value["reward"]), {k: v for k, v in value.items() if k != "reward"}
+    if isinstance(value, dict) and (
+        isinstance(value.get("reward"), int | float)
+        or ("reward" in value and value["reward"] is None)
+    ):
+        number = value["reward"]
+        components = {k: v for k, v in value.items() if k != "reward"}
+        return (None if number is None else float(number)), components
     raise TaskCallError(
         f"task {task['id']}: the environment's reward returned {str(value)[:120]!r}, not a "
         'number or an object with a number under "reward" (and its components beside it); '

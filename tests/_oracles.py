@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import hashlib
 import json
 import os
@@ -39,10 +40,11 @@ class Oracle:
     no_deps: tuple[str, ...]
     packages: tuple[str, ...]
     env_variable: str  # names an interpreter to use instead (an oracle installed elsewhere)
+    python: tuple[int, int] | None = None  # the Python it needs at least, when newer than ours
 
     @property
     def key(self) -> str:
-        spec = json.dumps([self.no_deps, self.packages, sys.version_info[:2]])
+        spec = json.dumps([self.no_deps, self.packages, sys.version_info[:2], self.python])
         return f"{self.name}-{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
 
 
@@ -87,19 +89,44 @@ def _run(command: list[str]) -> None:
         raise RuntimeError(f"{' '.join(command[:4])} ... failed: {done.stderr.strip()[-800:]}")
 
 
+def _interpreter(at_least: tuple[int, int] | None) -> str:
+    """This Python, or (when the oracle needs a newer one) one of this machine's that is new
+    enough (pyenv's, the system's), else uv's request for one (which it may download)."""
+    if at_least is None or sys.version_info[:2] >= at_least:
+        return sys.executable
+    patterns = [
+        "~/.pyenv/versions/3.*/bin/python3",
+        "/usr/bin/python3.*",
+        "/usr/local/bin/python3.*",
+    ]
+    check = f"import sys; sys.exit(sys.version_info < {at_least})"
+    for pattern in patterns:
+        for candidate in sorted(glob.glob(os.path.expanduser(pattern))):
+            if not candidate[-1].isdigit():  # python3.12-config and the like
+                continue
+            probe = subprocess.run([candidate, "-c", check], capture_output=True, check=False)
+            if probe.returncode == 0:
+                return candidate
+    return ">={}.{}".format(*at_least)
+
+
 def _install(oracle: Oracle, target: Path) -> None:
     uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
     python = target / "bin" / "python"
     if target.exists():
         shutil.rmtree(target)
+    interpreter = _interpreter(oracle.python)
     if uv:
-        _run([uv, "venv", "--quiet", "--python", sys.executable, str(target)])
+        _run([uv, "venv", "--quiet", "--python", interpreter, str(target)])
         pip = [uv, "pip", "install", "--quiet", "--python", str(python)]
     else:
-        _run([sys.executable, "-m", "venv", str(target)])
+        if interpreter.startswith(">="):
+            raise RuntimeError(f"{oracle.name} needs Python {interpreter}, and there is no uv")
+        _run([interpreter, "-m", "venv", str(target)])
         pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     _run([*pip, "--no-deps", *oracle.no_deps])
-    _run([*pip, *oracle.packages])
+    if oracle.packages:
+        _run([*pip, *oracle.packages])
 
 
 def ensure_oracle(oracle: Oracle) -> Path:
@@ -143,7 +170,34 @@ SWEBENCH = Oracle(
     env_variable="AENV_SWEBENCH_ORACLE_PYTHON",
 )
 
-ORACLES = (TAU2, SWEBENCH)
+# Terminal-Bench 1's pytest parser (tests/test_terminal_bench_parser.py loads its module files,
+# not the package, which imports the harness, docker and the agents); it needs Python 3.12
+TERMINAL_BENCH = Oracle(
+    name="terminal-bench",
+    no_deps=("terminal-bench==0.2.18",),
+    packages=(),
+    env_variable="AENV_TB_ORACLE_PYTHON",
+    python=(3, 12),
+)
+
+
+# AEnvironment (its PyPI package aenvironment 0.1.7): the SDK and the server (`python -m
+# aenv.main`) import these; openai-agents for Environment.list_openai_tools(). The aenv
+# compatibility layer is compared with it (tests/test_aenv_oracle.py).
+AENVIRONMENT = Oracle(
+    name="aenvironment",
+    no_deps=("aenvironment==0.1.7",),
+    packages=(
+        "colorlog==6.12.0",
+        "fastmcp==2.14.7",
+        "httpx==0.28.1",
+        "openai-agents==0.6.3",
+        "pydantic==2.12.5",  # aenvironment pins <2.12, which its own agents extra cannot meet
+    ),
+    env_variable="AENV_AENVIRONMENT_ORACLE_PYTHON",
+)
+
+ORACLES = (TAU2, SWEBENCH, TERMINAL_BENCH, AENVIRONMENT)
 TAU2_DRIVER = ROOT / "tests" / "tau2_golden" / "oracle_driver.py"
 
 

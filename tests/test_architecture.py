@@ -26,6 +26,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = [
+    "aenv",
     "aenv_ray",
     "sandbox_runtime",
     "local_backend",
@@ -210,6 +211,17 @@ RULES: dict[str, Rule] = {
     ),
     # "May import: the standard library only."
     "aenv_ray.errors": Rule(may=frozenset(), own=False),
+    # "May import: ``aenv_ray``'s public API, pydantic (AEnvironment's models are pydantic
+    # models); lazily, inside functions: agents (the OpenAI Agents SDK, for
+    # ``list_openai_tools``). Must not import: ray, kubernetes, the runtime, ``local_backend``,
+    # ``k8s_backend``."
+    "aenv": Rule(
+        may=frozenset({"aenv_ray", "pydantic"}),
+        lazy=frozenset({"agents"}),
+        must_not=frozenset(
+            {"ray", "kubernetes", "sandbox_runtime", "local_backend", "k8s_backend"}
+        ),
+    ),
     # "May import: typer, rich, packaging (the wheel ``aenv build`` writes), ``aenv_ray``,
     # ``sandbox_runtime`` and ``rollout`` (inside commands)." The CLI is part of aenv_ray, so
     # aenv_ray's own allowances hold there too.
@@ -315,6 +327,9 @@ RULES: dict[str, Rule] = {
     # "May import: pydantic, ``aenv_ray``'s public API (errors)." (tau2's data models are pydantic
     # models, as the original's: their dumps, hashes and validation errors are the outputs.)
     "builtin_envs.tau2": Rule(may=frozenset({"aenv_ray", "pydantic"})),
+    # "May import: yaml, pytest (the offline ``uv run pytest``), ``aenv_ray``'s public API
+    # (errors)." (task.yaml is YAML; a task's tests run with the instance's pytest.)
+    "builtin_envs.terminal_bench": Rule(may=frozenset({"aenv_ray", "yaml", "pytest"})),
 }
 
 # What the code imports beyond its docstring, with why; the docstring should say it. Each entry

@@ -343,6 +343,7 @@ def test_inspect_refuses_hostile_members_naming_them(case: str) -> None:
         ("gzip of text", gzip.compress(b"hello world\n" * 100)),
         ("truncated", targz(*valid_members(), file("src/big.py", os.urandom(4096)))[:-600]),
     ],
+    ids=["empty", "not gzip", "gzip of text", "truncated"],  # the same in every collection
 )
 def test_inspect_refuses_what_is_not_a_complete_tar_gz(case: str, data: bytes) -> None:
     with pytest.raises(ArtifactError, match="not a bundle made by `aenv build`") as caught:

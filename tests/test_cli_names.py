@@ -93,9 +93,9 @@ def rollout(env: dict[str, str], cwd: Path, name: str) -> subprocess.CompletedPr
 
 
 def test_unknown_names_exit_2_without_a_hub(base_env: dict[str, str], tmp_path: Path) -> None:
-    listing = "known: `mini-terminal@1.0.0`"
+    listing = ("known: `", "`mini-terminal@1.0.0`")  # among the built-ins, in name order
     created = aenv(base_env, tmp_path, "instance", "create", "nope")
-    one_line_usage_error(created, "no environment `nope`", listing)
+    one_line_usage_error(created, "no environment `nope`", *listing)
     close = aenv(base_env, tmp_path, "instance", "create", "mini-termnal")
     one_line_usage_error(close, "did you mean `mini-terminal@1.0.0`?")
     for verb in ("get", "delete"):
@@ -103,7 +103,7 @@ def test_unknown_names_exit_2_without_a_hub(base_env: dict[str, str], tmp_path: 
             aenv(base_env, tmp_path, "instance", verb, "nope"), "no instance `nope`", "list"
         )
     ran = rollout(base_env, tmp_path, "nope")
-    one_line_usage_error(ran, "no environment `nope`", listing)
+    one_line_usage_error(ran, "no environment `nope`", *listing)
 
 
 @pytest.fixture(scope="module")

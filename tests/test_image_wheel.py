@@ -29,6 +29,7 @@ from aenv_ray.testing import RuntimeProcess
 
 CHECKOUT = Path(aenv_ray.__file__).resolve().parent.parent
 PACKAGES = [
+    "aenv",
     "aenv_ray",
     "builtin_envs",
     "envhub",

@@ -218,6 +218,16 @@ def test_a_user_variable_cannot_replace_the_pods_own() -> None:
             instance_pod(PodRecipe(**{**_fields(SINGLE), "environment_variables": {taken: "x"}}))
 
 
+def test_the_workspace_is_mounted_where_deploy_config_says() -> None:
+    deploy = DeployConfig(workspace="/app", pod_template="DualContainer")
+    pod = instance_pod(PodRecipe(**{**_fields(DUAL), "deploy": deploy}))
+    runtime, second = pod["spec"]["containers"]
+    assert runtime["workingDir"] == "/app"
+    for container in (runtime, second):  # the second container shares it at the same path
+        assert {"name": "workspace", "mountPath": "/app"} in container["volumeMounts"]
+        assert not any(m["mountPath"] == "/workspace" for m in container["volumeMounts"])
+
+
 def test_storage_is_mounted_when_a_claim_is_given() -> None:
     assert all(v["name"] != "storage" for v in instance_pod(SINGLE)["spec"]["volumes"])
     pod = instance_pod(PodRecipe(**{**_fields(SINGLE), "storage_claim": "aenv-storage-x"}))

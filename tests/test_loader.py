@@ -676,6 +676,12 @@ def test_config_not_an_object(tmp_path: Path) -> None:
         ({"name": "x", "deployConfig": {"memory": 0}}, ["`deployConfig.memory`", "positive"]),
         ({"name": "x", "deployConfig": {"ttl": "forever"}}, ["`deployConfig.ttl`", "forever"]),
         ({"name": "x", "deployConfig": {"ttl": "0s"}}, ["`deployConfig.ttl`", "positive"]),
+        ({"name": "x", "deployConfig": {"workspace": "app"}}, ["`deployConfig.workspace`", "/"]),
+        ({"name": "x", "deployConfig": {"workspace": "/a/b"}}, ["`deployConfig.workspace`"]),
+        (
+            {"name": "x", "deployConfig": {"workspace": "/usr"}},
+            ["`deployConfig.workspace`", "system"],
+        ),
         (
             {"name": "x", "deployConfig": {"podTemplate": "Triple"}},
             ["`deployConfig.podTemplate`"],

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from aenv_ray import (
+    AEnvError,
     AuthenticationError,
     ConfigurationError,
     Environment,
@@ -408,6 +409,65 @@ async def test_tmp_is_size_limited(instance: Any) -> None:
     assert result["error"] is not None
     assert "No space left" in result["error"]
     assert result["written_mb"] <= 64  # a quarter of the memory limit
+
+
+def _project_with_workspace(root: Path, workspace: str) -> Path:
+    """A copy of the hostile project whose ``deployConfig.workspace`` is ``workspace``."""
+    import json
+    import shutil
+
+    project = root / "hostile"
+    shutil.copytree(HOSTILE, project, ignore=shutil.ignore_patterns("__pycache__"))
+    config = json.loads((project / "config.json").read_text())
+    config.setdefault("deployConfig", {})["workspace"] = workspace
+    (project / "config.json").write_text(json.dumps(config))
+    return project
+
+
+@needs_namespaces
+async def test_the_workspace_at_another_path_is_private_writable_and_forked(
+    engine: LocalEngine, tmp_path: Path
+) -> None:
+    spec = InstanceSpec("hostile@1.0.0", project=str(_project_with_workspace(tmp_path, "/app")))
+    info = await engine.create(spec)
+    try:
+        me = await call(info, "identity")
+        assert me["cwd"] == "/app"
+        assert me["env"]["AENV_WORKSPACE"] == me["env"]["HOME"] == "/app"
+        assert (await call(info, "write_file", {"path": "/app/a.txt", "text": "one"}))["ok"]
+        # /workspace stays, empty and read-only; the root gains nothing writable
+        for path in ("/workspace/x", "/x"):
+            written = await call(info, "write_file", {"path": path})
+            assert "Read-only file system" in str(written.get("error")), path
+        (child,) = await engine.fork(info.id, 1)
+        assert (await call(child, "identity"))["cwd"] == "/app"
+        assert (await call(child, "read_file", {"path": "a.txt"}))["value"] == "one"
+        await call(child, "write_file", {"path": "a.txt", "text": "two"})
+        assert (await call(info, "read_file", {"path": "a.txt"}))["value"] == "one"
+        other = await engine.create(hostile_spec())  # another definition: its own /workspace
+        try:
+            assert (await call(other, "identity"))["cwd"] == "/workspace"
+            assert not (await call(other, "list_dir", {"path": "/app"}))["ok"]
+        finally:
+            await engine.delete(other.id)
+        await engine.delete(child.id)
+    finally:
+        await engine.delete(info.id)
+
+
+@needs_namespaces
+async def test_a_workspace_over_a_path_the_runtime_needs_is_refused(
+    engine: LocalEngine, tmp_path: Path
+) -> None:
+    from local_backend._sandbox import runtime_paths
+
+    needed = {"/" + p.parts[1] for p in runtime_paths(HOSTILE) if len(p.parts) > 1}
+    free = sorted(p for p in needed if p not in ("/usr", "/etc", "/tmp", "/lib", "/lib64"))
+    if not free:
+        pytest.skip(f"every path the runtime needs here is a system directory: {sorted(needed)}")
+    spec = InstanceSpec("hostile@1.0.0", project=str(_project_with_workspace(tmp_path, free[0])))
+    with pytest.raises(AEnvError, match=rf"workspace `{free[0]}` would hide"):
+        await engine.create(spec)
 
 
 # -- without namespaces ----------------------------------------------------------------------

@@ -189,7 +189,7 @@ def test_an_unknown_environment_is_one_line_before_ray(
 ) -> None:
     out = tmp_path / "out"
     for name, words in (
-        ("scord", ["no environment `scord`", "known: `mini-terminal@1.0.0`"]),
+        ("scord", ["no environment `scord`", "known: `", "`mini-terminal@1.0.0`"]),
         ("mini-termnal", ["did you mean `mini-terminal@1.0.0`?"]),  # the demo tasks' path
         ("./nothing-here", ["./nothing-here: not an environment project"]),
     ):

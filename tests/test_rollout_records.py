@@ -227,6 +227,8 @@ def reward(shape: str = "parts") -> object:
     """A reward with its components, or (shape="text") no number at all."""
     if shape == "text":
         return "great job"
+    if shape == "unscored":
+        return {"reward": None, "invalid": True}
     return {"reward": 0.5, "format": 1.0, "length": 3}
 '''
 
@@ -245,7 +247,7 @@ async def say_hello(task: dict[str, Any], env: AgentEnv) -> str:
     return "hello"
 
 
-async def test_the_reward_components_are_kept_and_a_reward_with_no_number_stops_the_run(
+async def test_the_reward_components_are_kept_null_is_unscored_and_no_number_stops_the_run(
     tmp_path: Path, scored: str
 ) -> None:
     out = tmp_path / "run"
@@ -259,6 +261,14 @@ async def test_the_reward_components_are_kept_and_a_reward_with_no_number_stops_
     assert row["reward_components"] == {"format": 1.0, "length": 3}
     assert row["messages"][1]["tool_calls"][0]["function"]["name"] == "scored@0.1.0/say"
     assert read_trajectories(out / "trajectories.parquet") == [row]
+
+    unscored = [{"id": "u", "prompt": "say hello", "reward_arguments": {"shape": "unscored"}}]
+    summary = await synthesize(
+        scored, episodes=1, out=tmp_path / "u", tasks=unscored, policy=say_hello
+    )
+    assert (summary.outcomes, summary.mean_reward) == ({"ok": 1}, None)
+    (row,) = read_trajectories(tmp_path / "u")
+    assert (row["reward"], row["reward_components"]) == (None, {"invalid": True})
 
     text = [{"id": "b", "prompt": "say hello", "reward_arguments": {"shape": "text"}}]
     with pytest.raises(TaskCallError, match="returned 'great job', not a number") as caught:

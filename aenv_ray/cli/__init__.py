@@ -27,6 +27,7 @@ and its bundles; all inside commands).
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Sequence
 from typing import Annotated, Any
@@ -35,7 +36,7 @@ import typer
 
 from aenv_ray import __version__
 from aenv_ray.cli import _build, _hub, _instance, _project, _rollout, _serve, _service, _tau2
-from aenv_ray.cli._common import EXIT_FAILURE, EXIT_USAGE, error_line
+from aenv_ray.cli._common import EXIT_FAILURE, EXIT_USAGE, aenvironment_conflict, error_line
 from aenv_ray.errors import AEnvError, ConfigurationError, EnvironmentNotFoundError
 
 __all__ = ["app", "main"]
@@ -67,12 +68,44 @@ def _root(
     """aenv-ray: environments as code for agentic RL. Create, test and serve environments."""
 
 
+@app.command("version")
+def version_command(
+    short: Annotated[bool, typer.Option("--short", "-s", help="the version number only")] = False,
+    as_json: Annotated[bool, typer.Option("--json", "-j", help="print JSON")] = False,
+    output: Annotated[
+        str, typer.Option("--format", "-f", help="table or json (AEnvironment's spelling)")
+    ] = "table",
+) -> None:
+    """Print aenv-ray's version (and Python's and the platform's)."""
+    import platform
+
+    if output not in ("table", "json"):
+        raise typer.BadParameter(f"`{output}`: use table or json", param_hint="--format")
+    info = {
+        "version": __version__,
+        "package": "aenv-ray",
+        "aenvironment_api": "0.1.7",
+        "python_version": platform.python_version(),
+        "platform": f"{sys.platform}/{platform.machine()}",
+    }
+    if short:
+        print(__version__)
+    elif as_json or output == "json":
+        print(json.dumps(info, indent=2))
+    else:
+        print(f"aenv-ray {__version__}")
+        print(f"AEnvironment API: {info['aenvironment_api']} (import aenv)")
+        print(f"Python: {info['python_version']}")
+        print(f"Platform: {info['platform']}")
+
+
 _project.register(app)
 _rollout.register(app)
 _build.register(app)
 _serve.register(app)
 _hub.register(app)
 app.add_typer(_instance.app, name="instance")
+app.command("instances")(_instance.instances)
 app.add_typer(_service.app, name="service")
 app.add_typer(_tau2.app, name="tau2")
 
@@ -100,6 +133,10 @@ def _usage_line(exc: Any) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``aenv`` with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
+    conflict = aenvironment_conflict()
+    if conflict is not None:  # which `aenv` runs depends on the order of the two installs
+        print(error_line(conflict), file=sys.stderr)
+        return EXIT_USAGE
     command = typer.main.get_command(app)
     args = list(sys.argv[1:] if argv is None else argv) or ["--help"]
     try:

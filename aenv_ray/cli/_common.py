@@ -1,14 +1,25 @@
-"""What every command shares: exit codes and the one-line error format."""
+"""What every command shares: exit codes, the one-line error format, `--work-dir`."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import sys
-from typing import NoReturn
+from pathlib import Path
+from typing import Annotated, NoReturn
 
 import typer
 
-__all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "die", "error_line"]
+__all__ = [
+    "EXIT_FAILURE",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "WorkDir",
+    "aenvironment_conflict",
+    "die",
+    "error_line",
+    "one_directory",
+]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1  # something went wrong while doing the work (port taken, instance broken)
@@ -45,3 +56,45 @@ def pairs(values: list[str], option: str, *, from_environment: bool = False) -> 
             raise typer.BadParameter(f"`{item}` is not KEY=VALUE{hint}", param_hint=option)
         out[key] = value
     return out
+
+
+def aenvironment_conflict() -> str | None:
+    """Why ``aenv`` cannot run here, when AEnvironment (``aenvironment``) is installed beside
+    aenv-ray: both install the ``aenv`` command and the ``aenv`` package (see the ``aenv``
+    package's ``_conflict``); None when it is not installed."""
+    try:
+        version = importlib.metadata.version("aenvironment")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return (
+        f"AEnvironment (the `aenvironment` package, {version}) is installed in this Python "
+        "environment; it installs an `aenv` command and an `aenv` package as aenv-ray does, and "
+        "the two cannot share an environment. Give each its own virtual environment, or run "
+        "`pip uninstall aenvironment` and then `pip install --force-reinstall --no-deps aenv-ray`"
+    )
+
+
+WorkDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--work-dir",
+        "-w",
+        help="the project directory, as AEnvironment names it (the same as DIR)",
+        exists=True,
+        file_okay=False,
+        dir_okay=True,
+    ),
+]
+
+
+def one_directory(directory: Path, work_dir: Path | None) -> Path:
+    """DIR or ``--work-dir`` (AEnvironment's spelling of it); both, when they differ, is an
+    error."""
+    if work_dir is None:
+        return directory
+    if directory != Path(".") and directory.resolve() != work_dir.resolve():
+        raise typer.BadParameter(
+            f"DIR {directory} and --work-dir {work_dir} differ; give one of them",
+            param_hint="--work-dir",
+        )
+    return work_dir

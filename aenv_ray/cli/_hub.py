@@ -22,7 +22,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from aenv_ray.cli._common import EXIT_USAGE, die
+from aenv_ray.cli._common import EXIT_USAGE, die, one_directory
 from aenv_ray.envref import LATEST, EnvRef
 from aenv_ray.errors import ConfigurationError, VersionConflictError
 
@@ -91,9 +91,38 @@ def push(
             exists=True,
         ),
     ] = Path("."),
+    work_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--work-dir",
+            "-w",
+            help="the project directory, as AEnvironment names it (the same as PROJECT)",
+            exists=True,
+            file_okay=False,
+        ),
+    ] = None,
+    version: Annotated[
+        str | None,
+        typer.Option(
+            "--version",
+            "-v",
+            help="AEnvironment's: must be config.json's version (the bundle carries it)",
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Publish a project (or a built bundle) to the hub as its name@version."""
+    path = one_directory(path, work_dir)
+    if version is not None and path.is_dir():
+        from aenv_ray.config import EnvConfig
+
+        given = EnvConfig.load(path).version
+        if version != given:
+            die(
+                f"--version {version} differs from {_shown(path)}/config.json's version "
+                f"{given}: a bundle publishes its config.json as it is; set the version there",
+                EXIT_USAGE,
+            )
     if path.is_dir():
         from aenv_ray.bundle import build_bundle
 
@@ -153,25 +182,48 @@ def pull(
     print(f"pulled {record['ref']} ({record['digest']}) into {target}")
 
 
+def _format(output: str, as_json: bool) -> bool:
+    """``--format table|json`` (AEnvironment's spelling of ``--json``) -> print JSON?"""
+    if output not in ("table", "json"):
+        raise typer.BadParameter(f"`{output}`: use table or json", param_hint="--format")
+    return as_json or output == "json"
+
+
+FormatOption = Annotated[
+    str, typer.Option("--format", "-f", help="table or json (json: the same as --json)")
+]
+
+
 def list_envs(
-    search: Annotated[str, typer.Option("--search", "-s", help="in names and descriptions")] = "",
+    search: Annotated[
+        str, typer.Option("--search", "-s", "--name", help="in names and descriptions")
+    ] = "",
     tag: Annotated[list[str] | None, typer.Option("--tag", "-t", help="repeatable")] = None,
+    tags: Annotated[
+        str | None, typer.Option("--tags", help="comma-separated, AEnvironment's spelling")
+    ] = None,
     all_: Annotated[bool, typer.Option("--all", "-a", help="include deprecated")] = False,
+    limit: Annotated[int | None, typer.Option("--limit", "-l", min=0, help="at most")] = None,
+    offset: Annotated[int, typer.Option("--offset", "-o", min=0, help="skip these")] = 0,
+    output: FormatOption = "table",
     as_json: JsonOption = False,
 ) -> None:
     """List the hub's environments (one line per name, its latest version); without a hub,
     those on this machine (built-in and on AENV_ENV_PATH), broken projects included."""
     from aenv_ray.settings import get_settings
 
+    as_json = _format(output, as_json)
+    tag = [*(tag or []), *[t.strip() for t in (tags or "").split(",") if t.strip()]]
+    window = slice(offset, None if limit is None else offset + limit)
     if not get_settings().system_url:
-        _list_local(search, tag or [], as_json)
+        _list_local(search, tag, as_json, window)
         return
 
     async def work(client: Any) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = await client.search(search, tags=tag, deprecated=all_)
         return result
 
-    found = hub_call(work)
+    found = hub_call(work)[window]
     if as_json:
         print(json.dumps(found, indent=2))
         return
@@ -192,7 +244,7 @@ def list_envs(
     Console().print(table)
 
 
-def _list_local(search: str, tags: list[str], as_json: bool) -> None:
+def _list_local(search: str, tags: list[str], as_json: bool, window: slice = slice(None)) -> None:
     """``aenv list`` without a hub: what ``aenv instance create NAME`` and ``Environment(NAME)``
     find here, one line per version, and each broken project with what is wrong in it."""
     from aenv_ray.resolve import available_environments, broken_environments
@@ -234,6 +286,7 @@ def _list_local(search: str, tags: list[str], as_json: bool) -> None:
                     "error": problem,
                 }
             )
+    rows = rows[window]
     if as_json:
         print(json.dumps(rows, indent=2))
         return
@@ -253,10 +306,22 @@ def _list_local(search: str, tags: list[str], as_json: bool) -> None:
 
 def get(
     ref: Annotated[str, typer.Argument(metavar="NAME[@VERSION]")],
+    version_option: Annotated[
+        str | None,
+        typer.Option("--version", "-v", help="the version (NAME --version V is NAME@V)"),
+    ] = None,
+    output: FormatOption = "table",
     as_json: JsonOption = False,
 ) -> None:
     """Show a version (NAME@VERSION) or every version of a name (NAME)."""
+    as_json = _format(output, as_json)
     wanted = _ref(ref)
+    if version_option is not None:
+        if wanted.version is not None and wanted.version != version_option:
+            raise typer.BadParameter(
+                f"`{ref}` names version {wanted.version}, --version says {version_option}"
+            )
+        wanted = _ref(f"{wanted.name}@{version_option}")
     name, version = wanted.name, wanted.version
 
     async def work(client: Any) -> Any:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,7 +23,7 @@ import typer
 
 from aenv_ray.cli._common import EXIT_USAGE, die, pairs
 
-__all__ = ["app", "pairs"]
+__all__ = ["app", "instances", "pairs"]
 
 app = typer.Typer(
     help="Create, list, inspect and delete instances (on the hub when one is configured, "
@@ -262,3 +263,24 @@ def renew(
 ) -> None:
     """Set an instance to expire TTL from now."""
     _show(_call("renew", instance_id, ttl=ttl), as_json)
+
+
+def instances(
+    name: Annotated[str | None, typer.Option("--name", "-n", help="only this environment")] = None,
+    version: Annotated[
+        str | None, typer.Option("--version", "-v", help="only this version (with --name)")
+    ] = None,
+    output: Annotated[str, typer.Option("--format", "-f", help="table or json")] = "table",
+    system_url: Annotated[
+        str | None, typer.Option("--system-url", help="the hub (default: AENV_SYSTEM_URL)")
+    ] = None,
+) -> None:
+    """AEnvironment's `aenv instances`: the running instances (`aenv instance list`)."""
+    if output not in ("table", "json"):
+        raise typer.BadParameter(f"`{output}`: use table or json", param_hint="--format")
+    if version is not None and name is None:
+        raise typer.BadParameter("--version needs --name", param_hint="--version")
+    if system_url is not None:
+        os.environ["AENV_SYSTEM_URL"] = system_url  # this command's process only
+    env = f"{name}@{version}" if version else name
+    list_instances(env=env, all_=False, as_json=output == "json")

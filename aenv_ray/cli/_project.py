@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from pydantic import ValidationError
 
-from aenv_ray.cli._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, die
+from aenv_ray.cli._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, WorkDir, die, one_directory
 from aenv_ray.config import EnvConfig
 from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT, DEFAULT_MCP_PORT
 
@@ -50,6 +50,31 @@ def _shown(path: Path) -> str:
     return path.as_posix() if relative.startswith("..") else relative
 
 
+def _check_version(version: str) -> str:
+    try:
+        EnvConfig.model_validate({"name": "x", "version": version})
+    except ValidationError as exc:
+        reason = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise typer.BadParameter(f"`{version}` {reason}") from exc
+    return version
+
+
+def _config_only(parent: Path, name: str, version: str, force: bool) -> None:
+    """``aenv init --config-only``: ``config.json`` alone, in ``parent`` itself (as
+    AEnvironment's ``aenv init --config-only`` writes it)."""
+    from aenv_ray.cli._scaffold import config_text
+
+    path = parent / "config.json"
+    if path.exists() and not force:
+        die(f"{_shown(path)} already exists; pass --force to overwrite it", EXIT_USAGE)
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(config_text(name, version), encoding="utf-8")
+    except OSError as exc:
+        die(f"cannot write {_shown(path)}: {exc.strerror or exc}", EXIT_FAILURE)
+    print(f"created {name}@{version}'s config.json in {_shown(parent)}/")
+
+
 def init(
     name: Annotated[
         str,
@@ -60,15 +85,38 @@ def init(
         ),
     ],
     parent: Annotated[
-        Path, typer.Option("--dir", help="create the project inside this directory")
+        Path,
+        typer.Option(
+            "--dir",
+            "--work-dir",
+            "-w",
+            help="create the project inside this directory (--work-dir: AEnvironment's name)",
+        ),
     ] = Path("."),
     force: Annotated[
         bool, typer.Option("--force", help="write the files into an existing directory")
     ] = False,
+    version: Annotated[
+        str,
+        typer.Option("--version", "-v", help="the version in config.json", callback=_check_version),
+    ] = "1.0.0",
+    config_only: Annotated[
+        bool,
+        typer.Option("--config-only", help="write config.json alone, into --dir itself"),
+    ] = False,
+    template: Annotated[
+        str,
+        typer.Option("--template", "-t", help="the project template (one: default)"),
+    ] = "default",
 ) -> None:
     """Create a working example project NAME/ offline: config.json, src/, tests/, Dockerfile."""
     from aenv_ray.cli._scaffold import write_project
 
+    if template != "default":
+        raise typer.BadParameter(f"`{template}`: the one template is `default`", param_hint="-t")
+    if config_only:
+        _config_only(parent, name, version, force)
+        return
     root = parent / name
     if root.exists() and not root.is_dir():
         die(f"{_shown(root)} exists and is not a directory", EXIT_USAGE)
@@ -79,11 +127,11 @@ def init(
             EXIT_USAGE,
         )
     try:
-        written = write_project(root, name)
+        written = write_project(root, name, version)
     except OSError as exc:
         die(f"cannot write {_shown(root)}: {exc.strerror or exc}", EXIT_FAILURE)
     shown = _shown(root)
-    print(f"created {name}@1.0.0 in {shown}/")
+    print(f"created {name}@{version} in {shown}/")
     for path in written:
         print(f"  {path.relative_to(root).as_posix()}")
     print("next:")
@@ -129,6 +177,7 @@ def _summary(project: LoadedProject) -> str:
 
 def run(
     directory: ProjectDir = Path("."),
+    work_dir: WorkDir = None,
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[
         int, typer.Option(help="port of tools, functions and health", min=0, max=65535)
@@ -143,8 +192,23 @@ def run(
     default_timeout: Annotated[
         float, typer.Option(help="seconds a call may run when its tool sets no timeout")
     ] = 600.0,
+    inspector_port: Annotated[
+        int | None,
+        typer.Option(
+            help="AEnvironment's MCP Inspector port: not used (no Inspector is started; point "
+            "any MCP client at the MCP URL)",
+            hidden=True,
+        ),
+    ] = None,
 ) -> None:
     """Serve a project on this machine until Ctrl-C (the SDK finds it via DUMMY_INSTANCE_IP)."""
+    directory = one_directory(directory, work_dir)
+    if inspector_port is not None:
+        print(
+            "aenv: note: --inspector-port is not used: aenv-ray starts no MCP Inspector; any "
+            "MCP client can use the MCP URL below",
+            file=sys.stderr,
+        )
     if default_timeout <= 0:
         raise typer.BadParameter(
             "must be a positive number of seconds", param_hint="--default-timeout"
@@ -168,12 +232,15 @@ def run(
     raise typer.Exit(EXIT_OK)
 
 
-def test_project(directory: ProjectDir = Path(".")) -> None:  # noqa: PT028 (a command, not a test)
+def test_project(
+    directory: ProjectDir = Path("."),  # noqa: PT028 (a command, not a test)
+    work_dir: WorkDir = None,  # noqa: PT028
+) -> None:
     """Run the project's testConfig.script in its directory; exit with the script's code.
 
     `python` in the script is the interpreter running aenv: its directory comes first on PATH.
     """
-    root = directory.resolve()
+    root = one_directory(directory, work_dir).resolve()
     config = EnvConfig.load(root)
     script = config.test_config.script.strip()
     if not script:

@@ -17,7 +17,7 @@ from string import Template
 from aenv_ray.cli._image import DEFAULT_BASE_IMAGE, dockerfile_lines
 from aenv_ray.config import EnvConfig
 
-__all__ = ["module_name", "project_files", "write_project"]
+__all__ = ["config_text", "module_name", "project_files", "write_project"]
 
 _MODULE = '''\
 """$name: an example environment. Replace these functions with your own.
@@ -184,10 +184,10 @@ def module_name(name: str) -> str:
     return module
 
 
-def _config(name: str) -> str:
+def _config(name: str, version: str = "1.0.0") -> str:
     raw = {
         "name": name,
-        "version": "1.0.0",
+        "version": version,
         "description": f"{name}: an example environment made by `aenv init`.",
         "tags": [],
         "status": "Ready",
@@ -201,21 +201,26 @@ def _config(name: str) -> str:
     return json.dumps(raw, indent=2) + "\n"
 
 
-def project_files(name: str) -> dict[str, str]:
-    """Relative path -> text of every file of a new project called ``name``."""
+def config_text(name: str, version: str = "1.0.0") -> str:
+    """The ``config.json`` of a new project ``name@version`` (``aenv init --config-only``)."""
+    return _config(name, version)
+
+
+def project_files(name: str, version: str = "1.0.0") -> dict[str, str]:
+    """Relative path -> text of every file of a new project called ``name`` (``version``)."""
     module = module_name(name)
     values = {
         "name": name,
         "module": module,
-        "ref": f"{name}@1.0.0",
-        "tag": EnvConfig(name=name).image_tag,
+        "ref": f"{name}@{version}",
+        "tag": EnvConfig(name=name, version=version).image_tag,
     }
     dockerfile = [
         Template(_DOCKERFILE_HEAD).substitute(values).rstrip("\n"),
         *dockerfile_lines(DEFAULT_BASE_IMAGE),
     ]
     return {
-        "config.json": _config(name),
+        "config.json": _config(name, version),
         f"src/{module}.py": Template(_MODULE).substitute(values),
         f"tests/test_{module}.py": Template(_TEST).substitute(values),
         "pytest.ini": _PYTEST_INI,
@@ -225,10 +230,10 @@ def project_files(name: str) -> dict[str, str]:
     }
 
 
-def write_project(root: Path, name: str) -> list[Path]:
+def write_project(root: Path, name: str, version: str = "1.0.0") -> list[Path]:
     """Write the files of project ``name`` under ``root`` (created); return the paths written."""
     written = []
-    for relative, text in project_files(name).items():
+    for relative, text in project_files(name, version).items():
         path = root / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")

@@ -13,12 +13,16 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Annotated, Any, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
 from aenv_ray.cli._common import EXIT_USAGE, die, pairs
 from aenv_ray.cli._hub import hub_call
+
+if TYPE_CHECKING:
+    from aenv_ray.config import ServiceConfig
 
 __all__ = ["app"]
 
@@ -59,24 +63,59 @@ def _show(service: dict[str, Any], as_json: bool) -> None:
         print(f"detail    {service['detail']}")
 
 
+def _from_config(env: str | None) -> tuple[str, ServiceConfig]:
+    """The environment to run and its ``deployConfig.service`` defaults: NAME[@VERSION] as
+    given (no defaults), or, without one, ``./config.json``'s (as AEnvironment's ``aenv
+    service create`` reads the project it runs in)."""
+    from aenv_ray.config import EnvConfig, ServiceConfig
+
+    if env:
+        return env, ServiceConfig()
+    config = EnvConfig.load(Path("."))
+    return config.ref, config.deploy_config.service
+
+
 @app.command()
 def create(
-    env: Annotated[str, typer.Argument(metavar="NAME[@VERSION]")],
-    replicas: Annotated[int, typer.Option(min=0, max=64, help="instances kept running")] = 1,
-    name: Annotated[str | None, typer.Option(help="a display name (default: the env's)")] = None,
+    env: Annotated[
+        str | None,
+        typer.Argument(metavar="NAME[@VERSION]", help="default: ./config.json's name@version"),
+    ] = None,
+    replicas: Annotated[
+        int | None,
+        typer.Option(
+            "--replicas",
+            "-r",
+            min=0,
+            max=64,
+            help="instances kept running (default: config.json's service.replicas, else 1)",
+        ),
+    ] = None,
+    name: Annotated[
+        str | None,
+        typer.Option("--name", "--service-name", "-s", help="a display name (default: the env's)"),
+    ] = None,
     storage: Annotated[
-        bool,
+        bool | None,
         typer.Option(
             "--storage/--no-storage",
             "--enable-storage",
-            help="persistent storage at /storage (Kubernetes: a PersistentVolumeClaim)",
+            help="persistent storage at /storage (Kubernetes: a PersistentVolumeClaim; "
+            "default: config.json's service.enableStorage)",
         ),
-    ] = False,
+    ] = None,
     env_var: EnvVars = None,
+    output: Annotated[str, typer.Option("--output", "-o", help="table or json")] = "table",
     as_json: JsonOption = False,
 ) -> None:
     """Create a service; answers once its replicas serve."""
+    if output not in ("table", "json"):
+        raise typer.BadParameter(f"`{output}`: use table or json", param_hint="--output")
+    as_json = as_json or output == "json"
     variables = pairs(env_var or [], "--env")
+    env, defaults = _from_config(env)
+    replicas = defaults.replicas if replicas is None else replicas
+    storage = defaults.enable_storage if storage is None else storage
 
     async def work(client: Any) -> dict[str, Any]:
         result: dict[str, Any] = await client.create_service(

@@ -147,12 +147,15 @@ def _source_files(root: Path) -> dict[str, Path]:
             found = any(fnmatch.fnmatchcase(package, p) for p in include)
             if not found or any(fnmatch.fnmatchcase(package, p) for p in exclude):
                 continue
-            patterns = [*data.get("*", []), *data.get(package, [])]
             for filename in filenames:
-                if filename.endswith(".py") or any(
-                    fnmatch.fnmatchcase(filename, p) for p in patterns
-                ):
+                if filename.endswith(".py"):
                     files[(here / filename).relative_to(base).as_posix()] = here / filename
+            # package data: globs relative to the package, which may reach into directories
+            # that are no packages (``demo_tasks/hello-world/tests/*``), as setuptools does
+            for pattern in [*data.get("*", []), *data.get(package, [])]:
+                for path in here.glob(pattern):
+                    if path.is_file() and "__pycache__" not in path.parts:
+                        files[path.relative_to(base).as_posix()] = path
     return files
 
 

@@ -135,8 +135,12 @@ class RuntimeProcess:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait()
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """SIGTERM, then SIGKILL after ``timeout``; remove the log. Idempotent."""
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout``; remove the log. Idempotent.
+
+        The timeout is generous: a runtime stopped on time runs its environment's exit
+        handlers (``atexit``), which a loaded machine may take seconds to reach.
+        """
         process = self.process
         if process is not None and process.poll() is None:
             process.send_signal(signal.SIGTERM)

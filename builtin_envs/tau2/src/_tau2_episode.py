@@ -485,6 +485,7 @@ class Episode:
         if not self.done or reason is None:
             return {
                 "reward": 0.0,
+                "total_reward": 0.0,
                 "components": {},
                 "reward_basis": self._basis(),
                 "termination_reason": None,
@@ -503,7 +504,9 @@ class Episode:
         )
         if reason not in COUNTING_TERMINATIONS and result.get("reward_basis") is None:
             result["reward_basis"] = self._basis()
-        return {**result, "done": True, "steps": self.step_count}
+        # total_reward: AEnvironment's tau2-env name for the episode's reward (its agents read it)
+        total = result.get("reward", 0.0)
+        return {**result, "total_reward": total, "done": True, "steps": self.step_count}
 
     def _basis(self) -> list[str] | None:
         criteria = self.task.evaluation_criteria

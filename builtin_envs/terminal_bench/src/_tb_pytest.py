@@ -1,0 +1,224 @@
+"""A warm pytest for the grader's boxes: the offline ``uv run pytest`` starts its pytest here.
+
+Importing pytest takes most of a test run's time (0.5-2 s). This process, one per instance
+(started by the runtime with nothing of its environment), imports it once. For each test run,
+the runtime hands it one end of a socket whose other end goes into the grader's box. When the
+offline ``uv`` asks there (its argv, working directory, environment and umask, with its stdin,
+stdout and stderr passed along), the kernel says which process sent the request; its
+namespaces are opened at once (refused when it shares this process's user namespace: only a
+box's processes ask). A fork joins its pid, ipc, user and mount namespaces (joining the user
+namespace leaves no capability over this one), forks again into the box's pid namespace, and
+there becomes ``pytest ARGS`` as its console script would run: the box's files, environment
+and descriptors, pytest's own plugins only. The first fork waits for it and answers its exit
+status. Nothing of the box's is trusted: whatever it sends only shapes a process inside it.
+
+Run as a script (``python -I -B _tb_pytest.py``) with the runtime's control socket as stdin.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import ctypes
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+MAX_REQUEST = 1 << 20
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _setns(fd: int, kind: int, what: str) -> None:
+    if _libc.setns(ctypes.c_int(fd), ctypes.c_int(kind)) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"setns({what}): {os.strerror(errno)}")
+
+
+def warm() -> None:
+    """Import pytest, and what its ``main`` imports on top (the debugger's modules, ...)."""
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    import email.parser  # noqa: F401
+    import faulthandler  # noqa: F401
+    import pdb  # noqa: F401
+
+    import pytest  # noqa: F401
+
+
+def _namespaces(pid: int) -> list[tuple[int, int, str]]:
+    """The namespaces of process ``pid`` (the one that sent a request), opened; refused when it
+    shares this process's user namespace: only a box's processes may ask."""
+    opened: list[tuple[int, int, str]] = []
+    try:
+        # pid and ipc first: after joining the user namespace nothing of ours may be joined
+        for name, kind in (
+            ("pid", CLONE_NEWPID),
+            ("ipc", CLONE_NEWIPC),
+            ("user", CLONE_NEWUSER),
+            ("mnt", CLONE_NEWNS),
+        ):
+            fd = os.open(f"/proc/{pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC)
+            opened.append((fd, kind, name))
+        user = next(fd for fd, _, name in opened if name == "user")
+        if os.fstat(user).st_ino == os.stat("/proc/self/ns/user").st_ino:
+            raise PermissionError(f"process {pid} is not in a box")
+    except BaseException:
+        for fd, _, _ in opened:
+            os.close(fd)
+        raise
+    return opened
+
+
+def _run_pytest(request: dict[str, object]) -> int:
+    """In the box: become ``pytest ARGS`` as its console script runs it; its exit status."""
+    env = {str(k): str(v) for k, v in dict(request.get("env") or {}).items()}  # type: ignore[call-overload]
+    os.environ.clear()
+    os.environ.update(env)
+    os.environ.setdefault("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    os.umask(int(request.get("umask") or 0o022))  # type: ignore[call-overload]
+    os.chdir(str(request.get("cwd") or "/"))
+    extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:1] = [os.path.dirname(sys.executable), *extra]
+    sys.argv = ["pytest", *[str(a) for a in request.get("argv") or []]]  # type: ignore[attr-defined]
+    sys.stdin = os.fdopen(0, "r", closefd=False)
+    sys.stdout = os.fdopen(1, "w", closefd=False)
+    sys.stderr = os.fdopen(2, "w", closefd=False)
+    import pytest
+
+    try:
+        code = int(pytest.main())
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    return code
+
+
+def _serve_one(
+    sock: socket.socket,
+    namespaces: list[tuple[int, int, str]],
+    request: dict[str, object],
+    fds: list[int],
+) -> None:
+    """In a fork of this process: join the box, start pytest there, answer its exit status."""
+    code = 1
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # this one waits for its child
+    try:
+        for fd, kind, name in namespaces:
+            _setns(fd, kind, name)
+        child = os.fork()
+        if child == 0:
+            try:
+                for target, fd in enumerate(fds[:3]):
+                    os.dup2(fd, target)
+                os.closerange(3, 1 << 16)
+                signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+                os._exit(_run_pytest(request) & 0xFF)
+            except BaseException as exc:
+                os.write(2, f"terminal-bench pytest: {type(exc).__name__}: {exc}\n".encode())
+                os._exit(4)
+        for fd in fds:
+            os.close(fd)
+        _, status = os.waitpid(child, 0)
+        code = os.waitstatus_to_exitcode(status)
+        code = code if code >= 0 else 128 - code
+    except BaseException as exc:
+        os.write(2, f"terminal-bench pytest: {type(exc).__name__}: {exc}\n".encode())
+    try:
+        sock.sendall(json.dumps({"code": code}).encode() + b"\n")
+    finally:
+        os._exit(0)
+
+
+_UCRED = struct.Struct("3i")  # pid, uid, gid
+
+
+def _receive(sock: socket.socket) -> tuple[dict[str, object], list[int], int] | None:
+    """One request of a box (a JSON object, its stdin, stdout and stderr) and the pid of the
+    process that sent it (the kernel's, in this pid namespace); None when the box is gone."""
+    try:
+        data, ancillary, _, _ = sock.recvmsg(
+            MAX_REQUEST, socket.CMSG_SPACE(3 * 4) + socket.CMSG_SPACE(_UCRED.size)
+        )
+    except OSError:
+        return None
+    fds: list[int] = []
+    pid = 0
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            usable = len(payload) - len(payload) % 4
+            fds.extend(array.array("i", payload[:usable]))
+        elif level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+            pid = _UCRED.unpack(payload[: _UCRED.size])[0]
+    try:
+        request = json.loads(data) if data else None
+        if not isinstance(request, dict) or len(fds) != 3 or pid <= 0:
+            raise ValueError("a request is one JSON object with stdin, stdout and stderr")
+    except ValueError:
+        for fd in fds:
+            os.close(fd)
+        return None
+    return request, fds, pid
+
+
+def serve(control: socket.socket) -> None:
+    """Take boxes' sockets from the runtime and requests from the boxes until the runtime goes."""
+    selector = selectors.DefaultSelector()
+    selector.register(control, selectors.EVENT_READ, None)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the forks are reaped by the kernel
+    while True:
+        for key, _ in selector.select():
+            sock: socket.socket | None = key.data
+            if sock is None:
+                try:
+                    data, fds, _, _ = socket.recv_fds(control, 4096, 1)
+                except OSError:
+                    return
+                if not data:
+                    return
+                for fd in fds:
+                    box = socket.socket(fileno=fd)
+                    box.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+                    selector.register(box, selectors.EVENT_READ, box)
+                continue
+            received = _receive(sock)
+            if received is None:  # the box is gone, or it broke the protocol
+                selector.unregister(sock)
+                sock.close()
+                continue
+            request, fds, pid = received
+            try:
+                namespaces = _namespaces(pid)
+            except OSError:
+                namespaces = []
+            if namespaces and os.fork() == 0:
+                control.close()
+                _serve_one(sock, namespaces, request, fds)
+            for fd in [*fds, *(n[0] for n in namespaces)]:
+                os.close(fd)
+            if not namespaces:
+                selector.unregister(sock)
+                sock.close()
+
+
+def main() -> None:
+    site = os.environ.get("TB_SITE_PACKAGES")
+    if site and site not in sys.path:  # pytest's directory, when -I leaves it out
+        sys.path.append(site)
+    control = socket.socket(fileno=os.dup(0))
+    os.close(0)
+    os.open("/dev/null", os.O_RDONLY)
+    warm()
+    serve(control)
+
+
+if __name__ == "__main__":
+    main()

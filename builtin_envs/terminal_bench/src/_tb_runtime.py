@@ -1,0 +1,527 @@
+"""The instance side of terminal-bench: the boxes, the episode (task, deadline), the test run.
+
+Two kinds of box (``_tb_box.py``), each a pid, user and mount namespace of its own whose root
+holds only the system's directories, Python, ``/app``, ``/tmp`` and ``/root``:
+
+- the **agent's box**, one per episode: every tool runs there (commands, files, the tmux
+  session), so the agent sees what a user of the task's container sees, and never the dataset,
+  the task directory or the runtime;
+- the **grader's box**, one per test run: the same view plus ``/tests`` (the task's
+  ``run-tests.sh`` and ``tests/``) and the offline ``apt-get``, ``curl`` and ``uv``; it sees the
+  agent's ``/app``, ``/tmp``, ``/root`` and network (a server the agent left running answers),
+  never its processes.
+
+``/tmp`` and ``/root`` of the boxes are directories of the instance's own ``/tmp`` (under
+``/tmp/.tb``), emptied with ``/app`` at every reset.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import builtin_envs.terminal_bench as terminal_bench_library
+from builtin_envs.terminal_bench import (
+    BoxUnavailableError,
+    NoTaskError,
+    Task,
+    TaskNotFoundError,
+    TestRun,
+    load_task,
+    task_names,
+)
+
+log = logging.getLogger("terminal_bench")
+
+BOX = Path(__file__).resolve().with_name("_tb_box.py")
+PYTEST = Path(__file__).resolve().with_name("_tb_pytest.py")
+LIBRARY = Path(terminal_bench_library.__file__ or "").resolve().parent  # wherever it is installed
+OFFLINE = LIBRARY / "offline"
+DEMO_TASKS = LIBRARY / "demo_tasks"
+STATE = Path("/tmp/.tb")  # the boxes' /tmp and /root, in the instance's /tmp
+WORKDIR = "/app"
+SYSTEM_DIRS = frozenset({"usr", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "opt"})
+AGENT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+OFFLINE_AT = "/aenv-offline"
+MAX_REPLY = 64 << 20  # bytes of one answer of the agent's box
+MAX_TEST_OUTPUT = 16 << 20  # bytes of test output kept (the end)
+START_TIMEOUT = 20.0
+_NAME_PART = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+_GONE = "the terminal's box is gone; the next call starts a new one"
+
+
+class BoxError(RuntimeError):
+    """A request the agent's box could not carry out (its message is the agent's to read)."""
+
+
+class BoxDiedError(BoxError):
+    """The agent's box is gone (its server ended): the next call starts a new one."""
+
+
+def _outermost(paths: set[Path]) -> list[Path]:
+    kept: list[Path] = []
+    for path in sorted(paths, key=lambda p: len(p.parts)):
+        if str(path) != "/" and not any(path.is_relative_to(k) for k in kept):
+            kept.append(path)
+    return kept
+
+
+def _layout() -> tuple[dict[str, str], list[tuple[str, str, bool]]]:
+    """The top-level links and the read-only binds of every box: the system's directories and
+    the Python that runs the instance (the grader's pytest is its)."""
+    links: dict[str, str] = {}
+    binds: list[tuple[str, str, bool]] = []
+    for name in sorted(os.listdir("/")):
+        path = "/" + name
+        if name not in SYSTEM_DIRS:
+            continue
+        if os.path.islink(path):
+            links[name] = os.readlink(path)
+        elif os.path.isdir(path):
+            binds.append((path, path, False))
+    prefixes = {Path(p).resolve() for p in (sys.base_prefix, sys.prefix, sys.exec_prefix)}
+    if PYTEST_SITE is not None:  # pytest may live outside the prefixes (PYTHONPATH)
+        prefixes.add(Path(PYTEST_SITE))
+    system = [Path(b[0]) for b in binds]
+    for prefix in _outermost(prefixes):
+        if not any(prefix.is_relative_to(s) for s in system):
+            binds.append((str(prefix), str(prefix), False))
+    return links, binds
+
+
+def _pytest_site() -> str | None:
+    """The directory pytest is imported from (its site-packages), or None without pytest."""
+    spec = importlib.util.find_spec("pytest")
+    if spec is None or spec.origin is None:
+        return None
+    return str(Path(spec.origin).resolve().parent.parent)
+
+
+PYTEST_SITE = _pytest_site()
+
+
+def _hidden(binds: list[tuple[str, str, bool]]) -> list[str]:
+    """The tasks' directories inside what the boxes bind (the bundled demo tasks of an install
+    in a virtual environment, a dataset inside one), as the boxes see them: covered there."""
+    secret = [DEMO_TASKS, _dataset()]
+    if os.environ.get("TB_TASK_DIR"):
+        secret.append(Path(os.environ["TB_TASK_DIR"]))
+    covered = []
+    for path in (p.resolve() for p in secret if p.is_dir()):
+        for source, target, _ in binds:
+            if path.is_relative_to(source):
+                covered.append(str(Path(target) / path.relative_to(source)))
+    return sorted(set(covered))
+
+
+def _box_env(*, grader: bool) -> dict[str, str]:
+    env = {
+        "PATH": AGENT_PATH,
+        "HOME": "/root",
+        "USER": "root",
+        "SHELL": "/bin/bash",
+        "LANG": "C.UTF-8",
+        "TERM": "xterm-256color",
+        "TEST_DIR": "/tests",
+        "PWD": WORKDIR,
+    }
+    if grader:
+        env.update(
+            PATH=f"{OFFLINE_AT}/bin:{AGENT_PATH}",
+            TB_OFFLINE=OFFLINE_AT,
+            TB_PYTHON=sys.executable,
+            TB_SITE_PACKAGES=PYTEST_SITE or "",
+            COLUMNS="160",
+            LINES="40",
+            DEBIAN_FRONTEND="noninteractive",
+        )
+    return env
+
+
+def _workspace() -> str:
+    path = os.environ.get("AENV_WORKSPACE") or WORKDIR
+    if not os.path.isdir(path):
+        raise BoxUnavailableError(
+            f"the instance has no workspace at {path}: terminal-bench needs /app "
+            "(deployConfig.workspace, on an engine that isolates instances)"
+        )
+    return path
+
+
+def _settings(mode: str, **more: Any) -> dict[str, Any]:
+    links, binds = _layout()
+    binds = [
+        (_workspace(), WORKDIR, True),
+        (str(STATE / "tmp"), "/tmp", True),
+        (str(STATE / "home"), "/root", True),
+        *binds,
+    ]
+    if mode == "grader":
+        binds.append((str(OFFLINE), OFFLINE_AT, False))
+    return {
+        "mode": mode,
+        "links": links,
+        "binds": binds,
+        "hide": _hidden(binds),
+        "env": _box_env(grader=mode == "grader"),
+        "cwd": WORKDIR,
+        **more,
+    }
+
+
+def _box_command() -> list[str]:
+    return [sys.executable, "-I", "-S", "-B", str(BOX)]
+
+
+# what the processes the runtime starts get of its environment: nothing (a box's pid 1 is one
+# of them, and a box can read its pid 1's environment)
+_CLEAN_ENV = {"PATH": AGENT_PATH, "LANG": "C.UTF-8"}
+
+
+def _empty(directory: Path, mode: int) -> None:
+    """``directory`` exists, empty, with ``mode`` (what the agent left there is removed)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for entry in list(os.scandir(directory)):
+        path = Path(entry.path)
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    directory.chmod(mode)
+
+
+def clean_slate() -> None:
+    """Empty ``/app`` and the boxes' ``/tmp`` and ``/root``."""
+    _empty(Path(_workspace()), 0o755)
+    _empty(STATE / "tmp", 0o1777)
+    _empty(STATE / "home", 0o700)
+
+
+def _log_file(name: str) -> Any:
+    directory = Path("/tmp/.tb-runtime")
+    directory.mkdir(mode=0o700, exist_ok=True)
+    return open(directory / name, "w+b")
+
+
+class AgentBox:
+    """The agent's box and its server, started at once; :meth:`request` talks to it."""
+
+    def __init__(self) -> None:
+        (STATE / "tmp").mkdir(parents=True, exist_ok=True, mode=0o1777)
+        (STATE / "home").mkdir(parents=True, exist_ok=True, mode=0o700)
+        ours, theirs = socket.socketpair()
+        self._errors = _log_file("agent-box.log")
+        settings = _settings("agent", fd=theirs.fileno())
+        try:
+            self._process = subprocess.Popen(
+                _box_command(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=self._errors,
+                pass_fds=(theirs.fileno(),),
+                env=_CLEAN_ENV,
+            )
+        finally:
+            theirs.close()
+        assert self._process.stdin is not None
+        self._process.stdin.write(json.dumps(settings).encode())
+        self._process.stdin.close()
+        self._sock = ours
+        self._pending = b""
+        try:
+            self.request("ping", timeout=START_TIMEOUT)
+        except BoxError as exc:
+            why = self._why()
+            self.close()
+            raise BoxUnavailableError(
+                f"the agent's box did not start: {why or exc}. terminal-bench needs "
+                "unprivileged user namespaces inside the instance (the local engine gives them)"
+            ) from exc
+
+    def _why(self) -> str:
+        self._errors.seek(0)
+        text: bytes = self._errors.read()
+        return text[-2000:].decode(errors="replace").strip()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the box's process still runs."""
+        return self._process.poll() is None
+
+    def request(self, op: str, *, timeout: float, **fields: Any) -> dict[str, Any]:
+        """Send one request; its answer (a dict), or :class:`BoxError` with the box's reason."""
+        line = json.dumps({"op": op, **fields}).encode() + b"\n"
+        try:
+            self._sock.sendall(line)
+        except OSError as exc:
+            raise BoxDiedError(
+                "the terminal's box is gone; the next call starts a new one"
+            ) from exc
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.close()
+                raise BoxDiedError(
+                    f"the terminal did not answer within {timeout:g} s; it was reset"
+                )
+            ready, _, _ = select.select([self._sock], [], [], left)
+            if not ready:
+                continue
+            try:
+                chunk = self._sock.recv(1 << 20)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                raise BoxDiedError(_GONE)
+            self._pending += chunk
+            if len(self._pending) > MAX_REPLY:
+                self.close()
+                raise BoxDiedError("the terminal's box answered too much; it was reset")
+        raw, self._pending = self._pending.split(b"\n", 1)
+        try:
+            reply = json.loads(raw)
+        except ValueError as exc:
+            self.close()
+            raise BoxDiedError("the terminal's box answered garbage; it was reset") from exc
+        if not isinstance(reply, dict):
+            raise BoxDiedError("the terminal's box answered garbage")
+        if not reply.get("ok"):
+            raise BoxError(str(reply.get("error") or "the request failed"))
+        return reply
+
+    def close(self) -> None:
+        """End the box and everything in it."""
+        self._sock.close()
+        if self._process.poll() is None:
+            self._process.kill()  # its pid 1 dies with it (a parent-death signal), then the rest
+        self._process.wait()
+        self._errors.close()
+
+
+class WarmPytest:
+    """The instance's warm pytest (``_tb_pytest.py``): started once, it imports pytest while the
+    agent works; each test run gets a socket to it (:meth:`socket_for_box`)."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair()
+        self._log = _log_file("pytest.log")
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-I", "-B", str(PYTEST)],
+                stdin=theirs.fileno(),
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                env={**_CLEAN_ENV, "TB_SITE_PACKAGES": PYTEST_SITE or ""},
+            )
+        finally:
+            theirs.close()
+        self._control = ours
+
+    @property
+    def alive(self) -> bool:
+        """Whether it still runs."""
+        return self._process.poll() is None
+
+    def socket_for_box(self) -> socket.socket | None:
+        """A socket whose other end it serves (None when it is gone): the box's ``uv run
+        pytest`` asks there."""
+        if not self.alive:
+            return None
+        ours, theirs = socket.socketpair()
+        # the kernel then says who sent each request, however soon the box asks
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        try:
+            socket.send_fds(self._control, [b"{}"], [ours.fileno()])
+        except OSError:
+            theirs.close()
+            return None
+        finally:
+            ours.close()
+        return theirs
+
+    def close(self) -> None:
+        """Stop it."""
+        self._control.close()
+        if self._process.poll() is None:
+            self._process.kill()
+        self._process.wait()
+        self._log.close()
+
+
+def run_tests(task: Task, timeout: float, pytest: WarmPytest | None = None) -> TestRun:
+    """Run the task's ``run-tests.sh`` in a grader's box, at most ``timeout`` seconds (with the
+    warm ``pytest`` for its ``uv run pytest``, when given)."""
+    status_read, status_write = os.pipe()
+    warm = pytest.socket_for_box() if pytest is not None else None
+    passed = [status_write] + ([warm.fileno()] if warm is not None else [])
+    settings = _settings(
+        "grader",
+        tests_from=str(task.path),
+        command=["bash", "/tests/run-tests.sh"],
+        status_fd=status_write,
+    )
+    if warm is not None:
+        settings["env"]["TB_PYTEST_FD"] = str(warm.fileno())
+    started = time.monotonic()
+    try:
+        process = subprocess.Popen(
+            _box_command(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            pass_fds=passed,
+            env=_CLEAN_ENV,
+        )
+    finally:
+        os.close(status_write)
+        if warm is not None:
+            warm.close()
+    try:
+        assert process.stdin is not None
+        assert process.stdout is not None
+        process.stdin.write(json.dumps(settings).encode())
+        process.stdin.close()
+        output, timed_out = _collect(process, started + timeout)
+        code = process.wait()
+        ready = os.read(status_read, 16)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        os.close(status_read)
+    text = output.decode(errors="replace")
+    if ready != b"ready" and not timed_out:
+        raise BoxUnavailableError(f"the grader's box did not start: {text[-2000:].strip()}")
+    return TestRun(
+        output=text,
+        exit_code=None if timed_out else code,
+        seconds=time.monotonic() - started,
+        timed_out=timed_out,
+    )
+
+
+def _collect(process: subprocess.Popen[bytes], deadline: float) -> tuple[bytes, bool]:
+    """Everything ``process`` prints until it ends (its end: at most MAX_TEST_OUTPUT bytes),
+    and whether it ran past ``deadline`` (then it is killed, with all of its box)."""
+    assert process.stdout is not None
+    fd = process.stdout.fileno()
+    kept = bytearray()
+    timed_out = False
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 and not timed_out:
+            timed_out = True
+            process.send_signal(signal.SIGKILL)  # the box's pid 1 follows, then all of it
+            deadline = time.monotonic() + 5.0
+            continue
+        if left <= 0:
+            break
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            continue
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        kept += chunk
+        if len(kept) > MAX_TEST_OUTPUT:
+            del kept[: len(kept) - MAX_TEST_OUTPUT]
+    process.stdout.close()
+    return bytes(kept), timed_out
+
+
+# -- the episode ------------------------------------------------------------------------------
+
+
+def _dataset() -> Path:
+    return Path(os.environ.get("TB_DATASET_DIR") or "/data")
+
+
+def _checked_name(name: str) -> str:
+    parts = name.split("/")
+    if not name or any(not p or p in (".", "..") or set(p) - _NAME_PART for p in parts):
+        raise TaskNotFoundError(
+            f"task `{name}` is not a task name (letters, digits, `.`, `_`, `-`, parts joined "
+            "by `/`); call tb_tasks() for the names"
+        )
+    return name
+
+
+def find_task(name: str | None) -> Task:
+    """The task ``name`` of the dataset (or of the bundled demo tasks); without a name, the one
+    ``TB_TASK_DIR`` names, else the datasource when it is a task itself."""
+    if name is None:
+        configured = os.environ.get("TB_TASK_DIR")
+        if configured:
+            return load_task(Path(configured))
+        dataset = _dataset()
+        if (dataset / "task.yaml").is_file():
+            return load_task(dataset)
+        raise NoTaskError(
+            "no task: call tb_reset(task=NAME) (tb_tasks() lists them), or create the instance "
+            "with TB_TASK_DIR or a datasource that is a task"
+        )
+    _checked_name(name)
+    for root in (_dataset(), DEMO_TASKS):
+        path = root / name
+        if (path / "task.yaml").is_file():
+            return load_task(path, name)
+    raise TaskNotFoundError(
+        f"no task `{name}` in {_dataset()} or the bundled demo tasks; tb_tasks() lists them"
+    )
+
+
+def all_task_names() -> dict[str, list[str]]:
+    """The task names of the dataset and of the bundled demo tasks."""
+    return {"dataset": task_names(_dataset()), "demo": task_names(DEMO_TASKS)}
+
+
+@dataclass
+class Episode:
+    """One task's attempt: the task (or None), the agent's deadline, the agent's box."""
+
+    task: Task | None = None
+    agent_timeout: float | None = None
+    test_timeout: float | None = None
+    started: float = field(default_factory=time.monotonic)
+    box: AgentBox | None = None
+    timed_out: bool = False
+
+    @property
+    def deadline(self) -> float | None:
+        """When the agent's time is up (monotonic clock), or None without a task."""
+        return None if self.agent_timeout is None else self.started + self.agent_timeout
+
+    def time_left(self) -> float | None:
+        """Seconds the agent has left (None: no limit)."""
+        deadline = self.deadline
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+    def agent_box(self) -> AgentBox:
+        """The running agent's box, started when there is none (or it died)."""
+        if self.box is None or not self.box.alive:
+            if self.box is not None:
+                self.box.close()
+            self.box = None
+            self.box = AgentBox()
+        return self.box
+
+    def close(self) -> None:
+        """End the agent's box."""
+        if self.box is not None:
+            self.box.close()
+            self.box = None
