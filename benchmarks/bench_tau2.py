@@ -9,7 +9,8 @@ The trajectories are the gold trajectories recorded from the original
 ``tests/tau2_golden/oracle_driver.py serve`` under its own interpreter (``--oracle-python``,
 default: the virtual environment ``tests/_oracles.py`` makes, installing it from PyPI the first
 time), timed inside that process around
-``evaluate_simulation`` (imports done, one warm-up grade first). Ours grades them in this process:
+``evaluate_simulation`` (imports done, one warm-up grade first). Ours grades them in this process,
+once that process is idle (its imports done: they are not timed beside ours):
 
 - **grade, gold cached**: what an RL loop pays per episode (the task's gold outcome was computed
   by an earlier episode of the same task);
@@ -60,6 +61,9 @@ class Oracle:
             stderr=subprocess.DEVNULL,
             text=True,
         )
+        # its imports take seconds of CPU: wait for them, so that they do not run beside ours
+        if self.ask({"op": "ping"}) != "pong":
+            raise RuntimeError("the oracle process does not answer 'ping'")
 
     def ask(self, request: dict[str, Any]) -> Any:
         assert self.proc.stdin is not None

@@ -6,18 +6,21 @@ Fidelity to the original is tested in ``test_tau2_golden.py``; these are the pro
 
 from __future__ import annotations
 
+import copy
+import datetime
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from aenv_ray.cli import main
 from aenv_ray.errors import ConfigurationError
 from builtin_envs.tau2 import get_domain, grade
 from builtin_envs.tau2._docstring import parse_docstring
 from builtin_envs.tau2.data import data_dir
-from builtin_envs.tau2.db import dict_hash
+from builtin_envs.tau2.db import deep_copy, dict_hash, frozen_copier
 from builtin_envs.tau2.environment import to_json_str
 from builtin_envs.tau2.errors import (
     ReplayMismatchError,
@@ -200,3 +203,46 @@ def test_cli_grades_each_line_and_reports_the_bad_ones(
     assert results[2]["error_type"] == "JSONDecodeError"
     assert "graded 1, failed 2" in capsys.readouterr().err
     assert main(["tau2", "grade", str(tmp_path / "missing.jsonl")]) == 2
+
+
+class _Leaf(BaseModel):
+    n: float = 0.0
+    tags: list[str] = []
+
+
+class _Tree(BaseModel):
+    when: datetime.date = datetime.date(2025, 1, 1)
+    leaves: dict[str, _Leaf] = {}
+    first: _Leaf | None = None
+    odd: object = None  # anything: copied by copy.deepcopy
+
+
+def _tree(odd: object = None) -> _Tree:
+    leaf = _Leaf(n=1.5, tags=["a"])
+    return _Tree(leaves={"x": leaf, "y": _Leaf()}, first=_Leaf(n=2), odd=odd)
+
+
+def test_deep_copy_and_frozen_copier_copy_as_deepcopy_does() -> None:
+    shared = _tree(({"k": [1]},))
+    shared.first = shared.leaves["x"]  # one object reached twice: copied once
+    # planned by frozen_copier; with a tuple (left to copy.deepcopy); with sharing
+    for tree in (_tree(), _tree(({"k": [1]},)), shared):
+        made = [deep_copy(tree), frozen_copier(tree)(), frozen_copier(tree)()]
+        for new in made:
+            assert new == copy.deepcopy(tree) == tree
+            assert new.model_dump() == tree.model_dump()
+            assert new.model_fields_set == tree.model_fields_set
+            assert new.leaves["x"] is not tree.leaves["x"]
+            assert new.leaves["x"].tags is not tree.leaves["x"].tags
+            if tree.odd is not None:
+                assert new.odd is not tree.odd
+                assert new.odd[0]["k"] is not tree.odd[0]["k"]
+            assert (new.first is new.leaves["x"]) == (tree.first is tree.leaves["x"])
+            new.leaves["x"].tags.append("changed")
+            new.leaves["y"].n = 9.0
+        assert tree.leaves["x"].tags == ["a"]
+        assert tree.leaves["y"].n == 0.0
+    # one memo over several values keeps what they share shared, as deepcopy's memo does
+    memo: dict[int, Any] = {}
+    a, b = deep_copy(shared.leaves, memo), deep_copy(shared.first, memo)
+    assert a["x"] is b

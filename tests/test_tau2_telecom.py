@@ -244,3 +244,136 @@ def test_episodes_share_nothing_they_change() -> None:
     second.respond("connect_vpn", {}, requestor="user")
     assert "EXCELLENT" in _text(second.respond("check_vpn_status", {}, requestor="user"))
     assert second.get_db_hash() == telecom.base_db.get_hash() != first.get_db_hash()
+
+
+def _fresh_initialized(task_id: str) -> Any:
+    """The task's initialized state computed now, not taken from the domain's cache."""
+    telecom = get_domain("telecom")
+    state = telecom.task(task_id).initial_state
+    assert state is not None
+    env = telecom.new_environment()
+    env.initialize(state.initialization_data, state.initialization_actions)
+    return env
+
+
+def _user_line(env: Any, task_id: str) -> tuple[str, str]:
+    """The task's customer id and the line of the user's phone number."""
+    state = get_domain("telecom").task(task_id).initial_state
+    phone = next(
+        a.arguments["phone_number"]
+        for a in state.initialization_actions
+        if a.func_name == "set_user_info"
+    )
+    customer = json.loads(_text(env.respond("get_customer_by_phone", {"phone_number": phone})))
+    line = next(
+        line_id
+        for line_id in customer["line_ids"]
+        if json.loads(_text(env.respond("get_details_by_id", {"id": line_id})))["phone_number"]
+        == phone
+    )
+    return customer["customer_id"], line
+
+
+def test_a_tasks_initialized_state_is_computed_once_and_each_episode_forks_it() -> None:
+    """Episodes of a task start from one cached initialized state: each behaves as the state
+    computed afresh, and what one changes (the line, the phone, the VPN the initialization
+    broke, which stays the phone's default VPN) reaches neither the cache nor another."""
+    telecom = get_domain("telecom")
+    task_id = "[mobile_data_issue]bad_vpn[PERSONA:None]"
+    task = telecom.task(task_id)
+    first, fresh = telecom.initialized_environment(task), _fresh_initialized(task_id)
+    start = (fresh.get_db_hash(), fresh.get_user_db_hash())
+    assert (first.get_db_hash(), first.get_user_db_hash()) == start
+    customer_id, line_id = _user_line(fresh, task_id)
+    calls: list[tuple[str, dict[str, Any], str]] = [
+        ("check_vpn_status", {}, "user"),
+        ("disconnect_vpn", {}, "user"),
+        ("connect_vpn", {}, "user"),
+        ("check_vpn_status", {}, "user"),
+        (
+            "suspend_line",
+            {"customer_id": customer_id, "line_id": line_id, "reason": "x"},
+            "assistant",
+        ),
+        ("check_status_bar", {}, "user"),
+        ("toggle_airplane_mode", {}, "user"),
+        ("resume_line", {"customer_id": customer_id, "line_id": line_id}, "assistant"),
+        ("run_speed_test", {}, "user"),
+    ]
+    outputs = [
+        [_text(env.respond(name, args, requestor=who)) for name, args, who in calls]
+        for env in (first, fresh)
+    ]
+    assert outputs[0] == outputs[1]
+    assert "POOR" in outputs[0][3]  # reconnected: the default VPN is the one broken
+    assert (
+        (first.get_db_hash(), first.get_user_db_hash())
+        == (
+            fresh.get_db_hash(),
+            fresh.get_user_db_hash(),
+        )
+        != start
+    )
+    second = telecom.initialized_environment(task)
+    assert (second.get_db_hash(), second.get_user_db_hash()) == start
+    assert telecom._initialized[(task_id, False)] is not second  # forks, never the cache
+
+
+def test_forks_of_one_state_compare_as_their_hashes_do() -> None:
+    """Two forks of one state compare by the records either changed; a gold outcome by its
+    remembered JSON; always as comparing both hashes would."""
+    telecom = get_domain("telecom")
+    task_id = "[mobile_data_issue]bad_vpn[PERSONA:None]"
+    a, b = (telecom.initialized_environment(telecom.task(task_id)) for _ in range(2))
+    customer_id, line_id = _user_line(a, task_id)
+    gold = telecom.gold_environment(task_id)
+
+    def agree() -> list[bool]:
+        out = []
+        for x, y in ((a, b), (b, a), (a, gold), (gold, b)):
+            hashes = (
+                (x.get_db_hash(), x.get_user_db_hash()),
+                (y.get_db_hash(), y.get_user_db_hash()),
+            )
+            assert x.same_db_state(y) == (hashes[0] == hashes[1])
+            assert x.tools.db.same_state(y.tools.db) == (hashes[0][0] == hashes[1][0])
+            out.append(x.same_db_state(y))
+        return out
+
+    assert agree()[:2] == [True, True]
+    suspend = {"customer_id": customer_id, "line_id": line_id, "reason": "x"}
+    a.respond("suspend_line", suspend)
+    assert agree()[:2] == [False, False]
+    b.respond("suspend_line", suspend)  # the same change, another copy of the record
+    assert agree()[:2] == [True, True]
+    line = json.loads(_text(a.respond("get_details_by_id", {"id": line_id})))
+    flips = ["disable_roaming", "enable_roaming"]
+    for name in flips if line["roaming_enabled"] else flips[::-1]:
+        a.respond(name, {"customer_id": customer_id, "line_id": line_id})
+    assert agree()[:2] == [True, True]  # changed and changed back: equal again
+    with pytest.raises(RuntimeError, match="frozen"):
+        gold.tools.db.writable(gold.tools.db.lines[0])
+
+
+def test_an_initialization_that_draws_a_random_id_is_not_cached() -> None:
+    """A state that came about by chance is computed for each episode, as the original does."""
+    from builtin_envs.tau2.tasks import EnvFunctionCall, InitialState, Task
+
+    telecom = get_domain("telecom")
+    refuel = {"customer_id": "C1002", "line_id": "L1004", "gb_amount": 2}
+    task = Task(
+        id="synthetic: a refuel opens a draft bill with a random id",
+        user_scenario={},
+        initial_state=InitialState(
+            initialization_actions=[
+                EnvFunctionCall(env_type="assistant", func_name="refuel_data", arguments=refuel)
+            ]
+        ),
+    )
+    drafts = []
+    for _ in range(2):
+        env = telecom.initialized_environment(task)
+        bills = json.loads(_text(env.respond("get_bills_for_customer", {"customer_id": "C1002"})))
+        drafts.append(bills[0]["bill_id"])
+    assert drafts[0] != drafts[1]
+    assert (task.id, False) not in telecom._initialized

@@ -15,21 +15,176 @@ one database by their changed records only.
 
 from __future__ import annotations
 
+import copy
+import datetime
 import hashlib
 import json
 import tomllib
 import typing
+from collections.abc import Callable
+from enum import Enum
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
-__all__ = ["TableDB", "Tau2DB", "dict_hash", "merge_update", "read_data_file"]
+__all__ = [
+    "TableDB",
+    "Tau2DB",
+    "deep_copy",
+    "dict_hash",
+    "frozen_copier",
+    "merge_update",
+    "read_data_file",
+]
 
 
 def dict_hash(obj: Any) -> str:
     """tau2's hash of a JSON-like value: SHA-256 of its sorted-keys JSON (``default=str``)."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# how deep_copy copies a value, by its exact type: shared as it is (what deepcopy gives back as
+# it is, or as an equal immutable copy), a list, a dict, a model, or by ``copy.deepcopy``
+_SHARE, _LIST, _DICT, _MODEL, _OTHER = range(5)
+_KINDS: dict[type, int] = {
+    **dict.fromkeys(
+        (str, int, float, bool, type(None), bytes, datetime.date, datetime.datetime), _SHARE
+    ),
+    list: _LIST,
+    dict: _DICT,
+}
+
+
+def _kind(cls: type) -> int:
+    kind = _KINDS.get(cls)
+    if kind is None:
+        if issubclass(cls, Enum):
+            kind = _SHARE
+        elif issubclass(cls, BaseModel) and not cls.__private_attributes__:
+            kind = _MODEL
+        else:
+            kind = _OTHER
+        _KINDS[cls] = kind
+    return kind
+
+
+def deep_copy(value: Any, memo: dict[int, Any] | None = None) -> Any:
+    """``copy.deepcopy(value)`` for trees of models, lists and dicts, several times faster.
+
+    Models (without private attributes), lists and dicts are copied here, each once (``memo``:
+    an object reached twice is copied once, as deepcopy does, and one memo may be passed to
+    several calls); enum members and immutable scalars are shared, as deepcopy shares them (or
+    gives an equal immutable copy); anything else goes to ``copy.deepcopy`` with the same memo.
+    """
+    kind = _kind(type(value))
+    if kind == _SHARE:
+        return value
+    if memo is None:
+        memo = {}
+    done = memo.get(id(value))
+    if done is not None:
+        return done
+    if kind == _OTHER:
+        return copy.deepcopy(value, memo)
+    kinds = _KINDS
+    if kind == _LIST:
+        new_list: list[Any] = []
+        memo[id(value)] = new_list
+        new_list.extend(
+            [item if kinds.get(type(item)) == _SHARE else deep_copy(item, memo) for item in value]
+        )
+        return new_list
+    if kind == _DICT:
+        new_dict: dict[Any, Any] = {}
+        memo[id(value)] = new_dict
+        for key, item in value.items():
+            new_dict[key if kinds.get(type(key)) == _SHARE else deep_copy(key, memo)] = (
+                item if kinds.get(type(item)) == _SHARE else deep_copy(item, memo)
+            )
+        return new_dict
+    model = object.__new__(type(value))
+    memo[id(value)] = model
+    fields = {
+        name: item if kinds.get(type(item)) == _SHARE else deep_copy(item, memo)
+        for name, item in value.__dict__.items()
+    }
+    extra = value.__pydantic_extra__
+    object.__setattr__(model, "__dict__", fields)
+    object.__setattr__(
+        model, "__pydantic_extra__", None if extra is None else deep_copy(extra, memo)
+    )
+    object.__setattr__(model, "__pydantic_fields_set__", set(value.__pydantic_fields_set__))
+    object.__setattr__(model, "__pydantic_private__", None)
+    return model
+
+
+_SHARED = object()  # a plan's leaf: the value is shared, not copied
+_Plan = tuple[Any, ...]
+
+
+def _plan(value: Any, seen: set[int]) -> _Plan | object | None:
+    """How to copy ``value``: ``_SHARED``, a plan, or None (not planned: something reached
+    twice, or something ``deep_copy`` leaves to ``copy.deepcopy``)."""
+    kind = _kind(type(value))
+    if kind == _SHARE:
+        return _SHARED
+    if kind == _OTHER or id(value) in seen:
+        return None
+    seen.add(id(value))
+    if kind == _MODEL:
+        if value.__pydantic_extra__ is not None:
+            return None
+        items = value.__dict__.items()
+    elif kind == _DICT:
+        if any(_kind(type(key)) != _SHARE for key in value):
+            return None
+        items = value.items()
+    else:
+        items = enumerate(value)
+    children = []
+    for key, item in items:
+        plan = _plan(item, seen)
+        if plan is None:
+            return None
+        if plan is not _SHARED:
+            children.append((key, plan))
+    return (kind, type(value), tuple(children))
+
+
+def _copy_by(plan: _Plan, value: Any) -> Any:
+    kind, cls, children = plan
+    if kind == _MODEL:
+        fields = value.__dict__.copy()
+        for name, child in children:
+            fields[name] = _copy_by(child, fields[name])
+        model = object.__new__(cls)
+        object.__setattr__(model, "__dict__", fields)
+        object.__setattr__(model, "__pydantic_extra__", None)
+        object.__setattr__(model, "__pydantic_fields_set__", set(value.__pydantic_fields_set__))
+        object.__setattr__(model, "__pydantic_private__", None)
+        return model
+    new = value.copy()
+    for key, child in children:
+        new[key] = _copy_by(child, new[key])
+    return new
+
+
+def frozen_copier(value: Any) -> Callable[[], Any]:
+    """A function giving a :func:`deep_copy` of ``value``, which must not change again.
+
+    Where each model, list and dict of ``value`` sits is worked out once, so a copy copies
+    those and shares every scalar without looking at it (a model of 25 scalar fields costs one
+    dict copy). A value with something reached twice, or something ``deep_copy`` leaves to
+    ``copy.deepcopy``, is copied by :func:`deep_copy` each time.
+    """
+    plan = _plan(value, set())
+    if plan is _SHARED:
+        return lambda: value
+    if plan is None:
+        return lambda: deep_copy(value)
+    assert isinstance(plan, tuple)
+    return lambda: _copy_by(plan, value)
 
 
 def read_data_file(path: Path) -> Any:
@@ -65,6 +220,10 @@ class Tau2DB(BaseModel):
     def fork(self) -> Self:
         """An independent copy for one episode."""
         return self.model_copy(deep=True)
+
+    def freeze(self) -> None:
+        """Promise that this database no longer changes (its forks may then share its contents;
+        here they do not)."""
 
     def get_hash(self) -> str:
         """tau2's ``get_hash()`` of this state."""

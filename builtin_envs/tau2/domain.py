@@ -4,8 +4,10 @@ A domain subclasses :class:`Domain` and registers with :func:`register_domain`. 
 load its database(s) (:meth:`Domain.load_db`, :meth:`Domain.load_user_db`), how to build its
 toolkits over them (:meth:`Domain.make_toolkits`) and which :class:`Tau2Environment` class joins
 them. Everything else is shared: the databases are parsed once (the first episode pays) and each
-:meth:`Domain.new_environment` forks them; tasks and splits are read once; a task's gold outcome
-(the state after its gold actions) is computed once and cached (:meth:`Domain.gold_environment`).
+:meth:`Domain.new_environment` forks them; tasks and splits are read once; a task's initialized
+state (its initialization applied, :meth:`Domain.initialized_environment`) and its gold outcome
+(the state after its gold actions, :meth:`Domain.gold_environment`) are computed once, frozen and
+cached; episodes and grades fork the initialized state.
 
 :func:`get_domain` finds a domain by name, importing its module on first use.
 """
@@ -25,7 +27,7 @@ from typing import ClassVar, TypeVar
 from aenv_ray.errors import ConfigurationError
 from builtin_envs.tau2.data import data_dir
 from builtin_envs.tau2.db import Tau2DB
-from builtin_envs.tau2.environment import Tau2Environment
+from builtin_envs.tau2.environment import Tau2Environment, replay_pairs
 from builtin_envs.tau2.errors import Tau2NotFoundError
 from builtin_envs.tau2.messages import parse_messages
 from builtin_envs.tau2.tasks import Task
@@ -46,6 +48,7 @@ _REGISTRY: dict[str, type[Domain]] = {}
 _INSTANCES: dict[str, Domain] = {}
 _LOCK = threading.RLock()
 _GOLD_CACHE_SIZE = 512
+_INITIALIZED_CACHE_SIZE = 512
 
 _D = TypeVar("_D", bound="type[Domain]")
 
@@ -99,6 +102,7 @@ class Domain:
         self._user_db: Tau2DB | None = None
         self._loaded = False
         self._gold: OrderedDict[str, Tau2Environment] = OrderedDict()
+        self._initialized: OrderedDict[tuple[str, bool], Tau2Environment] = OrderedDict()
         self._texts: dict[str, str] = {}
 
     # -- what a domain defines --------------------------------------------------------------------
@@ -148,10 +152,14 @@ class Domain:
         self._load()
         return self._user_db
 
-    def new_environment(self, solo_mode: bool = False) -> Tau2Environment:
-        """A fresh episode: toolkits over forks of the loaded databases."""
+    def check_solo_mode(self, solo_mode: bool) -> None:
+        """:class:`ConfigurationError` if ``solo_mode`` is asked of a domain without it."""
         if solo_mode and not self.supports_solo:
             raise ConfigurationError(f"{self.name.capitalize()} domain does not support solo mode")
+
+    def new_environment(self, solo_mode: bool = False) -> Tau2Environment:
+        """A fresh episode: toolkits over forks of the loaded databases."""
+        self.check_solo_mode(solo_mode)
         self._load()
         assert self._db is not None
         user_db = self._user_db.fork() if self._user_db is not None else None
@@ -202,16 +210,45 @@ class Domain:
             )
         return task
 
+    def initialized_environment(self, task: Task, solo_mode: bool = False) -> Tau2Environment:
+        """A fresh episode with ``task``'s initialization (data and actions) applied, not its
+        message history.
+
+        The initialized state is computed once per task and mode (kept for the
+        :data:`_INITIALIZED_CACHE_SIZE` tasks used last, frozen) and forked for each episode:
+        the same state, as initialization draws nothing at random (a state that did is not
+        kept). ``task`` is one of this domain's tasks (:meth:`task`).
+        """
+        state = task.initial_state
+        if state is None or (
+            state.initialization_data is None and not state.initialization_actions
+        ):
+            return self.new_environment(solo_mode)
+        key = (task.id, solo_mode)
+        with self._lock:
+            cached = self._initialized.get(key)
+            if cached is not None:
+                self._initialized.move_to_end(key)
+        if cached is None:
+            env = self.new_environment(solo_mode)
+            env.initialize(state.initialization_data, state.initialization_actions)
+            if not env.reproducible():
+                return env
+            env.freeze()
+            with self._lock:
+                cached = self._initialized.setdefault(key, env)
+                while len(self._initialized) > _INITIALIZED_CACHE_SIZE:
+                    self._initialized.popitem(last=False)
+        return cached.fork()
+
     def initial_environment(self, task: Task, solo_mode: bool = False) -> Tau2Environment:
         """A fresh episode set to ``task``'s initial state (its data, actions and history)."""
-        env = self.new_environment(solo_mode)
         state = task.initial_state
+        history = parse_messages(state.message_history or []) if state is not None else []
+        pairs = replay_pairs(history, solo_mode)
+        env = self.initialized_environment(task, solo_mode)
         if state is not None:
-            env.set_state(
-                state.initialization_data,
-                state.initialization_actions,
-                parse_messages(state.message_history or []),
-            )
+            env.replay(pairs)
         return env
 
     def gold_environment(self, task_id: str) -> Tau2Environment:
@@ -244,6 +281,7 @@ class Domain:
                         "error": str(exc),
                     },
                 )
+        env.freeze()
         with self._lock:
             self._gold[task_id] = env
             while len(self._gold) > _GOLD_CACHE_SIZE:

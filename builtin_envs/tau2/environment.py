@@ -17,7 +17,7 @@ import json
 import logging
 from collections.abc import Iterable, Mapping
 from datetime import date, datetime
-from typing import Any
+from typing import Any, Self
 
 from pydantic import BaseModel
 
@@ -32,7 +32,7 @@ from builtin_envs.tau2.messages import (
 from builtin_envs.tau2.tasks import EnvAssertion, EnvFunctionCall
 from builtin_envs.tau2.toolkit import Toolkit
 
-__all__ = ["Tau2Environment", "to_json_str"]
+__all__ = ["Tau2Environment", "replay_pairs", "to_json_str"]
 
 log = logging.getLogger(__name__)
 
@@ -125,16 +125,17 @@ class Tau2Environment:
 
     def get_response(self, call: ToolCall) -> ToolMessage:
         """The result of ``call`` as tau2 reports it (then :meth:`sync_tools`)."""
-        error = False
+        content, error = self._response(call)
+        return ToolMessage(id=call.id, content=content, requestor=call.requestor, error=error)
+
+    def _response(self, call: ToolCall) -> tuple[str, bool]:
+        """:meth:`get_response`'s content and error flag."""
         try:
             result = self.make_tool_call(call.name, call.requestor, _keywords(call.arguments))
             self.sync_tools()
         except Exception as exc:  # every tool failure is the caller's result, as in tau2
-            result = f"Error: {exc}"
-            error = True
-        return ToolMessage(
-            id=call.id, content=to_json_str(result), requestor=call.requestor, error=error
-        )
+            return to_json_str(f"Error: {exc}"), True
+        return to_json_str(result), False
 
     def respond(
         self,
@@ -200,13 +201,19 @@ class Tau2Environment:
 
         Each replayed result must equal the stored one (compared as parsed JSON when both parse,
         as text otherwise), else :class:`ReplayMismatchError`; a call without its result right
-        after it is a :class:`TrajectoryError`. The same rules as tau2's.
+        after it is a :class:`TrajectoryError`. The same rules as tau2's. The three steps are
+        :func:`replay_pairs`, :meth:`initialize` and :meth:`replay`.
         """
-        if self.solo_mode and any(
-            isinstance(m, ParticipantMessage) and m.role == "user" for m in message_history
-        ):
-            raise TrajectoryError("User messages are not allowed in solo mode")
-        pairs = _call_result_pairs(message_history)
+        pairs = replay_pairs(message_history, self.solo_mode)
+        self.initialize(initialization_data, initialization_actions)
+        self.replay(pairs)
+
+    def initialize(
+        self,
+        initialization_data: Mapping[str, Any] | None,
+        initialization_actions: Iterable[EnvFunctionCall] | None,
+    ) -> None:
+        """Apply a task's initialization: its database updates, then its actions in order."""
         if initialization_data is not None:
             if initialization_data.get("agent_data") is not None:
                 assert self.tools.db is not None
@@ -217,19 +224,56 @@ class Tau2Environment:
                 self.user_tools.db = self.user_tools.db.updated(initialization_data["user_data"])
         for action in initialization_actions or ():
             self.run_env_function_call(action)
+
+    def replay(self, pairs: Iterable[tuple[ToolCall, ToolMessage]]) -> None:
+        """Replay tool calls (from :func:`replay_pairs`), each result checked, then sync."""
         for call, stored in pairs:
-            replayed = self.get_response(call)
-            if replayed.content == stored.content:
+            content = self._response(call)[0]
+            if content == stored.content:
                 continue
-            if _loads_or_text(replayed.content) != _loads_or_text(stored.content):
+            if _loads_or_text(content) != _loads_or_text(stored.content):
                 raise ReplayMismatchError(
                     f"replaying tool call {call.name!r} (id {call.id!r}, from {call.requestor}) "
                     f"with arguments {json.dumps(call.arguments, default=str)[:500]} returned "
-                    f"{(replayed.content or '')[:500]!r}, but the trajectory stores "
+                    f"{content[:500]!r}, but the trajectory stores "
                     f"{(stored.content or '')[:500]!r}; the trajectory does not come from this "
                     "task's state (tau2 rejects it too)"
                 )
         self.sync_tools()
+
+    # -- sharing a state --------------------------------------------------------------------------
+
+    def freeze(self) -> None:
+        """Promise that this state no longer changes (a task's initialized state, a gold
+        outcome): its databases' forks may share their records, :meth:`fork` is cheap."""
+        self.tools.freeze()
+        if self.user_tools is not None:
+            self.user_tools.freeze()
+
+    def reproducible(self) -> bool:
+        """Whether this state came about without chance (no random id drawn): a copy of it is
+        then what computing it again would give."""
+        return True
+
+    def fork(self) -> Self:
+        """A new episode in this state: the toolkits over forks of the databases (no sync: the
+        state is copied as it is). Fork a :meth:`frozen <freeze>` state."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.tools = self.tools.fork()
+        new.user_tools = None if self.user_tools is None else self.user_tools.fork()
+        return new
+
+
+def replay_pairs(messages: list[Message], solo_mode: bool) -> list[tuple[ToolCall, ToolMessage]]:
+    """A trajectory's tool calls, each with its stored result, checked as tau2 checks them.
+
+    :class:`TrajectoryError` for a user message in solo mode, a result that does not follow its
+    call, a call without its result.
+    """
+    if solo_mode and any(isinstance(m, ParticipantMessage) and m.role == "user" for m in messages):
+        raise TrajectoryError("User messages are not allowed in solo mode")
+    return _call_result_pairs(messages)
 
 
 def _keywords(arguments: Mapping[str, Any]) -> dict[str, Any]:

@@ -5,9 +5,9 @@ ending scores 0 with tau2's note. Otherwise the reward is the product of the com
 task's reward basis (airline and retail: DB and COMMUNICATE; telecom: ENV_ASSERTION, sometimes
 ACTION):
 
-- DB: the trajectory's tool calls replayed on a fresh state (each stored result must equal the
-  replay, see :meth:`Tau2Environment.set_state`) give the same database hash(es) as the task's
-  gold actions (computed once per task, :meth:`Domain.gold_environment`);
+- DB: the trajectory's tool calls replayed on the task's initialized state (each stored result
+  must equal the replay, see :meth:`Tau2Environment.set_state`) give the same database hash(es)
+  as the task's gold actions (computed once per task, :meth:`Domain.gold_environment`);
 - ENV_ASSERTION: the task's assertion functions hold on the replayed state;
 - ACTION: every gold action appears among the tool calls (same name, same compared arguments);
 - COMMUNICATE: every ``communicate_info`` string appears in an agent message (case-insensitive,
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from builtin_envs.tau2.domain import Domain, get_domain
-from builtin_envs.tau2.environment import Tau2Environment
+from builtin_envs.tau2.environment import Tau2Environment, replay_pairs
 from builtin_envs.tau2.errors import TrajectoryError
 from builtin_envs.tau2.messages import Message, ParticipantMessage, ToolCall, parse_messages
 from builtin_envs.tau2.tasks import Action, RewardType, Task
@@ -89,13 +89,12 @@ def _env_part(
             db_check={"db_match": True, "db_reward": 1.0},
             info={"note": "No expected actions or env assertions"},
         )
-    state = task.initial_state
-    predicted: Tau2Environment = domain.new_environment(solo_mode)
-    predicted.set_state(
-        state.initialization_data if state else None,
-        state.initialization_actions if state else None,
-        messages,
-    )
+    # tau2's set_state, in its order: the mode, the trajectory's shape, the task's
+    # initialization (computed once per task, forked here), then the replay
+    domain.check_solo_mode(solo_mode)
+    pairs = replay_pairs(messages, solo_mode)
+    predicted: Tau2Environment = domain.initialized_environment(task, solo_mode)
+    predicted.replay(pairs)
     gold = domain.gold_environment(task.id)
     db_match = predicted.same_db_state(gold)
     db_reward = 1.0 if db_match else 0.0
@@ -137,10 +136,14 @@ def _action_part(gold_actions: list[Action] | None, messages: list[Message]) -> 
             info={"note": "No actions to evaluate"},
             reward_breakdown={RewardType.ACTION.value: 1.0},
         )
-    calls = _tool_calls(messages)
+    calls_by_name: dict[str, list[ToolCall]] = {}
+    for call in _tool_calls(messages):
+        calls_by_name.setdefault(call.name, []).append(call)
     checks = []
     for action in gold_actions:
-        found = any(action.matches(c.name, c.arguments) for c in calls)
+        # only a call of the action's name can match it
+        same_name = calls_by_name.get(action.name, ())
+        found = any(action.matches(c.name, c.arguments) for c in same_name)
         checks.append(
             {
                 "action": action.model_dump(mode="json"),

@@ -80,6 +80,10 @@ class SystemMessage:
 Message = ParticipantMessage | ToolMessage | SystemMessage
 
 
+def _is_mapping(value: Any) -> bool:
+    return type(value) is dict or isinstance(value, Mapping)  # a dict skips the ABC's check
+
+
 def _where(index: int) -> str:
     return f"message {index}"
 
@@ -114,10 +118,10 @@ def _tool_calls(raw: Any, role: Requestor, index: int) -> tuple[ToolCall, ...]:
         raise TrajectoryError(f"{_where(index)}: tool_calls must be a list")
     calls = []
     for call in raw:
-        if not isinstance(call, Mapping):
+        if not _is_mapping(call):
             raise TrajectoryError(f"{_where(index)}: each tool call must be an object")
         function = call.get("function")
-        body = function if isinstance(function, Mapping) else call
+        body = function if function is not None and _is_mapping(function) else call
         name = body.get("name")
         if not isinstance(name, str):
             raise TrajectoryError(f"{_where(index)}: a tool call has no string 'name'")
@@ -125,30 +129,26 @@ def _tool_calls(raw: Any, role: Requestor, index: int) -> tuple[ToolCall, ...]:
         requestor = call.get("requestor", role)
         if requestor not in ("user", "assistant"):
             raise TrajectoryError(f"{_where(index)}: requestor must be 'assistant' or 'user'")
-        calls.append(
-            ToolCall(
-                name=name,
-                arguments=_arguments(body.get("arguments", {}), index),
-                id=str(call_id),
-                requestor=requestor,
-            )
-        )
+        arguments = body.get("arguments", {})
+        if type(arguments) is not dict:
+            arguments = _arguments(arguments, index)
+        calls.append(ToolCall(name, arguments, str(call_id), requestor))
     return tuple(calls)
 
 
 def parse_message(raw: Any, index: int = 0) -> Message:
     """One message of the chat shape above (``TrajectoryError`` if it is none of them)."""
-    if isinstance(raw, (ParticipantMessage, ToolMessage, SystemMessage)):
+    if type(raw) is not dict and isinstance(raw, (ParticipantMessage, ToolMessage, SystemMessage)):
         return raw
-    if not isinstance(raw, Mapping):
+    if not _is_mapping(raw):
         raise TrajectoryError(f"{_where(index)}: expected an object, got {type(raw).__name__}")
     role = raw.get("role")
     if role in ("assistant", "user"):
         calls = raw.get("tool_calls")
         return ParticipantMessage(
-            role=role,
-            content=_text(raw, index),
-            tool_calls=None if calls is None else _tool_calls(calls, role, index),
+            role,
+            _text(raw, index),
+            None if calls is None else _tool_calls(calls, role, index),
         )
     if role == "tool":
         requestor = raw.get("requestor", "assistant")
@@ -157,12 +157,7 @@ def parse_message(raw: Any, index: int = 0) -> Message:
         call_id = raw.get("id", raw.get("tool_call_id"))
         if not isinstance(call_id, str):
             raise TrajectoryError(f"{_where(index)}: a tool result needs its call's string 'id'")
-        return ToolMessage(
-            id=call_id,
-            content=_text(raw, index),
-            requestor=requestor,
-            error=bool(raw.get("error", False)),
-        )
+        return ToolMessage(call_id, _text(raw, index), requestor, bool(raw.get("error", False)))
     if role == "system":
         return SystemMessage(content=_text(raw, index))
     raise TrajectoryError(

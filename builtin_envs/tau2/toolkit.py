@@ -20,7 +20,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 from pydantic import Field, create_model
 
@@ -130,6 +130,17 @@ class Toolkit:
 
     def __init__(self, db: Tau2DB | None = None) -> None:
         self.db = db
+
+    def fork(self) -> Self:
+        """The same toolkit over a fork of its database (:meth:`Tau2DB.fork`); a toolkit with
+        state of its own besides the database copies it too."""
+        return type(self)(None if self.db is None else self.db.fork())
+
+    def freeze(self) -> None:
+        """Promise that this toolkit's state no longer changes (:meth:`Tau2DB.freeze`): it is
+        then only forked."""
+        if self.db is not None:
+            self.db.freeze()
 
     @classmethod
     def tool_names(cls) -> list[str]:

@@ -766,8 +766,8 @@ def prompts(cases: list[list[str]]) -> dict[str, str]:
 
 
 def serve() -> None:
-    """JSON lines: {"op": "calls"|"grade"|"grade_timed"|"schemas"|"hash"|"prompts", ...} -> one
-    JSON line."""
+    """JSON lines: {"op": "calls"|"grade"|"grade_timed"|"schemas"|"hash"|"prompts"|"ping", ...}
+    -> one JSON line ("ping": ``"pong"``, once the imports are done)."""
     for line in sys.stdin:
         req = json.loads(line)
         op = req["op"]
@@ -807,6 +807,8 @@ def serve() -> None:
                 res = new_env(req["domain"]).get_db_hash()
             elif op == "prompts":
                 res = prompts(req["cases"])
+            elif op == "ping":
+                res = "pong"
             else:
                 res = {"raises": "UnknownOp", "message": op}
         except Exception as exc:  # report, keep serving

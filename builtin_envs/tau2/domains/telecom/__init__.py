@@ -62,13 +62,6 @@ class TelecomDomain(Domain):
         assert isinstance(user_db, TelecomUserDB)
         return TelecomTools(db), TelecomUserTools(user_db)
 
-    def gold_environment(self, task_id: str) -> Tau2Environment:
-        """The task's gold outcome (cached), its hashes computed once with it."""
-        env = super().gold_environment(task_id)
-        if isinstance(env, TelecomEnvironment) and env._frozen_hashes is None:
-            env.freeze_hashes()
-        return env
-
     def policy(self, solo_mode: bool = False) -> str:
         """tau2's composition: the main policy and the tech-support policy, each in its tag.
 

@@ -7,16 +7,15 @@ mixins as there (a value compares equal to its string; ``repr`` names the class)
 
 from __future__ import annotations
 
-import copy
 import datetime
 import hashlib
 import json
 from enum import Enum
-from typing import ClassVar, Self, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from builtin_envs.tau2.db import Tau2DB
+from builtin_envs.tau2.db import Tau2DB, deep_copy
 
 __all__ = [
     "AccountStatus",
@@ -32,7 +31,6 @@ __all__ = [
     "PaymentMethod",
     "PaymentMethodType",
     "Plan",
-    "RebuiltForkDB",
     "Record",
     "TelecomDB",
 ]
@@ -45,29 +43,6 @@ class Record(BaseModel):
     """A record: no extra fields; assignment is not validated, as in tau2."""
 
     model_config = ConfigDict(extra="forbid")
-
-
-class RebuiltForkDB(Tau2DB):
-    """A database forked by rebuilding it from its dump: ~6x faster than a deep copy here.
-
-    The first fork of a database checks that the rebuilt copy hashes as the original does (a
-    value the models would convert, a default date where a datetime belongs, would not); if
-    not, that database forks by deep copy. Forks are taken of loaded databases, never changed.
-    """
-
-    _rebuild_ok: bool | None = PrivateAttr(default=None)
-
-    def fork(self) -> Self:
-        """An independent copy for one episode."""
-        if self._rebuild_ok is False:
-            return super().fork()
-        try:
-            copy = type(self).model_validate(self.model_dump(warnings=False))
-        except ValidationError:
-            copy = None
-        if self._rebuild_ok is None:
-            self._rebuild_ok = copy is not None and copy.get_hash() == self.get_hash()
-        return copy if copy is not None and self._rebuild_ok else super().fork()
 
 
 class Address(Record):
@@ -192,6 +167,9 @@ class Customer(Record):
 _R = TypeVar("_R", bound=BaseModel)
 
 
+_PRIVATE_DEFAULTS: dict[type, dict[str, Any]] = {}
+
+
 def _record_json(record: BaseModel) -> str:
     return json.dumps(record.model_dump(warnings=False), sort_keys=True, default=str)
 
@@ -199,10 +177,12 @@ def _record_json(record: BaseModel) -> str:
 class TelecomDB(Tau2DB):
     """The agent's side: every record of the telecom carrier, in lists (as in tau2).
 
-    Forked copy-on-write: a fork copies the five lists and shares the records with the loaded
-    database until a tool asks to change one (:meth:`writable` copies it then; every tool that
-    changes a record asks first). Its hash reuses the serialized form of every shared record,
-    computed once per process, so it costs the records the episode changed.
+    Forked copy-on-write: a fork copies the five lists and shares the records with the database
+    it came from (its *base*: the loaded database, or a fork :meth:`frozen <freeze>` since, as a
+    task's initialized state is) until a tool asks to change one (:meth:`writable` copies it
+    then; every tool that changes a record asks first). The base's records are serialized once,
+    so a fork's hash costs the records the episode changed, and two forks of one base compare
+    (:meth:`same_state`) by the records either changed.
     """
 
     _LISTS: ClassVar[tuple[str, ...]] = ("bills", "customers", "devices", "lines", "plans")
@@ -213,61 +193,136 @@ class TelecomDB(Tau2DB):
     bills: list[Bill] = Field(default_factory=list)
     devices: list[Device] = Field(default_factory=list)
 
-    _root: TelecomDB | None = PrivateAttr(default=None)
-    _shared: dict[int, tuple[BaseModel, str]] | None = PrivateAttr(default=None)
+    # pydantic reads private attributes through ``__getattr__`` (microseconds each): the hot
+    # paths below read ``__pydantic_private__`` itself
+    _base: TelecomDB | None = PrivateAttr(default=None)
+    _frozen: bool = PrivateAttr(default=False)
+    _records_json: dict[int, tuple[BaseModel, str]] | None = PrivateAttr(default=None)
+    _changes: int = PrivateAttr(default=0)
+
+    def _private(self) -> dict[str, Any]:
+        private: dict[str, Any] = self.__pydantic_private__  # type: ignore[assignment]
+        return private
+
+    def freeze(self) -> None:
+        """Promise that this database no longer changes: its forks share its records."""
+        self._private()["_frozen"] = True
 
     def fork(self) -> Self:
-        """A copy sharing the records of this (loaded) database until they are changed."""
-        if self._root is not None:  # a fork of a fork: an independent deep copy
-            copies: dict[str, object] = {n: copy.deepcopy(getattr(self, n)) for n in self._LISTS}
-            return self.model_construct(**copies)  # type: ignore[arg-type]
-        lists: dict[str, object] = {name: list(getattr(self, name)) for name in self._LISTS}
-        new = self.model_construct(**lists)  # type: ignore[arg-type]
-        new._root = self
+        """A copy sharing this database's records until they are changed.
+
+        This database must be the loaded one or frozen; a fork of one that may still change is
+        an independent deep copy.
+        """
+        private = self._private()
+        if private["_base"] is not None and not private["_frozen"]:
+            copies = {name: deep_copy(getattr(self, name)) for name in self._LISTS}
+            return self.model_construct(**copies)
+        # built as model_construct builds it, without its per-field work: the fields are lists
+        new = object.__new__(type(self))
+        object.__setattr__(new, "__dict__", {k: list(v) for k, v in self.__dict__.items()})
+        object.__setattr__(new, "__pydantic_fields_set__", set(self.__pydantic_fields_set__))
+        object.__setattr__(new, "__pydantic_extra__", None)
+        object.__setattr__(new, "__pydantic_private__", {**self._fresh_private(), "_base": self})
         return new
 
-    def _shared_records(self) -> dict[int, tuple[BaseModel, str]]:
-        """The loaded database's records by ``id``, each with its JSON (computed once)."""
-        if self._shared is None:
-            self._shared = {
-                id(record): (record, _record_json(record))
-                for name in self._LISTS
-                for record in getattr(self, name)
-            }
-        return self._shared
+    @classmethod
+    def _fresh_private(cls) -> dict[str, Any]:
+        """The private attributes' defaults (immutable values: one dict serves every fork)."""
+        defaults = _PRIVATE_DEFAULTS.get(cls)
+        if defaults is None:
+            defaults = {n: a.get_default() for n, a in cls.__private_attributes__.items()}
+            assert all(v is None or type(v) in (bool, int) for v in defaults.values())
+            _PRIVATE_DEFAULTS[cls] = defaults
+        return defaults
 
-    def _shared_json(self, record: BaseModel) -> str | None:
-        if self._root is None:
-            return None
-        hit = self._root._shared_records().get(id(record))
-        return hit[1] if hit is not None and hit[0] is record else None
+    def _shared(self) -> dict[int, tuple[BaseModel, str]]:
+        """This (unchanging) database's records by ``id``, each with its JSON (computed once)."""
+        private = self._private()
+        shared: dict[int, tuple[BaseModel, str]] | None = private["_records_json"]
+        if shared is None:
+            base: TelecomDB | None = private["_base"]
+            inherited = base._shared() if base is not None else {}
+            shared = {}
+            for name in self._LISTS:
+                for record in getattr(self, name):
+                    hit = inherited.get(id(record))
+                    if hit is None or hit[0] is not record:
+                        hit = (record, _record_json(record))
+                    shared[id(record)] = hit
+            private["_records_json"] = shared
+        return shared
+
+    def _json_function(self) -> Any:
+        """``record -> JSON`` for this database's records, from the cached JSON where shared."""
+        private = self._private()
+        source: TelecomDB | None = self if private["_frozen"] else private["_base"]
+        shared = source._shared() if source is not None else {}
+
+        def record_json(record: BaseModel) -> str:
+            hit = shared.get(id(record))
+            return hit[1] if hit is not None and hit[0] is record else _record_json(record)
+
+        return record_json
+
+    def changes(self) -> int:
+        """How many times a record was taken to be changed (:meth:`writable`): the same count
+        (and the same number of bills) means the same contents."""
+        changes: int = self._private()["_changes"]
+        return changes
 
     def writable(self, record: _R) -> _R:
-        """``record`` ready to be changed: copied first if still shared with the loaded database."""
-        if self._shared_json(record) is None:
+        """``record`` ready to be changed: copied first if still shared with the base.
+
+        Every change of a record goes through here first (tools, initialization functions,
+        the environment's sync); records are only ever appended besides. It is counted
+        (:meth:`changes`).
+        """
+        private = self._private()
+        if private["_frozen"]:
+            raise RuntimeError("a frozen telecom database does not change: fork it")
+        private["_changes"] += 1
+        base: TelecomDB | None = private["_base"]
+        if base is None:
             return record
-        mine = record.model_copy(deep=True)
+        hit = base._shared().get(id(record))
+        if hit is None or hit[0] is not record:
+            return record
+        mine = deep_copy(record)
         for name in self._LISTS:
             records = getattr(self, name)
             for i, candidate in enumerate(records):
                 if candidate is record:
                     records[i] = mine
-                    return mine
+                    return mine  # type: ignore[no-any-return]
         return record  # pragma: no cover - every record lives in one of the lists
 
     def get_hash(self) -> str:
         """tau2's hash, from the shared records' cached JSON and this fork's own records."""
-        root = self._root
-        if root is None:
+        if self._private()["_base"] is None:
             return super().get_hash()
-        shared = root._shared_records()
+        record_json = self._json_function()
         parts = []
         for name in self._LISTS:
-            items = []
-            for record in getattr(self, name):
-                hit = shared.get(id(record))
-                items.append(
-                    hit[1] if hit is not None and hit[0] is record else _record_json(record)
-                )
-            parts.append(f'"{name}": [{", ".join(items)}]')
+            items = ", ".join([record_json(record) for record in getattr(self, name)])
+            parts.append(f'"{name}": [{items}]')
         return hashlib.sha256(("{" + ", ".join(parts) + "}").encode()).hexdigest()
+
+    def same_state(self, other: Tau2DB) -> bool:
+        """Whether ``other`` hashes as this one does; two forks of one base compare the records
+        either changed (the rest is the same objects), anything else compares hashes."""
+        if not isinstance(other, TelecomDB):
+            return super().same_state(other)
+        base = self._private()["_base"]
+        if base is None or other._private()["_base"] is not base:
+            return super().same_state(other)
+        # the hash is of the lists' JSON: equal iff every list has the same records' JSON
+        mine_json, theirs_json = self._json_function(), other._json_function()
+        for name in self._LISTS:
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if len(mine) != len(theirs):
+                return False
+            for a, b in zip(mine, theirs, strict=True):
+                if a is not b and mine_json(a) != theirs_json(b):
+                    return False
+        return True

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import date, timedelta
-from typing import Any
+from typing import Any, Self
 
 from builtin_envs.tau2.domains.telecom.models import (
     Bill,
@@ -35,6 +35,17 @@ def _first_of_next_month(day: date) -> date:
     return (day.replace(day=1) + timedelta(days=32)).replace(day=1)
 
 
+def _first_positions(records: list[Any], key: str) -> dict[str, int] | None:
+    """Each value of ``key`` with its first position; None if one is not a plain ``str``."""
+    first: dict[str, int] = {}
+    for i, record in enumerate(records):
+        value = getattr(record, key)
+        if type(value) is not str:  # compared as tau2 compares it: by scanning
+            return None
+        first.setdefault(value, i)
+    return first
+
+
 class TelecomTools(Toolkit):
     """Tools for the telecom domain implementing the functions described in the PRD."""
 
@@ -42,6 +53,19 @@ class TelecomTools(Toolkit):
 
     def __init__(self, db: TelecomDB) -> None:
         super().__init__(db)
+        self.drew_random_id = False  # a new draft bill got a random id (see refuel_data)
+        # field -> (the list indexed, its length then, field value -> first position, its table)
+        self._positions: dict[str, tuple[list[Any], int, dict[str, int] | None, str]] = {}
+
+    def fork(self) -> Self:
+        """These tools over a fork of the database."""
+        new = super().fork()
+        new.drew_random_id = self.drew_random_id
+        for key, (records, length, positions, table) in self._positions.items():
+            if records is getattr(self.db, table) and length == len(records):
+                # the fork's list holds the same records, or copies, in the same order
+                new._positions[key] = (getattr(new.db, table), length, positions, table)
+        return new
 
     # -- lookups ----------------------------------------------------------------------------------
 
@@ -75,10 +99,8 @@ class TelecomTools(Toolkit):
         Returns:
             Customer object if found, None otherwise.
         """
-        for customer in self.db.customers:
-            if customer.customer_id == customer_id:
-                return customer
-        raise ValueError(f"Customer with ID {customer_id} not found")
+        customer: Customer = self._find("customers", "customer_id", customer_id, "Customer with ID")
+        return customer
 
     @tool(ToolKind.READ)
     def get_customer_by_name(self, full_name: str, dob: str) -> list[Customer]:
@@ -99,32 +121,52 @@ class TelecomTools(Toolkit):
             if c.full_name.lower() == full_name.lower() and c.date_of_birth == dob
         ]
 
-    def _find(self, records: list[Any], key: str, value: Any, what: str) -> Any:
+    def _find(self, table: str, key: str, value: Any, what: str) -> Any:
+        """The first record of ``table`` whose ``key`` equals ``value``, else ``ValueError``.
+
+        tau2 scans the list. Here a plain ``str`` value is looked up in an index: each value of
+        ``key`` with its first position, rebuilt when the list is another or its length
+        changed (records are appended, never removed), a hit checked against the record now at
+        that position (a record a tool copied before changing it sits where the shared one
+        was). No tool changes an id or a line's phone number, so a first position stays first.
+        Anything else, and a miss, is tau2's scan.
+        """
+        records: list[Any] = getattr(self.db, table)
+        if type(value) is str:
+            entry = self._positions.get(key)
+            if entry is None or entry[0] is not records or entry[1] != len(records):
+                positions = _first_positions(records, key)
+                entry = self._positions[key] = (records, len(records), positions, table)
+            positions = entry[2]
+            if positions is not None:
+                where = positions.get(value)
+                if where is not None:
+                    record = records[where]
+                    if getattr(record, key) == value:
+                        return record
         for record in records:
             if getattr(record, key) == value:
                 return record
         raise ValueError(f"{what} {value} not found")
 
     def _get_line_by_phone(self, phone_number: str) -> Line:
-        line: Line = self._find(
-            self.db.lines, "phone_number", phone_number, "Line with phone number"
-        )
+        line: Line = self._find("lines", "phone_number", phone_number, "Line with phone number")
         return line
 
     def _get_line_by_id(self, line_id: str) -> Line:
-        line: Line = self._find(self.db.lines, "line_id", line_id, "Line with ID")
+        line: Line = self._find("lines", "line_id", line_id, "Line with ID")
         return line
 
     def _get_plan_by_id(self, plan_id: str) -> Plan:
-        plan: Plan = self._find(self.db.plans, "plan_id", plan_id, "Plan with ID")
+        plan: Plan = self._find("plans", "plan_id", plan_id, "Plan with ID")
         return plan
 
     def _get_device_by_id(self, device_id: str) -> Device:
-        device: Device = self._find(self.db.devices, "device_id", device_id, "Device with ID")
+        device: Device = self._find("devices", "device_id", device_id, "Device with ID")
         return device
 
     def _get_bill_by_id(self, bill_id: str) -> Bill:
-        bill: Bill = self._find(self.db.bills, "bill_id", bill_id, "Bill with ID")
+        bill: Bill = self._find("bills", "bill_id", bill_id, "Bill with ID")
         return bill
 
     def _get_target_line(self, customer_id: str, line_id: str) -> Line:
@@ -274,7 +316,7 @@ class TelecomTools(Toolkit):
         return f"Payment request sent to the customer for bill {bill.bill_id}"
 
     def _get_bills_awaiting_payment(self, customer: Customer) -> list[Bill]:
-        bills = (self._get_bill_by_id(bill_id) for bill_id in customer.bill_ids)
+        bills = [self._get_bill_by_id(bill_id) for bill_id in customer.bill_ids]  # all looked up
         return [bill for bill in bills if bill.status == BillStatus.AWAITING_PAYMENT]
 
     def _set_bill_to_paid(self, bill_id: str) -> str:
@@ -305,6 +347,7 @@ class TelecomTools(Toolkit):
                 due_date=start + timedelta(days=14),
                 status=BillStatus.DRAFT,
             )
+            self.drew_random_id = True
             self.db.bills.append(draft)
             self.db.writable(customer).bill_ids.append(draft.bill_id)
         draft = self.db.writable(draft)

@@ -8,10 +8,12 @@ original's descriptions too. Values are not re-validated on assignment, as in ta
 from __future__ import annotations
 
 from enum import Enum
+from typing import Self
 
 from pydantic import Field
 
-from builtin_envs.tau2.domains.telecom.models import RebuiltForkDB, Record
+from builtin_envs.tau2.db import Tau2DB, deep_copy
+from builtin_envs.tau2.domains.telecom.models import Record
 
 __all__ = [
     "APNNames",
@@ -204,8 +206,13 @@ class UserSurroundings(Record):
     payment_request: PaymentRequest | None = None
 
 
-class TelecomUserDB(RebuiltForkDB):
-    """The user's database: their phone and their surroundings."""
+class TelecomUserDB(Tau2DB):
+    """The user's database: their phone and their surroundings (small: forked by copying)."""
 
     device: MockPhoneAttributes = Field(default_factory=MockPhoneAttributes)
     surroundings: UserSurroundings = Field(default_factory=UserSurroundings)
+
+    def fork(self) -> Self:
+        """An independent copy (:func:`~builtin_envs.tau2.db.deep_copy`)."""
+        copied: Self = deep_copy(self)
+        return copied

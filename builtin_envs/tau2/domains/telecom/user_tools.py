@@ -15,8 +15,10 @@ default: every episode behaves as the first one of a fresh tau2 process.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any, Literal, Self
 
+from builtin_envs.tau2.db import deep_copy, frozen_copier
 from builtin_envs.tau2.domains.telecom.user_models import (
     APNNames,
     APNSettings,
@@ -99,14 +101,39 @@ class TelecomUserTools(Toolkit):
 
     db: TelecomUserDB
 
-    def __init__(self, db: TelecomUserDB) -> None:
+    def __init__(self, db: TelecomUserDB, default_vpn_details: VpnDetails | None = None) -> None:
         super().__init__(db)
         # see the module docstring: one default per episode, not per process
-        self.default_vpn_details = VpnDetails(
-            server_address="192.168.1.1",
-            protocol="OpenVPN",
-            server_performance=PerformanceLevel.EXCELLENT,
-        )
+        if default_vpn_details is None:
+            default_vpn_details = VpnDetails(
+                server_address="192.168.1.1",
+                protocol="OpenVPN",
+                server_performance=PerformanceLevel.EXCELLENT,
+            )
+        self.default_vpn_details = default_vpn_details
+
+    _frozen = False
+    _copy_db: Callable[[], TelecomUserDB] | None = None  # frozen: copies the phone
+
+    def freeze(self) -> None:
+        """This phone no longer changes: forks copy it by a plan made once, on the first fork
+        (:func:`~builtin_envs.tau2.db.frozen_copier`)."""
+        super().freeze()
+        self._frozen = True
+
+    def fork(self) -> Self:
+        """This phone copied, with the episode's VPN default (one copy where they are one
+        object: after ``break_vpn`` the phone's VPN is the default)."""
+        vpn = self.default_vpn_details
+        if self._frozen:
+            if self._copy_db is None:
+                self._copy_db = frozen_copier(self.db)
+            db = self._copy_db()
+            shared = self.db.device.vpn_details is vpn
+            return type(self)(db, db.device.vpn_details if shared else deep_copy(vpn))
+        memo: dict[int, Any] = {}
+        db = deep_copy(self.db, memo)
+        return type(self)(db, deep_copy(vpn, memo))
 
     @property
     def device(self) -> MockPhoneAttributes:
