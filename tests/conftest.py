@@ -159,3 +159,23 @@ def rbac_cluster() -> Iterator[KubeCluster]:
         pytest.skip(str(exc))
     with cluster:
         yield cluster
+
+
+K8S_FIXTURES = frozenset({"kube_cluster", "rbac_cluster"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Groups for pytest-xdist's ``--dist loadgroup`` (scripts/test runs the suite on several
+    workers): the tests of one file share a worker (their module fixtures start once), and every
+    test of a Kubernetes cluster shares one worker, so that the session starts one cluster of
+    each kind, not one per worker. The Kubernetes tests go first: the cluster's first start on a
+    machine includes its build."""
+    groups: dict[str, str] = {}
+    for item in items:
+        if K8S_FIXTURES & set(getattr(item, "fixturenames", ())):
+            groups[item.nodeid] = "k8s"
+        else:
+            groups[item.nodeid] = item.nodeid.split("::", 1)[0]
+        if config.pluginmanager.hasplugin("xdist"):
+            item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
+    items.sort(key=lambda item: groups[item.nodeid] != "k8s")
