@@ -16,7 +16,13 @@ from sandbox_runtime._dispatch import Dispatcher
 from sandbox_runtime._limits import InstanceLimits
 from sandbox_runtime._limits import install as install_limits
 from sandbox_runtime._loader import LoadedProject, load_project
-from sandbox_runtime.server import BROKEN_EXIT_CODE, RuntimeServer, bind_socket, warm_imports
+from sandbox_runtime.server import (
+    BROKEN_EXIT_CODE,
+    RuntimeServer,
+    bind_socket,
+    end_process,
+    warm_imports,
+)
 
 __all__ = [
     "BROKEN_EXIT_CODE",
@@ -25,6 +31,7 @@ __all__ = [
     "LoadedProject",
     "RuntimeServer",
     "bind_socket",
+    "end_process",
     "install_limits",
     "load_project",
     "warm_imports",

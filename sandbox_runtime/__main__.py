@@ -44,7 +44,7 @@ from aenv_ray.protocol import (
 )
 from sandbox_runtime import _limits
 from sandbox_runtime._loader import load_project
-from sandbox_runtime.server import RuntimeServer
+from sandbox_runtime.server import RuntimeServer, end_process
 
 
 def _limits_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     _limits_from(args, parser)  # as an engine does: the project loaded, before serving
     server.run()
-    return 0
+    end_process(0)  # exit handlers run; a thread the environment left running cannot hang it
 
 
 if __name__ == "__main__":

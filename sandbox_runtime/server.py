@@ -13,19 +13,22 @@ saying why, then ends the process with status ``BROKEN_EXIT_CODE`` (70), so that
 
     server = RuntimeServer(load_project("builtin_envs/mini_terminal"), ports=[8080, 8081])
     server.run()   # blocks until SIGTERM/SIGINT
+    end_process(0)  # the environment's exit handlers run; a thread it left running cannot hang it
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import logging
 import os
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import uvicorn
 
@@ -37,7 +40,7 @@ from sandbox_runtime._loader import LoadedProject
 from sandbox_runtime._runner import SyncRunner
 from sandbox_runtime._watchdog import BROKEN_EXIT_CODE, Watchdog
 
-__all__ = ["BROKEN_EXIT_CODE", "RuntimeServer", "bind_socket", "warm_imports"]
+__all__ = ["BROKEN_EXIT_CODE", "RuntimeServer", "bind_socket", "end_process", "warm_imports"]
 
 log = logging.getLogger("sandbox_runtime.server")
 
@@ -252,3 +255,20 @@ def _run_uvloop(main: Any) -> None:
     import uvloop
 
     uvloop.run(main())
+
+
+def end_process(code: int) -> NoReturn:
+    """End a runtime's process once :meth:`RuntimeServer.run` returned: the exit handlers run
+    (``atexit``: the environment's own, logging's), then the process ends with ``code``.
+
+    Python's own exit would first wait for every thread that is not a daemon; one that the
+    environment's code started and never ends would keep a stopped runtime alive until its
+    engine kills it, and then no exit handler runs at all.
+    """
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)

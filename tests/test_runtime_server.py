@@ -151,3 +151,41 @@ def test_a_token_file_that_is_missing_or_empty_is_a_usage_error(
             main(["/nonexistent-project", "--token-file", str(path)])
         assert exited.value.code == 2
         assert said in capsys.readouterr().err
+
+
+STRAY_THREAD = '''
+import atexit
+import pathlib
+import sys
+import threading
+import time
+
+from aenv_ray import register_tool
+
+atexit.register(pathlib.Path(sys.argv[1]).write_text, "exit handlers ran")
+
+
+@register_tool
+def start_a_thread() -> str:
+    """Start a thread (not a daemon) that never ends."""
+    threading.Thread(target=time.sleep, args=(3600,), name="stray").start()
+    return "started"
+'''
+
+
+async def test_a_thread_the_environment_leaves_running_does_not_hold_a_stopped_runtime(
+    tmp_path: Path,
+) -> None:
+    project = tmp_path / "stray"
+    (project / "src").mkdir(parents=True)
+    (project / "config.json").write_text('{"name": "stray", "version": "1.0.0"}')
+    (project / "src" / "stray.py").write_text(STRAY_THREAD)
+    marker = tmp_path / "exited"
+    runtime = RuntimeProcess(project, extra_args=["--", str(marker)])
+    with runtime:
+        async with runtime.environment() as env:
+            assert (await env.call_tool("start_a_thread", {})).text == "started"
+        runtime.stop(timeout=60)  # SIGTERM; a process still there after 60 s is SIGKILLed
+    assert runtime.process is not None
+    assert runtime.process.returncode == 0  # it ended by itself, not by the SIGKILL
+    assert marker.read_text() == "exit handlers ran"

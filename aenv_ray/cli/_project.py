@@ -214,7 +214,7 @@ def run(
             "must be a positive number of seconds", param_hint="--default-timeout"
         )
     from aenv_ray.logs import configure_logging
-    from sandbox_runtime import RuntimeServer, load_project
+    from sandbox_runtime import RuntimeServer, end_process, load_project
 
     configure_logging("WARNING" if quiet else "INFO")
     project = load_project(directory)
@@ -229,7 +229,7 @@ def run(
         ref, summary = project.config.ref, _summary(project)
         print(_banner(ref, project.root, summary, server.addresses), flush=True)
     server.run()  # on the main thread: SIGALRM interrupts sync tools; SIGTERM/SIGINT stop it
-    raise typer.Exit(EXIT_OK)
+    end_process(EXIT_OK)  # exit handlers run; a thread the project left running cannot hang it
 
 
 def test_project(
