@@ -165,17 +165,15 @@ K8S_FIXTURES = frozenset({"kube_cluster", "rbac_cluster"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Groups for pytest-xdist's ``--dist loadgroup`` (scripts/test runs the suite on several
-    workers): the tests of one file share a worker (their module fixtures start once), and every
-    test of a Kubernetes cluster shares one worker, so that the session starts one cluster of
-    each kind, not one per worker. The Kubernetes tests go first: the cluster's first start on a
-    machine includes its build."""
-    groups: dict[str, str] = {}
+    """Groups for pytest-xdist's ``--dist loadgroup`` (``AENV_TEST_WORKERS=N scripts/test``):
+    the tests of one file share a worker (their module fixtures start once), and every test of a
+    Kubernetes cluster shares one worker, so that the session starts one cluster of each kind,
+    not one per worker. The order of the tests is not changed."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
     for item in items:
         if K8S_FIXTURES & set(getattr(item, "fixturenames", ())):
-            groups[item.nodeid] = "k8s"
+            group = "k8s"
         else:
-            groups[item.nodeid] = item.nodeid.split("::", 1)[0]
-        if config.pluginmanager.hasplugin("xdist"):
-            item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
-    items.sort(key=lambda item: groups[item.nodeid] != "k8s")
+            group = item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
