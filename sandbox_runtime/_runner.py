@@ -36,6 +36,12 @@ __all__ = [
 
 log = logging.getLogger("sandbox_runtime.runner")
 
+_IDLE_WAKE = 1.0
+"""Seconds an idle runner waits for a job before it looks again. Python runs signal handlers on
+the main thread only, and only when it runs Python: a SIGTERM the kernel hands to another
+thread while this one waits would otherwise wait for the next job (the process-wide mask makes
+the main thread the usual receiver, this makes it the sure one)."""
+
 REARM_SECONDS = 0.2
 
 
@@ -152,7 +158,10 @@ class SyncRunner:
             watchdog = threading.Thread(target=self._watch, name="aenv-watchdog", daemon=True)
             watchdog.start()
         while not self._stopping:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=_IDLE_WAKE)
+            except queue.Empty:
+                continue  # back in Python: a handler for a signal another thread got runs now
             if item is _STOP:
                 break
             if isinstance(item, _Call):

@@ -44,6 +44,9 @@ __all__ = ["BROKEN_EXIT_CODE", "RuntimeServer", "bind_socket", "end_process", "w
 
 log = logging.getLogger("sandbox_runtime.server")
 
+_MAIN_THREAD_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGALRM}
+"""Signals whose handlers interrupt the main thread (stop; a sync call's timeout)."""
+
 
 _LAZY_MODULES = (
     "anyio._backends._asyncio",
@@ -185,12 +188,20 @@ class RuntimeServer:
         """Serve until SIGTERM/SIGINT or :meth:`stop`. Call from the main thread."""
         if not self.sockets:
             raise RuntimeError("no socket to serve on: pass sockets= or call listen_on() first")
-        if threading.current_thread() is threading.main_thread():
+        on_main = threading.current_thread() is threading.main_thread()
+        if on_main:
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
-        _limits.reapply_if_forked()
-        self._loop_thread = threading.Thread(target=self._serve, name="aenv-http", daemon=True)
-        self._loop_thread.start()
+            # the threads started here (and theirs) block the signals that the main thread
+            # handles, so the kernel hands those to the main thread, whose waits they interrupt
+            signal.pthread_sigmask(signal.SIG_BLOCK, _MAIN_THREAD_SIGNALS)
+        try:
+            _limits.reapply_if_forked()
+            self._loop_thread = threading.Thread(target=self._serve, name="aenv-http", daemon=True)
+            self._loop_thread.start()
+        finally:
+            if on_main:  # unblocked here even if our parent left them blocked
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, _MAIN_THREAD_SIGNALS)
         log.info(
             "runtime ready",
             extra={

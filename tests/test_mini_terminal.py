@@ -77,6 +77,9 @@ async def test_each_instance_has_its_own_working_directory() -> None:
             dir_a = (await a.check_health())["workdir"]
             dir_b = (await b.check_health())["workdir"]
             seen = await b.call_tool("execute_command", {"command": "ls"})
+        for runtime in (one, two):
+            runtime.stop()  # SIGTERM, as an engine stops an instance
+            assert runtime.unstopped is None, f"SIGTERM did not end it:\n{runtime.unstopped}"
     assert dir_a != dir_b
     assert "private.txt" not in seen.structured["output"]
     # a working directory the instance made for itself goes away with the instance

@@ -56,6 +56,9 @@ class RuntimeProcess:
         self.env = env
         self.python = python
         self.extra_args = list(extra_args or [])
+        self.unstopped: str | None = None
+        """What :meth:`stop` saw of a runtime that SIGTERM did not end (its signal masks and
+        the end of its log) before it sent SIGKILL; None otherwise."""
         self.process: subprocess.Popen[bytes] | None = None
         self.stderr_path: Path | None = None
 
@@ -147,6 +150,7 @@ class RuntimeProcess:
             try:
                 process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
+                self.unstopped = _signal_state(process.pid) + self.log_tail(40)
                 process.kill()
                 process.wait()
         self._remove_log()
@@ -170,3 +174,18 @@ class RuntimeProcess:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _signal_state(pid: int) -> str:
+    """A process's signal lines of /proc/PID/status (blocked, ignored, caught), and its
+    threads' states."""
+    lines = []
+    with contextlib.suppress(OSError):
+        status = Path(f"/proc/{pid}/status").read_text()
+        lines = [line for line in status.splitlines() if line.startswith(("Sig", "Shd", "State"))]
+    with contextlib.suppress(OSError):
+        for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
+            comm = (task / "comm").read_text().strip()
+            wchan = (task / "wchan").read_text().strip()
+            lines.append(f"thread {task.name} {comm}: {wchan}")
+    return "\n".join(lines) + "\n"
