@@ -5,6 +5,9 @@ a **loop thread** runs uvicorn with our raw ASGI app and async environment code;
 **watchdog** (:mod:`sandbox_runtime._watchdog`) ends async calls that block the loop past their
 deadline and watches the instance's limits (:mod:`sandbox_runtime._limits`). Uvicorn's 10 Hz
 housekeeping tick is replaced by a wait on a shutdown event, so an idle runtime uses no CPU.
+The signals the main thread handles (SIGTERM and SIGINT stop the runtime, SIGALRM ends a sync
+call past its deadline) are blocked in the runtime's other threads, so they reach the main
+thread, and :func:`end_process` ends a stopped runtime even if the environment left threads.
 
 When the runtime cannot serve any more (an async call blocks the loop and ignores its
 interruption, the HTTP server failed), it calls :attr:`RuntimeServer.on_broken` with a sentence
