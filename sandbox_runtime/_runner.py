@@ -36,11 +36,12 @@ __all__ = [
 
 log = logging.getLogger("sandbox_runtime.runner")
 
-_IDLE_WAKE = 1.0
+_IDLE_WAKE = 5.0
 """Seconds an idle runner waits for a job before it looks again. Python runs signal handlers on
 the main thread only, and only when it runs Python: a SIGTERM the kernel hands to another
-thread while this one waits would otherwise wait for the next job (the process-wide mask makes
-the main thread the usual receiver, this makes it the sure one)."""
+thread while this one waits would otherwise wait for the next job. The runtime's threads block
+those signals, so this is the fallback for a thread that does not (one the environment started);
+a wake every 5 s keeps an idle instance's CPU at nothing measurable."""
 
 REARM_SECONDS = 0.2
 
