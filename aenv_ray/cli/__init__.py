@@ -36,7 +36,13 @@ import typer
 
 from aenv_ray import __version__
 from aenv_ray.cli import _build, _hub, _instance, _project, _rollout, _serve, _service, _tau2
-from aenv_ray.cli._common import EXIT_FAILURE, EXIT_USAGE, aenvironment_conflict, error_line
+from aenv_ray.cli._common import (
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    aenvironment_conflict,
+    error_line,
+    json_format,
+)
 from aenv_ray.errors import AEnvError, ConfigurationError, EnvironmentNotFoundError
 
 __all__ = ["app", "main"]
@@ -79,8 +85,7 @@ def version_command(
     """Print aenv-ray's version (and Python's and the platform's)."""
     import platform
 
-    if output not in ("table", "json"):
-        raise typer.BadParameter(f"`{output}`: use table or json", param_hint="--format")
+    json_format(output)
     info = {
         "version": __version__,
         "package": "aenv-ray",

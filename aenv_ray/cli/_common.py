@@ -98,3 +98,10 @@ def one_directory(directory: Path, work_dir: Path | None) -> Path:
             param_hint="--work-dir",
         )
     return work_dir
+
+
+def json_format(output: str, as_json: bool = False) -> bool:
+    """``--format table|json`` (AEnvironment's spelling of ``--json``) -> print JSON?"""
+    if output not in ("table", "json"):
+        raise typer.BadParameter(f"`{output}`: use table or json", param_hint="--format")
+    return as_json or output == "json"

@@ -22,7 +22,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from aenv_ray.cli._common import EXIT_USAGE, die, one_directory
+from aenv_ray.cli._common import EXIT_USAGE, die, json_format, one_directory
 from aenv_ray.envref import LATEST, EnvRef
 from aenv_ray.errors import ConfigurationError, VersionConflictError
 
@@ -182,13 +182,6 @@ def pull(
     print(f"pulled {record['ref']} ({record['digest']}) into {target}")
 
 
-def _format(output: str, as_json: bool) -> bool:
-    """``--format table|json`` (AEnvironment's spelling of ``--json``) -> print JSON?"""
-    if output not in ("table", "json"):
-        raise typer.BadParameter(f"`{output}`: use table or json", param_hint="--format")
-    return as_json or output == "json"
-
-
 FormatOption = Annotated[
     str, typer.Option("--format", "-f", help="table or json (json: the same as --json)")
 ]
@@ -212,7 +205,7 @@ def list_envs(
     those on this machine (built-in and on AENV_ENV_PATH), broken projects included."""
     from aenv_ray.settings import get_settings
 
-    as_json = _format(output, as_json)
+    as_json = json_format(output, as_json)
     tag = [*(tag or []), *[t.strip() for t in (tags or "").split(",") if t.strip()]]
     window = slice(offset, None if limit is None else offset + limit)
     if not get_settings().system_url:
@@ -314,7 +307,7 @@ def get(
     as_json: JsonOption = False,
 ) -> None:
     """Show a version (NAME@VERSION) or every version of a name (NAME)."""
-    as_json = _format(output, as_json)
+    as_json = json_format(output, as_json)
     wanted = _ref(ref)
     if version_option is not None:
         if wanted.version is not None and wanted.version != version_option:

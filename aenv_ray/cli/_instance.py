@@ -21,7 +21,7 @@ from typing import Annotated, Any
 
 import typer
 
-from aenv_ray.cli._common import EXIT_USAGE, die, pairs
+from aenv_ray.cli._common import EXIT_USAGE, die, json_format, pairs
 
 __all__ = ["app", "instances", "pairs"]
 
@@ -276,8 +276,7 @@ def instances(
     ] = None,
 ) -> None:
     """AEnvironment's `aenv instances`: the running instances (`aenv instance list`)."""
-    if output not in ("table", "json"):
-        raise typer.BadParameter(f"`{output}`: use table or json", param_hint="--format")
+    json_format(output)
     if version is not None and name is None:
         raise typer.BadParameter("--version needs --name", param_hint="--version")
     if system_url is not None:
