@@ -5,14 +5,16 @@ environment (:func:`register_tool`, :func:`register_function`, :func:`register_r
 :func:`register_health`), the error tree (:mod:`aenv_ray.errors`), the engine contract
 (:class:`SandboxEngine`), ``config.json`` and wire models, environment references
 (:mod:`aenv_ray.envref`), the bundle format (:mod:`aenv_ray.bundle`), the preview an
-environment names for browsers (:mod:`aenv_ray.preview`), settings, structured logging, the
+environment names for browsers (:mod:`aenv_ray.preview`), the allow-list of a tenant's pod
+template (:mod:`aenv_ray.pod_template`), settings, structured logging, the
 EnvHub client (:mod:`aenv_ray.hub`) and the ``aenv`` CLI.
 
 May import: pydantic, pydantic-settings, aiohttp, orjson, the mcp/fastmcp clients, packaging
 (requirement specifiers in a bundle's lock), typer and rich (CLI only); lazily, inside functions:
 ``local_backend`` and ``k8s_backend`` (the engines, made by name in
 :func:`aenv_ray.engine.new_engine`, the one place that imports an engine), ``builtin_envs``
-(finding built-ins by name) and platformdirs (where the settings file lives).
+(finding built-ins by name), platformdirs (where the settings file lives) and yaml (a pod
+template's text, :mod:`aenv_ray.pod_template`).
 Must not import at import time: ray, kubernetes, gymnasium, the runtime, ``local_backend``,
 ``k8s_backend``.
 
@@ -67,6 +69,7 @@ from aenv_ray.errors import (
     LeaseLostError,
     NotSupportedError,
     PermissionDeniedError,
+    PodTemplateRefusedError,
     ProtocolError,
     QuotaExceededError,
     RegistryError,
@@ -134,6 +137,7 @@ __all__ = [
     "LeaseLostError",
     "NotSupportedError",
     "PermissionDeniedError",
+    "PodTemplateRefusedError",
     "ProtocolError",
     "QuotaExceededError",
     "RegistryError",

@@ -35,7 +35,8 @@ The tree, by what the caller should do::
     │   └── ServiceNotFoundError (LookupError)   no service with that id (for your key)
     ├── AuthenticationError                      no API key, or a wrong or revoked one (HTTP 401)
     ├── PermissionDeniedError                    the key may not do that (HTTP 403)
-    │   └── QuotaExceededError                   over a hub's quota or cap; free some, ask less
+    │   ├── QuotaExceededError                   over a hub's quota or cap; free some, ask less
+    │   └── PodTemplateRefusedError              a pod template sets a field tenants may not set
     ├── HubUnreachableError                      nothing answers at AENV_SYSTEM_URL; retryable
     ├── StoreError                               the hub's store failed (SQLite file, Redis)
     ├── ClusterError                             the Kubernetes API refused a request
@@ -110,6 +111,7 @@ __all__ = [
     "LeaseLostError",
     "NotSupportedError",
     "PermissionDeniedError",
+    "PodTemplateRefusedError",
     "ProtocolError",
     "QuotaExceededError",
     "RegistryError",
@@ -449,6 +451,23 @@ class QuotaExceededError(PermissionDeniedError):
         self.limit = limit
         self.requested = requested
         self.allowed = allowed
+
+
+class PodTemplateRefusedError(PermissionDeniedError):
+    """A pod template (``deployConfig.customPodTemplate``) sets a field that is not on the
+    allow-list of what a tenant may set, or a value outside that field's bounds
+    (:mod:`aenv_ray.pod_template`). ``field`` is the field's full path as written
+    (``customPodTemplate.spec.containers[sidecar].securityContext.seLinuxOptions``), ``allow``
+    the allow-list entry an operator would add to let it through (``aenv serve
+    --pod-template-allow``, ``pod_template_allow`` in ``--limits``, or
+    ``KubernetesEngine(pod_template_allow=...)``). No pod was created."""
+
+    def __init__(
+        self, message: str = "", *, field: str | None = None, allow: str | None = None, **kw: Any
+    ) -> None:
+        super().__init__(message, **kw)
+        self.field = field
+        self.allow = allow
 
 
 class HubUnreachableError(AEnvError):

@@ -1,22 +1,29 @@
 """What a hub lets each tenant use: quotas (totals a tenant holds) and caps (what one instance
 or one request may ask), set by the operator (``aenv serve --limits FILE``, ``--allow-network``).
 
-==================  ==========  =================================================================
-limit               default     what
-==================  ==========  =================================================================
-``instances``       32          live instances (not service replicas) a tenant holds at once
-``services``        8           services a tenant holds
-``replicas``        16          replicas over all of a tenant's services
-``bundle_bytes``    1G          bytes of the bundles a tenant's live versions store
-``memory``          4G          ``deployConfig.memory`` of one instance
-``cpu``             4           ``deployConfig.cpu`` of one instance (cores)
-``pids``            1024        ``deployConfig.pids`` of one instance
-``ttl``             24h         a create's or renew's ``ttl``; a longer ``deployConfig.ttl`` is
-                                clamped to it
-``per_request``     16          instances one request starts: a fork's ``n``, a service's
-                                replicas on create, the replicas an update adds
-``network``         false       may an instance have the network (``deployConfig.network``)
-==================  ==========  =================================================================
+======================  ========  =================================================================
+limit                   default   what
+======================  ========  =================================================================
+``instances``           32        live instances (not service replicas) a tenant holds at once
+``services``            8         services a tenant holds
+``replicas``            16        replicas over all of a tenant's services
+``bundle_bytes``        1G        bytes of the bundles a tenant's live versions store
+``memory``              4G        ``deployConfig.memory`` of one instance
+``cpu``                 4         ``deployConfig.cpu`` of one instance (cores)
+``pids``                1024      ``deployConfig.pids`` of one instance
+``ttl``                 24h       a create's or renew's ``ttl``; a longer ``deployConfig.ttl`` is
+                                  clamped to it
+``per_request``         16        instances one request starts: a fork's ``n``, a service's
+                                  replicas on create, the replicas an update adds
+``network``             false     may an instance have the network (``deployConfig.network``)
+``pod_template_allow``  []        fields of ``deployConfig.customPodTemplate`` allowed beyond the
+                                  allow-list of :mod:`aenv_ray.pod_template` (paths such as
+                                  ``"spec.tolerations"``); ``aenv serve --pod-template-allow`` adds
+                                  to every tenant's
+======================  ========  =================================================================
+
+A pod template's own containers are also held to ``cpu`` and ``memory``: each amount, and their
+sum (the runtime container's are ``deployConfig``'s, checked above).
 
 The file is JSON: ``{"default": {...}, "tenants": {"NAME": {...}}}``; both parts optional, every
 field optional; a tenant's entry overrides the defaults field by field. Sizes are ``"512M"``,
@@ -45,6 +52,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from aenv_ray.config import DeployConfig, parse_cpu, parse_duration, parse_memory
 from aenv_ray.engine import instance_ttl as engine_ttl
 from aenv_ray.errors import ConfigurationError, PermissionDeniedError, QuotaExceededError
+from aenv_ray.pod_template import PodTemplatePolicy, check_deploy_template
 
 __all__ = [
     "Limits",
@@ -75,6 +83,12 @@ class TenantLimits:
     ttl: float = 24 * 3600.0
     per_request: int = 16
     network: bool = False
+    pod_template_allow: frozenset[str] = frozenset()
+
+    def pod_policy(self) -> PodTemplatePolicy:
+        """What this tenant's pod templates may set: the allow-list, widened by
+        ``pod_template_allow``, its containers' amounts within ``cpu`` and ``memory``."""
+        return PodTemplatePolicy(allow=self.pod_template_allow, cpu=self.cpu, memory=self.memory)
 
 
 class _Entry(BaseModel):
@@ -92,6 +106,20 @@ class _Entry(BaseModel):
     ttl: float | None = None
     per_request: int | None = None
     network: bool | None = None
+    pod_template_allow: frozenset[str] | None = None
+
+    @field_validator("pod_template_allow", mode="before")
+    @classmethod
+    def _paths(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError('must be a list of field paths such as ["spec.tolerations"]')
+        try:
+            PodTemplatePolicy(allow=frozenset(value))
+        except ConfigurationError as exc:
+            raise ValueError(str(exc)) from None
+        return frozenset(value)
 
     @field_validator("bundle_bytes", "memory", mode="before")
     @classmethod
@@ -143,11 +171,30 @@ class Limits:
         """``tenant``'s limits: its own entry, else the defaults."""
         return self.tenants.get(tenant, self.default)
 
+    def engine_pod_policy(self) -> PodTemplatePolicy:
+        """The hub's engine's own pod-template policy: what any tenant may set (the union of
+        every tenant's, the largest caps). The hub checks each tenant's exactly before the
+        engine sees a definition; the engine's check is the backstop."""
+        every = [self.default, *self.tenants.values()]
+        return PodTemplatePolicy(
+            allow=frozenset().union(*(t.pod_template_allow for t in every)),
+            cpu=max(t.cpu for t in every),
+            memory=max(t.memory for t in every),
+        )
+
     @classmethod
-    def parse(cls, data: Any, *, allow_network: bool = False, source: str = "limits") -> Limits:
+    def parse(
+        cls,
+        data: Any,
+        *,
+        allow_network: bool = False,
+        pod_template_allow: frozenset[str] = frozenset(),
+        source: str = "limits",
+    ) -> Limits:
         """Limits from the file's JSON ``data``; ``allow_network`` makes ``network`` true by
-        default (a tenant's entry may still say false). :class:`ConfigurationError` names the
-        field and what is wrong with it."""
+        default (a tenant's entry may still say false); ``pod_template_allow`` is added to
+        every tenant's. :class:`ConfigurationError` names the field and what is wrong with
+        it."""
         try:
             parsed = _File.model_validate(data)
         except ValidationError as exc:
@@ -155,22 +202,38 @@ class Limits:
                 f"`{'.'.join(str(p) for p in e['loc'])}`: {e['msg']}" for e in exc.errors()
             )
             raise ConfigurationError(f"{source} is invalid: {problems}") from None
+        try:
+            PodTemplatePolicy(allow=pod_template_allow)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"--pod-template-allow: {exc}") from None
         base = TenantLimits(network=allow_network)
         default = replace(base, **_given(parsed.default))
         tenants = {
             name: replace(default, **_given(entry)) for name, entry in parsed.tenants.items()
         }
+        if pod_template_allow:
+            default = _widen(default, pod_template_allow)
+            tenants = {name: _widen(t, pod_template_allow) for name, t in tenants.items()}
         return cls(default=default, tenants=tenants)
+
+
+def _widen(limits: TenantLimits, allow: frozenset[str]) -> TenantLimits:
+    return replace(limits, pod_template_allow=limits.pod_template_allow | allow)
 
 
 def _given(entry: _Entry) -> dict[str, Any]:
     return {k: v for k, v in entry.model_dump().items() if v is not None}
 
 
-def load_limits(path: Path | None, *, allow_network: bool = False) -> Limits:
+def load_limits(
+    path: Path | None,
+    *,
+    allow_network: bool = False,
+    pod_template_allow: frozenset[str] = frozenset(),
+) -> Limits:
     """The limits in the JSON file at ``path`` (``None``: the defaults)."""
     if path is None:
-        return Limits.parse({}, allow_network=allow_network)
+        return Limits.parse({}, allow_network=allow_network, pod_template_allow=pod_template_allow)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -179,7 +242,12 @@ def load_limits(path: Path | None, *, allow_network: bool = False) -> Limits:
         ) from exc
     except ValueError as exc:
         raise ConfigurationError(f"the limits file {path} is not JSON: {exc} (--limits)") from exc
-    return Limits.parse(data, allow_network=allow_network, source=f"the limits file {path}")
+    return Limits.parse(
+        data,
+        allow_network=allow_network,
+        pod_template_allow=pod_template_allow,
+        source=f"the limits file {path}",
+    )
 
 
 def show(value: float, limit: str) -> str:
@@ -211,7 +279,9 @@ def over(
 
 
 def check_deploy(limits: TenantLimits, tenant: str, ref: str, deploy: DeployConfig) -> None:
-    """Refuse ``ref`` when its ``deployConfig`` asks more than ``limits`` allow one instance."""
+    """Refuse ``ref`` when its ``deployConfig`` asks more than ``limits`` allow one instance,
+    or its ``customPodTemplate`` sets what the tenant's pod-template policy does not allow
+    (:class:`~aenv_ray.errors.PodTemplateRefusedError`)."""
     todo = "ask for less in deployConfig and push a new version, or ask the hub's operator"
     asked = {
         "memory": parse_memory(deploy.memory),
@@ -230,6 +300,7 @@ def check_deploy(limits: TenantLimits, tenant: str, ref: str, deploy: DeployConf
             "operator (aenv serve --allow-network, or `network` in --limits)",
             env_name=ref,
         )
+    check_deploy_template(deploy, limits.pod_policy(), ref=ref)
 
 
 def instance_ttl(

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from aenv_ray.config import EnvConfig
 from aenv_ray.envref import EnvRef, did_you_mean, version_key
 from aenv_ray.errors import (
     ConfigurationError,
@@ -34,6 +35,7 @@ from aenv_ray.errors import (
     PermissionDeniedError,
     VersionConflictError,
 )
+from aenv_ray.pod_template import check_deploy_template
 from aenv_ray.resolve import available_environments
 from envhub.keys import Caller
 from envhub.limits import Limits, over
@@ -119,6 +121,7 @@ class VersionRegistry:
         from aenv_ray.bundle import inspect_bundle
 
         info = inspect_bundle(data, max_size=self.max_bundle, expected_digest=expected_digest)
+        self.check_template(caller, info.config)
         # one push of a tenant at a time on this hub: its quota is checked against the others;
         # a push over the quota claims no name
         async with self._locks.setdefault(caller.tenant, asyncio.Lock()):
@@ -126,6 +129,14 @@ class VersionRegistry:
             await self._claim_name(caller, info.config.name)
             await self.check_new(info.config.ref, info.digest)
             return await self._store_version(caller, info, data, calls)
+
+    def check_template(self, caller: Caller, config: EnvConfig) -> None:
+        """Raise the :class:`~aenv_ray.errors.PodTemplateRefusedError` the definition's
+        ``deployConfig.customPodTemplate`` meets under the caller's pod-template policy
+        (:mod:`aenv_ray.pod_template`, widened by the operator), if any: refused at push, not
+        at the first create."""
+        policy = self.limits.for_tenant(caller.tenant).pod_policy()
+        check_deploy_template(config.deploy_config, policy, ref=config.ref)
 
     async def check_new(self, ref: str, digest: str) -> None:
         """Raise the :class:`~aenv_ray.errors.VersionConflictError` a push of ``digest`` as

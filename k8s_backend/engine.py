@@ -30,7 +30,7 @@ import secrets
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -78,6 +78,7 @@ from k8s_backend.manifests import (
 from k8s_backend.reaper import LEASE_SECONDS, Housekeeper
 from k8s_backend.service_controller import KubernetesServices
 from k8s_backend.state import instance_id, last_words, pod_info, runtime_message, startup_failure
+from k8s_backend.templates import PodTemplatePolicy
 from k8s_backend.warm import claim_patch, claimed_by, is_claimable, pool_key
 
 __all__ = ["KubernetesEngine", "RateLimiter"]
@@ -141,6 +142,14 @@ class KubernetesEngine:
         network_policy: ensure the namespace's egress-denying NetworkPolicy exists.
         lease_seconds: how long the session's and the reaper's Leases hold unrenewed: a dead
             engine's pods are reclaimed about twice this after it died.
+        pod_template_allow: what ``deployConfig.customPodTemplate`` may set beyond the
+            allow-list (:mod:`aenv_ray.pod_template`): field paths such as
+            ``spec.tolerations`` or ``spec.containers[].securityContext.seLinuxOptions``. The
+            engine's owner is the operator: the default is the tenants' allow-list, because a
+            definition may come from a hub's catalog (someone else's); widen it only for
+            definitions you trust.
+        pod_template_policy: the whole policy instead (its caps on a template's own
+            containers' cpu and memory too); ``pod_template_allow`` widens it.
     """
 
     name = "kubernetes"
@@ -163,6 +172,8 @@ class KubernetesEngine:
         port: int = DEFAULT_FUNCTIONS_PORT,
         workers: int = 32,
         lease_seconds: int = LEASE_SECONDS,
+        pod_template_allow: Iterable[str] = (),
+        pod_template_policy: PodTemplatePolicy | None = None,
     ) -> None:
         if not (max_lifetime > 0 and math.isfinite(max_lifetime)):
             raise ConfigurationError("max_lifetime must be positive seconds")
@@ -176,6 +187,7 @@ class KubernetesEngine:
         self.limiter = limiter or RateLimiter()
         self.network_policy = network_policy
         self.port = port
+        self.pod_policy = (pod_template_policy or PodTemplatePolicy()).widened(pod_template_allow)
         self.closes_instances = session
         self.identity = uuid.uuid4().hex[:12]
         self.session = self.identity if session else None
@@ -209,6 +221,7 @@ class KubernetesEngine:
             env_path=self.env_path,
             prepare=self._ensure_policy,
             check_open=self._check_open,
+            pod_policy=self.pod_policy,
         )
 
     def __repr__(self) -> str:
@@ -329,6 +342,7 @@ class KubernetesEngine:
             if config.deploy_config.pod_template == "DualContainer"
             else ExecHelper(),
             runtime_env=runtime_env,
+            pod_policy=self.pod_policy,
         )
         return recipe, config
 

@@ -30,6 +30,7 @@ from aenv_ray.errors import ConfigurationError
 from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT, READY_PATH, TOKEN_ENV
 from k8s_backend.exec_helper import ExecHelper
 from k8s_backend.templates import (
+    PodTemplatePolicy,
     check_pod_template,
     merge_pod_template,
     render_pod_template,
@@ -202,6 +203,7 @@ class PodRecipe:
     warm: bool = False  # a warm pool's pod (``pool`` names it), free until claimed
     exec_helper: ExecHelper = field(default_factory=ExecHelper)  # DualContainer: where it is
     runtime_env: Sequence[Mapping[str, Any]] = ()  # the delivery's variables (EnvVar objects)
+    pod_policy: PodTemplatePolicy = field(default_factory=PodTemplatePolicy)  # the template's
 
 
 def _labels(recipe: PodRecipe, ref: EnvRef) -> dict[str, str]:
@@ -279,6 +281,7 @@ class _Runtime:
     restart_policy: str
     exec_helper: ExecHelper = field(default_factory=ExecHelper)
     shared_key: str = ""  # names the pod's shared directory on a host-process cluster
+    pod_policy: PodTemplatePolicy = field(default_factory=PodTemplatePolicy)
 
 
 def _shared_dir(runtime: _Runtime) -> str:
@@ -418,7 +421,7 @@ def _framed(
         "PORT": runtime.port,
     }
     template = render_pod_template(template_of(source), values)
-    check_pod_template(template)
+    check_pod_template(template, runtime.pod_policy)
     labels = (template["metadata"].get("labels") or {}).items()
     template["metadata"]["labels"] = {str(k): label_value(str(v)) for k, v in labels}
     return merge_pod_template(pod, template)
@@ -446,6 +449,7 @@ def instance_pod(recipe: PodRecipe) -> dict[str, Any]:
         restart_policy="Never",
         exec_helper=recipe.exec_helper,
         shared_key=recipe.instance_id,
+        pod_policy=recipe.pod_policy,
     )
     name = pod_name(ref.name, recipe.instance_id)
     pod: dict[str, Any] = {

@@ -58,6 +58,7 @@ from k8s_backend.services import (
     storage_claim_name,
 )
 from k8s_backend.state import startup_failure, timestamp
+from k8s_backend.templates import PodTemplatePolicy
 
 __all__ = ["KubernetesServices", "is_serving", "service_info", "service_problem"]
 
@@ -78,6 +79,7 @@ class KubernetesServices:
             sure the namespace's egress-denying NetworkPolicy exists.
         check_open: raises :class:`~aenv_ray.errors.ClosedError` once the engine is closed.
         targets_ttl: seconds a service's :meth:`targets` are reused (the proxy asks per call).
+        pod_policy: what the replicas' ``deployConfig.customPodTemplate`` may set.
     """
 
     def __init__(
@@ -90,6 +92,7 @@ class KubernetesServices:
         prepare: Callable[[], None] = lambda: None,
         check_open: Callable[[], None] = lambda: None,
         targets_ttl: float = 1.0,
+        pod_policy: PodTemplatePolicy | None = None,
     ) -> None:
         self._kube = kube
         self.namespace = kube.namespace
@@ -99,6 +102,7 @@ class KubernetesServices:
         self._prepare = prepare
         self._check_open = check_open
         self.targets_ttl = targets_ttl
+        self.pod_policy = pod_policy or PodTemplatePolicy()
         self._targets: dict[str, tuple[float, list[Route]]] = {}
 
     def __repr__(self) -> str:
@@ -142,6 +146,7 @@ class KubernetesServices:
             token=token,
             runtime_env=self.delivery.env(config),
             exec_helper=helper,
+            pod_policy=self.pod_policy,
         )
         return recipe, config
 

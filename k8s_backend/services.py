@@ -47,6 +47,7 @@ from k8s_backend.manifests import (
     _runtime_env,
     label_value,
 )
+from k8s_backend.templates import PodTemplatePolicy
 
 __all__ = [
     "ANNOTATION_SERVICE",
@@ -98,6 +99,7 @@ class ServiceRecipe:
     token: str | None = None  # every replica's runtime token (AENV_RUNTIME_TOKEN); None: none
     runtime_env: Sequence[Mapping[str, Any]] = ()  # the delivery's variables (EnvVar objects)
     exec_helper: ExecHelper = field(default_factory=ExecHelper)  # DualContainer: where it is
+    pod_policy: PodTemplatePolicy = field(default_factory=PodTemplatePolicy)  # the template's
 
 
 def _dns_part(service_id: str, room: int) -> str:
@@ -199,6 +201,7 @@ def _pod_template(recipe: ServiceRecipe) -> dict[str, Any]:
         storage_claim=storage_claim_name(recipe.service_id) if recipe.storage else None,
         restart_policy="Always",
         exec_helper=recipe.exec_helper,
+        pod_policy=recipe.pod_policy,
     )
     labels = {
         LABEL_MANAGED: MANAGER,

@@ -199,11 +199,11 @@ RULES: dict[str, Rule] = {
     # "May import: pydantic, pydantic-settings, aiohttp, orjson, the mcp/fastmcp clients,
     # packaging (requirement specifiers in a bundle's lock), typer and rich (CLI only); lazily,
     # inside functions: ``local_backend`` and ``k8s_backend`` (new_engine) and ``builtin_envs``
-    # (finding built-ins by name). Must not import at import time: ray, kubernetes, gymnasium,
-    # the runtime."
+    # (finding built-ins by name), platformdirs and yaml (a pod template's text). Must not
+    # import at import time: ray, kubernetes, gymnasium, the runtime."
     "aenv_ray": Rule(
         may=frozenset({"pydantic", "pydantic_settings", "aiohttp", "orjson", "mcp", "packaging"}),
-        lazy=frozenset({"local_backend", "k8s_backend", "builtin_envs", "platformdirs"}),
+        lazy=frozenset({"local_backend", "k8s_backend", "builtin_envs", "platformdirs", "yaml"}),
         must_not=frozenset(
             {"ray", "kubernetes", "gymnasium", "sandbox_runtime", "local_backend", "k8s_backend"}
         ),

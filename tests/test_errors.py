@@ -50,6 +50,8 @@ SAMPLES: dict[str, object] = {
     "existing_digest": "sha256:" + "ab" * 32,
     "kind": errors.FunctionErrorKind.TIMEOUT,
     "code": "ENOENT",
+    "field": "customPodTemplate.spec.nodeName",
+    "allow": "spec.nodeName",
 }
 
 COPIERS: dict[str, Callable[[Any], Any]] = {

@@ -1,6 +1,7 @@
 """A user's own pod template (k8s_backend.templates, ``deployConfig.customPodTemplate``): the
-placeholders, the refusals of what would weaken a pod's isolation, the merge in which aenv-ray's
-parts win, a golden pod, and the real API server's word on the merged pod and Deployment.
+placeholders, the merge in which aenv-ray's parts win (even over fields an operator allowed), a
+golden pod, and the real API server's word on the merged pod and Deployment. The allow-list
+itself is tested in tests/test_pod_template_policy.py.
 
 Golden files live in tests/golden/k8s/; ``AENV_UPDATE_GOLDEN=1`` rewrites them (read the diff).
 """
@@ -24,7 +25,7 @@ from k8s_backend.manifests import PodRecipe, instance_pod
 from k8s_backend.services import ServiceRecipe, service_deployment
 from k8s_backend.templates import (
     PLACEHOLDERS,
-    check_pod_template,
+    PodTemplatePolicy,
     parse_pod_template,
     render_pod_template,
     template_of,
@@ -75,7 +76,7 @@ spec:
     - {name: CACHE_DIR, value: /cache}
     - {name: RETRIES, value: 3}
     - {name: POD_IP, value: spoofed}             # aenv-ray's wins
-    resources: {limits: {nvidia.com/gpu: 1, cpu: "64", memory: 1Ti}}
+    resources: {limits: {nvidia.com/gpu: 1, cpu: "3", memory: 3Gi}}
     volumeMounts: [{name: cache, mountPath: /cache}]
     securityContext: {readOnlyRootFilesystem: false}
   - name: log-shipper
@@ -91,6 +92,22 @@ spec:
       sources:
       - downwardAPI: {items: [{path: labels, fieldRef: {fieldPath: metadata.labels}}]}
 """
+# what the frame above sets beyond the tenants' allow-list: an operator's widening (aenv-ray's
+# own labels, annotation, restart policy and read-only root still win over it)
+WIDENED = PodTemplatePolicy(
+    allow=frozenset(
+        {
+            "metadata.labels[app.kubernetes.io/managed-by]",
+            "metadata.annotations[aenv-ray.io/expires-at]",
+            "spec.runtimeClassName",
+            "spec.priorityClassName",
+            "spec.restartPolicy",
+            "spec.containers[].securityContext.readOnlyRootFilesystem",
+            "spec.containers[].resources.limits[nvidia.com/gpu]",
+            "spec.volumes[].projected",
+        }
+    )
+)
 RECIPE = PodRecipe(
     instance_id="9c1e07b34f2a",
     env_ref="swe-task@2.1.0",
@@ -99,6 +116,7 @@ RECIPE = PodRecipe(
     expires_at=1_700_000_600.5,
     deploy=DeployConfig(cpu="2", memory="4G", custom_pod_template=TEMPLATE),
     owner="alice@example.org",
+    pod_policy=WIDENED,
 )
 
 
@@ -296,118 +314,6 @@ def test_malformed_templates(source: str, fragment: str) -> None:
     assert fragment in str(info.value)
 
 
-REFUSED = [
-    ("spec: {hostNetwork: true}", "spec.hostNetwork: true"),
-    ("spec: {hostPID: true}", "spec.hostPID: true"),
-    ("spec: {hostIPC: true}", "spec.hostIPC: true"),
-    ("spec: {automountServiceAccountToken: true}", "spec.automountServiceAccountToken: true"),
-    ("spec: {activeDeadlineSeconds: 60}", "spec.activeDeadlineSeconds"),
-    ("spec: {ephemeralContainers: []}", "spec.ephemeralContainers"),
-    ("spec: {securityContext: {runAsUser: 0}}", "spec.securityContext.runAsUser: 0"),
-    ("spec: {securityContext: {runAsNonRoot: false}}", "spec.securityContext.runAsNonRoot"),
-    (
-        "spec: {securityContext: {seccompProfile: {type: Unconfined}}}",
-        "spec.securityContext.seccompProfile: Unconfined",
-    ),
-    (
-        "spec: {securityContext: {sysctls: [{name: net.core.somaxconn, value: '1024'}]}}",
-        "spec.securityContext.sysctls",
-    ),
-    (
-        "spec: {volumes: [{name: root, hostPath: {path: /}}]}",
-        "spec.volumes[root].hostPath",
-    ),
-    (
-        "spec: {volumes: [{name: keys, secret: {secretName: hub-admin}}]}",
-        "spec.volumes[keys].secret",
-    ),
-    (
-        "spec: {volumes: [{name: data, persistentVolumeClaim: {claimName: other-tenant}}]}",
-        "spec.volumes[data].persistentVolumeClaim",
-    ),
-    (
-        "spec: {volumes: [{name: t, projected: {sources: [{serviceAccountToken: {path: t}}]}}]}",
-        "spec.volumes[t].projected.sources.serviceAccountToken",
-    ),
-    (
-        "spec: {containers: [{name: s, securityContext: {privileged: true}}]}",
-        "spec.containers[s].securityContext.privileged: true",
-    ),
-    (
-        "spec: {containers: [{name: runtime, securityContext: {allowPrivilegeEscalation: true}}]}",
-        "spec.containers[runtime].securityContext.allowPrivilegeEscalation: true",
-    ),
-    (
-        "spec: {initContainers: [{name: i, securityContext: {capabilities: {add: [NET_ADMIN]}}}]}",
-        "spec.initContainers[i].securityContext.capabilities.add",
-    ),
-    (
-        "spec: {containers: [{name: s, securityContext: {runAsUser: 0}}]}",
-        "spec.containers[s].securityContext.runAsUser: 0",
-    ),
-    (
-        "spec: {containers: [{name: s, securityContext: {procMount: Unmasked}}]}",
-        "spec.containers[s].securityContext.procMount",
-    ),
-    (
-        "spec: {containers: [{name: s, ports: [{containerPort: 80, hostPort: 80}]}]}",
-        "spec.containers[s].ports.hostPort",
-    ),
-    (
-        "spec: {containers: [{name: s, env: [{name: K, valueFrom: {secretKeyRef: "
-        "{name: hub, key: token}}}]}]}",
-        "spec.containers[s].env[K].valueFrom.secretKeyRef",
-    ),
-    (
-        "spec: {containers: [{name: s, envFrom: [{secretRef: {name: hub}}]}]}",
-        "spec.containers[s].envFrom.secretRef",
-    ),
-    (
-        "spec: {containers: [{name: s, securityContext: {windowsOptions: {hostProcess: true}}}]}",
-        "spec.containers[s].securityContext.windowsOptions.hostProcess",
-    ),
-]
-
-
-@pytest.mark.parametrize(("source", "field"), REFUSED)
-def test_templates_that_weaken_isolation_are_refused(source: str, field: str) -> None:
-    with pytest.raises(ConfigurationError) as info:
-        check_pod_template(parse_pod_template(source))
-    assert f"`{field}" in str(info.value)
-    assert "customPodTemplate" in str(info.value)  # where to fix it
-    with pytest.raises(ConfigurationError, match="weaken"):  # the builders refuse it too
-        instance_pod(_with(source))
-
-
-def test_allowed_volumes_and_settings_pass_the_check() -> None:
-    check_pod_template(
-        parse_pod_template(
-            """
-            spec:
-              hostNetwork: false
-              automountServiceAccountToken: false
-              securityContext: {runAsUser: 1000, seccompProfile: {type: Localhost,
-                localhostProfile: profiles/strict.json}}
-              volumes:
-              - {name: a, emptyDir: {}}
-              - {name: b, configMap: {name: settings}}
-              - {name: c, downwardAPI: {items: []}}
-              - {name: d, projected: {sources: [{configMap: {name: x}}]}}
-              - {name: e, ephemeral: {volumeClaimTemplate: {spec: {accessModes: [ReadWriteOnce],
-                  resources: {requests: {storage: 1Gi}}}}}}
-              containers:
-              - name: s
-                securityContext: {privileged: false, capabilities: {drop: [ALL]}}
-                env: [{name: C, valueFrom: {configMapKeyRef: {name: settings, key: c}}}]
-            """
-        )
-    )
-    pod = instance_pod(
-        _with("spec: {securityContext: {seccompProfile: {type: Localhost, localhostProfile: p}}}")
-    )
-    assert pod["spec"]["securityContext"]["seccompProfile"]["type"] == "Localhost"
-
-
 @pytest.mark.parametrize(
     ("source", "fragment"),
     [
@@ -476,6 +382,7 @@ def test_a_services_replicas_use_the_template_too() -> None:
         image="registry.local/aenv/swe-task:2.1.0",
         command=["python", "-m", "sandbox_runtime", "/env"],
         deploy=DeployConfig(custom_pod_template=TEMPLATE),
+        pod_policy=WIDENED,
     )
     template = service_deployment(recipe)["spec"]["template"]
     assert "name" not in template["metadata"]  # the Deployment names its pods
@@ -532,6 +439,7 @@ def test_the_api_server_accepts_templated_objects(namespace: tuple[Any, str]) ->
         command=["python", "-m", "sandbox_runtime", "/env"],
         deploy=DeployConfig(custom_pod_template=TEMPLATE),
         storage=True,
+        pod_policy=WIDENED,
     )
     made = client.AppsV1Api(api).create_namespaced_deployment(
         name, service_deployment(recipe), dry_run="All"

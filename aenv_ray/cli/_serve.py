@@ -98,6 +98,17 @@ def serve(
             "refused; per tenant: `network` in --limits)",
         ),
     ] = False,
+    pod_template_allow: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--pod-template-allow",
+            metavar="PATH",
+            help="let every tenant's deployConfig.customPodTemplate set this field beyond the "
+            "allow-list, e.g. spec.tolerations or spec.containers[].securityContext."
+            "seLinuxOptions (repeat for more; per tenant: `pod_template_allow` in --limits; "
+            "docs/kubernetes.md)",
+        ),
+    ] = None,
     warm: Annotated[
         list[str] | None,
         typer.Option(
@@ -115,13 +126,17 @@ def serve(
     from envhub.server import serve as run_hub
     from envhub.store import default_store_url
 
-    tenant_limits = load_limits(limits, allow_network=allow_network)
+    tenant_limits = load_limits(
+        limits,
+        allow_network=allow_network,
+        pod_template_allow=frozenset(pod_template_allow or ()),
+    )
     check_exposure(host, auth, tenant_limits)
     configure_logging(log_level.upper())
     root = _data_dir(data_dir)
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     warm_pools = _warm_pools(warm or [], engine)
-    sandbox = _engine(engine, root)
+    sandbox = _engine(engine, root, tenant_limits)
     options = HubOptions(
         auth=auth,
         data_dir=root,
@@ -176,10 +191,11 @@ def _warm_pools(given: list[str], engine: str) -> dict[str, int]:
     return pools
 
 
-def _engine(kind: str, root: Path) -> Any:
+def _engine(kind: str, root: Path, limits: Any) -> Any:
     """The hub's sandbox engine: ``daemon``, the local engine in its daemon under ``root/engine``
     (instances outlive a hub restart); ``inprocess``, a local engine in this process;
-    ``kubernetes``, pods (outliving the hub; the reaper ends expired ones)."""
+    ``kubernetes``, pods (outliving the hub; the reaper ends expired ones), their templates
+    checked against what any tenant of ``limits`` may set (the hub checks each tenant's own)."""
     if kind in ("daemon", "local"):  # `local`: the old name, kept for scripts
         from local_backend.client import DaemonEngine
 
@@ -191,7 +207,10 @@ def _engine(kind: str, root: Path) -> Any:
     if kind == "kubernetes":
         from aenv_ray.engine import new_engine
 
-        return new_engine("kubernetes", session=False)  # pods outlive the hub, found by id
+        # pods outlive the hub, found by id
+        return new_engine(
+            "kubernetes", session=False, pod_template_policy=limits.engine_pod_policy()
+        )
     raise typer.BadParameter(
         f"`{kind}`: use daemon, inprocess or kubernetes", param_hint="--engine"
     )

@@ -79,6 +79,7 @@ async def publish(request: Request, who: Who, hub: HubDep) -> dict[str, Any]:
         data, max_size=hub.options.max_bundle, expected_digest=request.headers.get(DIGEST_HEADER)
     )
     await hub.registry.check_new(checked.config.ref, checked.digest)  # before a sandbox is spent
+    hub.registry.check_template(who, checked.config)
     # in a sandbox: never in the hub
     manifest = await hub.control.check_loads(data, checked.digest)
     calls = manifest.get("calls") if manifest is not None else None
