@@ -659,8 +659,9 @@ ALLOWED: _Obj = _Obj(
         "kind": _Enum(("Pod",)),
         "metadata": _Obj(
             {
-                "labels": _Map(_META_KEY, _LABEL_VALUE, 32),
-                "annotations": _Map(_META_KEY, _Str(r"[^\x00]*", 4096, "text"), 32),
+                # values as text (a YAML number too); label values are cleaned into valid ones
+                "labels": _Map(_META_KEY, _Literal(253), 32),
+                "annotations": _Map(_META_KEY, _Literal(4096), 32),
             }
         ),
         "spec": _Obj(

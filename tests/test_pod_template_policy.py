@@ -358,6 +358,8 @@ BOUNDS = [
     ),
     ("metadata: {labels: {'bad key!': x}}", "metadata.labels[bad key!]"),
     ("metadata: {annotations: {a: " + "x" * 4097 + "}}", "metadata.annotations[a]"),
+    ("metadata: {labels: {version: 2}, annotations: {retries: 3}}", None),
+    ("metadata: {labels: {a: [x]}}", "metadata.labels[a]"),
     ("spec: {volumes: [{name: v, emptyDir: {sizeLimit: 16Gi}}]}", None),
     (
         "spec: {volumes: [{name: v, emptyDir: {sizeLimit: 17Gi}}]}",
@@ -557,11 +559,12 @@ def test_a_limits_file_with_a_bad_allow_entry_is_refused_naming_it(value: str) -
 
 
 def test_values_are_checked_as_they_will_be_rendered() -> None:
-    """A placeholder's value lands where the check looks: a label key cannot be smuggled in
-    through ${ENV_NAME}, and an unknown placeholder is the render's error."""
-    template = parse_pod_template('metadata: {labels: {tier: "${ENV_NAME}"}}')
+    """A placeholder's value lands where the check looks (the engines check what they render),
+    and an unknown placeholder is the render's error."""
+    template = parse_pod_template('spec: {nodeSelector: {pool: "${ENV_NAME}"}}')
+    check_pod_template(render_pod_template(template, SAMPLE_VALUES))
     rendered = render_pod_template(template, {**SAMPLE_VALUES, "ENV_NAME": "a\nb"})
-    with pytest.raises(PodTemplateRefusedError, match=r"metadata\.labels\[tier\]"):
+    with pytest.raises(PodTemplateRefusedError, match=r"spec\.nodeSelector\[pool\]"):
         check_pod_template(rendered)
     with pytest.raises(ConfigurationError, match="unknown placeholders"):
         check_deploy_template(
