@@ -1,11 +1,13 @@
 """One SWE episode: a row's repository at its base commit, the agent's file and command tools,
-and SWE-bench's grading of what the agent left.
+and the grading of what the agent left: strict (the agent's source changes on a fresh
+checkout, in a judge's view) or as SWE-bench grades.
 
 :class:`Settings` come from ``SWE_*`` variables; :class:`Episode` sets the repository up (from a
 directory or a git bundle, fetching only the history of ``base_commit``: later commits, the fix
 among them, never reach the agent's repository), runs the tools in a :mod:`sandbox
-<builtin_envs.swe.sandbox>` that hides the dataset, and grades (:meth:`Episode.grade`): the test
-patch is applied only then, the tests run, and :mod:`~builtin_envs.swe.grading` reads the log.
+<builtin_envs.swe.sandbox>` that hides the dataset and aenv-ray's source, and grades
+(:meth:`Episode.grade`): the test patch is applied only then, the tests run, and
+:mod:`~builtin_envs.swe.grading` reads the log.
 
 May import: ``aenv_ray``'s public API.
 """

@@ -1,6 +1,8 @@
 """swe@1.0.0: a SWE-bench task per episode: its repository at the base commit, tools to view,
-search, create and edit files and to run commands; the reward applies the test patch, runs the
-tests and grades FAIL_TO_PASS / PASS_TO_PASS as SWE-bench does.
+search, create and edit files and to run commands; the reward runs the tests on a fresh
+checkout of the base commit with the agent's source changes only (strict grading, see
+``builtin_envs.swe.strict``), applies the test patch and grades FAIL_TO_PASS / PASS_TO_PASS as
+SWE-bench does.
 
 The task comes from the ``SWE_*`` variables at the first call or from ``swe_reset`` (another row
 on a warm instance). The agent's commands and file tools run in a view of the instance where the
