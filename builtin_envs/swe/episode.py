@@ -593,7 +593,8 @@ class Episode:
         marker = f"SWE-DIFF-{secrets.token_hex(8)}"
         second = (
             f'echo "{marker}"; git -c core.fileMode=false -c core.quotePath=false diff --cached '
-            '--no-renames --no-ext-diff --no-textconv --binary "$1"'
+            "--no-renames --no-ext-diff --no-textconv --no-color --no-relative --binary "
+            '--src-prefix=a/ --dst-prefix=b/ "$1"'
             if binary
             else ""
         )

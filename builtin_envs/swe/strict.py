@@ -19,7 +19,10 @@ out, each with a reason (:class:`LeftOut`). Left out:
 - ``test-settings``: ``pytest.ini``, ``.pytest.ini``, ``tox.ini``; ``setup.cfg`` and
   ``pyproject.toml`` when their test sections (``[tool:pytest]``, ``[pytest]``, ``[tox]``...,
   ``[tool.pytest]``, ``[tool.tox]``...) changed or cannot be read;
-- ``symlink``: a file the diff makes (or keeps) a symbolic link;
+- ``symlink``: a file the diff makes (or keeps) a symbolic link; ``submodule``: a nested
+  repository (a gitlink);
+- ``bytecode``: compiled Python (``.pyc``, ``.pyo``, anything in ``__pycache__``): an unchecked
+  hash-based ``.pyc`` runs whatever it holds, whatever its source says;
 - ``unparsable``: a part of the diff whose file cannot be told.
 
 May import: the standard library.
@@ -113,29 +116,48 @@ class FilePatch:
     path: str | None
     text: str
     symlink: bool
+    submodule: bool = False
+
+
+def _header_path(header: str) -> str | None:
+    rest = header[len("diff --git ") :]
+    if rest.startswith('"'):
+        first, _, second = rest.partition('" "')
+        if not second:
+            return None
+        a_side, b_side = _unquote(first + '"'), _unquote('"' + second)
+        if a_side.startswith("a/") and b_side.startswith("b/") and a_side[2:] == b_side[2:]:
+            return a_side[2:]
+        return None
+    # a/P b/P (no renames: both sides are the same path)
+    if rest.startswith("a/") and (len(rest) - 5) % 2 == 0:
+        n = (len(rest) - 5) // 2
+        first, second = rest[2 : 2 + n], rest[5 + n :]
+        if first == second and rest[2 + n : 5 + n] == " b/":
+            return first
+    return None
 
 
 def _path_of(header: str, lines: Sequence[str]) -> str | None:
+    """The one path a file's part of a diff names (its header and its ``---``/``+++`` lines
+    must agree), normalised; None when they disagree or the path leaves the repository."""
+    names: set[str | None] = {_header_path(header)}
     for line in lines:
-        for prefix in ("+++ b/", "--- a/"):
-            if line.startswith(prefix):
-                return _unquote(line[len(prefix) :].rstrip("\t"))
-        if line.startswith(("+++ ", "--- ")):
-            rest = line[4:]
-            if rest.startswith('"'):
-                unquoted = _unquote(rest)
-                if unquoted.startswith(("a/", "b/")):
-                    return unquoted[2:]
-    rest = header[len("diff --git ") :]
-    if rest.startswith('"'):
+        if line.startswith(("--- ", "+++ ")):
+            rest = _unquote(line[4:].rstrip("\t"))
+            if rest == "/dev/null":
+                continue
+            if not rest.startswith("a/" if line.startswith("-") else "b/"):
+                return None
+            names.add(rest[2:])
+    if len(names) != 1:
         return None
-    # a/P b/P (no renames: both sides are the same path)
-    if rest.startswith("a/") and (len(rest) - 3) % 2 == 0:
-        half = (len(rest) - 3) // 2
-        first, second = rest[2 : 2 + half], rest[half + 5 :]
-        if first == second and rest[2 + half : half + 5] == " b/":
-            return first
-    return None
+    path = names.pop()
+    if path is None or not path or path.startswith("/") or "\0" in path:
+        return None
+    if any(part in ("", ".", "..", ".git") for part in path.split("/")):
+        return None
+    return path
 
 
 def file_patches(patch: str) -> list[FilePatch]:
@@ -154,13 +176,18 @@ def file_patches(patch: str) -> list[FilePatch]:
             if line.startswith(("@@", "GIT binary patch")):
                 break
             meta.append(line)
-        symlink = any(
-            line.startswith(("new file mode ", "new mode ", "index ")) and "120000" in line
-            for line in meta
-        )
+        modes = set()
+        for line in meta:
+            words = line.split()
+            if line.startswith(("new file mode ", "new mode ")) or (
+                line.startswith("index ") and len(words) == 3
+            ):
+                modes.add(words[-1])
+        symlink = "120000" in modes
+        submodule = "160000" in modes
         renamed = any(line.startswith(("rename ", "copy ")) for line in meta)
         path = None if renamed else _path_of(header, meta)
-        parts.append(FilePatch(path, chunk, symlink))
+        parts.append(FilePatch(path, chunk, symlink, submodule))
     return parts
 
 
@@ -215,6 +242,8 @@ def _reason(
         return "conftest"
     if name in _STARTUP or name.endswith(".pth"):
         return "startup"
+    if "__pycache__" in parts[:-1] or name.endswith((".pyc", ".pyo")):
+        return "bytecode"
     if name in _SETTINGS:
         return "test-settings"
     if name in ("setup.cfg", "pyproject.toml") and settings_changed(path):
@@ -275,6 +304,9 @@ def split_patch(
             continue
         if part.symlink:
             left_out.append(LeftOut(part.path, "symlink"))
+            continue
+        if part.submodule:
+            left_out.append(LeftOut(part.path, "submodule"))
             continue
         reason = _reason(
             part.path,
