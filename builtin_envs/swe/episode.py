@@ -142,6 +142,16 @@ class Settings:
         return [here, os.path.join(here, "repos"), "/data"]
 
 
+_PENDING: list[threading.Thread] = []
+"""The background removals of judges' directories not yet joined."""
+
+
+def wait_for_discards() -> None:
+    """Wait until the judges' directories of earlier gradings are removed."""
+    while _PENDING:
+        _PENDING.pop().join()
+
+
 def code_paths(repo_dir: str) -> list[str]:
     """What hides aenv-ray's own source from the agent: the local engine's instances see the
     checkout the runtime imports its code from (the demo tasks' gold fixes are in its
@@ -404,6 +414,7 @@ class Episode:
     def _clear_workspace(self, repo: str) -> None:
         """Remove the previous episode's repository, and when the repository lies directly in
         the workspace, whatever else the agent left there (a ``.gitconfig`` included)."""
+        wait_for_discards()
         workspace = os.environ.get("AENV_WORKSPACE") or "/workspace"
         parent = os.path.dirname(os.path.normpath(repo))
         everything = os.path.normpath(parent) == os.path.normpath(workspace)
@@ -642,6 +653,7 @@ class Episode:
         environment. ``strict=False``: as SWE-bench grades, in the agent's repository as the
         agent left it."""
         with self.gate.judging(self.sandbox.stop_all):
+            wait_for_discards()
             if strict:
                 return self._grade_strict()
             return self._grade_in_place()
@@ -730,21 +742,26 @@ class Episode:
                     f"swe: cannot set the judge's checkout in place of {repo}: {apply_log}"
                 )
             else:
-                result = self._run_eval(Judge(home=home, hide=(aside,)))
+                under_tmp = any(os.path.realpath(path).startswith("/tmp/") for path in (repo, home))
+                if under_tmp:
+                    self._sh('mkdir -m 700 "$1"', os.path.join(home, "tmp"))
+                result = self._run_eval(Judge(home=home, hide=(aside,), fresh_tmp=not under_tmp))
         finally:
-            # the agent's repository back in place; the judge's checkout and home removed
+            # the agent's repository back in place (two renames); the judge's checkout and
+            # home removed after the reward has answered
+            trash = os.path.join(parent, f".swe-trash-{token}")
             restored = self._sh(
-                'if [ -d "$2" ]; then rm -rf "$1" && mv -T "$2" "$1"; fi; rm -rf "$3" "$4"',
+                'if [ -d "$2" ]; then mv -T "$1" "$3" && mv -T "$2" "$1"; fi',
                 repo,
                 aside,
-                home,
-                checkout,
+                trash,
             )
             if restored.returncode != 0:
                 log.error(
                     "swe: the agent's repository could not be put back",
                     extra={"output": restored.output[-500:]},
                 )
+            self._discard(trash, home, checkout)
         graded = self._report(result, patch, started, strict=True)
         graded["left_out"] = [item.to_json() for item in split.left_out]
         graded["graded_files"] = list(split.applied_files)
@@ -761,6 +778,19 @@ class Episode:
             )
         self.graded = graded
         return graded
+
+    def _discard(self, *paths: str) -> None:
+        """Remove the judge's directories: in the background here (the next reset or grading
+        waits for it), at once in the datasource container."""
+        script = 'rm -rf -- "$@"'
+        if self.settings.datasource:
+            self._sh(script, *paths)
+            return
+        thread = threading.Thread(
+            target=self._sh, args=(script, *paths), name="swe-discard", daemon=True
+        )
+        thread.start()
+        _PENDING.append(thread)
 
     def _read_trusted(self, path: str) -> str | None:
         if self.settings.datasource:

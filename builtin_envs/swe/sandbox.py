@@ -81,6 +81,9 @@ class Judge:
     home: str
     hide: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    fresh_tmp: bool = True
+    """A fresh ``/tmp`` (False where the repository or the home lies under ``/tmp``, which it
+    would hide: ``TMPDIR`` is then a fresh directory in the home)."""
 
 
 class Sandbox(Protocol):
@@ -222,7 +225,7 @@ class LocalSandbox:
             "swe-hide",
             str(len(hidden)),
             *hidden,
-            "fresh-tmp" if judge is not None else "same-tmp",
+            "fresh-tmp" if judge is not None and judge.fresh_tmp else "same-tmp",
         ]
 
     def check(self) -> None:
@@ -286,7 +289,8 @@ class LocalSandbox:
         output = _Capped(cap)
         env = _environment(self.env)
         if judge is not None:
-            env.update({"HOME": judge.home, "TMPDIR": "/tmp", **judge.env})
+            tmp = "/tmp" if judge.fresh_tmp else os.path.join(judge.home, "tmp")
+            env.update({"HOME": judge.home, "TMPDIR": tmp, **judge.env})
         process = subprocess.Popen(
             [*self._prefix(judge), *argv],
             cwd=cwd,
