@@ -43,7 +43,8 @@ GOOD_FILES = {
 
 @pytest.fixture(scope="module")
 def runtime() -> Iterator[RuntimeProcess]:
-    with RuntimeProcess(MINI_PROGRAM) as process:
+    # a page that hangs is given up on after 4 s here (20 s by default)
+    with RuntimeProcess(MINI_PROGRAM, env={"MINI_PROGRAM_RENDER_TIMEOUT": "4"}) as process:
         yield process
 
 
@@ -386,12 +387,16 @@ async def test_the_reward_counts_what_the_page_shows(runtime: RuntimeProcess) ->
         await env.call_function("reset_project", {"files": GOOD_FILES})
         full = await env.call_reward(
             {
-                # shown as text across elements, written by an inline script, by a loaded one
-                "expected_text": ["Today is  sunny", "rendered ${1 + 1} times", "Forecast: rain"],
+                # shown as text across elements, and what the page lays out after them
+                "expected_text": ["Today is  sunny", "one", "two"],
                 "expected_files": ["js/app.js", "data.json"],
             }
         )
         assert full["reward"] == 1.0, full
+        assert full["shown"] == "Weather Today is sunny one two"
+        # a script's text, a variable, the title: in the source, not shown
+        unseen = await env.call_reward({"expected_text": ["rendered", "Forecast: rain"]})
+        assert unseen["reward"] == 2 / 4, unseen
         partial = await env.call_reward(
             {"expected_text": ["Weather", "Snow"], "expected_files": ["missing.js"]}
         )
@@ -407,6 +412,66 @@ async def test_the_reward_counts_what_the_page_shows(runtime: RuntimeProcess) ->
         broken = await env.call_reward({"expected_text": ["Weather"]})
         assert broken["reward"] == 2 / 3
         assert broken["errors"] == ["js/app.js:1: `{` opened at line 1 is never closed"]
+
+
+HIDES = {
+    "a hidden <div>": '<div style="display:none">{}</div>',
+    "a <noscript>": "<noscript>{}</noscript>",
+    "a comment": "<!-- {} -->",
+    "an element the page's script removes": (
+        '<p id="gone">{}</p><script>document.getElementById("gone").remove()</script>'
+    ),
+    "a script's text": "<script>const answer = '{}';</script>",
+    "visibility hidden": '<p style="visibility:hidden">{}</p>',
+    "transparent": '<p style="opacity:0">{}</p>',
+    "off the page": '<p style="position:absolute;left:-10000px">{}</p>',
+    "white on white": '<p style="color:#fff;background:#fff">{}</p>',
+    "no size": '<p style="font-size:0">{}</p>',
+    "clipped away": (
+        '<p style="position:absolute;width:1px;height:1px;overflow:hidden;'
+        'clip:rect(0,0,0,0)">{}</p>'
+    ),
+    "covered by another element": (
+        '<div style="position:relative"><p>{}</p>'
+        '<div style="position:absolute;inset:0;background:#fff"></div></div>'
+    ),
+    "a template": "<template><p>{}</p></template>",
+    "an attribute": '<p title="{}">hello</p>',
+    "shown to a headless browser only": (
+        '<p id="w"></p><script>if (navigator.webdriver || /Headless/.test(navigator.userAgent))'
+        ' document.getElementById("w").textContent = "{}";</script>'
+    ),
+}
+
+
+async def test_text_the_page_does_not_show_is_not_shown(runtime: RuntimeProcess) -> None:
+    # every way to hide a text on one page, each with a text of its own
+    texts = {name: f"answer number {i} is here" for i, name in enumerate(HIDES)}
+    body = "<h1>Answers</h1>" + "".join(
+        hide.replace("{}", texts[name]) for name, hide in HIDES.items()
+    )
+    page = f"<!DOCTYPE html>\n<html><head><title>x</title></head><body>{body}</body></html>"
+    async with runtime.environment() as env:
+        await env.call_function("reset_project", {"files": {"index.html": page}})
+        forged = await env.call_reward({"expected_text": ["Answers", *texts.values()]})
+        for name, text in texts.items():
+            assert forged["checks"][f"shows {text!r}"] is False, (name, forged["shown"])
+        assert forged["checks"]["shows 'Answers'"] is True, forged
+        assert forged["reward"] == 3 / (3 + len(texts))  # the forged checks scored nothing
+        # the control: the same page with each text also shown
+        shown_body = body + "".join(f"<p>{text}</p>" for text in texts.values())
+        shown_page = page.replace(body, shown_body)
+        await env.call_function("reset_project", {"files": {"index.html": shown_page}})
+        shown = await env.call_reward({"expected_text": ["Answers", *texts.values()]})
+        assert shown["reward"] == 1.0, shown
+        # a page whose script never yields shows nothing, and the next page renders again
+        hang = "<!DOCTYPE html>\n<html><body><p>Answers</p><script>for(;;){}</script></body></html>"
+        await env.call_function("reset_project", {"files": {"index.html": hang}})
+        hung = await env.call_reward({"expected_text": ["Answers"]})
+        assert hung["checks"]["shows 'Answers'"] is False
+        assert "did not finish loading" in hung["render_error"]
+        await env.call_function("reset_project", {"files": {"index.html": shown_page}})
+        assert (await env.call_reward({"expected_text": ["Answers"]}))["reward"] == 1.0
 
 
 async def test_every_demo_task_reaches_reward_one(runtime: RuntimeProcess) -> None:

@@ -164,7 +164,7 @@ async def test_the_demo_gold_patch_resolves_and_an_empty_patch_does_not(
     assert task["repo_dir"] == "/workspace/testbed"
     assert "patch" not in task
     assert "test_patch" not in task
-    empty = await env.call_reward({})
+    empty = await env.call_reward({"strict": False})
     assert empty["reward"] == 0.0
     assert empty["resolution"] == "RESOLVED_NO"
     assert empty["gradable"] is True  # the tests ran; the F2P test failed
@@ -176,7 +176,12 @@ async def test_the_demo_gold_patch_resolves_and_an_empty_patch_does_not(
     await env.call_function("swe_reset", {"instance_id": instance_id})
     answer = await demo.policy(next(t for t in demo.TASKS if t["id"] == instance_id), env)
     assert answer is not None
-    gold = await env.call_reward({})
+    strict = await env.call_reward({})  # the judge's checkout, the source change alone
+    assert strict["reward"] == 1.0, strict["test_log"]
+    assert strict["strict"] is True
+    assert strict["left_out"] == []
+    assert strict["model_patch"].strip() == row["patch"].strip()
+    gold = await env.call_reward({"strict": False})  # as SWE-bench grades
     assert gold["reward"] == 1.0, gold["test_log"]
     assert gold["resolved"] is True
     assert gold["resolution"] == "RESOLVED_FULL"
@@ -194,7 +199,7 @@ async def test_a_local_repository_gold_resolves_empty_and_breaking_do_not(
 
     await _reset_shapes(env)
     await _apply(env, row["patch"])
-    gold = await env.call_reward({})
+    gold = await env.call_reward({"strict": False})
     assert gold["resolution"] == "RESOLVED_FULL", gold["test_log"]
     assert gold["test_statuses"] == {
         "tests/test_area.py::test_square": "PASSED",
@@ -209,7 +214,7 @@ async def test_a_local_repository_gold_resolves_empty_and_breaking_do_not(
         "str_replace",
         {"path": "shapes/area.py", "old_str": "return side * side", "new_str": "return side"},
     )
-    broken = await env.call_reward({})
+    broken = await env.call_reward({"strict": False})
     assert broken["resolution"] == "RESOLVED_NO"
     status = broken["report"]["acme__shapes-1"]["tests_status"]
     assert status["FAIL_TO_PASS"]["success"] == ["tests/test_area.py::test_rectangle"]
@@ -222,6 +227,7 @@ async def test_a_local_repository_gold_resolves_empty_and_breaking_do_not(
     await _run(env, "echo 'def test_square(): pass' > tests/test_area.py")
     cheat = await env.call_reward({})
     assert cheat["resolution"] == "RESOLVED_FULL"  # the real tests ran, and pass
+    assert cheat["left_out"] == [{"path": "tests/test_area.py", "reason": "test"}]
     after = await _run(env, "git status --short; ls tests")
     assert "test_area.py" in after["output"]
     assert SECRET_TEST not in after["output"]

@@ -3,8 +3,9 @@
 :mod:`.grading` grades a test log as SWE-bench does (``RESOLVED_FULL``/``PARTIAL``/``NO`` and
 the per-test report), with :mod:`.log_parsers`' parsers (pytest's, Django's, ...); :mod:`.rows`
 reads SWE-bench rows from JSON or JSON-lines files and builds a row's evaluation script;
-:mod:`.sandbox` runs the agent's commands out of sight of the dataset; :mod:`.episode` is one
-task: the repository at its base commit, the tools, the grading. The environment project
+:mod:`.sandbox` runs the agent's commands out of sight of the dataset; :mod:`.strict` says which
+of the agent's changes strict grading applies; :mod:`.episode` is one task: the repository at
+its base commit, the tools, the grading. The environment project
 ``swe@1.0.0`` (``src/``) serves them; ``docs/builtins.md`` documents it. Usable without any
 sandbox::
 

@@ -1,17 +1,21 @@
 """One SWE episode: a row's repository at its base commit, the agent's file and command tools,
-and SWE-bench's grading of what the agent left.
+and the grading of what the agent left: strict (the agent's source changes on a fresh
+checkout, in a judge's view) or as SWE-bench grades.
 
 :class:`Settings` come from ``SWE_*`` variables; :class:`Episode` sets the repository up (from a
 directory or a git bundle, fetching only the history of ``base_commit``: later commits, the fix
 among them, never reach the agent's repository), runs the tools in a :mod:`sandbox
-<builtin_envs.swe.sandbox>` that hides the dataset, and grades (:meth:`Episode.grade`): the test
-patch is applied only then, the tests run, and :mod:`~builtin_envs.swe.grading` reads the log.
+<builtin_envs.swe.sandbox>` that hides the dataset and aenv-ray's source, and grades
+(:meth:`Episode.grade`): the test patch is applied only then, the tests run, and
+:mod:`~builtin_envs.swe.grading` reads the log.
 
 May import: ``aenv_ray``'s public API.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import hashlib
 import logging
 import os
@@ -21,8 +25,9 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,13 +35,16 @@ from typing import Any
 from aenv_ray.errors import ConfigurationError
 from builtin_envs.swe import grading
 from builtin_envs.swe.log_parsers import resolve_parser
-from builtin_envs.swe.rows import Row, RowError, eval_script, load_rows
+from builtin_envs.swe.rows import Row, RowError, eval_script, load_rows, modified_files
 from builtin_envs.swe.sandbox import (
     CommandResult,
     DatasourceSandbox,
+    Judge,
     LocalSandbox,
     Sandbox,
+    hidden_around,
 )
+from builtin_envs.swe.strict import split_patch
 
 __all__ = [
     "DEMO_DATASET",
@@ -53,6 +61,9 @@ log = logging.getLogger("swe")
 DEMO_DATASET = Path(__file__).resolve().parent / "data" / "demo.jsonl"
 """The rows of the demo tasks, shipped with the environment (their repositories are bundles
 beside it)."""
+_CODE_ROOT = Path(__file__).resolve().parents[2]
+"""Where this environment's code lies: an aenv-ray checkout (``pyproject.toml`` beside
+``builtin_envs/``), or the ``site-packages`` it was installed into."""
 _MAX_VIEW = 2_000_000
 _SYSTEM_DIRS = frozenset(
     {"/", "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/proc", "/dev", "/sys", "/opt"}
@@ -131,6 +142,30 @@ class Settings:
         return [here, os.path.join(here, "repos"), "/data"]
 
 
+_PENDING: list[threading.Thread] = []
+"""The background removals of judges' directories not yet joined."""
+
+
+def wait_for_discards() -> None:
+    """Wait until the judges' directories of earlier gradings are removed."""
+    while _PENDING:
+        _PENDING.pop().join()
+
+
+def code_paths(repo_dir: str) -> list[str]:
+    """What hides aenv-ray's own source from the agent: the local engine's instances see the
+    checkout the runtime imports its code from (the demo tasks' gold fixes are in its
+    ``builtin_envs/swe/make_demo.py``, its docs and its history). In a checkout, every entry
+    of it but the runtime's Python (``sys.prefix``, a ``.venv`` in it, which the agent's
+    commands and the tests run with); installed in ``site-packages``, the ``builtin_envs``
+    package."""
+    root = _CODE_ROOT
+    keep = [sys.prefix, sys.base_prefix, repo_dir, os.environ.get("AENV_WORKSPACE") or ""]
+    if (root / "pyproject.toml").is_file() and (root / "builtin_envs").is_dir():
+        return hidden_around(str(root), [k for k in keep if k])
+    return [str(root / "builtin_envs")]
+
+
 def added_files(patch: str) -> list[str]:
     """The files a patch creates (``--- /dev/null`` followed by ``+++ b/PATH``)."""
     return re.findall(r"^--- /dev/null\s*\n\+\+\+ b/(.*?)\s*$", patch, re.MULTILINE)
@@ -155,6 +190,50 @@ _UPLOAD_PACK = (
 )
 
 
+class ToolGate:
+    """Keeps the agent's tools and the grading apart: a grading waits for no tool (it ends the
+    commands still running), and a tool called while a grading runs waits until it is done
+    (so nothing of the agent runs in, or touches, the judge's checkout)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._active = 0
+        self._judging = False
+
+    @contextlib.contextmanager
+    def using(self) -> Iterator[None]:
+        """Around one tool call."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._judging)
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def judging(self, stop: Callable[[], object]) -> Iterator[None]:
+        """Around a grading: no new tool starts, ``stop`` ends the running ones, and the
+        grading starts once they have returned."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._judging)
+            self._judging = True
+        try:
+            stop()
+            with self._cond:
+                while self._active:
+                    self._cond.wait(timeout=1.0)
+                    if self._active:
+                        stop()
+            yield
+        finally:
+            with self._cond:
+                self._judging = False
+                self._cond.notify_all()
+
+
 @dataclass
 class Episode:
     """The current row, its repository and the sandbox the agent's commands run in."""
@@ -165,6 +244,7 @@ class Episode:
     sandbox: Sandbox = field(init=False)
     started: float = field(default_factory=time.monotonic)
     graded: dict[str, Any] | None = None
+    gate: ToolGate = field(default_factory=ToolGate)
 
     def __post_init__(self) -> None:
         if self.settings.datasource:
@@ -196,8 +276,9 @@ class Episode:
         return episode
 
     def hidden_paths(self) -> list[str]:
-        """Directories the agent's commands see empty: the private files, the dataset's
-        directory, the repositories' directories, ``/data`` and the demo data."""
+        """What the agent's commands see empty: the private files, the dataset's directory,
+        the repositories' directories, ``/data``, the demo data, and this environment's own
+        code (see :func:`code_paths`)."""
         paths = [
             self.private,
             os.path.dirname(os.path.abspath(self.settings.dataset)),
@@ -205,7 +286,8 @@ class Episode:
             "/data",
             str(DEMO_DATASET.parent),
         ]
-        return [os.path.realpath(p) for p in paths if os.path.isdir(p)]
+        found = [os.path.realpath(p) for p in paths if os.path.isdir(p)]
+        return found + code_paths(self.settings.repo_dir)
 
     def _check_hidden(self) -> None:
         if self.settings.datasource:
@@ -332,6 +414,7 @@ class Episode:
     def _clear_workspace(self, repo: str) -> None:
         """Remove the previous episode's repository, and when the repository lies directly in
         the workspace, whatever else the agent left there (a ``.gitconfig`` included)."""
+        wait_for_discards()
         workspace = os.environ.get("AENV_WORKSPACE") or "/workspace"
         parent = os.path.dirname(os.path.normpath(repo))
         everything = os.path.normpath(parent) == os.path.normpath(workspace)
@@ -513,40 +596,233 @@ class Episode:
 
     def diff(self) -> str:
         """The agent's change against the base commit, new files included (the model patch)."""
+        return self._diffs(binary=False)[0]
+
+    def _diffs(self, *, binary: bool) -> tuple[str, str]:
+        """The model patch, and (``binary``) the same change as strict grading applies it:
+        binary files whole, no renames, no diff drivers; one command for both."""
+        marker = f"SWE-DIFF-{secrets.token_hex(8)}"
+        second = (
+            f'echo "{marker}"; git -c core.fileMode=false -c core.quotePath=false diff --cached '
+            "--no-renames --no-ext-diff --no-textconv --no-color --no-relative --binary "
+            '--src-prefix=a/ --dst-prefix=b/ "$1"'
+            if binary
+            else ""
+        )
         script = (
             'export GIT_INDEX_FILE="$(mktemp -u /tmp/swe-index.XXXXXX)"; '
             "trap 'rm -f \"$GIT_INDEX_FILE\"' EXIT; "
             'git read-tree "$1" && git add -A . >/dev/null 2>&1; '
-            'git -c core.fileMode=false diff --cached "$1"'
+            'git -c core.fileMode=false diff --cached "$1" || exit 1; '
+            f"{second}"
         )
         result = self.sandbox.run(
             ["sh", "-c", script, "sh", self.row.base_commit],
             cwd=self.settings.repo_dir,
             timeout=300,
-            max_output=16 << 20,
+            max_output=128 << 20,
         )
-        return result.output if result.returncode == 0 else ""
+        if result.returncode != 0:
+            return "", ""
+        plain, _, full = result.output.partition(f"{marker}\n")
+        return plain, full
 
-    def grade(self) -> dict[str, Any]:
-        """Apply the test patch, run the tests, grade as SWE-bench: the reward's answer."""
+    def _sh(self, script: str, *args: str, timeout: float = 600) -> CommandResult:
+        """The runtime's own shell command (trusted: on files only, never the agent's code)."""
+        if self.settings.datasource:
+            return self.sandbox.run(["sh", "-c", script, "sh", *args], cwd="/", timeout=timeout)
+        completed = subprocess.run(
+            ["sh", "-c", script, "sh", *args],
+            cwd="/",
+            env=_git_env(self.private),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=timeout,
+            check=False,
+        )
+        return CommandResult(completed.returncode, completed.stdout.decode(errors="replace"))
+
+    def grade(self, strict: bool = True) -> dict[str, Any]:
+        """Grade the episode: the reward's answer.
+
+        ``strict`` (the default): end every command of the agent still running, then run the
+        tests on a fresh checkout of the base commit with the agent's changes to source files
+        applied (:mod:`builtin_envs.swe.strict` says which files are left out; the report
+        lists them), in the judge's view: a fresh ``/tmp`` and home, the runtime's
+        environment. ``strict=False``: as SWE-bench grades, in the agent's repository as the
+        agent left it."""
+        with self.gate.judging(self.sandbox.stop_all):
+            wait_for_discards()
+            if strict:
+                return self._grade_strict()
+            return self._grade_in_place()
+
+    def _grade_in_place(self) -> dict[str, Any]:
         started = time.monotonic()
         patch = self.diff()
+        result = self._run_eval(judge=None)
+        return self._report(result, patch, started, strict=False)
+
+    def _run_eval(self, judge: Judge | None) -> CommandResult:
         script = eval_script(self.row, self.settings.repo_dir)
         added = " ".join(shlex.quote(f) for f in added_files(self.row.test_patch))
         if added:
             script += f"rm -f -- {added}\n"  # the test patch's new files go with it
-        where = "/tmp"
+        where = judge.home if judge is not None else "/tmp"
         name = f"{where}/swe-eval-{secrets.token_hex(8)}.sh"
         self._put(name, script)
         try:
-            result = self.sandbox.run(
+            return self.sandbox.run(
                 ["bash", name],
                 cwd=self.settings.repo_dir,
                 timeout=self.settings.test_timeout,
                 max_output=32 << 20,
+                judge=judge,
             )
         finally:
             self._remove(name)
+
+    def _grade_strict(self) -> dict[str, Any]:
+        started = time.monotonic()
+        repo = os.path.normpath(self.settings.repo_dir)
+        parent = os.path.dirname(repo)
+        token = secrets.token_hex(6)
+        checkout = os.path.join(parent, f".swe-judge-{token}")
+        aside = os.path.join(parent, f".swe-agent-{token}")
+        home = os.path.join(parent, f".swe-judge-home-{token}")
+        # the judge's checkout is made while the agent's diff is taken
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            made = pool.submit(self._checkout, checkout)
+            patch, full = self._diffs(binary=True)
+            base_files = made.result()
+
+        def read_base(path: str) -> str | None:
+            return self._read_trusted(os.path.join(checkout, path))
+
+        def read_agent(path: str) -> str | None:
+            try:
+                return self.read_file(os.path.join(repo, path))
+            except ValueError:
+                return None
+
+        split = split_patch(
+            full,
+            base_files=base_files,
+            test_patch_files=[
+                *modified_files(self.row.test_patch),
+                *added_files(self.row.test_patch),
+            ],
+            test_command="\n".join([*self.row.eval_commands, self.row.test_command()]),
+            read_base=read_base,
+            read_agent=read_agent,
+        )
+        patch_file = os.path.join(checkout, ".git", "swe-source.patch")
+        if split.applied:
+            self._put(patch_file, split.applied)
+        # apply the source changes (if any) to the judge's checkout, then set it in place of
+        # the agent's repository (which goes aside, out of the tests' sight)
+        prepared = self._sh(
+            'if [ -s "$5" ]; then cd "$3" && git apply --binary --whitespace=nowarn "$5" 2>&1 '
+            '|| { echo "SWE-APPLY-FAILED"; exit 3; }; rm -f "$5"; fi; '
+            'mkdir -m 700 "$4" && mv -T "$1" "$2" && mv -T "$3" "$1"',
+            repo,
+            aside,
+            checkout,
+            home,
+            patch_file if split.applied else "",
+        )
+        applied_ok = "SWE-APPLY-FAILED" not in prepared.output
+        apply_log = prepared.output.replace("SWE-APPLY-FAILED", "").strip()[-2000:]
+        try:
+            if not applied_ok:
+                result = CommandResult(1, f"{grading.APPLY_PATCH_FAIL}\n{apply_log}")
+            elif prepared.returncode != 0:
+                raise RepositoryError(
+                    f"swe: cannot set the judge's checkout in place of {repo}: {apply_log}"
+                )
+            else:
+                under_tmp = any(os.path.realpath(path).startswith("/tmp/") for path in (repo, home))
+                if under_tmp:
+                    self._sh('mkdir -m 700 "$1"', os.path.join(home, "tmp"))
+                result = self._run_eval(Judge(home=home, hide=(aside,), fresh_tmp=not under_tmp))
+        finally:
+            # the agent's repository back in place (two renames); the judge's checkout and
+            # home removed after the reward has answered
+            trash = os.path.join(parent, f".swe-trash-{token}")
+            restored = self._sh(
+                'if [ -d "$2" ]; then mv -T "$1" "$3" && mv -T "$2" "$1"; fi',
+                repo,
+                aside,
+                trash,
+            )
+            if restored.returncode != 0:
+                log.error(
+                    "swe: the agent's repository could not be put back",
+                    extra={"output": restored.output[-500:]},
+                )
+            self._discard(trash, home, checkout)
+        graded = self._report(result, patch, started, strict=True)
+        graded["left_out"] = [item.to_json() for item in split.left_out]
+        graded["graded_files"] = list(split.applied_files)
+        if split.left_out:
+            names = ", ".join(f"{i.path} ({i.reason})" for i in split.left_out[:10])
+            more = len(split.left_out) - 10
+            graded["reason"] += (
+                f"; left out of the graded change: {names}{f' and {more} more' if more > 0 else ''}"
+            )
+        if not applied_ok:
+            graded["reason"] = (
+                "the agent's source changes do not apply to a fresh checkout of the base "
+                f"commit: {apply_log.strip()[-500:]}"
+            )
+        self.graded = graded
+        return graded
+
+    def _discard(self, *paths: str) -> None:
+        """Remove the judge's directories: in the background here (the next reset or grading
+        waits for it), at once in the datasource container."""
+        script = 'rm -rf -- "$@"'
+        if self.settings.datasource:
+            self._sh(script, *paths)
+            return
+        thread = threading.Thread(
+            target=self._sh, args=(script, *paths), name="swe-discard", daemon=True
+        )
+        thread.start()
+        _PENDING.append(thread)
+
+    def _read_trusted(self, path: str) -> str | None:
+        if self.settings.datasource:
+            result = self.sandbox.run(["cat", "--", path], cwd="/", timeout=60)
+            return result.output if result.returncode == 0 else None
+        try:
+            return Path(path).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return None
+
+    def _checkout(self, target: str) -> list[str]:
+        """A fresh checkout of the base commit at ``target``, from the row's repository; its
+        files."""
+        source = self.find_source()
+        if source.endswith(".bundle"):
+            source = self._mirror(source)
+        script = (
+            'git init -q "$1" && cd "$1" && '
+            'git fetch -q --no-tags --depth=1 --upload-pack="$4" "$2" "$3" && '
+            "git checkout -q --detach FETCH_HEAD && git ls-files -z"
+        )
+        result = self._sh(script, target, source, self.row.base_commit, _UPLOAD_PACK)
+        if result.returncode != 0:
+            raise RepositoryError(
+                f"swe: the judge's checkout of {self.row.repo} at {self.row.base_commit} "
+                f"failed: {result.output.strip()[-500:]}"
+            )
+        return [f for f in result.output.split("\0") if f]
+
+    def _report(
+        self, result: CommandResult, patch: str, started: float, *, strict: bool
+    ) -> dict[str, Any]:
         test_log = result.output
         if result.timed_out:
             test_log += (
@@ -568,11 +844,24 @@ class Episode:
             if "tests_status" in report
             else grading.ResolvedStatus.NO.value
         )
+        tests = report.get("tests_status") or {}
+        failing = [
+            *tests.get(grading.FAIL_TO_PASS, {}).get("failure", []),
+            *tests.get(grading.PASS_TO_PASS, {}).get("failure", []),
+        ]
+        if report["resolved"]:
+            reason = "resolved: every FAIL_TO_PASS and PASS_TO_PASS test passed"
+        elif not gradable:
+            reason = "the test run cannot be graded (no test result in its log)"
+        else:
+            reason = f"{resolution}: failing {failing[:10]}"
         self.graded = {
             "reward": 1.0 if report["resolved"] else 0.0,
+            "reason": reason,
             "resolved": report["resolved"],
             "resolution": resolution,
             "gradable": gradable,
+            "strict": strict,
             "instance_id": self.row.instance_id,
             "report": {self.row.instance_id: report},
             "test_statuses": statuses,
@@ -587,6 +876,7 @@ class Episode:
             extra={
                 "instance_id": self.row.instance_id,
                 "resolution": resolution,
+                "strict": strict,
                 "seconds": self.graded["seconds"],
             },
         )

@@ -25,9 +25,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from aenv_ray.errors import ConfigurationError
@@ -36,16 +37,21 @@ __all__ = [
     "CommandResult",
     "DatasourceSandbox",
     "IsolationUnavailableError",
+    "Judge",
     "LocalSandbox",
     "Sandbox",
+    "hidden_around",
 ]
 
 log = logging.getLogger("swe")
 
 _HIDE = (
     'n=$1; shift; i=0; while [ "$i" -lt "$n" ]; do '
-    'mount -t tmpfs -o ro,size=4k,mode=0555 swe-hidden "$1" '
+    'if [ -d "$1" ]; then mount -t tmpfs -o ro,size=4k,mode=0555 swe-hidden "$1"; '
+    'else mount --bind /dev/null "$1"; fi '
     '|| { echo "swe: cannot hide $1" >&2; exit 125; }; shift; i=$((i + 1)); done; '
+    'if [ "$1" = fresh-tmp ]; then mount -t tmpfs -o mode=1777,size=1g,nosuid,nodev swe-tmp /tmp '
+    '|| { echo "swe: cannot mount a fresh /tmp" >&2; exit 125; }; fi; shift; '
     'exec unshare --user --map-root-user --mount --pid --fork --mount-proc --kill-child -- "$@"'
 )
 
@@ -65,6 +71,21 @@ class CommandResult:
     truncated: bool = False
 
 
+@dataclass(frozen=True)
+class Judge:
+    """How a grading run differs from the agent's commands: a fresh ``/tmp``, its own home
+    directory, more directories hidden (the agent's tree set aside), and variables of its own.
+    The environment is never the agent's: it is built anew from the runtime's (see
+    :func:`_environment`)."""
+
+    home: str
+    hide: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    fresh_tmp: bool = True
+    """A fresh ``/tmp`` (False where the repository or the home lies under ``/tmp``, which it
+    would hide: ``TMPDIR`` is then a fresh directory in the home)."""
+
+
 class Sandbox(Protocol):
     """Runs a command in the agent's view of the instance."""
 
@@ -76,8 +97,14 @@ class Sandbox(Protocol):
         timeout: float,
         stdin: bytes = b"",
         max_output: int = 100_000,
+        judge: Judge | None = None,
     ) -> CommandResult:
-        """Run ``argv`` in ``cwd`` with ``stdin``; kill it past ``timeout`` seconds."""
+        """Run ``argv`` in ``cwd`` with ``stdin``; kill it past ``timeout`` seconds; as the
+        judge (``judge``): see :class:`Judge`."""
+        ...
+
+    def stop_all(self) -> int:
+        """Kill every command still running (and all it started); how many there were."""
         ...
 
 
@@ -131,6 +158,34 @@ def _environment(extra: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+def hidden_around(root: str, keep: Iterable[str]) -> list[str]:
+    """What to hide so that ``root`` is out of sight but the paths in ``keep`` (inside it) stay:
+    every entry of ``root`` (recursively into the ones holding a kept path) but those. Symbolic
+    links are left: what they point to is hidden, or not, on its own."""
+    root = os.path.realpath(root)
+    kept = [os.path.realpath(k) for k in keep]
+    if any(k == root for k in kept):
+        return []
+    inside = [k for k in kept if k.startswith(root.rstrip("/") + "/")]
+    if not inside:
+        return [root]
+    hidden: list[str] = []
+    try:
+        entries = sorted(os.listdir(root))
+    except OSError:
+        return [root]
+    for name in entries:
+        path = os.path.join(root, name)
+        if os.path.islink(path):
+            continue
+        if any(k == path or k.startswith(path + "/") for k in inside):
+            if os.path.isdir(path):
+                hidden += hidden_around(path, inside)
+            continue
+        hidden.append(path)
+    return hidden
+
+
 def _outermost(paths: Iterable[str]) -> list[str]:
     """The paths not inside another one of them (hiding a directory hides what it holds)."""
     kept: list[str] = []
@@ -146,15 +201,18 @@ class LocalSandbox:
     def __init__(
         self, hidden: Sequence[str], *, isolate: bool = True, env: Mapping[str, str] | None = None
     ) -> None:
-        self.hidden = _outermost(p for p in hidden if os.path.isdir(p))
+        self.hidden = _outermost(p for p in hidden if os.path.lexists(p))
         self.isolate = isolate
         self.env = dict(env or {})
         self._checked = False
+        self._running: set[subprocess.Popen[bytes]] = set()
+        self._running_lock = threading.Lock()
 
-    def _prefix(self) -> list[str]:
+    def _prefix(self, judge: Judge | None = None) -> list[str]:
         if not self.isolate:
             return []
         unshare = shutil.which("unshare") or "/usr/bin/unshare"
+        hidden = _outermost([*self.hidden, *(judge.hide if judge else ())])
         return [
             unshare,
             "--user",
@@ -165,8 +223,9 @@ class LocalSandbox:
             "-c",
             _HIDE,
             "swe-hide",
-            str(len(self.hidden)),
-            *self.hidden,
+            str(len(hidden)),
+            *hidden,
+            "fresh-tmp" if judge is not None and judge.fresh_tmp else "same-tmp",
         ]
 
     def check(self) -> None:
@@ -174,7 +233,10 @@ class LocalSandbox:
         if self._checked or not self.isolate:
             return
         # pid 1 of its own pid namespace, and each hidden directory empty
-        probe = 'echo "$$"; for d in "$@"; do ls -A "$d" | wc -l; done'
+        probe = (
+            'echo "$$"; for d in "$@"; do if [ -d "$d" ]; then ls -A "$d" | wc -l; '
+            'else wc -c < "$d"; fi; done'
+        )
         result = self._run(
             ["/bin/sh", "-c", probe, "probe", *self.hidden],
             cwd="/",
@@ -200,24 +262,46 @@ class LocalSandbox:
         timeout: float,
         stdin: bytes = b"",
         max_output: int = 100_000,
+        judge: Judge | None = None,
     ) -> CommandResult:
         """Run ``argv`` in the hidden view; see :class:`Sandbox`."""
         self.check()
-        return self._run(argv, cwd=cwd, timeout=timeout, stdin=stdin, cap=max_output)
+        return self._run(argv, cwd=cwd, timeout=timeout, stdin=stdin, cap=max_output, judge=judge)
+
+    def stop_all(self) -> int:
+        """Kill every command still running: each one's pid namespace dies with it."""
+        with self._running_lock:
+            running = list(self._running)
+        for process in running:
+            _kill(process)
+        return len(running)
 
     def _run(
-        self, argv: Sequence[str], *, cwd: str, timeout: float, stdin: bytes, cap: int
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        timeout: float,
+        stdin: bytes,
+        cap: int,
+        judge: Judge | None = None,
     ) -> CommandResult:
         output = _Capped(cap)
+        env = _environment(self.env)
+        if judge is not None:
+            tmp = "/tmp" if judge.fresh_tmp else os.path.join(judge.home, "tmp")
+            env.update({"HOME": judge.home, "TMPDIR": tmp, **judge.env})
         process = subprocess.Popen(
-            [*self._prefix(), *argv],
+            [*self._prefix(judge), *argv],
             cwd=cwd,
-            env=_environment(self.env),
+            env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        with self._running_lock:
+            self._running.add(process)
         assert process.stdin is not None
         assert process.stdout is not None
         timed_out = False
@@ -245,6 +329,8 @@ class LocalSandbox:
             if timed_out or process.poll() is None:
                 _kill(process)
             process.stdout.close()
+            with self._running_lock:
+                self._running.discard(process)
         code = process.wait()
         text = output.text()
         if timed_out:
@@ -276,13 +362,17 @@ class DatasourceSandbox:
         timeout: float,
         stdin: bytes = b"",
         max_output: int = 100_000,
+        judge: Judge | None = None,
     ) -> CommandResult:
-        """Run ``argv`` in the datasource container; see :class:`Sandbox`."""
+        """Run ``argv`` in the datasource container; see :class:`Sandbox` (a judge's run gets
+        its home and variables; the container's ``/tmp`` stays)."""
         from aenv_ray import datasource
         from aenv_ray.errors import DatasourceTimeoutError
 
         merged = ["/bin/sh", "-c", 'exec "$@" 2>&1', "sh", *argv]
         env = {"TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat", **self.env}
+        if judge is not None:
+            env.update({"HOME": judge.home, **judge.env})
         try:
             result = asyncio.run(
                 datasource.run(
@@ -303,3 +393,7 @@ class DatasourceSandbox:
         if result.stdout_truncated:
             text += "\n[... output cut here ...]"
         return CommandResult(result.returncode, text, truncated=result.stdout_truncated)
+
+    def stop_all(self) -> int:
+        """Commands in the datasource container end with their call: nothing to stop here."""
+        return 0

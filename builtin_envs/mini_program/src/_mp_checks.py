@@ -29,7 +29,7 @@ from html.parser import HTMLParser
 from posixpath import dirname, normpath
 from urllib.parse import unquote, urlsplit
 
-__all__ = ["CHECKED_EXTENSIONS", "Problem", "check_file", "page_text"]
+__all__ = ["CHECKED_EXTENSIONS", "Problem", "check_file"]
 
 CHECKED_EXTENSIONS = ("html", "htm", "js", "mjs", "css", "json")
 
@@ -629,13 +629,6 @@ def _check_html(path: str, source: str, files: frozenset[str]) -> tuple[list[Pro
     if not page.title:
         problems.append(Problem("warning", 1, "no `<title>`"))
     return problems, page
-
-
-def page_text(path: str, source: str, files: frozenset[str]) -> tuple[str, list[str], list[str]]:
-    """What an HTML page shows as text (whitespace collapsed), the sources of its inline
-    scripts, and the project files of the scripts it loads."""
-    _, page = _check_html(path, source, files)
-    return " ".join("".join(page.text).split()), page.inline_scripts, page.scripts
 
 
 def check_file(path: str, source: str, files: frozenset[str]) -> list[Problem]:

@@ -20,11 +20,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from _mp_checks import CHECKED_EXTENSIONS, check_file, page_text
+from _mp_checks import CHECKED_EXTENSIONS, check_file
 from _mp_files import Project, ProjectError, split_path
 from _mp_python import MAX_TIMEOUT, run_python
+from _mp_render import render
 
 from aenv_ray import register_function, register_health, register_reward, register_tool
+from aenv_ray.errors import ConfigurationError
 from aenv_ray.preview import set_preview_directory
 
 ENTRY = "index.html"
@@ -194,6 +196,19 @@ def project_files() -> dict[str, str]:
     return {path: current.read(path, limit=None)[0] for path, _ in current.walk()}
 
 
+def _render_timeout() -> float:
+    raw = os.environ.get("MINI_PROGRAM_RENDER_TIMEOUT") or "20"
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if value <= 0:
+        raise ConfigurationError(
+            f"MINI_PROGRAM_RENDER_TIMEOUT={raw!r}: give the seconds a page may take to render"
+        )
+    return value
+
+
 @register_reward
 def page_reward(
     expected_text: list[str] | None = None,
@@ -201,8 +216,10 @@ def page_reward(
     entry: str = ENTRY,
 ) -> dict[str, Any]:
     """The share of checks the mini program passes: the entry page exists (else 0.0), each
-    expected text is shown by the page (in its text, or in a script it runs), each expected
-    file exists, and `validate` finds no error.
+    expected text is shown by the page, each expected file exists, and `validate` finds no
+    error. "Shown" is what a person sees: the page's visible text as headless Chromium lays it
+    out once its scripts ran (text in the HTML source, a comment, a script, a `<noscript>`, a
+    hidden or covered element, or one a script removed, is not shown).
 
     Args:
         expected_text: texts the page must show (case-sensitive, whitespace collapsed).
@@ -212,22 +229,38 @@ def page_reward(
     current = project()
     checks: dict[str, bool] = {}
     try:
-        source, _, _ = current.read(entry, limit=None)
+        current.read(entry, limit=None)
     except ProjectError:
         return {"reward": 0.0, "checks": {f"page {entry}": False}, "errors": []}
     checks[f"page {entry}"] = True
-    known = frozenset(path for path, _ in current.walk())
-    shown, inline, loaded = page_text(entry, source, known)
-    scripts = [*inline, *(current.read(s, limit=None)[0] for s in loaded if s in known)]
-    for text in expected_text or []:
-        wanted = " ".join(text.split())
-        checks[f"shows {text!r}"] = wanted in shown or any(wanted in s for s in scripts)
+    entry = "/".join(split_path(entry))
+    result: dict[str, Any] = {}
+    if expected_text:
+
+        def read(path: str) -> bytes | None:
+            try:
+                return current.read_bytes(split_path(path), path)
+            except (ProjectError, ValueError, OSError):
+                return None
+
+        rendered = render(entry, read, timeout=_render_timeout())
+        result["shown"] = rendered.text[:2000]
+        if rendered.error:
+            result["render_error"] = rendered.error
+        for text in expected_text:
+            wanted = " ".join(text.split())
+            checks[f"shows {text!r}"] = bool(wanted) and wanted in rendered.text
     for path in expected_files or []:
         checks[f"file {path}"] = current.exists(path)
     report = _validate(current)
     checks["validate"] = report["valid"]
     passed = sum(checks.values())
-    return {"reward": passed / len(checks), "checks": checks, "errors": report["errors"][:5]}
+    return {
+        "reward": passed / len(checks),
+        "checks": checks,
+        "errors": report["errors"][:5],
+        **result,
+    }
 
 
 @register_health

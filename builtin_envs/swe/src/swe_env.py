@@ -1,6 +1,8 @@
 """swe@1.0.0: a SWE-bench task per episode: its repository at the base commit, tools to view,
-search, create and edit files and to run commands; the reward applies the test patch, runs the
-tests and grades FAIL_TO_PASS / PASS_TO_PASS as SWE-bench does.
+search, create and edit files and to run commands; the reward runs the tests on a fresh
+checkout of the base commit with the agent's source changes only (strict grading, see
+``builtin_envs.swe.strict``), applies the test patch and grades FAIL_TO_PASS / PASS_TO_PASS as
+SWE-bench does.
 
 The task comes from the ``SWE_*`` variables at the first call or from ``swe_reset`` (another row
 on a warm instance). The agent's commands and file tools run in a view of the instance where the
@@ -83,7 +85,9 @@ def swe_instances(dataset: str | None = None) -> list[str]:
 @register_function(timeout=600)
 def swe_diff() -> dict[str, str]:
     """The agent's change so far against the base commit, new files included."""
-    return {"patch": _episode().diff()}
+    episode = _episode()
+    with episode.gate.using():
+        return {"patch": episode.diff()}
 
 
 @register_tool(timeout=_MAX_COMMAND_TIMEOUT + 60)
@@ -101,7 +105,9 @@ def run_command(command: str, timeout: int | None = None) -> dict[str, object]:
     """
     if timeout is not None and not 0 < timeout <= _MAX_COMMAND_TIMEOUT:
         raise ValueError(f"timeout must be between 1 and {_MAX_COMMAND_TIMEOUT} seconds")
-    return _episode().run(command, timeout)
+    episode = _episode()
+    with episode.gate.using():
+        return episode.run(command, timeout)
 
 
 @register_tool(timeout=120)
@@ -112,7 +118,9 @@ def view(path: str, view_range: list[int] | None = None) -> str:
         path: a file or directory, relative to the repository or absolute.
         view_range: [first, last] lines to show (last -1: to the end of the file).
     """
-    return _episode().view(path, view_range)
+    episode = _episode()
+    with episode.gate.using():
+        return episode.view(path, view_range)
 
 
 @register_tool(timeout=120)
@@ -134,7 +142,9 @@ def search(
         ignore_case: match regardless of case.
         max_results: at most this many lines.
     """
-    return _episode().search(pattern, path, include, fixed_strings, ignore_case, max_results)
+    episode = _episode()
+    with episode.gate.using():
+        return episode.search(pattern, path, include, fixed_strings, ignore_case, max_results)
 
 
 @register_tool(timeout=120)
@@ -145,7 +155,9 @@ def create_file(path: str, file_text: str) -> str:
         path: the new file, relative to the repository or absolute.
         file_text: its content.
     """
-    return _episode().create(path, file_text)
+    episode = _episode()
+    with episode.gate.using():
+        return episode.create(path, file_text)
 
 
 @register_tool(timeout=120)
@@ -157,15 +169,26 @@ def str_replace(path: str, old_str: str, new_str: str = "") -> str:
         old_str: the exact text to replace.
         new_str: the text to put in its place (empty: delete old_str).
     """
-    return _episode().str_replace(path, old_str, new_str)
+    episode = _episode()
+    with episode.gate.using():
+        return episode.str_replace(path, old_str, new_str)
 
 
 @register_reward(timeout=3600)
-def swe_reward() -> dict[str, Any]:
+def swe_reward(strict: bool = True) -> dict[str, Any]:
     """Apply the row's test patch, run its tests, grade as SWE-bench: reward 1.0 when the
     instance is resolved (every FAIL_TO_PASS test passes, no PASS_TO_PASS test broke), else
-    0.0; the report says why."""
-    return _episode().grade()
+    0.0; the report says why.
+
+    Args:
+        strict: run the tests on a fresh checkout of the base commit with the agent's changes
+            to source files only (changes to tests, conftest.py, test settings, files that
+            shadow pytest or the standard library, .pth files... are left out, listed under
+            ``left_out``), in a judge's view (the agent's commands ended, a fresh /tmp and
+            home). False: grade the repository as the agent left it, exactly as SWE-bench does
+            (for comparisons with SWE-bench's numbers; the agent can forge that reward).
+    """
+    return _episode().grade(strict=strict)
 
 
 @register_health
