@@ -62,7 +62,7 @@ from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT
 from aenv_ray.resolve import resolve_environment
 from k8s_backend._api import Kube, connect
 from k8s_backend._cache import PodCache, pool_waiter
-from k8s_backend.delivery import Delivery, OwnImage, exec_helper_of
+from k8s_backend.delivery import Delivery, OwnImage, bundle_digest, exec_helper_of
 from k8s_backend.exec_helper import ExecHelper
 from k8s_backend.manifests import (
     ANNOTATION_EXPIRES,
@@ -530,7 +530,8 @@ class KubernetesEngine:
     # -- warm pools ---------------------------------------------------------------------------
     def _warm_key(self, spec: InstanceSpec, pool: str) -> tuple[str, DeployConfig]:
         """The pool's label value for pods made from ``spec``, and the definition's
-        deployConfig. What a claim sets (TTL, owner, labels) is not part of the key."""
+        deployConfig. What a claim sets (TTL, owner, labels) is not part of the key; a
+        published version's project is keyed by its bundle's digest, not its directory."""
         described = {
             "env_ref": spec.env_ref,
             "project": spec.project,
@@ -543,7 +544,12 @@ class KubernetesEngine:
         known = self._pools.get(memo)
         if known is None:
             _, config = self._recipe(replace(spec, ttl=None, labels={}))
-            known = (pool_key(pool, described), config.deploy_config)
+            # a published version is its bundle, wherever a client unpacked it: two hubs with
+            # data dirs of their own key one pool (the path alone made a pool per hub)
+            project = Path(spec.project) if spec.project is not None else None
+            digest = bundle_digest(config, project)
+            keyed = {**described, "project": digest} if digest else described
+            known = (pool_key(pool, keyed), config.deploy_config)
             self._pools[memo] = known
         return known
 
