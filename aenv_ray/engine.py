@@ -274,6 +274,12 @@ class WarmPoolEngine(Protocol):
         """The pool's free instances that this engine started and that still stand."""
         ...
 
+    async def fill(self, spec: InstanceSpec, *, pool: str, count: int) -> int:
+        """Start what the pool lacks to have ``count`` free instances, counting every
+        client's, one client at a time (clients that each want ``count`` keep ``count`` in
+        all); returns how many were started (0 too when another client is filling it)."""
+        ...
+
     async def claim(
         self, spec: InstanceSpec, *, pool: str, timeout: float = 0.0
     ) -> InstanceInfo | None:

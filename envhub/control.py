@@ -31,7 +31,21 @@ that a delete keeps unless asked, and the service has a stable address of its ow
 pools (:class:`~aenv_ray.engine.WarmPoolEngine`: Kubernetes), the hub keeps ``N`` free instances
 of each named definition started in the engine's pool :data:`WARM_POOL`, and a create that asks
 nothing a free instance lacks (no variables, arguments, datasource or storage) claims one instead
-of starting one. Hubs sharing a namespace share the pool, and a claim is atomic across them.
+of starting one. Hubs sharing a namespace share the pool, and a claim is atomic across them; the
+engine refills it under a lock of the namespace's (:meth:`~aenv_ray.engine.WarmPoolEngine.fill`),
+counting every hub's free instances, so hubs asking ``N`` keep ``N`` free, not one ``N`` each.
+
+**No instance outlives its record.** Before the engine starts anything, the hub writes an
+*intent* (``intents/<id>``: which hub, which tenant, until when) and labels the instance with it
+(``aenv.intent``) and with the store's id (``aenv.store``); the record replaces the intent once
+the instance runs. A hub that dies between the engine's create and the record leaves an
+instance with a label and no record: :meth:`ControlPlane.reclaim` (on start and in the upkeep)
+lists the engine's instances and ends every one of this store's that has no live record and no
+live intent. An intent is live while its hub is: each hub renews a heartbeat in the store
+(``hubs/<id>``), and a hub keeps its id across restarts in its data directory (held with a lock,
+so two hubs on one directory never share one), so a restarted hub knows at once that its
+predecessor's intents died with it; another hub's wait until its heartbeat lapses
+(:data:`HUB_LEASE`). Hubs on other stores never touch these instances (the ``aenv.store`` label).
 
 May import: the standard library, ``aenv_ray``, ``envhub`` (store, registry, resolve, limits,
 keys).
@@ -41,14 +55,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
+import os
 import secrets
 import shutil
 import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from aenv_ray.config import DeployConfig
 from aenv_ray.engine import (
@@ -97,6 +113,18 @@ SERVICE_TTL = 24 * 3600.0  # a replica's engine TTL; the hub renews it at half-l
 MAX_REPLICAS = 64
 WARM_POOL = "envhub"
 """The engine pool a hub keeps its warm instances in (shared by the hubs of one namespace)."""
+INTENTS = "intents"
+HUBS = "hubs"
+META = "meta"
+LABEL_INTENT = "aenv.intent"
+"""The label naming the intent a hub wrote before the engine started the instance."""
+LABEL_STORE = "aenv.store"
+"""The label naming the store whose hubs own the instance (only they reclaim it)."""
+HUB_LABELS = frozenset({"aenv.tenant", LABEL_INTENT, LABEL_STORE})
+HUB_LEASE = 30.0
+"""Seconds a hub's heartbeat holds: another hub's intents die this long after it did."""
+INTENT_MARGIN = 60.0
+"""Seconds an intent outlives its create's ``startup_timeout`` (however alive its hub)."""
 
 
 @dataclass
@@ -119,6 +147,12 @@ class ControlPlane:
     _starting: dict[str, int] = field(default_factory=dict, repr=False)  # tenant -> creates
     _task: asyncio.Task[None] | None = field(default=None, repr=False)
     _calls: dict[str, dict[str, Any] | None] = field(default_factory=dict, repr=False)
+    hub_id: str = field(default="", init=False)
+    store_id: str = field(default="", init=False)
+    _intents: set[str] = field(default_factory=set, repr=False)  # this hub's, in flight
+    _id_lock: IO[str] | None = field(default=None, repr=False)
+    _started_at: float = field(default_factory=time.time, repr=False)
+    _beat_at: float = field(default=0.0, repr=False)  # monotonic time of the last heartbeat
 
     # -- definitions and limits ----------------------------------------------------------------
     async def resolve(self, caller: Caller, ref: str) -> Definition:
@@ -243,10 +277,17 @@ class ControlPlane:
             arguments=tuple(arguments or ()),
             datasource=datasource,
             owner=owner,
-            labels={**(labels or {}), "aenv.tenant": caller.tenant},
+            labels={
+                **{k: v for k, v in (labels or {}).items() if k not in HUB_LABELS},
+                "aenv.tenant": caller.tenant,
+            },
             storage=storage,
         )
-        async with self._admit(caller.tenant, 0 if service else 1, limits):
+        async with (
+            self._admit(caller.tenant, 0 if service else 1, limits),
+            self._intent(caller.tenant) as marks,
+        ):
+            spec = replace(spec, labels={**spec.labels, **marks})
             info = None
             if service is None and self._claimable(spec):
                 assert isinstance(self.engine, WarmPoolEngine)
@@ -261,7 +302,7 @@ class ControlPlane:
                 key_id=caller.key_id,
                 deploy=_deploy_snapshot(deploy),
             )
-            await self.store.put(INSTANCES, info.id, doc)
+            await self.store.put(INSTANCES, info.id, doc)  # before the intent goes
         log.info(
             "instance created",
             extra={"instance": info.id, "env": found.ref, "tenant": caller.tenant},
@@ -305,19 +346,19 @@ class ControlPlane:
         await self.keep_warm()
 
     async def keep_warm(self) -> None:
-        """Start the free instances each warm pool lacks (through the engine's limiter)."""
+        """Start the free instances each warm pool lacks (through the engine's limiter), counting
+        every hub's free instances of the pool: the target is the namespace's, not this hub's."""
         if not isinstance(self.engine, WarmPoolEngine):
             return
         for ref, (spec, count) in self._warm_specs.items():
-            have = await self.engine.warm_count(spec, pool=WARM_POOL)
-            if have.total < count:
-                started = await self.engine.prewarm(spec, pool=WARM_POOL, count=count - have.total)
+            started = await self.engine.fill(spec, pool=WARM_POOL, count=count)
+            if started:
                 log.info("warm instances started", extra={"env": ref, "count": started})
 
     @staticmethod
     def _record(info: InstanceInfo, tenant: str, *, service: str | None = None) -> Document:
         doc: Document = info_to_json(info)
-        doc["labels"] = {k: v for k, v in doc["labels"].items() if k != "aenv.tenant"}
+        doc["labels"] = {k: v for k, v in doc["labels"].items() if k not in HUB_LABELS}
         doc["tenant"] = tenant
         doc["service"] = service
         return doc
@@ -397,7 +438,11 @@ class ControlPlane:
         deploy = DeployConfig.model_validate(parent.get("deploy") or {})
         check_deploy(limits, caller.tenant, parent.get("source") or parent["env_ref"], deploy)
         docs = []
-        async with self._admit(caller.tenant, n, limits):
+        async with (
+            self._admit(caller.tenant, n, limits),
+            self._intent(caller.tenant, parent=instance_id),
+        ):
+            # the copies carry the parent's labels; the intent covers them by their parent
             infos = await self.engine.fork(instance_id, n, timeout=self.startup_timeout)
             for info in infos:
                 doc = self._record(info, parent["tenant"])
@@ -458,6 +503,143 @@ class ControlPlane:
             await self.store.put(INSTANCES, doc["id"], fresh)
         return fresh
 
+    # -- every instance has a record from birth -----------------------------------------------
+    async def _identify(self) -> None:
+        """This hub's id (kept in ``data_dir/hub.id`` while it holds ``data_dir/hub.lock``: a
+        restarted hub is its predecessor) and the store's id (one per store, made by its first
+        hub). Idempotent."""
+        if not self.store_id:
+            await self.store.create(META, "store", {"id": secrets.token_hex(8)})
+            found = await self.store.get(META, "store")
+            if found is None or not isinstance(found.get("id"), str):
+                raise ConfigurationError(
+                    f"the hub store {self.store.url} has no id (`meta/store` is missing or "
+                    "malformed though just written): check that nothing else writes its keys"
+                )
+            self.store_id = found["id"]
+        if not self.hub_id:
+            self.hub_id = await asyncio.to_thread(self._hold_identity)
+            await self._heartbeat()
+
+    def _hold_identity(self) -> str:
+        """The id kept in ``data_dir`` if this process can lock it, else a fresh one."""
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            lock = (self.data_dir / "hub.lock").open("a")
+        except OSError:
+            return secrets.token_hex(8)
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # another live hub serves this directory: be another hub
+            lock.close()
+            return secrets.token_hex(8)
+        self._id_lock = lock  # held until this process ends
+        path = self.data_dir / "hub.id"
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            kept = path.read_text().strip()
+            if kept.isalnum() and len(kept) <= 32:
+                return kept
+        made = secrets.token_hex(8)
+        with contextlib.suppress(OSError):
+            temp = path.with_suffix(".tmp")
+            temp.write_text(made + "\n")
+            os.replace(temp, path)
+        return made
+
+    async def _heartbeat(self) -> None:
+        """Say in the store that this hub is alive (its intents are live)."""
+        self._beat_at = time.monotonic()
+        await self.store.put(
+            HUBS,
+            self.hub_id,
+            {"heartbeat_at": time.time(), "started_at": self._started_at, "pid": os.getpid()},
+        )
+
+    @contextlib.asynccontextmanager
+    async def _intent(
+        self, tenant: str, *, parent: str | None = None
+    ) -> AsyncIterator[dict[str, str]]:
+        """Record that this hub is about to have the engine start instances for ``tenant``
+        (copies of ``parent``, for a fork); yield the labels that tie them to it. The intent
+        goes when the body ends: by then each instance has its record, or none will."""
+        await self._identify()
+        iid = secrets.token_hex(8)
+        now = time.time()
+        doc: Document = {
+            "hub": self.hub_id,
+            "tenant": tenant,
+            "parent": parent,
+            "created_at": now,
+            "deadline": now + self.startup_timeout + INTENT_MARGIN,
+        }
+        self._intents.add(iid)
+        try:
+            await self.store.put(INTENTS, iid, doc)
+            yield {LABEL_INTENT: iid, LABEL_STORE: self.store_id}
+        finally:
+            self._intents.discard(iid)
+            with contextlib.suppress(AEnvError):  # reclaim removes what is left
+                await asyncio.shield(self.store.delete(INTENTS, iid))
+
+    def _live_intent(self, iid: str, doc: Document, hubs: Mapping[str, Document]) -> bool:
+        if doc.get("hub") == self.hub_id:
+            return iid in self._intents
+        now = time.time()
+        hub = hubs.get(str(doc.get("hub")))
+        return (
+            hub is not None
+            and now - float(hub.get("heartbeat_at") or 0.0) < HUB_LEASE
+            and now < float(doc.get("deadline") or 0.0)
+        )
+
+    async def reclaim(self) -> list[str]:
+        """End the engine's instances of this store that no record owns: started for a create
+        whose hub died before it wrote the record, or whose record says it ended. Instances
+        of a create still under way (a live intent) are left alone. Returns the ids ended.
+
+        Order matters: the engine's list is read before the intents and the records, so an
+        instance listed has had its intent written already, and an intent gone means its
+        record was written before: a live create is never mistaken for an orphan."""
+        await self._identify()
+        infos = await self.engine.list()
+        intents = await self.store.list(INTENTS)
+        hubs = await self.store.list(HUBS)
+        records = await self.store.list(INSTANCES)
+        live = {k: d for k, d in intents.items() if self._live_intent(k, d, hubs)}
+        parents = {d["parent"] for d in live.values() if d.get("parent")}
+        ended = []
+        for info in infos:
+            if info.labels.get(LABEL_STORE) != self.store_id:
+                continue  # not made by a hub of this store
+            if info.state is InstanceState.TERMINATED:
+                continue
+            record = records.get(info.id)
+            if record is not None and record["state"] != InstanceState.TERMINATED.value:
+                continue
+            if record is None and (
+                info.labels.get(LABEL_INTENT) in live or (info.parent and info.parent in parents)
+            ):
+                continue  # its create is under way
+            with contextlib.suppress(InstanceNotFoundError):
+                await self.engine.delete(info.id)
+            ended.append(info.id)
+            log.warning(
+                "instance without a record ended",
+                extra={
+                    "instance": info.id,
+                    "env": info.env_ref,
+                    "tenant": info.labels.get("aenv.tenant"),
+                    "record": "ended" if record is not None else "none",
+                },
+            )
+        for key in intents.keys() - live.keys():
+            await self.store.delete(INTENTS, key)
+        now = time.time()
+        for key, hub in hubs.items():  # hubs gone long ago
+            if key != self.hub_id and now - float(hub.get("heartbeat_at") or 0.0) > self.retention:
+                await self.store.delete(HUBS, key)
+        return ended
+
     # -- upkeep --------------------------------------------------------------------------------
     async def reap(self) -> list[str]:
         """Terminate live instances past their TTL; forget records ended long ago. Returns the
@@ -504,9 +686,14 @@ class ControlPlane:
                     await self._refresh(doc)
 
     async def start(self) -> None:
-        """Sync with the engine, reap, then keep doing both in the background."""
+        """Sync with the engine, reap, reclaim, then keep doing it all in the background."""
+        await self._identify()
         await self.sync()
         await self.reap()
+        try:
+            await self.reclaim()
+        except AEnvError as exc:  # the upkeep tries again
+            log.warning("reclaiming instances without a record failed", extra={"error": str(exc)})
         await self.end_revoked()
         await self.reconcile_services()
         await self._start_warm()
@@ -519,17 +706,26 @@ class ControlPlane:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.hub_id:
+            with contextlib.suppress(AEnvError):
+                await self.store.delete(HUBS, self.hub_id)
+        lock, self._id_lock = self._id_lock, None
+        if lock is not None:
+            lock.close()
 
     async def _upkeep(self) -> None:
         last_sync = time.monotonic()
         while True:
             await asyncio.sleep(self.reap_interval)
             try:
+                if time.monotonic() - self._beat_at >= HUB_LEASE / 6:
+                    await self._heartbeat()
                 await self.reap()
                 await self.keep_warm()
                 if time.monotonic() - last_sync >= self.sync_interval:
                     last_sync = time.monotonic()
                     await self.sync()
+                    await self.reclaim()
                     await self.end_revoked()
                     await self.reconcile_services()
             except Exception:  # the loop must survive a store or engine hiccup

@@ -11,7 +11,9 @@ run the client where pod IPs are routable (inside the cluster), or through a hub
 
 Warm pools (:class:`~aenv_ray.engine.WarmPoolEngine`): :meth:`prewarm` starts free pods of a
 pool, :meth:`claim` takes one, atomically against every other client of the namespace
-(:mod:`k8s_backend.warm`); a claim costs one PATCH, no pod start.
+(:mod:`k8s_backend.warm`); a claim costs one PATCH, no pod start. :meth:`fill` brings a pool to
+a number of free pods counting every client's, one client at a time (a Lease per pool), so
+clients that each want ``N`` free keep ``N``, not ``N`` each.
 
 Sessions. With ``session=True`` (the default: an SDK's or a pool actor's engine) the engine's
 pods belong to it: :meth:`aclose` deletes them, and if the process dies the reaper reclaims them
@@ -60,7 +62,7 @@ from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT
 from aenv_ray.resolve import resolve_environment
 from k8s_backend._api import Kube, connect
 from k8s_backend._cache import PodCache, pool_waiter
-from k8s_backend.delivery import Delivery, OwnImage, exec_helper_of
+from k8s_backend.delivery import Delivery, OwnImage, bundle_digest, exec_helper_of
 from k8s_backend.exec_helper import ExecHelper
 from k8s_backend.manifests import (
     ANNOTATION_EXPIRES,
@@ -68,6 +70,7 @@ from k8s_backend.manifests import (
     LABEL_CLAIM,
     LABEL_INSTANCE,
     LABEL_MANAGED,
+    LABEL_POOL,
     LABEL_SESSION,
     MANAGER,
     OUR_LABELS,
@@ -75,7 +78,7 @@ from k8s_backend.manifests import (
     deny_egress_policy,
     instance_pod,
 )
-from k8s_backend.reaper import LEASE_SECONDS, Housekeeper
+from k8s_backend.reaper import LEASE_SECONDS, Housekeeper, release_lease, take_lease
 from k8s_backend.service_controller import KubernetesServices
 from k8s_backend.state import instance_id, last_words, pod_info, runtime_message, startup_failure
 from k8s_backend.templates import PodTemplatePolicy
@@ -541,7 +544,8 @@ class KubernetesEngine:
     # -- warm pools ---------------------------------------------------------------------------
     def _warm_key(self, spec: InstanceSpec, pool: str) -> tuple[str, DeployConfig]:
         """The pool's label value for pods made from ``spec``, and the definition's
-        deployConfig. What a claim sets (TTL, owner, labels) is not part of the key."""
+        deployConfig. What a claim sets (TTL, owner, labels) is not part of the key; a
+        published version's project is keyed by its bundle's digest, not its directory."""
         described = {
             "env_ref": spec.env_ref,
             "project": spec.project,
@@ -554,7 +558,12 @@ class KubernetesEngine:
         known = self._pools.get(memo)
         if known is None:
             _, config = self._recipe(replace(spec, ttl=None, labels={}))
-            known = (pool_key(pool, described), config.deploy_config)
+            # a published version is its bundle, wherever a client unpacked it: two hubs with
+            # data dirs of their own key one pool (the path alone made a pool per hub)
+            project = Path(spec.project) if spec.project is not None else None
+            digest = bundle_digest(config, project)
+            keyed = {**described, "project": digest} if digest else described
+            known = (pool_key(pool, keyed), config.deploy_config)
             self._pools[memo] = known
         return known
 
@@ -632,6 +641,47 @@ class KubernetesEngine:
             else:
                 starting += 1
         return WarmCount(ready=ready, starting=starting)
+
+    async def fill(self, spec: InstanceSpec, *, pool: str, count: int) -> int:
+        """Start the free pods the pool lacks to have ``count``, counting every client's free
+        pods as the API server has them now (not this engine's cache); returns how many were
+        started. One client fills a pool at a time: it holds the pool's Lease
+        ``aenv-warm-<key>`` while it counts and sends, so two hubs each keeping ``count`` free
+        never both add the same gap. 0 when another client is filling it now (the next call
+        sees what it added). Free pods that failed are deleted, so a refill replaces them."""
+        if count <= 0:
+            return 0
+        await self._ready()
+        key, _ = self._warm_key(spec, pool)
+        name = f"aenv-warm-{key}"
+        # held while it sends: the sends wait on the rate limiter, count / rate seconds at most
+        seconds = self._keeper.lease_seconds + 2 * math.ceil(count / self.limiter.rate)
+        if not await self._run(take_lease, self._kube, name, self.identity, "warm", seconds):
+            return 0
+        try:
+            have = await self._run(self._count_free, key)
+            return await self.prewarm(spec, pool=pool, count=count - have) if have < count else 0
+        finally:
+            await self._run(release_lease, self._kube, name, self.identity)
+
+    def _count_free(self, key: str) -> int:
+        """The pool's free pods that stand (any client's), read from the API server."""
+        selector = f"{LABEL_MANAGED}={MANAGER},{LABEL_POOL}={key},{LABEL_CLAIM}={CLAIM_FREE}"
+        found = self._kube.request(
+            "GET",
+            self._kube.path("", "pods"),
+            query={"labelSelector": selector},
+            what=f"list the free pods of pool {key}",
+        )
+        standing = 0
+        for pod in found.get("items") or []:
+            if (pod.get("metadata") or {}).get("deletionTimestamp"):
+                continue
+            if pod_info(pod).state is InstanceState.TERMINATED:
+                self._delete_pod(pod, TerminationReason.CRASHED)
+                continue
+            standing += 1
+        return standing
 
     async def claim(
         self, spec: InstanceSpec, *, pool: str, timeout: float = 0.0

@@ -46,7 +46,9 @@ __all__ = [
     "REAPER_LEASE",
     "Housekeeper",
     "micro_time",
+    "release_lease",
     "session_lease_name",
+    "take_lease",
 ]
 
 log = logging.getLogger("aenv_ray.k8s")
@@ -90,6 +92,49 @@ def _lapsed(lease: dict[str, Any], now: float, grace: float = 0.0) -> bool:
     renewed = timestamp(spec.get("renewTime")) or timestamp(spec.get("acquireTime")) or 0.0
     duration = float(spec.get("leaseDurationSeconds") or LEASE_SECONDS)
     return renewed + duration + grace < now
+
+
+def take_lease(kube: Kube, name: str, holder: str, kind: str, seconds: int) -> bool:
+    """Take Lease ``name`` for ``holder`` for ``seconds`` (made if absent) unless another
+    holder's has not lapsed; True if taken. Atomic across clients: the create is refused when
+    it exists, and the update carries the ``resourceVersion`` read, so of two takers one wins."""
+    now = time.time()
+    path = kube.path(_LEASES, "leases", name)
+    try:
+        lease = kube.request("GET", path, what=f"read lease {name}", not_found=_Absent)
+    except _Absent:
+        body = _lease(name, holder, kind, now, seconds)
+        try:
+            kube.request("POST", kube.path(_LEASES, "leases"), body=body, what=f"take lease {name}")
+        except ClusterConflictError:
+            return False
+        return True
+    spec = lease.setdefault("spec", {})
+    if spec.get("holderIdentity") != holder and not _lapsed(lease, now):
+        return False
+    spec.update(
+        holderIdentity=holder,
+        leaseDurationSeconds=seconds,
+        acquireTime=micro_time(now),
+        renewTime=micro_time(now),
+    )
+    try:
+        kube.request("PUT", path, body=lease, what=f"take lease {name}")
+    except ClusterConflictError:
+        return False
+    return True
+
+
+def release_lease(kube: Kube, name: str, holder: str) -> None:
+    """Let Lease ``name`` lapse now if ``holder`` still holds it (best effort: otherwise it
+    lapses by itself)."""
+    path = kube.path(_LEASES, "leases", name)
+    with contextlib.suppress(AEnvError):
+        lease = kube.request("GET", path, what=f"read lease {name}")
+        if (lease.get("spec") or {}).get("holderIdentity") == holder:
+            lease["spec"]["renewTime"] = micro_time(0.0)
+            lease["spec"].pop("acquireTime", None)
+            kube.request("PUT", path, body=lease, what=f"release lease {name}")
 
 
 class Housekeeper:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -19,7 +20,12 @@ import pytest
 from kubernetes import client as k8s_client
 
 from aenv_ray import Environment, InstanceSpec, InstanceState
+from aenv_ray.bundle import build_bundle
 from aenv_ray.hub import HubClient
+from envhub.control import INSTANCES, LABEL_STORE
+from envhub.keys import Caller
+from envhub.registry import VersionRegistry
+from envhub.store import open_store
 from k8s_backend import KubernetesEngine
 from k8s_backend.manifests import (
     CLAIM_FREE,
@@ -310,41 +316,128 @@ def _free_ids(cluster: KubeCluster, namespace: str, *, ready: bool = True) -> se
 async def test_hubs_keep_a_shared_warm_pool_and_their_creates_claim_from_it(
     cluster: KubeCluster, namespace: str, tmp_path: Path
 ) -> None:
-    """Two hubs on one namespace, each told to keep 2 free: 2 free in all (shared, counted
-    across hubs), a plain create claims one (no pod start), the pool refills, and a create
-    asking for variables starts a pod of its own."""
+    """Two hubs of one store on one namespace, each with a data dir of its own (where each
+    unpacks the published version it keeps warm), started at once, each told to keep 3 free: 3
+    free in all (one pool, keyed by the bundle's digest, not the directory; one target, counted
+    across hubs, filled one hub at a time), a plain create claims one (no pod start), the pool
+    refills to 3 again, and a create asking for variables starts a pod of its own."""
     env = {
         "KUBECONFIG": str(cluster.kubeconfig),
         "AENV_K8S_NAMESPACE": namespace,
         "AENV_K8S_DELIVERY": "host",
     }
-    warm = ["--warm", "mini-terminal@1.0.0=2"]
+    project = tmp_path / "warmterm"
+    shutil.copytree(ROOT / "builtin_envs" / "mini_terminal", project)
+    config = json.loads((project / "config.json").read_text())
+    (project / "config.json").write_text(json.dumps({**config, "name": "warmterm"}))
+    ref = f"warmterm@{config['version']}"
+    warm = ["--warm", f"alice/{ref}=3"]
     first = HubProcess(tmp_path / "one", engine="kubernetes", env=env, extra=warm)
-    second = HubProcess(tmp_path / "two", engine="kubernetes", env=env, extra=warm)
+    second = HubProcess(
+        tmp_path / "two", store=first.store, engine="kubernetes", env=env, extra=warm
+    )
     key = new_key("alice", first.store)
-    with first, second:
+    store = await open_store(first.store)
+    try:
+        await VersionRegistry(store).publish(Caller("alice"), build_bundle(project).data)
+    finally:
+        await store.aclose()
+    try:
+        # both start-ups count the pool at the same moment
+        await asyncio.gather(asyncio.to_thread(first.start), asyncio.to_thread(second.start))
 
-        async def two_free() -> set[str] | None:
+        async def three_free() -> set[str] | None:
             free = _free_ids(cluster, namespace)
-            return free if len(free) == 2 else None
+            return free if len(free) == 3 else None
 
-        before = await eventually(two_free, "two free pods in the shared pool", deadline=120)
+        before = await eventually(three_free, "three free pods in the shared pool", deadline=120)
+        assert len(_free_ids(cluster, namespace, ready=False)) == 3  # none more starting
         async with HubClient(first.url, api_key=key) as hub:
-            record = await hub.create_instance("mini-terminal@1.0.0", ttl=600)
+            record = await hub.create_instance(ref, ttl=600)
             assert record["id"] in before  # claimed, not started
             assert await run(record, "echo claimed") == "claimed"
-            taken = await eventually(two_free, "the pool refilled", deadline=120)
+            taken = await eventually(three_free, "the pool refilled", deadline=120)
             assert record["id"] not in taken
-            # two hubs, each keeping two: still two free in all, Ready or starting
-            assert len(_free_ids(cluster, namespace, ready=False)) == 2
+            # two hubs, each keeping three: still three free in all, Ready or starting
+            assert len(_free_ids(cluster, namespace, ready=False)) == 3
 
-            own = await hub.create_instance(
-                "mini-terminal@1.0.0", ttl=600, environment_variables={"TEAM": "red"}
-            )
+            own = await hub.create_instance(ref, ttl=600, environment_variables={"TEAM": "red"})
             assert own["id"] not in taken  # asked for more than a free pod has: a new pod
             assert await run(own, "echo $TEAM") == "red"
             for made in (record, own):
                 await hub.delete_instance(made["id"])
+    finally:
+        first.close()
+        second.close()
+
+
+async def test_a_hub_killed_mid_create_reclaims_the_pods_it_never_recorded(
+    cluster: KubeCluster, namespace: str, tmp_path: Path
+) -> None:
+    """SIGKILL of a hub while its creates' pods start: the pods have no record (and, a hub's
+    engine having no session, nothing else would end them before their TTL); the restarted
+    hub deletes them, and the tenant's quota holds exactly what it sees again."""
+    env = {
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "AENV_K8S_NAMESPACE": namespace,
+        "AENV_K8S_DELIVERY": "host",
+    }
+    limits = tmp_path / "limits.json"
+    limits.write_text(json.dumps({"default": {"instances": 3, "per_request": 3, "ttl": "1h"}}))
+    hub = HubProcess(
+        tmp_path / "hub", engine="kubernetes", env=env, extra=["--limits", str(limits)]
+    )
+    key = new_key("alice", hub.store)
+    core = k8s_client.CoreV1Api(cluster.api_client())
+
+    def hub_pods() -> dict[str, Any]:
+        """The namespace's pods a hub made that are not being deleted, by instance id."""
+        pods = core.list_namespaced_pod(namespace, label_selector=LABEL_STORE).items
+        return {
+            p.metadata.labels[LABEL_INSTANCE]: p for p in pods if not p.metadata.deletion_timestamp
+        }
+
+    async def recorded() -> set[str]:
+        store = await open_store(hub.store)
+        try:
+            return set(await store.list(INSTANCES))
+        finally:
+            await store.aclose()
+
+    with hub:
+        async with HubClient(hub.url, api_key=key) as client:
+            burst = [
+                asyncio.create_task(client.create_instance("mini-terminal@1.0.0", ttl="1h"))
+                for _ in range(3)
+            ]
+
+            async def sent() -> dict[str, Any]:
+                return await asyncio.to_thread(hub_pods)
+
+            await eventually(sent, "the hub sent a first pod", deadline=120)
+            hub.kill()  # a crash while its pods start: no record, no cleanup
+            await asyncio.gather(*burst, return_exceptions=True)
+        orphans = set(hub_pods()) - await recorded()
+        assert orphans, "control: the crash must leave pods the hub never recorded"
+        for pod in hub_pods().values():  # a hub's pods: no session to end them with it
+            assert LABEL_SESSION not in (pod.metadata.labels or {})
+
+        hub.start()  # the restarted hub reclaims them
+
+        async def reclaimed() -> bool:
+            return not orphans & set(await asyncio.to_thread(hub_pods))
+
+        await eventually(reclaimed, "the pods without a record deleted", deadline=60)
+        assert set(hub_pods()) <= await recorded()
+        async with HubClient(hub.url, api_key=key) as client:  # the quota is whole again
+            for doc in await client.list_instances():
+                await client.delete_instance(doc["id"])
+            made = await asyncio.gather(
+                *(client.create_instance("mini-terminal@1.0.0", ttl=600) for _ in range(3))
+            )
+            assert set(hub_pods()) == {d["id"] for d in made}
+            for doc in made:
+                await client.delete_instance(doc["id"])
 
 
 def test_warm_pools_need_an_engine_that_keeps_them(tmp_path: Path) -> None:

@@ -1,0 +1,168 @@
+"""No instance outlives its owner's record: a hub killed (SIGKILL) in the middle of creates
+leaves instances its engine started and it never recorded; the restarted hub finds and ends
+them, and the tenant's quota is whole again (issue 22, point 6). The Kubernetes case is in
+``test_k8s_pools.py``.
+
+The crash is made deterministic: the hub is frozen (SIGSTOP) the moment its engine daemon
+holds the first instance of the burst, while the others are still being started; the daemon
+(another process) finishes them, and the frozen hub can record none of them; then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from aenv_ray.engine import InstanceSpec
+from aenv_ray.errors import InstanceNotFoundError
+from aenv_ray.hub import HubClient
+from envhub.control import HUB_LEASE, HUBS, INSTANCES, INTENTS, LABEL_STORE, ControlPlane
+from envhub.keys import create_key
+from envhub.registry import VersionRegistry
+from envhub.store import open_store
+from local_backend.client import DaemonEngine
+from tests._hub import HubProcess, eventually
+
+BURST = 8
+LIMITS = {"default": {"instances": BURST, "per_request": BURST, "ttl": "1h"}}
+
+
+async def _records(store_url: str, kind: str = INSTANCES) -> dict[str, dict[str, object]]:
+    store = await open_store(store_url)
+    try:
+        return await store.list(kind)
+    finally:
+        await store.aclose()
+
+
+async def _live(daemon: DaemonEngine) -> dict[str, str]:
+    """The daemon's running instances made by a hub: id -> the store label."""
+    return {
+        i.id: i.labels.get(LABEL_STORE, "")
+        for i in await daemon.list()
+        if i.is_running and "aenv.tenant" in i.labels
+    }
+
+
+async def _new_key(store_url: str) -> str:
+    store = await open_store(store_url)
+    try:
+        return (await create_key(store, tenant="alice"))[1]
+    finally:
+        await store.aclose()
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[HubProcess, str]]:
+    """A hub on the engine daemon (which outlives it), and alice's key; quota BURST."""
+    tmp = tmp_path_factory.mktemp("reclaim")
+    (tmp / "limits.json").write_text(json.dumps(LIMITS))
+    process = HubProcess(tmp / "hub", engine="local", extra=["--limits", str(tmp / "limits.json")])
+    key = asyncio.run(_new_key(process.store))
+    with process:
+        yield process, key
+
+
+async def test_a_hub_killed_mid_create_reclaims_what_it_never_recorded(
+    hub: tuple[HubProcess, str],
+) -> None:
+    process, key = hub
+    daemon = DaemonEngine(process.data_dir / "engine")
+    async with HubClient(process.url, api_key=key) as client:
+        await client.list_instances()  # the hub serves; its daemon is up
+        burst = [
+            asyncio.create_task(client.create_instance("mini-terminal@1.0.0", ttl="1h"))
+            for _ in range(BURST)
+        ]
+        await eventually(lambda: _live(daemon), "the daemon started a first instance")
+        assert process.proc is not None
+        os.kill(process.proc.pid, signal.SIGSTOP)  # no record is written from here on
+        in_flight = await eventually(
+            lambda: _settled(daemon), "the daemon finished what it was asked", deadline=120
+        )
+        process.kill()
+        await asyncio.gather(*burst, return_exceptions=True)  # the hub died under them
+    records = await _records(process.store)
+    orphans = set(in_flight) - set(records)
+    assert orphans, "control: the crash must leave instances the hub never recorded"
+    assert await _records(process.store, INTENTS), "control: their intents are stored"
+
+    process.start()  # the restarted hub reclaims them (before it serves, or in its upkeep
+    # for one the daemon finished after the restart)
+
+    async def only_recorded() -> bool:
+        return set(await _live(daemon)) <= set(records)
+
+    await eventually(only_recorded, "no instance without a record runs", deadline=60)
+    assert not await _records(process.store, INTENTS)
+
+    async with HubClient(process.url, api_key=key) as client:  # the quota is whole again
+        for doc in await client.list_instances():  # what the tenant sees is all it holds
+            await client.delete_instance(doc["id"])
+        made = await asyncio.gather(
+            *(client.create_instance("mini-terminal@1.0.0", ttl=600) for _ in range(BURST))
+        )
+        assert set(await _live(daemon)) == {d["id"] for d in made}
+        for doc in made:
+            await client.delete_instance(doc["id"])
+    await daemon.aclose()
+
+
+async def _running(daemon: DaemonEngine, instance_id: str) -> bool:
+    try:
+        return (await daemon.get(instance_id)).is_running
+    except InstanceNotFoundError:
+        return False
+
+
+async def _settled(daemon: DaemonEngine) -> dict[str, str] | None:
+    """The daemon's hub instances once their number stays the same for a second."""
+    first = await _live(daemon)
+    await asyncio.sleep(1.0)
+    second = await _live(daemon)
+    return second if first == second and second else None
+
+
+async def test_no_hub_ends_a_create_under_way_of_a_live_hub_of_its_store(
+    hub: tuple[HubProcess, str], tmp_path: Path
+) -> None:
+    """Two more hubs of the running hub's store (control planes in this process): an instance
+    that one of them is creating (its intent stands, no record yet) is left alone by the other,
+    by itself and by the running hub, until its hub's heartbeat lapses; an instance labelled
+    with another store's id is never touched."""
+    process, _ = hub
+    daemon = DaemonEngine(process.data_dir / "engine")
+    store = await open_store(process.store)
+    first = ControlPlane(store, daemon, VersionRegistry(store), tmp_path / "first")
+    second = ControlPlane(store, daemon, VersionRegistry(store), tmp_path / "second")
+    spec = InstanceSpec("mini-terminal@1.0.0", ttl=600, labels={"aenv.tenant": "alice"})
+    try:
+        stranger = await daemon.create(
+            InstanceSpec(spec.env_ref, ttl=600, labels={**spec.labels, LABEL_STORE: "elsewhere"})
+        )
+        async with first._intent("alice") as marks:
+            info = await daemon.create(InstanceSpec(spec.env_ref, ttl=600, labels=marks))
+            assert info.id not in await second.reclaim()
+            assert info.id not in await first.reclaim()
+            assert await _running(daemon, info.id)
+            # `first` dies: its heartbeat stops; once it has lapsed, its intents are dead
+            beat = await store.get(HUBS, first.hub_id)
+            assert beat is not None
+            await store.put(HUBS, first.hub_id, {**beat, "heartbeat_at": time.time() - HUB_LEASE})
+            await second.reclaim()
+            assert not await _running(daemon, info.id)
+        assert stranger.id not in await second.reclaim()
+        assert await _running(daemon, stranger.id)
+        await daemon.delete(stranger.id)
+    finally:
+        await first.stop()
+        await second.stop()
+        await store.aclose()
+        await daemon.aclose()
