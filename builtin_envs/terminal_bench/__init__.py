@@ -18,16 +18,18 @@ from __future__ import annotations
 
 from builtin_envs.terminal_bench.errors import (
     BoxUnavailableError,
+    JudgeUnavailableError,
     NoTaskError,
     TaskError,
     TaskNotFoundError,
 )
-from builtin_envs.terminal_bench.grading import TestRun, grade
+from builtin_envs.terminal_bench.grading import TestRun, grade, judge_verdict
 from builtin_envs.terminal_bench.pytest_parser import PytestReport, parse_pytest
 from builtin_envs.terminal_bench.task import Task, has_tests, load_task, task_names
 
 __all__ = [
     "BoxUnavailableError",
+    "JudgeUnavailableError",
     "NoTaskError",
     "PytestReport",
     "Task",
@@ -36,6 +38,7 @@ __all__ = [
     "TestRun",
     "grade",
     "has_tests",
+    "judge_verdict",
     "load_task",
     "parse_pytest",
     "task_names",
