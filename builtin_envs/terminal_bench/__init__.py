@@ -5,6 +5,7 @@ grading. Usable without any sandbox::
     task = load_task(Path("tasks/hello-world"))      # task.yaml, whether it has tests
     parse_pytest(output).statuses                     # {"test_x": "PASSED", ...}
     grade(task.name, run)["reward"]                   # 1.0, 0.0, or None when invalid
+    judge_verdict(run.reports, statuses)              # pytest's own report against the summary
 
 The environment project beside it (``config.json``, ``src/``) runs the tasks in instances;
 ``offline/`` holds the stand-ins for ``apt-get``, ``curl`` and ``uv`` that let a task's
