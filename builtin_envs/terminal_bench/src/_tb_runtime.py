@@ -64,6 +64,7 @@ OFFLINE_AT = "/aenv-offline"
 MAX_REPLY = 64 << 20  # bytes of one answer of the agent's box
 MAX_TEST_OUTPUT = 16 << 20  # bytes of test output kept (the end)
 START_TIMEOUT = 20.0
+FREEZE_ROUNDS = 100  # passes over the agent's processes to stop them all (then they are killed)
 END_TIMEOUT = 20.0  # seconds for the agent's box to be gone once its pid 1 is killed
 MAX_JUDGE_REPORT = 64 << 20  # bytes of pytest reports kept
 _NAME_PART = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
@@ -419,7 +420,7 @@ class AgentBox:
         pid_1 = _children(self._process.pid)
         if self._process.poll() is None and pid_1:
             stopped: set[int] = set()
-            while True:
+            for _ in range(FREEZE_ROUNDS):  # a stopped process forks no more: this ends
                 fresh = [p for p in _descendants(pid_1[0]) if p not in stopped]
                 if not fresh:
                     break

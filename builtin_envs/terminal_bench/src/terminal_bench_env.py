@@ -43,6 +43,7 @@ _LOCK = threading.RLock()
 _EPISODE: Episode | None = None
 _PYTEST: WarmPytest | None = None
 MAX_WAIT = 60.0
+MAX_LISTED = 200  # the agent's processes the judge names (all are killed; the total is given)
 
 
 class AgentTimeUp(RuntimeError):
@@ -365,7 +366,8 @@ def _judge(episode: Episode) -> dict[str, Any]:
     killed = episode.end()
     app = files_only()
     return {
-        "killed": killed,
+        "killed": killed[:MAX_LISTED],
+        "killed_total": len(killed),
         "removed": app["removed"],
         "links_out": app["links_out"],
         "ignored": [
