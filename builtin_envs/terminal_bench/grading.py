@@ -16,7 +16,8 @@ collected from ``/tests`` passed in its report (a skip or xfail counts only when
 ``skip``/``skipif``/``xfail`` marker made it), and the summary names exactly those tests with the
 same outcomes. Else the outcome is ``failed``, reward 0 whatever the scoring, and ``reason``
 says why: a summary naming a test pytest did not collect, or fewer than it collected, a killed
-or crashed pytest (no report), a summary that disagrees with the report.
+or crashed pytest (no report), a summary that disagrees with the report, a test that raised
+whose report was rewritten to passed (status ``altered``).
 
     >>> run = TestRun(output="== short test summary info ==\\nPASSED t.py::test_a\\n"
     ...               "FAILED t.py::test_b - x\\n", exit_code=1, seconds=0.4)
@@ -198,6 +199,14 @@ def judge_verdict(
                 tests[name] = status
             marks.setdefault(name, set()).update(str(m) for m in item.get("marks", []))
     seen["tests"] = dict(tests)
+    altered = [name for name, status in tests.items() if status == "altered"]
+    if altered:
+        seen["agrees"] = False
+        return (
+            f"the outcome of {', '.join(altered)} was rewritten in pytest's process: the test "
+            "raised, its report says it passed",
+            seen,
+        )
     if not tests:
         seen["agrees"] = True
         return "pytest collected no test from the task's tests/", seen

@@ -35,6 +35,7 @@ import signal
 import socket
 import struct
 import sys
+from typing import Any
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
@@ -97,6 +98,13 @@ class JudgeReport:
         self.collected: list[dict[str, object]] = []
         self.outcomes: dict[str, dict[str, str]] = {}
         self.collect_errors: list[str] = []
+        self.raised: set[tuple[str, str]] = set()  # (node id, phase) whose code raised
+
+    def saw_call(self, nodeid: str, when: str, raised: bool) -> None:
+        """What a phase of a test really did, before any report was made of it (from
+        :func:`_raw_outcomes`): whether it raised (a skip aside)."""
+        if raised:
+            self.raised.add((nodeid, when))
 
     def pytest_collectreport(self, report: object) -> None:
         if getattr(report, "failed", False):
@@ -118,9 +126,11 @@ class JudgeReport:
         else:
             status = "failed" if when == "call" else "error"
         nodeid = str(getattr(report, "nodeid", ""))
+        if outcome == "passed" and (nodeid, when) in self.raised:
+            status = "altered"  # it raised, and its report says it passed
         known = self.outcomes.get(nodeid)
         worse = status != "passed" and known is not None and known["status"] in ("passed", "xpass")
-        if known is None or worse or status == "error":  # a teardown's error wins
+        if known is None or worse or status in ("error", "altered"):  # a teardown's error wins
             self.outcomes[nodeid] = {"status": status, "when": when}
 
     def pytest_sessionfinish(self, session: object, exitstatus: object) -> None:
@@ -136,6 +146,25 @@ class JudgeReport:
                 view = view[os.write(self._fd, view) :]
         with contextlib.suppress(OSError):
             os.close(self._fd)
+
+
+def _raw_outcomes(judge: JudgeReport) -> object:
+    """A plugin whose outermost ``pytest_runtest_makereport`` wrapper tells ``judge`` whether
+    each phase's code raised (``call.excinfo``, which the report is made from): a report that
+    says passed for a phase that raised was altered after it was made (a plugin or a patch in
+    pytest's process that rewrites outcomes)."""
+    import pytest
+
+    class RawOutcomes:
+        @pytest.hookimpl(wrapper=True, tryfirst=True)
+        def pytest_runtest_makereport(self, item: Any, call: Any) -> Any:
+            report = yield
+            excinfo = call.excinfo
+            raised = excinfo is not None and not excinfo.errisinstance(pytest.skip.Exception)
+            judge.saw_call(item.nodeid, call.when, raised)
+            return report
+
+    return RawOutcomes()
 
 
 def _run_pytest(request: dict[str, object]) -> int:
@@ -155,7 +184,8 @@ def _run_pytest(request: dict[str, object]) -> int:
     import pytest
 
     try:
-        code = int(pytest.main(plugins=[JudgeReport(REPORT_FD)]))
+        judge = JudgeReport(REPORT_FD)
+        code = int(pytest.main(plugins=[judge, _raw_outcomes(judge)]))
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     for stream in (sys.stdout, sys.stderr):
