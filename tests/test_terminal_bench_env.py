@@ -202,12 +202,13 @@ async def test_tasks_without_tests_are_invalid(env: Environment) -> None:
 
 async def test_tests_past_their_time_are_stopped_and_fail(env: Environment) -> None:
     await env.call_function("tb_reset", {"task": "slow-tests"})
-    await _run(env, "sleep 300 > /dev/null 2>&1 &")  # the agent's own process lives on
+    await _run(env, "sleep 300 > /dev/null 2>&1 &")  # the judge ends it before the tests
     started = time.monotonic()
     result = await env.call_reward({})
     assert time.monotonic() - started < 60
     assert (result["reward"], result["outcome"], result["exit_code"]) == (0.0, "test_timeout", None)
-    assert (await _run(env, "pgrep -c sleep"))["output"].strip() == "1"
+    assert [p["command"] for p in result["judge"]["killed"]] == ["sleep 300"]
+    assert (await _run(env, "pgrep -c sleep"))["output"].strip() == "0"
     again = await env.call_function("tb_reset", {"task": "slow-tests", "test_timeout_sec": 1})
     assert again["max_test_timeout_sec"] == 1
 
@@ -271,11 +272,18 @@ async def test_files_commands_and_the_terminal(env: Environment) -> None:
 
 
 @needs_tmux
-async def test_a_server_started_in_the_terminal_answers_the_tests(env: Environment) -> None:
+async def test_a_server_left_running_is_ended_the_tests_start_their_own(env: Environment) -> None:
+    """The judge ends every process of the agent's: a server left running in the terminal does
+    not answer the tests; the demo's http-server tests start the agent's serve.sh themselves."""
     (task,) = [t for t in demo.TASKS if t["id"] == "http-server"]
     await env.call_function("tb_reset", {"task": "http-server"})
+    server = "mkdir -p site; echo 'aenv-ray demo' > site/index.html; python3 -m http.server 8765"
+    await env.call_tool("send_keys", {"keys": [server, "Enter"], "wait_seconds": 2})
+    left = await env.call_reward({})
+    assert (left["reward"], left["outcome"]) == (0.0, "failed")
+    assert any("http.server" in p["command"] for p in left["judge"]["killed"])
     await env.call_tool("write_file", {"path": "/tmp/solve.sh", "content": task["solution"]})
-    await env.call_tool("send_keys", {"keys": ["bash /tmp/solve.sh", "Enter"], "wait_seconds": 2})
+    await env.call_tool("send_keys", {"keys": ["bash /tmp/solve.sh", "Enter"], "wait_seconds": 1})
     result = await env.call_reward({})
     assert result["reward"] == 1.0, result["output_tail"]
 
@@ -388,7 +396,8 @@ async def test_the_agent_can_neither_read_nor_change_the_tests(env: Environment)
     assert (result["reward"], result["outcome"]) == (0.0, "failed")
     assert result["tests"]["test_a"] == "failed"
     assert "spied" not in (await _run(env, "ls /app"))["output"]
-    assert (await _run(env, "pgrep -fc spy.sh"))["output"].strip() == "1"  # and it still runs
+    assert any("spy.sh" in p["command"] for p in result["judge"]["killed"])  # ended first
+    assert (await _run(env, "pgrep -fc '[s]py.sh'"))["output"].strip() == "0"
 
 
 async def test_the_agents_code_run_by_the_tests_sees_no_more(env: Environment) -> None:

@@ -5,6 +5,7 @@ grading. Usable without any sandbox::
     task = load_task(Path("tasks/hello-world"))      # task.yaml, whether it has tests
     parse_pytest(output).statuses                     # {"test_x": "PASSED", ...}
     grade(task.name, run)["reward"]                   # 1.0, 0.0, or None when invalid
+    judge_verdict(run.reports, statuses)              # pytest's own report against the summary
 
 The environment project beside it (``config.json``, ``src/``) runs the tasks in instances;
 ``offline/`` holds the stand-ins for ``apt-get``, ``curl`` and ``uv`` that let a task's
@@ -18,16 +19,18 @@ from __future__ import annotations
 
 from builtin_envs.terminal_bench.errors import (
     BoxUnavailableError,
+    JudgeUnavailableError,
     NoTaskError,
     TaskError,
     TaskNotFoundError,
 )
-from builtin_envs.terminal_bench.grading import TestRun, grade
+from builtin_envs.terminal_bench.grading import TestRun, grade, judge_verdict
 from builtin_envs.terminal_bench.pytest_parser import PytestReport, parse_pytest
 from builtin_envs.terminal_bench.task import Task, has_tests, load_task, task_names
 
 __all__ = [
     "BoxUnavailableError",
+    "JudgeUnavailableError",
     "NoTaskError",
     "PytestReport",
     "Task",
@@ -36,6 +39,7 @@ __all__ = [
     "TestRun",
     "grade",
     "has_tests",
+    "judge_verdict",
     "load_task",
     "parse_pytest",
     "task_names",

@@ -5,14 +5,21 @@ AEnvError
 │   ├── TaskError              a task directory that is not a Terminal-Bench task; fix the task
 │   └── BoxUnavailableError    the instance cannot build the box that hides the tests
 ├── TaskNotFoundError (LookupError)  no task of that name in the dataset; check the name
-└── NoTaskError                no task is active: call tb_reset(task=...) or set TB_TASK_DIR
+├── NoTaskError                no task is active: call tb_reset(task=...) or set TB_TASK_DIR
+└── JudgeUnavailableError      the judge's pytest is gone: no report to check; grade again
 """
 
 from __future__ import annotations
 
 from aenv_ray.errors import AEnvError, ConfigurationError
 
-__all__ = ["BoxUnavailableError", "NoTaskError", "TaskError", "TaskNotFoundError"]
+__all__ = [
+    "BoxUnavailableError",
+    "JudgeUnavailableError",
+    "NoTaskError",
+    "TaskError",
+    "TaskNotFoundError",
+]
 
 
 class TaskError(ConfigurationError):
@@ -29,3 +36,7 @@ class TaskNotFoundError(AEnvError, LookupError):
 
 class NoTaskError(AEnvError):
     """A call that needs a task, with none active."""
+
+
+class JudgeUnavailableError(AEnvError):
+    """The judge cannot grade (its pytest, whose report it checks, is gone): grade again."""

@@ -3,12 +3,12 @@
 Run by the runtime as a script (``python -I -S -B _tb_box.py``, standard library only) with its
 settings as one JSON object on stdin. As root of the instance's user namespace it builds a new
 root file system of only what the settings name (the system's directories and Python read-only,
-``/app``, ``/tmp`` and ``/root`` read-write, ``/tests`` for the grader), pivots into it and
-detaches the old one, then starts pid 1 of a new pid namespace, which mounts its ``/proc`` and
-drops into a user namespace of its own: every mount is then locked (it cannot be unmounted to
-reveal what it covers, nor made writable), the box has no capability over the runtime's
-namespaces, and it sees none of the runtime's processes. The task directory, the dataset
-(``/data``) and the runtime's files are simply not in the box.
+``/app``, ``/tmp`` and ``/root`` read-write, ``/tests`` read-only for the grader), pivots into
+it and detaches the old one, then starts pid 1 of a new pid namespace, which mounts its
+``/proc`` and drops into a user namespace of its own: every mount is then locked (it cannot be
+unmounted to reveal what it covers, nor made writable), the box has no capability over the
+runtime's namespaces, and it sees none of the runtime's processes. The task directory, the
+dataset (``/data``) and the runtime's files are simply not in the box.
 
 Modes:
 
@@ -176,6 +176,8 @@ def build_root(settings: dict[str, object]) -> None:
         _mount("tmpfs", f"{new}/tests", "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=268435456")
         _copy_tests(f"/proc/self/fd/{tests}", f"{new}/tests")
         os.close(tests)
+        # read-only, and locked so: what the tests run cannot rewrite them (nor what they read)
+        _mount(None, f"{new}/tests", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     os.mkdir(f"{new}/.old")
     _pivot_root(new, f"{new}/.old")
     os.chdir("/")

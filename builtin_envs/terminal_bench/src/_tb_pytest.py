@@ -12,6 +12,14 @@ there becomes ``pytest ARGS`` as its console script would run: the box's files, 
 and descriptors, pytest's own plugins only. The first fork waits for it and answers its exit
 status. Nothing of the box's is trusted: whatever it sends only shapes a process inside it.
 
+The judge's channel: with each box's socket the runtime hands over the write end of a pipe
+that only this process and its forks hold. pytest runs with :class:`JudgeReport` loaded as a
+plugin object (not by name: nothing on the box's ``sys.path`` can stand in for it), which
+writes pytest's own per-test outcomes to a pipe of the first fork's (fd 3 of pytest, closed on
+exec: the programs the tests start do not inherit it); the first fork reads it, waits for
+pytest's exit, and writes one JSON line to the runtime's pipe: ``{"report": ..., "exit": N}``
+(``signal`` when pytest was killed). The box never holds the runtime's pipe.
+
 Run as a script (``python -I -B _tb_pytest.py``) with the runtime's control socket as stdin.
 """
 
@@ -27,12 +35,15 @@ import signal
 import socket
 import struct
 import sys
+from typing import Any
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 MAX_REQUEST = 1 << 20
+MAX_REPORT = 8 << 20  # bytes of one pytest run's report
+REPORT_FD = 3  # pytest's end of the report pipe
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -76,6 +87,86 @@ def _namespaces(pid: int) -> list[tuple[int, int, str]]:
     return opened
 
 
+class JudgeReport:
+    """A pytest plugin object: what pytest collected and each test's outcome, written as one
+    JSON object to ``fd`` when the session ends (``collected``: node ids, paths and markers;
+    ``outcomes``: ``passed``, ``failed``, ``error``, ``skipped``, ``xfail``, ``xpass`` per node
+    id, with the phase a skip came from; ``collect_errors``; ``exitstatus``)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self.collected: list[dict[str, object]] = []
+        self.outcomes: dict[str, dict[str, str]] = {}
+        self.collect_errors: list[str] = []
+        self.raised: set[tuple[str, str]] = set()  # (node id, phase) whose code raised
+
+    def saw_call(self, nodeid: str, when: str, raised: bool) -> None:
+        """What a phase of a test really did, before any report was made of it (from
+        :func:`_raw_outcomes`): whether it raised (a skip aside)."""
+        if raised:
+            self.raised.add((nodeid, when))
+
+    def pytest_collectreport(self, report: object) -> None:
+        if getattr(report, "failed", False):
+            self.collect_errors.append(str(getattr(report, "nodeid", "")))
+
+    def pytest_collection_finish(self, session: object) -> None:
+        for item in getattr(session, "items", []):
+            marks = sorted({m.name for m in item.iter_markers()} & {"skip", "skipif", "xfail"})
+            self.collected.append({"nodeid": item.nodeid, "path": str(item.path), "marks": marks})
+
+    def pytest_runtest_logreport(self, report: object) -> None:
+        when = str(getattr(report, "when", ""))
+        outcome = str(getattr(report, "outcome", ""))
+        xfail = hasattr(report, "wasxfail")
+        if outcome == "passed":
+            status = "xpass" if xfail and when == "call" else "passed"
+        elif outcome == "skipped":
+            status = "xfail" if xfail else "skipped"
+        else:
+            status = "failed" if when == "call" else "error"
+        nodeid = str(getattr(report, "nodeid", ""))
+        if outcome == "passed" and (nodeid, when) in self.raised:
+            status = "altered"  # it raised, and its report says it passed
+        known = self.outcomes.get(nodeid)
+        worse = status != "passed" and known is not None and known["status"] in ("passed", "xpass")
+        if known is None or worse or status in ("error", "altered"):  # a teardown's error wins
+            self.outcomes[nodeid] = {"status": status, "when": when}
+
+    def pytest_sessionfinish(self, session: object, exitstatus: object) -> None:
+        data = {
+            "collected": self.collected,
+            "outcomes": self.outcomes,
+            "collect_errors": self.collect_errors,
+            "exitstatus": int(exitstatus),  # type: ignore[call-overload]
+        }
+        with contextlib.suppress(OSError):
+            view = memoryview(json.dumps(data).encode())
+            while view:
+                view = view[os.write(self._fd, view) :]
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+
+def _raw_outcomes(judge: JudgeReport) -> object:
+    """A plugin whose outermost ``pytest_runtest_makereport`` wrapper tells ``judge`` whether
+    each phase's code raised (``call.excinfo``, which the report is made from): a report that
+    says passed for a phase that raised was altered after it was made (a plugin or a patch in
+    pytest's process that rewrites outcomes)."""
+    import pytest
+
+    class RawOutcomes:
+        @pytest.hookimpl(wrapper=True, tryfirst=True)
+        def pytest_runtest_makereport(self, item: Any, call: Any) -> Any:
+            report = yield
+            excinfo = call.excinfo
+            raised = excinfo is not None and not excinfo.errisinstance(pytest.skip.Exception)
+            judge.saw_call(item.nodeid, call.when, raised)
+            return report
+
+    return RawOutcomes()
+
+
 def _run_pytest(request: dict[str, object]) -> int:
     """In the box: become ``pytest ARGS`` as its console script runs it; its exit status."""
     env = {str(k): str(v) for k, v in dict(request.get("env") or {}).items()}  # type: ignore[call-overload]
@@ -93,7 +184,8 @@ def _run_pytest(request: dict[str, object]) -> int:
     import pytest
 
     try:
-        code = int(pytest.main())
+        judge = JudgeReport(REPORT_FD)
+        code = int(pytest.main(plugins=[judge, _raw_outcomes(judge)]))
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     for stream in (sys.stdout, sys.stderr):
@@ -102,36 +194,86 @@ def _run_pytest(request: dict[str, object]) -> int:
     return code
 
 
+def _read_report(fd: int, child: int) -> bytes:
+    """What pytest (process ``child``) writes on ``fd`` until it exits or closes it (at most
+    MAX_REPORT bytes): a process of the tests that kept the pipe open does not hold it up."""
+    data = bytearray()
+    pidfd = os.pidfd_open(child)
+    try:
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            selector.register(pidfd, selectors.EVENT_READ)
+            exited = False
+            while True:
+                ready = {key.fd for key, _ in selector.select(0 if exited else None)}
+                if fd in ready:
+                    chunk = os.read(fd, 1 << 16)
+                    if not chunk:
+                        break
+                    if len(data) < MAX_REPORT:
+                        data += chunk
+                    continue
+                if exited:
+                    break
+                if pidfd in ready:
+                    exited = True
+                    os.set_blocking(fd, False)
+    finally:
+        os.close(pidfd)
+    return bytes(data[:MAX_REPORT])
+
+
 def _serve_one(
     sock: socket.socket,
     namespaces: list[tuple[int, int, str]],
     request: dict[str, object],
     fds: list[int],
+    judge: int,
 ) -> None:
-    """In a fork of this process: join the box, start pytest there, answer its exit status."""
+    """In a fork of this process: join the box, start pytest there, write its report and exit
+    status to the runtime's ``judge`` pipe, answer its exit status."""
     code = 1
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # this one waits for its child
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    verdict: dict[str, object] = {"report": None, "exit": None}
     try:
         for fd, kind, name in namespaces:
             _setns(fd, kind, name)
+        report_read, report_write = os.pipe()
         child = os.fork()
         if child == 0:
             try:
                 for target, fd in enumerate(fds[:3]):
                     os.dup2(fd, target)
-                os.closerange(3, 1 << 16)
+                os.dup2(report_write, REPORT_FD, inheritable=False)
+                os.closerange(REPORT_FD + 1, 1 << 16)
                 signal.signal(signal.SIGPIPE, signal.SIG_DFL)
                 os._exit(_run_pytest(request) & 0xFF)
             except BaseException as exc:
                 os.write(2, f"terminal-bench pytest: {type(exc).__name__}: {exc}\n".encode())
                 os._exit(4)
+        os.close(report_write)
         for fd in fds:
             os.close(fd)
+        raw = _read_report(report_read, child)
+        os.close(report_read)
         _, status = os.waitpid(child, 0)
         code = os.waitstatus_to_exitcode(status)
+        verdict["exit"] = code
+        if code < 0:
+            verdict["signal"] = -code
         code = code if code >= 0 else 128 - code
+        try:
+            verdict["report"] = json.loads(raw) if raw else None
+        except ValueError:
+            verdict["report_error"] = "pytest's report is not JSON"
     except BaseException as exc:
         os.write(2, f"terminal-bench pytest: {type(exc).__name__}: {exc}\n".encode())
+        verdict["error"] = f"{type(exc).__name__}: {exc}"
+    with contextlib.suppress(OSError):
+        view = memoryview(json.dumps(verdict).encode() + b"\n")
+        while view:
+            view = view[os.write(judge, view) :]
     try:
         sock.sendall(json.dumps({"code": code}).encode() + b"\n")
     finally:
@@ -170,29 +312,35 @@ def _receive(sock: socket.socket) -> tuple[dict[str, object], list[int], int] | 
 
 
 def serve(control: socket.socket) -> None:
-    """Take boxes' sockets from the runtime and requests from the boxes until the runtime goes."""
+    """Take boxes' sockets (each with the runtime's judge pipe) from the runtime and requests
+    from the boxes until the runtime goes."""
     selector = selectors.DefaultSelector()
     selector.register(control, selectors.EVENT_READ, None)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the forks are reaped by the kernel
     while True:
         for key, _ in selector.select():
-            sock: socket.socket | None = key.data
-            if sock is None:
+            data: tuple[socket.socket, int] | None = key.data
+            if data is None:
                 try:
-                    data, fds, _, _ = socket.recv_fds(control, 4096, 1)
+                    message, fds, _, _ = socket.recv_fds(control, 4096, 2)
                 except OSError:
                     return
-                if not data:
+                if not message:
                     return
-                for fd in fds:
-                    box = socket.socket(fileno=fd)
-                    box.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-                    selector.register(box, selectors.EVENT_READ, box)
+                if len(fds) != 2:
+                    for fd in fds:
+                        os.close(fd)
+                    continue
+                box = socket.socket(fileno=fds[0])
+                box.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+                selector.register(box, selectors.EVENT_READ, (box, fds[1]))
                 continue
+            sock, judge = data
             received = _receive(sock)
             if received is None:  # the box is gone, or it broke the protocol
                 selector.unregister(sock)
                 sock.close()
+                os.close(judge)
                 continue
             request, fds, pid = received
             try:
@@ -201,12 +349,13 @@ def serve(control: socket.socket) -> None:
                 namespaces = []
             if namespaces and os.fork() == 0:
                 control.close()
-                _serve_one(sock, namespaces, request, fds)
+                _serve_one(sock, namespaces, request, fds, judge)
             for fd in [*fds, *(n[0] for n in namespaces)]:
                 os.close(fd)
             if not namespaces:
                 selector.unregister(sock)
                 sock.close()
+                os.close(judge)
 
 
 def main() -> None:

@@ -6,17 +6,20 @@ holds only the system's directories, Python, ``/app``, ``/tmp`` and ``/root``:
 - the **agent's box**, one per episode: every tool runs there (commands, files, the tmux
   session), so the agent sees what a user of the task's container sees, and never the dataset,
   the task directory or the runtime;
-- the **grader's box**, one per test run: the same view plus ``/tests`` (the task's
-  ``run-tests.sh`` and ``tests/``) and the offline ``apt-get``, ``curl`` and ``uv``; it sees the
-  agent's ``/app``, ``/tmp``, ``/root`` and network (a server the agent left running answers),
-  never its processes.
+- the **grader's box** (the judge), one per test run: the same system view plus ``/tests``
+  (the task's ``run-tests.sh`` and ``tests/``, read-only) and the offline ``apt-get``, ``curl``
+  and ``uv``; the agent's ``/app`` as files (FIFOs, sockets and device nodes removed first), a
+  ``/tmp`` and ``/root`` of its own, emptied before every run, the task image's environment.
+  Before it starts, the agent's box is ended: every process in it frozen, listed, killed
+  (:meth:`AgentBox.end`); the agent's next tool call starts a new one.
 
 ``/tmp`` and ``/root`` of the boxes are directories of the instance's own ``/tmp`` (under
-``/tmp/.tb``), emptied with ``/app`` at every reset.
+``/tmp/.tb``), emptied with ``/app`` at every reset (the judge's: before every test run).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
@@ -25,8 +28,10 @@ import select
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +47,7 @@ from builtin_envs.terminal_bench import (
     load_task,
     task_names,
 )
+from builtin_envs.terminal_bench.errors import JudgeUnavailableError
 
 log = logging.getLogger("terminal_bench")
 
@@ -58,6 +64,9 @@ OFFLINE_AT = "/aenv-offline"
 MAX_REPLY = 64 << 20  # bytes of one answer of the agent's box
 MAX_TEST_OUTPUT = 16 << 20  # bytes of test output kept (the end)
 START_TIMEOUT = 20.0
+FREEZE_ROUNDS = 100  # passes over the agent's processes to stop them all (then they are killed)
+END_TIMEOUT = 20.0  # seconds for the agent's box to be gone once its pid 1 is killed
+MAX_JUDGE_REPORT = 64 << 20  # bytes of pytest reports kept
 _NAME_PART = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
@@ -162,12 +171,14 @@ def _workspace() -> str:
     return path
 
 
-def _settings(mode: str, **more: Any) -> dict[str, Any]:
+def _settings(
+    mode: str, *, tmp: Path | None = None, home: Path | None = None, **more: Any
+) -> dict[str, Any]:
     links, binds = _layout()
     binds = [
         (_workspace(), WORKDIR, True),
-        (str(STATE / "tmp"), "/tmp", True),
-        (str(STATE / "home"), "/root", True),
+        (str(tmp or STATE / "tmp"), "/tmp", True),
+        (str(home or STATE / "home"), "/root", True),
         *binds,
     ]
     if mode == "grader":
@@ -211,6 +222,101 @@ def clean_slate() -> None:
     _empty(STATE / "home", 0o700)
 
 
+def _children(pid: int) -> list[int]:
+    """The children of process ``pid`` (none when it is gone)."""
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as handle:
+                found += [int(p) for p in handle.read().split()]
+        except OSError:
+            continue
+    return found
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (its children, theirs, ...)."""
+    found: list[int] = []
+    todo = _children(pid)
+    while todo:
+        child = todo.pop()
+        found.append(child)
+        todo += _children(child)
+    return found
+
+
+def _process_info(pid: int) -> dict[str, Any] | None:
+    """``{"pid", "command"}`` of process ``pid``: its pid in its innermost pid namespace, its
+    command line (200 characters at most); None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            status = handle.read()
+        with open(f"/proc/{pid}/cmdline", "rb") as raw:
+            argv = raw.read(4096).split(b"\0")
+    except OSError:
+        return None
+    inner = pid
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            inner = int(line.split()[-1])
+    command = " ".join(a.decode(errors="replace") for a in argv if a)
+    if not command:
+        name = next((ln.split(None, 1)[-1] for ln in status.splitlines() if ln[:5] == "Name:"), "")
+        command = f"[{name}]"
+    return {"pid": inner, "command": command[:200]}
+
+
+def _kind(mode: int) -> str | None:
+    """What a file that is not a plain file, directory or link is (None for those)."""
+    for test, name in (
+        (stat.S_ISFIFO, "fifo"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+    ):
+        if test(mode):
+            return name
+    return None
+
+
+def files_only() -> dict[str, list[dict[str, str]]]:
+    """The agent's ``/app`` as files only, for the judge: FIFOs, sockets and device nodes are
+    removed (``removed``: path and type); links that lead out of ``/app`` are kept and listed
+    (``links_out``: in the judge's box they lead to its own ``/tmp``, ``/root``, the system)."""
+    root = _workspace()
+    removed: list[dict[str, str]] = []
+    links_out: list[dict[str, str]] = []
+    todo = [root]
+    while todo:
+        directory = todo.pop()
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                mode = entry.stat(follow_symlinks=False).st_mode
+            except OSError:
+                continue
+            shown = WORKDIR + entry.path[len(root) :]
+            if stat.S_ISDIR(mode):
+                todo.append(entry.path)
+            elif stat.S_ISLNK(mode):
+                target = os.readlink(entry.path)
+                lexical = os.path.normpath(os.path.join(os.path.dirname(shown), target))
+                if not (lexical == WORKDIR or lexical.startswith(WORKDIR + "/")):
+                    links_out.append({"path": shown, "target": target})
+            elif (kind := _kind(mode)) is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+                removed.append({"path": shown, "type": kind})
+    return {"removed": removed, "links_out": links_out}
+
+
 def _log_file(name: str) -> Any:
     directory = Path("/tmp/.tb-runtime")
     directory.mkdir(mode=0o700, exist_ok=True)
@@ -243,7 +349,7 @@ class AgentBox:
         self._sock = ours
         self._pending = b""
         try:
-            self.request("ping", timeout=START_TIMEOUT)
+            self._server_pid = int(self.request("ping", timeout=START_TIMEOUT)["pid"])
         except BoxError as exc:
             why = self._why()
             self.close()
@@ -304,6 +410,42 @@ class AgentBox:
             raise BoxError(str(reply.get("error") or "the request failed"))
         return reply
 
+    def end(self) -> list[dict[str, Any]]:
+        """End the box and everything in it, as the judge needs it: every process frozen
+        (``SIGSTOP``, until no new one appears), listed, then the box's pid 1 killed, which
+        kills the rest of its pid namespace at once; returns once the namespace is empty (its
+        pid 1 reaped). The processes the agent had, as ``{"pid", "command"}`` (the pid as the
+        box saw it; the box's own pid 1 and server left out)."""
+        found: list[dict[str, Any]] = []
+        pid_1 = _children(self._process.pid)
+        if self._process.poll() is None and pid_1:
+            stopped: set[int] = set()
+            for _ in range(FREEZE_ROUNDS):  # a stopped process forks no more: this ends
+                fresh = [p for p in _descendants(pid_1[0]) if p not in stopped]
+                if not fresh:
+                    break
+                for pid in fresh:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGSTOP)
+                    stopped.add(pid)
+            ours = {pid_1[0]}
+            for child in _children(pid_1[0]):
+                seen = _process_info(child)
+                if seen is not None and seen["pid"] == self._server_pid:
+                    ours.add(child)
+            for pid in sorted(stopped - ours):
+                seen = _process_info(pid)
+                if seen is not None:
+                    found.append(seen)
+            with contextlib.suppress(OSError):
+                os.kill(pid_1[0], signal.SIGKILL)
+            try:  # the box's H waits for its pid 1, which waits for its namespace to be empty
+                self._process.wait(timeout=END_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                log.warning("the agent's box did not end within %s s", END_TIMEOUT)
+        self.close()
+        return found
+
     def close(self) -> None:
         """End the box and everything in it."""
         self._sock.close()
@@ -337,22 +479,26 @@ class WarmPytest:
         """Whether it still runs."""
         return self._process.poll() is None
 
-    def socket_for_box(self) -> socket.socket | None:
-        """A socket whose other end it serves (None when it is gone): the box's ``uv run
-        pytest`` asks there."""
+    def socket_for_box(self) -> tuple[socket.socket, int] | None:
+        """A socket whose other end it serves, and the read end of the judge's pipe, where it
+        writes each pytest run's report (None when it is gone): the box's ``uv run pytest``
+        asks on the socket; the box never holds the pipe."""
         if not self.alive:
             return None
         ours, theirs = socket.socketpair()
         # the kernel then says who sent each request, however soon the box asks
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        judge_read, judge_write = os.pipe()
         try:
-            socket.send_fds(self._control, [b"{}"], [ours.fileno()])
+            socket.send_fds(self._control, [b"{}"], [ours.fileno(), judge_write])
         except OSError:
             theirs.close()
+            os.close(judge_read)
             return None
         finally:
             ours.close()
-        return theirs
+            os.close(judge_write)
+        return theirs, judge_read
 
     def close(self) -> None:
         """Stop it."""
@@ -363,20 +509,54 @@ class WarmPytest:
         self._log.close()
 
 
-def run_tests(task: Task, timeout: float, pytest: WarmPytest | None = None) -> TestRun:
-    """Run the task's ``run-tests.sh`` in a grader's box, at most ``timeout`` seconds (with the
-    warm ``pytest`` for its ``uv run pytest``, when given)."""
+def run_tests(task: Task, timeout: float, pytest: WarmPytest) -> TestRun:
+    """Run the task's ``run-tests.sh`` in a grader's box (the judge's: fresh ``/tmp`` and
+    ``/root``, emptied here), at most ``timeout`` seconds, with the warm ``pytest`` for its
+    ``uv run pytest``; the run carries the reports of every pytest it ran (``reports``), read
+    from the judge's pipe. :class:`JudgeUnavailableError` when the warm pytest is gone."""
+    connected = pytest.socket_for_box()
+    if connected is None:
+        raise JudgeUnavailableError(
+            "the instance's pytest is gone, so the judge would get no report of the tests: "
+            "grade again (the next reward starts a new one)"
+        )
+    scratch = Path(tempfile.mkdtemp(prefix="judge-", dir=STATE))
+    try:
+        return _run_tests(task, timeout, connected, scratch)
+    finally:
+        _remove(scratch)
+
+
+def _remove(path: Path) -> None:
+    """Remove ``path`` and all in it, whatever modes the tests left on its directories."""
+
+    def retry(function: Any, name: str, _: Any) -> None:
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(name), 0o700)
+            os.chmod(name, 0o700)
+            function(name)
+
+    shutil.rmtree(path, onerror=retry)
+
+
+def _run_tests(
+    task: Task, timeout: float, connected: tuple[socket.socket, int], scratch: Path
+) -> TestRun:
+    (scratch / "tmp").mkdir(mode=0o1777)
+    (scratch / "tmp").chmod(0o1777)
+    (scratch / "home").mkdir(mode=0o700)
     status_read, status_write = os.pipe()
-    warm = pytest.socket_for_box() if pytest is not None else None
-    passed = [status_write] + ([warm.fileno()] if warm is not None else [])
+    warm, judge_read = connected
+    passed = [status_write, warm.fileno()]
     settings = _settings(
         "grader",
+        tmp=scratch / "tmp",
+        home=scratch / "home",
         tests_from=str(task.path),
         command=["bash", "/tests/run-tests.sh"],
         status_fd=status_write,
     )
-    if warm is not None:
-        settings["env"]["TB_PYTEST_FD"] = str(warm.fileno())
+    settings["env"]["TB_PYTEST_FD"] = str(warm.fileno())
     started = time.monotonic()
     try:
         process = subprocess.Popen(
@@ -387,23 +567,28 @@ def run_tests(task: Task, timeout: float, pytest: WarmPytest | None = None) -> T
             pass_fds=passed,
             env=_CLEAN_ENV,
         )
+    except BaseException:
+        os.close(judge_read)
+        raise
     finally:
         os.close(status_write)
-        if warm is not None:
-            warm.close()
+        warm.close()
+    judge = bytearray()
     try:
         assert process.stdin is not None
         assert process.stdout is not None
         process.stdin.write(json.dumps(settings).encode())
         process.stdin.close()
-        output, timed_out = _collect(process, started + timeout)
+        output, timed_out = _collect(process, started + timeout, judge_read, judge)
         code = process.wait()
         ready = os.read(status_read, 16)
+        _drain(judge_read, judge, time.monotonic() + END_TIMEOUT)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
         os.close(status_read)
+        os.close(judge_read)
     text = output.decode(errors="replace")
     if ready != b"ready" and not timed_out:
         raise BoxUnavailableError(f"the grader's box did not start: {text[-2000:].strip()}")
@@ -412,16 +597,49 @@ def run_tests(task: Task, timeout: float, pytest: WarmPytest | None = None) -> T
         exit_code=None if timed_out else code,
         seconds=time.monotonic() - started,
         timed_out=timed_out,
+        reports=_reports(bytes(judge)),
     )
 
 
-def _collect(process: subprocess.Popen[bytes], deadline: float) -> tuple[bytes, bool]:
+def _reports(data: bytes) -> tuple[dict[str, Any], ...]:
+    """The judge's pipe's lines (one per pytest run, written by the warm pytest's forks)."""
+    found = []
+    for line in data.splitlines():
+        try:
+            value = json.loads(line)
+        except ValueError:
+            value = {"error": "a report line that is not JSON"}
+        found.append(value if isinstance(value, dict) else {"error": "a report that is not one"})
+    return tuple(found)
+
+
+def _drain(fd: int, into: bytearray, deadline: float) -> None:
+    """Read ``fd`` into ``into`` until its end (every writer gone) or ``deadline``."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            continue
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return
+        if len(into) < MAX_JUDGE_REPORT:
+            into += chunk
+
+
+def _collect(
+    process: subprocess.Popen[bytes], deadline: float, judge_fd: int, judge: bytearray
+) -> tuple[bytes, bool]:
     """Everything ``process`` prints until it ends (its end: at most MAX_TEST_OUTPUT bytes),
-    and whether it ran past ``deadline`` (then it is killed, with all of its box)."""
+    and whether it ran past ``deadline`` (then it is killed, with all of its box); what comes
+    on ``judge_fd`` meanwhile goes into ``judge``."""
     assert process.stdout is not None
     fd = process.stdout.fileno()
     kept = bytearray()
     timed_out = False
+    watched = [fd, judge_fd]
     while True:
         left = deadline - time.monotonic()
         if left <= 0 and not timed_out:
@@ -431,8 +649,14 @@ def _collect(process: subprocess.Popen[bytes], deadline: float) -> tuple[bytes, 
             continue
         if left <= 0:
             break
-        ready, _, _ = select.select([fd], [], [], left)
-        if not ready:
+        ready, _, _ = select.select(watched, [], [], left)
+        if judge_fd in ready:
+            chunk = os.read(judge_fd, 1 << 16)
+            if not chunk:
+                watched.remove(judge_fd)
+            elif len(judge) < MAX_JUDGE_REPORT:
+                judge += chunk
+        if fd not in ready:
             continue
         chunk = os.read(fd, 1 << 16)
         if not chunk:
@@ -524,4 +748,13 @@ class Episode:
         """End the agent's box."""
         if self.box is not None:
             self.box.close()
+            self.box = None
+
+    def end(self) -> list[dict[str, Any]]:
+        """End the agent's box for the judge (:meth:`AgentBox.end`): the processes it had."""
+        if self.box is None:
+            return []
+        try:
+            return self.box.end()
+        finally:
             self.box = None

@@ -4,8 +4,11 @@ The task comes from ``TB_TASK_DIR`` (or a datasource that is a task) at creation
 ``tb_reset(task=NAME)``, which picks a task of the dataset mounted as the datasource (``/data``,
 or ``TB_DATASET_DIR``) or of the bundled demo tasks. The agent works in ``/app`` through the
 tools (a command, the tmux terminal, files), all of which run in the agent's box, where neither
-the dataset nor the task directory exists. The reward runs the task's ``run-tests.sh`` in a
-grader's box and parses pytest's summary as Terminal-Bench does. See docs/builtins.md.
+the dataset nor the task directory exists. The reward is the judge's: it ends the agent's box
+(every process in it), keeps ``/app`` as files only, runs the task's ``run-tests.sh`` in a
+grader's box of its own (fresh ``/tmp`` and home, the task's environment), parses pytest's
+summary as Terminal-Bench does and checks it against pytest's own report. See
+docs/builtins.md.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from _tb_runtime import (
     WarmPytest,
     all_task_names,
     clean_slate,
+    files_only,
     find_task,
     run_tests,
 )
@@ -39,6 +43,7 @@ _LOCK = threading.RLock()
 _EPISODE: Episode | None = None
 _PYTEST: WarmPytest | None = None
 MAX_WAIT = 60.0
+MAX_LISTED = 200  # the agent's processes the judge names (all are killed; the total is given)
 
 
 class AgentTimeUp(RuntimeError):
@@ -307,11 +312,15 @@ def tb_run_solution() -> dict[str, Any]:
 
 @register_reward(timeout=86400)
 def tb_reward(scoring: Literal["all", "fraction"] | None = None, strict: bool = False) -> Any:
-    """Grade the task: run its run-tests.sh and parse pytest's summary as Terminal-Bench does.
+    """Grade the task: end every process of the agent's box, run its run-tests.sh in the
+    judge's box and parse pytest's summary as Terminal-Bench does, checked against pytest's own
+    report.
 
     Returns the reward (1 or 0; the fraction of tests passed with scoring "fraction"; None when
     the task has no tests: invalid), the result of each test, the parser's outcome, the invalid
-    flag and the end of the test output.
+    flag, the end of the test output, ``judge`` (the processes killed, the files removed or
+    ignored, pytest's report and the verdict) and, when it failed on the judge's checks,
+    ``reason``. The agent's terminal is a new one afterwards.
 
     Args:
         scoring: "all" (every test must pass; the default, or TB_SCORING) or "fraction".
@@ -326,9 +335,10 @@ def tb_reward(scoring: Literal["all", "fraction"] | None = None, strict: bool = 
         if task is None:
             raise NoTaskError("no task to grade: call tb_reset(task=...) first")
         late = episode.timed_out or (episode.time_left() == 0.0)
-        if task.invalid is not None:
-            return grade(task.name, None, invalid=task.invalid, agent_timed_out=late)
         started = time.monotonic()
+        judge = _judge(episode)
+        if task.invalid is not None:
+            return grade(task.name, None, invalid=task.invalid, agent_timed_out=late, judge=judge)
         run = run_tests(task, episode.test_timeout or task.max_test_timeout_sec, _warm_pytest())
         result = grade(
             task.name,
@@ -336,6 +346,7 @@ def tb_reward(scoring: Literal["all", "fraction"] | None = None, strict: bool = 
             scoring="fraction" if chosen == "fraction" else "all",
             strict=strict,
             agent_timed_out=late,
+            judge=judge,
         )
         log.info(
             "graded",
@@ -347,6 +358,23 @@ def tb_reward(scoring: Literal["all", "fraction"] | None = None, strict: bool = 
             },
         )
         return result
+
+
+def _judge(episode: Episode) -> dict[str, Any]:
+    """Before a grading: the agent's box ended (every process in it frozen, listed, killed; the
+    next tool call starts a new one), ``/app`` made files only. What was removed or ignored."""
+    killed = episode.end()
+    app = files_only()
+    return {
+        "killed": killed[:MAX_LISTED],
+        "killed_total": len(killed),
+        "removed": app["removed"],
+        "links_out": app["links_out"],
+        "ignored": [
+            "the agent's /tmp and home directory (the tests get fresh ones)",
+            "the agent's environment and shell (the tests get the task's)",
+        ],
+    }
 
 
 @register_health
