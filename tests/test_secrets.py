@@ -1,0 +1,194 @@
+"""No secret of the host, the engine, the hub or the operator is readable in an instance.
+
+The attack is the one a hostile agent runs from mini-terminal's shell: read every
+``/proc/*/environ`` and ``/proc/*/cmdline`` it can see (the runtime's included; it is the
+shell's parent). Canaries are planted where secrets live: the driver's environment (the local
+engine's own), the hub's (and so its engine daemon's, which the hub starts) with its Redis
+store's URL and password, and the variables that hand a standalone runtime (what Kubernetes
+pods run) its token and bundle key. Each scan has a control: a variable deliberately given to
+the instance (``environment_variables``) must show, or the scan proves nothing.
+
+The local engine's own scan runs in ``tests/test_sandbox_attacks.py`` (so also as ``nobody``);
+this file holds the hub, the standalone runtime and Kubernetes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from aenv_ray import Environment, InstanceSpec
+from aenv_ray.protocol import BUNDLE_KEY_ENV, FAST_CALL_PATH, READY_PATH, TOKEN_ENV
+from aenv_ray.testing import free_port
+from tests._hub import HubProcess, eventually, new_key, raw, run
+from tests._k8s import KubeCluster
+from tests._redis import RedisServer
+
+CONTROL = "AENV_CONTROL_GIVEN_TO_THE_INSTANCE"
+MINI_TERMINAL = Path(__file__).resolve().parent.parent / "builtin_envs" / "mini_terminal"
+
+
+def scan_command(every: bool = True) -> str:
+    """The shell command that prints what every process's environment and command line hold
+    (``every=False``: the runtime's, its parent's, only, and the shell's own), then the files
+    it could read."""
+    where = "/proc/[0-9]*" if every else "/proc/$PPID /proc/$$"
+    return (
+        'echo "RUNTIME $PPID"; '
+        f"for d in {where}; do for f in $d/environ $d/cmdline; do "
+        'if tr "\\0" "\\n" < "$f" 2>/dev/null; then echo; echo "READ $f"; fi; '
+        "done; done; true"
+    )
+
+
+def assert_clean(output: str, canaries: list[str], control: str) -> None:
+    """The scan read the runtime's own environment, found the control and no canary."""
+    runtime = next(line.split()[1] for line in output.splitlines() if line.startswith("RUNTIME"))
+    assert f"READ /proc/{runtime}/environ" in output, output[-3000:]
+    assert f"READ /proc/{runtime}/cmdline" in output, output[-3000:]
+    assert f"{CONTROL}={control}" in output, output[-3000:]  # the scan sees what it should
+    for canary in canaries:
+        assert canary not in output, f"{canary[:24]}... is readable in the instance"
+
+
+# -- a hub (and the engine daemon it starts) on a Redis store with a password -------------------
+
+
+@pytest.fixture
+def redis_user(redis_server: RedisServer) -> tuple[str, str]:
+    """A user of the session's Redis with a password of its own: ``(url, password)``."""
+    name, password = f"hub-{uuid.uuid4().hex[:8]}", f"redis-password-{uuid.uuid4().hex}"
+    admin = redis.Redis(host="127.0.0.1", port=redis_server.port)
+    try:
+        admin.acl_setuser(
+            name, enabled=True, passwords=[f"+{password}"], keys=["*"], commands=["+@all"]
+        )
+    finally:
+        admin.close()
+    prefix = f"test-{uuid.uuid4().hex}:"
+    return f"redis://{name}:{password}@127.0.0.1:{redis_server.port}/0?prefix={prefix}", password
+
+
+async def test_nothing_of_the_hub_or_its_store_is_readable_in_an_instance(
+    tmp_path: Path, redis_user: tuple[str, str], redis_server: RedisServer
+) -> None:
+    url, password = redis_user
+    canary = f"sk-hub-canary-{uuid.uuid4().hex}"
+    key = new_key("alice", url)
+    env = {"AENV_HUB_STORE": url, "OPENAI_API_KEY": canary, "AWS_SECRET_ACCESS_KEY": canary}
+    control = uuid.uuid4().hex
+    # engine "local": the hub's engine daemon, started by the hub with its environment
+    with HubProcess(tmp_path / "hub", store=url, engine="local", env=env) as hub:
+        status, _, doc = await raw(
+            "POST",
+            f"{hub.url}/v1/instances",
+            key=key,
+            body={"env": "mini-terminal@1.0.0", "environment_variables": {CONTROL: control}},
+        )
+        assert status == 201, doc
+        secret = str(hub.env["AENV_HUB_SECRET"])
+        output = await run(doc, scan_command())
+        assert_clean(output, [canary, password, secret, key], control)
+        # the store: the token is sealed, and what it keeps opens nothing
+        stored = redis.Redis.from_url(url.split("?")[0])
+        try:
+            values = [stored.dump(k) or b"" for k in stored.keys(url.split("prefix=")[1] + "*")]
+        finally:
+            stored.close()
+        dumped = b"".join(values)
+        assert b"token_sealed" in dumped
+        assert doc["token"].encode() not in dumped
+        sealed = next(
+            v.split(b'"token_sealed":')[1].split(b'"')[1] for v in values if b"token_sealed" in v
+        )
+        status, _, _ = await raw(
+            "POST", doc["url"] + FAST_CALL_PATH, key=sealed.decode(), body={"name": "x"}
+        )
+        assert status == 401
+        # the proxy still reaches the instance with the token it opens
+        proxied = await run(f"{hub.url}/v1/instances/{doc['id']}/proxy", "echo via-proxy", key=key)
+        assert proxied == "via-proxy"
+
+
+async def test_hubs_sharing_a_store_must_share_its_secret(tmp_path: Path, redis_url: str) -> None:
+    with HubProcess(tmp_path / "first", store=redis_url, auth=False):
+        other = HubProcess(
+            tmp_path / "second", store=redis_url, auth=False, env={"AENV_HUB_SECRET": "x" * 40}
+        )
+        with pytest.raises(RuntimeError, match="not the one the hubs sharing its store use"):
+            other.start()
+        other.close()
+
+
+# -- the standalone runtime (what a pod runs) ------------------------------------------------------
+
+
+async def test_the_runtime_keeps_its_token_and_bundle_key_out_of_its_environment() -> None:
+    import subprocess
+    import sys
+
+    token, bundle_key = f"token-{uuid.uuid4().hex}", f"aenv_bundle_{uuid.uuid4().hex}"
+    control = uuid.uuid4().hex
+    env = {**os.environ, TOKEN_ENV: token, BUNDLE_KEY_ENV: bundle_key, CONTROL: control}
+    port = free_port()
+    process = subprocess.Popen(  # noqa: ASYNC220 (a fork and an exec)
+        [sys.executable, "-m", "sandbox_runtime", str(MINI_TERMINAL), "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    target: dict[str, Any] = {"url": f"http://127.0.0.1:{port}", "token": token}
+    try:
+
+        async def ready() -> bool:
+            assert process.poll() is None, "the runtime exited"
+            try:
+                return (await raw("GET", target["url"] + READY_PATH))[0] == 200
+            except OSError:
+                return False
+
+        await eventually(ready, "the runtime listens")
+        output = await run(target, scan_command(every=False))  # the token still works
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert_clean(output, [token, bundle_key], control)
+
+
+# -- Kubernetes: the pod's runtime --------------------------------------------------------------
+
+
+@pytest.mark.k8s
+@pytest.mark.timeout(1200)
+async def test_a_pods_runtime_keeps_its_token_out_of_its_environment(
+    kube_cluster: KubeCluster,
+) -> None:
+    namespace = kube_cluster.namespace(f"t-secrets-{uuid.uuid4().hex[:6]}")
+    engine = kube_cluster.engine(namespace)
+    control = uuid.uuid4().hex
+    try:
+        spec = InstanceSpec(
+            "mini-terminal@1.0.0", ttl=600, environment_variables={CONTROL: control}
+        )
+        info = await engine.create(spec, timeout=300)
+        assert info.token
+        async with Environment.attach(str(info.url), token=info.token) as env:
+            result = await env.call_tool("execute_command", {"command": scan_command(every=False)})
+        output = str(result.structured["output"])
+        assert_clean(output, [info.token], control)
+    finally:
+        await asyncio.wait_for(engine.aclose(), 300)
+
+
+def test_the_secret_file_is_the_hubs_own(tmp_path: Path) -> None:
+    from envhub.seal import SECRET_FILE, hub_secret
+
+    first = hub_secret(tmp_path)
+    assert hub_secret(tmp_path) == first  # kept
+    assert (tmp_path / SECRET_FILE).stat().st_mode & 0o777 == 0o600
