@@ -19,6 +19,9 @@ they are kept as digests (:mod:`envhub.keys`), as before.
     >>> sealed = seal.seal("t0ken", "instances", "i1")
     >>> seal.open(sealed, "instances", "i1")
     't0ken'
+
+May import: the standard library, ``aenv_ray.errors``, ``envhub.store``; lazily, inside
+functions: cryptography (AES-GCM).
 """
 
 from __future__ import annotations
