@@ -32,6 +32,7 @@ from local_backend import Isolation, LocalEngine
 from local_backend._sandbox import namespaces_available
 from tests._hostile import HOSTILE, call, hostile_spec
 from tests._processes import processes_of
+from tests._scan import CONTROL, assert_clean, scan_command
 
 HOSTILE_IMPORT = Path(__file__).parent / "envs" / "hostile_import"
 NO_NAMESPACES = namespaces_available()
@@ -123,8 +124,6 @@ async def test_no_variable_of_the_engine_is_in_any_process_of_an_instance(
     """A shell in the instance reads every /proc/*/environ and cmdline it can see (the
     runtime's, pid 2, kept the zygote's environment block once): no variable of the engine's
     (the driver's) is there; the control, a variable given to the instance, is."""
-    from tests.test_secrets import CONTROL, assert_clean, scan_command
-
     canary = f"sk-driver-canary-{uuid.uuid4().hex}"
     for name in ("OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "AENV_API_KEY"):
         monkeypatch.setenv(name, canary)

@@ -30,32 +30,9 @@ from aenv_ray.testing import free_port
 from tests._hub import HubProcess, eventually, new_key, raw, run
 from tests._k8s import KubeCluster
 from tests._redis import RedisServer
+from tests._scan import CONTROL, assert_clean, scan_command
 
-CONTROL = "AENV_CONTROL_GIVEN_TO_THE_INSTANCE"
 MINI_TERMINAL = Path(__file__).resolve().parent.parent / "builtin_envs" / "mini_terminal"
-
-
-def scan_command(every: bool = True) -> str:
-    """The shell command that prints what every process's environment and command line hold
-    (``every=False``: the runtime's, its parent's, only, and the shell's own), then the files
-    it could read."""
-    where = "/proc/[0-9]*" if every else "/proc/$PPID /proc/$$"
-    return (
-        'echo "RUNTIME $PPID"; '
-        f"for d in {where}; do for f in $d/environ $d/cmdline; do "
-        'if tr "\\0" "\\n" < "$f" 2>/dev/null; then echo; echo "READ $f"; fi; '
-        "done; done; true"
-    )
-
-
-def assert_clean(output: str, canaries: list[str], control: str) -> None:
-    """The scan read the runtime's own environment, found the control and no canary."""
-    runtime = next(line.split()[1] for line in output.splitlines() if line.startswith("RUNTIME"))
-    assert f"READ /proc/{runtime}/environ" in output, output[-3000:]
-    assert f"READ /proc/{runtime}/cmdline" in output, output[-3000:]
-    assert f"{CONTROL}={control}" in output, output[-3000:]  # the scan sees what it should
-    for canary in canaries:
-        assert canary not in output, f"{canary[:24]}... is readable in the instance"
 
 
 # -- a hub (and the engine daemon it starts) on a Redis store with a password -------------------
