@@ -133,7 +133,8 @@ def serve(
     warm_pools = _warm_pools(warm or [], engine)
     from envhub.seal import SECRET_ENV, hub_secret
 
-    secret = hub_secret(root, given=os.environ.get(SECRET_ENV) or None, file=secret_file)
+    # read, then gone from this process's variables: the engine daemon it starts needs none
+    secret = hub_secret(root, given=os.environ.pop(SECRET_ENV, None) or None, file=secret_file)
     sandbox = _engine(engine, root)
     options = HubOptions(
         secret=secret,
