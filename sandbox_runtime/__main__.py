@@ -94,6 +94,16 @@ SECRETS_FD_OPTION = "--secrets-fd"
 _MAX_SECRETS = 1 << 16  # bytes: a pipe's buffer; a token and a key are a few dozen
 
 
+def _interpreter_options() -> list[str]:
+    """The options this interpreter was started with before ``-m sandbox_runtime`` (``-u``,
+    ``-I``, ...): the exec keeps them."""
+    started = list(getattr(sys, "orig_argv", []))
+    for i in range(1, len(started) - 1):
+        if started[i] == "-m" and started[i + 1] == "sandbox_runtime":
+            return started[1:i]
+    return []
+
+
 def _exec_with_secrets(argv: list[str], secrets: dict[str, str], env: dict[str, str]) -> None:
     """Run this program again in place with ``env`` and ``secrets`` in a pipe it inherits."""
     data = json.dumps(secrets).encode()
@@ -103,7 +113,8 @@ def _exec_with_secrets(argv: list[str], secrets: dict[str, str], env: dict[str, 
     os.write(write, data)  # fits the pipe's buffer: written whole before the exec
     os.close(write)
     os.set_inheritable(read, True)
-    command = [sys.executable, "-m", "sandbox_runtime", SECRETS_FD_OPTION, str(read), *argv]
+    command = [sys.executable, *_interpreter_options(), "-m", "sandbox_runtime"]
+    command += [SECRETS_FD_OPTION, str(read), *argv]
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, command, env)
