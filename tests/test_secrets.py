@@ -8,32 +8,29 @@ store's URL and password, and the variables that hand a standalone runtime (what
 pods run) its token and bundle key. Each scan has a control: a variable deliberately given to
 the instance (``environment_variables``) must show, or the scan proves nothing.
 
-The local engine's own scan runs in ``tests/test_sandbox_attacks.py`` (so also as ``nobody``);
-this file holds the hub, the standalone runtime and Kubernetes.
+The local engine's own scan runs in ``tests/test_sandbox_attacks.py`` (so also as ``nobody``), the
+standalone runtime's in ``tests/test_runtime_server.py``; this file holds the hub and Kubernetes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
 
 from aenv_ray import Environment, InstanceSpec
-from aenv_ray.protocol import BUNDLE_KEY_ENV, FAST_CALL_PATH, READY_PATH, TOKEN_ENV
-from aenv_ray.testing import free_port
-from tests._hub import HubProcess, eventually, new_key, raw, run
+from aenv_ray.errors import ConfigurationError
+from aenv_ray.protocol import FAST_CALL_PATH
+from envhub.seal import TokenSeal, check_secret
+from envhub.store import open_store
+from tests._hub import HUB_SECRET, HubProcess, new_key, raw, run
 from tests._k8s import KubeCluster
 from tests._redis import RedisServer
 from tests._scan import CONTROL, assert_clean, scan_command
-
-MINI_TERMINAL = Path(__file__).resolve().parent.parent / "builtin_envs" / "mini_terminal"
-
 
 # -- a hub (and the engine daemon it starts) on a Redis store with a password -------------------
 
@@ -95,51 +92,15 @@ async def test_nothing_of_the_hub_or_its_store_is_readable_in_an_instance(
         # the proxy still reaches the instance with the token it opens
         proxied = await run(f"{hub.url}/v1/instances/{doc['id']}/proxy", "echo via-proxy", key=key)
         assert proxied == "via-proxy"
-
-
-async def test_hubs_sharing_a_store_must_share_its_secret(tmp_path: Path, redis_url: str) -> None:
-    with HubProcess(tmp_path / "first", store=redis_url, auth=False):
-        other = HubProcess(
-            tmp_path / "second", store=redis_url, auth=False, env={"AENV_HUB_SECRET": "x" * 40}
-        )
-        with pytest.raises(RuntimeError, match="not the one the hubs sharing its store use"):
-            other.start()
-        other.close()
-
-
-# -- the standalone runtime (what a pod runs) ------------------------------------------------------
-
-
-async def test_the_runtime_keeps_its_token_and_bundle_key_out_of_its_environment() -> None:
-    import subprocess
-    import sys
-
-    token, bundle_key = f"token-{uuid.uuid4().hex}", f"aenv_bundle_{uuid.uuid4().hex}"
-    control = uuid.uuid4().hex
-    env = {**os.environ, TOKEN_ENV: token, BUNDLE_KEY_ENV: bundle_key, CONTROL: control}
-    port = free_port()
-    process = subprocess.Popen(  # noqa: ASYNC220 (a fork and an exec)
-        [sys.executable, "-m", "sandbox_runtime", str(MINI_TERMINAL), "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    target: dict[str, Any] = {"url": f"http://127.0.0.1:{port}", "token": token}
+    # a hub on the store with another secret would be refused at start (checked as the hub's
+    # start checks it: its own process would cost this test seconds)
+    store = await open_store(url)
     try:
-
-        async def ready() -> bool:
-            assert process.poll() is None, "the runtime exited"
-            try:
-                return (await raw("GET", target["url"] + READY_PATH))[0] == 200
-            except OSError:
-                return False
-
-        await eventually(ready, "the runtime listens")
-        output = await run(target, scan_command(every=False))  # the token still works
+        with pytest.raises(ConfigurationError, match="not the one the hubs sharing its store use"):
+            await check_secret(store, TokenSeal(b"x" * 40))
+        await check_secret(store, TokenSeal(HUB_SECRET.encode()))  # the hub's own passes
     finally:
-        process.terminate()
-        process.wait(timeout=30)
-    assert_clean(output, [token, bundle_key], control)
+        await store.aclose()
 
 
 # -- Kubernetes: the pod's runtime --------------------------------------------------------------
