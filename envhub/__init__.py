@@ -10,7 +10,8 @@ document (:mod:`envhub.app`, assembled from one router per concern in :mod:`envh
 behind :mod:`envhub.guard`, run by :mod:`envhub.server`).
 
 May import: ``aenv_ray``, fastapi, starlette, pydantic, uvicorn, aiohttp (the proxy's client),
-redis (the Redis store); lazily, inside functions: platformdirs (the default store's place).
+redis (the Redis store), cryptography (the sealed tokens); lazily, inside functions:
+platformdirs (the default store's place).
 Must not import: ray, kubernetes (engines are injected).
 """
 

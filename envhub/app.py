@@ -81,6 +81,7 @@ from envhub.registry import VersionRegistry
 from envhub.routes import instances, meta, proxy, registry, services
 from envhub.routes.context import Hub, HubOptions
 from envhub.routes.forward import Forwarder
+from envhub.seal import SealedStore, TokenSeal, check_secret, hub_secret
 from envhub.store import Store
 
 __all__ = ["HubOptions", "create_app"]
@@ -204,6 +205,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     adopted = await hub.registry.adopt_names()
     if adopted:
         log.info("names now guarded against lookalikes", extra={"count": adopted})
+    if isinstance(hub.store, SealedStore):
+        await check_secret(hub.store.inner, hub.store.seal)
     await hub.control.start()
     await hub.forwarder.open()
     try:
@@ -219,6 +222,9 @@ def create_app(store: Store, engine: SandboxEngine, options: HubOptions | None =
     """The hub's ASGI app over ``store`` and ``engine``; its lifespan runs the control plane's
     upkeep (sync with the engine, reap expired instances, keep services at their replicas)."""
     options = options or HubOptions()
+    # instance tokens are kept sealed: a reader of the store learns none (envhub.seal)
+    secret = options.secret if options.secret is not None else hub_secret(options.data_dir)
+    store = SealedStore(store, TokenSeal(secret))
     versions = VersionRegistry(store, max_bundle=options.max_bundle, limits=options.limits)
     control = ControlPlane(
         store,

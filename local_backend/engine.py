@@ -70,7 +70,7 @@ from aenv_ray.errors import (
 from aenv_ray.resolve import resolve_environment
 from local_backend._channel import MAX_MESSAGE
 
-__all__ = ["Isolation", "LocalEngine", "host_warnings"]
+__all__ = ["ZYGOTE_VARIABLES", "Isolation", "LocalEngine", "host_warnings", "zygote_environment"]
 
 log = logging.getLogger("local_backend")
 T = TypeVar("T")
@@ -754,11 +754,54 @@ def _writable_by(path: Path, uid: int) -> bool:
     return (st.st_mode & 0o003) == 0o003
 
 
+#: The engine's variables a zygote is started with; no other reaches it. Templates and
+#: instances are forks of the zygote, so its initial environment block is theirs too (what
+#: ``/proc/<pid>/environ`` shows, whatever ``os.environ`` later says): it must hold nothing of
+#: the engine's but what Python and the zygote need to start (the interpreter's paths, the
+#: locale, ``HOME`` and ``XDG_CACHE_HOME`` for the cached init, ``CC`` and ``AENV_LOCAL_INIT``
+#: that build it). The engine's API keys, cloud credentials, a hub's store URL never do.
+ZYGOTE_VARIABLES = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "LANG",
+        "LC_ALL",
+        "LC_CTYPE",
+        "TZ",
+        "TMPDIR",
+        "XDG_CACHE_HOME",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONUSERBASE",
+        "PYTHONNOUSERSITE",
+        "PYTHONSAFEPATH",
+        "PYTHONDONTWRITEBYTECODE",
+        "LD_LIBRARY_PATH",
+        "CC",
+        "AENV_LOCAL_INIT",
+    }
+)
+
+
+def zygote_environment(engine: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a zygote is exec'd with: the :data:`ZYGOTE_VARIABLES` of ``engine``
+    (default: this process's), nothing else."""
+    source = dict(os.environ) if engine is None else engine
+    return {name: value for name, value in source.items() if name in ZYGOTE_VARIABLES}
+
+
 def _start_process(command: list[str], fd: int) -> subprocess.Popen[bytes]:
     # a quick fork+exec on the engine's own thread; the zygote's slow start is awaited apart.
     # In "/": ``-m`` puts the working directory on sys.path, and the instances' view of the host
-    # holds sys.path (the user's home directory, were it started there)
-    return subprocess.Popen(command, pass_fds=[fd], stdin=subprocess.DEVNULL, cwd="/")
+    # holds sys.path (the user's home directory, were it started there). Exec'd with an
+    # environment built for it alone: every instance inherits the zygote's environment block
+    return subprocess.Popen(
+        command,
+        pass_fds=[fd],
+        stdin=subprocess.DEVNULL,
+        cwd="/",
+        env=zygote_environment(),
+    )
 
 
 async def _wait(future: asyncio.Future[T], deadline: float, what: str) -> T:

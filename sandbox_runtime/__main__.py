@@ -21,13 +21,25 @@ event files opened by the caller and passed as ``--memory-events-fd``/``--pids-e
 
 The instance token (every request must carry ``Authorization: Bearer TOKEN``) comes from the
 ``AENV_RUNTIME_TOKEN`` environment variable (an engine that starts the runtime in a container
-sets it) or ``--token-file``; the variable is removed before the project loads, so neither the
-project nor the commands its tools run inherit it.
+sets it) or ``--token-file``.
+
+**Secrets leave no copy behind** (:data:`SECRET_VARIABLES`: the token and the bundle key). A
+process's initial environment block stays readable in ``/proc/<pid>/environ`` for its whole life,
+whatever ``os.environ`` says later, so removing a variable from ``os.environ`` is not enough. When
+either variable is set, the program's first act (before any import of the project, before the
+arguments are even parsed) is to run itself again in place (``exec``, same pid) with an
+environment without them, handing their values over through an inherited pipe
+(``--secrets-fd N``: only the descriptor's number is in the command line; the new process reads
+the pipe to its end and closes it). The bundle's second ``exec`` hands the token on the same way
+and the key not at all. The environment's code, and the commands its tools run, find neither in
+``/proc/*/environ`` nor in ``/proc/*/cmdline``. (The token stays in the runtime's memory, where it
+checks requests.)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -75,9 +87,73 @@ def _limits_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
     )
 
 
-def _token(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str | None:
-    """The instance token, taken out of the environment before any project code runs."""
-    from_env = os.environ.pop(TOKEN_ENV, None)
+SECRET_VARIABLES = (TOKEN_ENV, BUNDLE_KEY_ENV)
+"""The variables the runtime takes its secrets from; none survives into its own environment
+block (see the module's docstring)."""
+SECRETS_FD_OPTION = "--secrets-fd"
+_MAX_SECRETS = 1 << 16  # bytes: a pipe's buffer; a token and a key are a few dozen
+
+
+def _interpreter_options() -> list[str]:
+    """The options this interpreter was started with before ``-m sandbox_runtime`` (``-u``,
+    ``-I``, ...): the exec keeps them."""
+    started = list(getattr(sys, "orig_argv", []))
+    for i in range(1, len(started) - 1):
+        if started[i] == "-m" and started[i + 1] == "sandbox_runtime":
+            return started[1:i]
+    return []
+
+
+def _exec_with_secrets(argv: list[str], secrets: dict[str, str], env: dict[str, str]) -> None:
+    """Run this program again in place with ``env`` and ``secrets`` in a pipe it inherits."""
+    data = json.dumps(secrets).encode()
+    if len(data) > _MAX_SECRETS:
+        raise SystemExit(f"sandbox_runtime: error: secrets over {_MAX_SECRETS} bytes")
+    read, write = os.pipe()
+    os.write(write, data)  # fits the pipe's buffer: written whole before the exec
+    os.close(write)
+    os.set_inheritable(read, True)
+    command = [sys.executable, *_interpreter_options(), "-m", "sandbox_runtime"]
+    command += [SECRETS_FD_OPTION, str(read), *argv]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, command, env)
+
+
+def _hide_secrets(argv: list[str]) -> None:
+    """Re-exec without :data:`SECRET_VARIABLES` in the environment block (no return) when one
+    is set; nothing when none is."""
+    secrets = {name: os.environ[name] for name in SECRET_VARIABLES if name in os.environ}
+    if not secrets:
+        return
+    clean = {k: v for k, v in os.environ.items() if k not in SECRET_VARIABLES}
+    _exec_with_secrets(argv, secrets, clean)
+
+
+def _read_secrets(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    """The secrets a previous exec handed over (``--secrets-fd N`` first in ``argv``), and the
+    remaining arguments; ``({}, argv)`` when there is none."""
+    if len(argv) < 2 or argv[0] != SECRETS_FD_OPTION:
+        return {}, argv
+    try:
+        fd = int(argv[1])
+        chunks = []
+        while chunk := os.read(fd, _MAX_SECRETS):
+            chunks.append(chunk)
+        os.close(fd)
+        secrets = json.loads(b"".join(chunks) or b"{}")
+    except (ValueError, OSError) as exc:
+        raise SystemExit(f"sandbox_runtime: error: {SECRETS_FD_OPTION}: {exc}") from exc
+    if not isinstance(secrets, dict):
+        raise SystemExit(f"sandbox_runtime: error: {SECRETS_FD_OPTION}: not a JSON object")
+    return {str(k): str(v) for k, v in secrets.items() if k in SECRET_VARIABLES}, argv[2:]
+
+
+def _token(
+    args: argparse.Namespace, parser: argparse.ArgumentParser, secrets: dict[str, str]
+) -> str | None:
+    """The instance token: handed over by the previous exec, else from a file."""
+    from_env = secrets.get(TOKEN_ENV) or os.environ.pop(TOKEN_ENV, None)
     if args.token_file is None:
         return from_env or None
     try:
@@ -108,10 +184,12 @@ def _bundle_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _serve_bundle(
-    args: argparse.Namespace, argv: list[str], own: list[str], key: str | None
+    args: argparse.Namespace, argv: list[str], own: list[str], secrets: dict[str, str]
 ) -> int:
     """Fetch, check and unpack the bundle, then run again as ``sandbox_runtime UNPACKED``:
-    ``exec`` leaves the hub key behind (the environment's code never sees it)."""
+    ``exec`` leaves the hub key behind (the environment's code never sees it); the token goes
+    on through a pipe, as it came."""
+    key = secrets.get(BUNDLE_KEY_ENV) or None
     from sandbox_runtime import _fetch
 
     only = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
@@ -135,12 +213,11 @@ def _serve_bundle(
     except OSError as exc:
         print(f"sandbox_runtime: error: cannot unpack the bundle: {exc}", file=sys.stderr)
         return 2
-    command = [sys.executable, "-m", "sandbox_runtime", str(fetched.project), *rest]
+    command = [str(fetched.project), *rest]
     if own:
         command += ["--", *own]
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(sys.executable, command, dict(os.environ))
+    token = {TOKEN_ENV: secrets[TOKEN_ENV]} if secrets.get(TOKEN_ENV) else {}
+    _exec_with_secrets(command, token, dict(os.environ))
     return 70  # not reached: execve replaces this process or raises
 
 
@@ -148,8 +225,13 @@ def main(argv: list[str] | None = None) -> int:
     """Parse arguments, load the project, serve until stopped. What follows ``--`` is the
     environment's own arguments: the project sees them as ``sys.argv[1:]``, as an engine's
     instance does (``InstanceSpec.arguments``)."""
-    key = os.environ.pop(BUNDLE_KEY_ENV, None) or None  # first: in no mode does it stay
-    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv is None:  # the program itself: its first act (see the module's docstring)
+        _hide_secrets(sys.argv[1:])
+    secrets, argv = _read_secrets(list(sys.argv[1:] if argv is None else argv))
+    for name in SECRET_VARIABLES:  # called in-process: what is in os.environ goes at least
+        value = os.environ.pop(name, None)
+        if value and name not in secrets:
+            secrets[name] = value
     own: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
@@ -206,9 +288,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--pids-limit must be positive")
     configure_logging(args.log_level)
     if args.bundle is not None:
-        return _serve_bundle(args, argv, own, key)
-    del key
-    token = _token(args, parser)
+        return _serve_bundle(args, argv, own, secrets)
+    token = _token(args, parser, secrets)
+    secrets.clear()
     sys.argv = ["sandbox_runtime", *own]  # before the project's import, which may read them
     try:
         project = load_project(args.project)

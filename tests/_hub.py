@@ -23,6 +23,7 @@ from aenv_ray.protocol import FAST_CALL_PATH
 from aenv_ray.testing import free_port
 
 __all__ = [
+    "HUB_SECRET",
     "HubProcess",
     "aenv",
     "call_tool",
@@ -33,6 +34,10 @@ __all__ = [
     "refused",
     "run",
 ]
+
+
+HUB_SECRET = "the tests' hub secret, shared by their hubs"
+"""The hub secret every :class:`HubProcess` gets unless its ``env`` names another."""
 
 
 def aenv(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -82,7 +87,8 @@ class HubProcess:
         self.auth = auth
         self.engine = engine
         self.extra = list(extra or [])
-        self.env = {**os.environ, **(env or {})}
+        # hubs sharing a store share the secret that seals its instance tokens (envhub.seal)
+        self.env = {"AENV_HUB_SECRET": HUB_SECRET, **os.environ, **(env or {})}
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None

@@ -261,8 +261,9 @@ RULES: dict[str, Rule] = {
         must_not=frozenset({"ray", "kubernetes", "envhub", "rollout"}),
     ),
     # "May import: ``aenv_ray``, fastapi, starlette, pydantic, uvicorn, aiohttp (the proxy's
-    # client), redis (the Redis store); lazily, inside functions: platformdirs (the default
-    # store's place). Must not import: ray, kubernetes (engines are injected)."
+    # client), redis (the Redis store), cryptography (the sealed tokens); lazily, inside
+    # functions: platformdirs (the default store's place). Must not import: ray, kubernetes
+    # (engines are injected)."
     "envhub": Rule(
         may=frozenset(
             {
@@ -273,6 +274,7 @@ RULES: dict[str, Rule] = {
                 "uvicorn",
                 "aiohttp",
                 "redis",
+                "cryptography",
             }
         ),
         lazy=frozenset({"platformdirs"}),

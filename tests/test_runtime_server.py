@@ -91,16 +91,27 @@ async def test_arguments_after_a_double_dash_are_the_environments() -> None:
 def test_a_runtime_takes_its_token_from_the_environment_and_hides_it_from_the_project(
     tmp_path: Path,
 ) -> None:
+    """The token and a bundle key, given as variables, are in no /proc/*/environ or cmdline a
+    command the project runs can read (the runtime's own included); a variable that is not a
+    secret (the control) still is."""
     import os
     import subprocess
     import sys
     import time
+    import uuid
 
     from aenv_ray.testing import free_port
     from builtin_envs import builtin_refs
+    from tests._scan import CONTROL, assert_clean, scan_command
 
     port = free_port()
-    env = {**os.environ, "AENV_RUNTIME_TOKEN": "s3cret-token"}
+    bundle_key, control = f"aenv_bundle_{uuid.uuid4().hex}", uuid.uuid4().hex
+    env = {
+        **os.environ,
+        "AENV_RUNTIME_TOKEN": "s3cret-token",
+        "AENV_BUNDLE_KEY": bundle_key,
+        CONTROL: control,
+    }
     project = builtin_refs()["mini-terminal@1.0.0"]
     process = subprocess.Popen(
         [sys.executable, "-m", "sandbox_runtime", str(project), "--port", str(port)],
@@ -134,6 +145,12 @@ def test_a_runtime_takes_its_token_from_the_environment_and_hides_it_from_the_pr
         assert answered.status_code == 200
         assert "unset" in answered.text
         assert "s3cret" not in answered.text
+        call["arguments"] = {"command": scan_command(every=False)}
+        scanned = httpx.post(
+            f"{base}/aenv/v1/call", json=call, headers={"Authorization": "Bearer s3cret-token"}
+        )
+        assert scanned.status_code == 200
+        assert_clean(scanned.json()["structured"]["output"], ["s3cret", bundle_key], control)
     finally:
         process.terminate()
         process.wait(timeout=10)

@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import tempfile
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from local_backend import Isolation, LocalEngine
 from local_backend._sandbox import namespaces_available
 from tests._hostile import HOSTILE, call, hostile_spec
 from tests._processes import processes_of
+from tests._scan import CONTROL, assert_clean, scan_command
 
 HOSTILE_IMPORT = Path(__file__).parent / "envs" / "hostile_import"
 NO_NAMESPACES = namespaces_available()
@@ -112,6 +114,26 @@ async def test_import_time_code_runs_only_inside_the_sandbox(
         if os.geteuid() == 0:
             assert len(roots) == 1, uids  # the zygote; templates and instances are nobody
             assert all(uid == 65534 for pid, uid in uids.items() if uid != 0), uids
+    finally:
+        await engine.aclose()
+
+
+async def test_no_variable_of_the_engine_is_in_any_process_of_an_instance(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A shell in the instance reads every /proc/*/environ and cmdline it can see (the
+    runtime's, pid 2, kept the zygote's environment block once): no variable of the engine's
+    (the driver's) is there; the control, a variable given to the instance, is."""
+    canary = f"sk-driver-canary-{uuid.uuid4().hex}"
+    for name in ("OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "AENV_API_KEY"):
+        monkeypatch.setenv(name, canary)
+    control = uuid.uuid4().hex
+    engine = LocalEngine(isolation=Isolation.NAMESPACES)  # its zygote starts after the canary
+    try:
+        spec = InstanceSpec("mini-terminal@1.0.0", environment_variables={CONTROL: control})
+        info = await engine.create(spec)
+        result = await call(info, "execute_command", {"command": scan_command()})
+        assert_clean(str(result["output"]), [canary], control)
     finally:
         await engine.aclose()
 

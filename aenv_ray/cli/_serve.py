@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import sys
 from datetime import datetime
@@ -116,6 +117,15 @@ def serve(
             "nothing else (repeat for more; needs --engine kubernetes)",
         ),
     ] = None,
+    secret_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="a file holding the hub secret that seals the instance tokens the store keeps "
+            "(the same for every hub sharing a store; default: $AENV_HUB_SECRET, else "
+            "DATA_DIR/hub-secret, made on first start)",
+            envvar="AENV_HUB_SECRET_FILE",
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error")] = "info",
 ) -> None:
     """Serve EnvHub: the registry and the control plane, with its OpenAPI document at /docs."""
@@ -136,8 +146,13 @@ def serve(
     root = _data_dir(data_dir)
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     warm_pools = _warm_pools(warm or [], engine)
+    from envhub.seal import SECRET_ENV, hub_secret
+
+    # read, then gone from this process's variables: the engine daemon it starts needs none
+    secret = hub_secret(root, given=os.environ.pop(SECRET_ENV, None) or None, file=secret_file)
     sandbox = _engine(engine, root, tenant_limits)
     options = HubOptions(
+        secret=secret,
         auth=auth,
         data_dir=root,
         max_bundle=_size(max_bundle),

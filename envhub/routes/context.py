@@ -39,6 +39,9 @@ class HubOptions:
     close_store: bool = True  # the app closes the store when it stops
     limits: Limits = field(default_factory=Limits)  # quotas and caps per tenant
     warm: Mapping[str, int] = field(default_factory=dict)  # ref -> free instances kept started
+    # seals the instance tokens the store keeps (envhub.seal); None: AENV_HUB_SECRET's value is
+    # not given, the hub keeps its own in data_dir/hub-secret
+    secret: bytes | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
