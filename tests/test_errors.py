@@ -50,6 +50,7 @@ SAMPLES: dict[str, object] = {
     "existing_digest": "sha256:" + "ab" * 32,
     "kind": errors.FunctionErrorKind.TIMEOUT,
     "code": "ENOENT",
+    "retry_after": 30.0,
 }
 
 COPIERS: dict[str, Callable[[Any], Any]] = {
@@ -205,6 +206,7 @@ def test_round_trips_with_defaults(cls: type[errors.AEnvError]) -> None:
             "limit": st.text(),
             "requested": st.floats(allow_nan=False),
             "allowed": st.floats(allow_nan=False),
+            "retry_after": st.floats(allow_nan=False),
             "existing_digest": st.text(),
             "kind": st.sampled_from(errors.FunctionErrorKind),
         },
@@ -260,6 +262,7 @@ RETRYABLE = {
     "InstanceNotFoundError",
     "InstanceUnreachableError",
     "LeaseLostError",
+    "RateLimitedError",
     "StartupTimeoutError",
 }
 

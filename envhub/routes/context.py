@@ -16,7 +16,9 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from aenv_ray.errors import AuthenticationError
 from envhub.control import ControlPlane
+from envhub.defences import Defences, FailureThrottle, client_key
 from envhub.keys import LOCAL_TENANT, Caller, authenticate
 from envhub.limits import Limits
 from envhub.registry import DEFAULT_MAX_BUNDLE, VersionRegistry
@@ -39,6 +41,7 @@ class HubOptions:
     close_store: bool = True  # the app closes the store when it stops
     limits: Limits = field(default_factory=Limits)  # quotas and caps per tenant
     warm: Mapping[str, int] = field(default_factory=dict)  # ref -> free instances kept started
+    defences: Defences = field(default_factory=Defences)  # timeouts, connection caps, auth throttle
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ class Hub:
     registry: VersionRegistry
     control: ControlPlane
     forwarder: Forwarder  # the proxy's client to runtimes (opened by the app's lifespan)
+    throttle: FailureThrottle  # failed authentications per client
 
 
 def serving(request: Request) -> Hub:
@@ -69,11 +73,21 @@ HubDep = Annotated[Hub, Depends(hub_of)]
 
 
 async def caller(request: Request) -> Caller:
-    """Who sent the request (every route but health and the OpenAPI document needs a key)."""
+    """Who sent the request (every route but health and the OpenAPI document needs a key).
+    A client past its failed authentications (:class:`~envhub.defences.FailureThrottle`) gets
+    :class:`~aenv_ray.errors.RateLimitedError` (429) without its key being looked at."""
     hub = serving(request)  # not through HubDep: one dependency less to solve per request
     if not hub.options.auth:
         return Caller(tenant=LOCAL_TENANT)
-    return await authenticate(hub.store, request.headers.get("authorization"))
+    client = client_key(request.client.host if request.client else None)
+    refusal = hub.throttle.refusal(client)
+    if refusal is not None:  # guessing: its keys are not even looked at
+        raise refusal
+    try:
+        return await authenticate(hub.store, request.headers.get("authorization"))
+    except AuthenticationError:
+        hub.throttle.failed(client)
+        raise
 
 
 Who = Annotated[Caller, Depends(caller)]
