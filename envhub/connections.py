@@ -20,9 +20,11 @@ progress is never cut), and is answered 503 (:class:`~aenv_ray.errors.CapacityEr
 waits. Refused connections are closed at once: no descriptor stays with them.
 
 :func:`raise_fd_limit` raises the process's soft ``RLIMIT_NOFILE`` to its hard limit, and
-:func:`connection_cap` picks ``max_connections`` below it. When the connections of a peak of at
-least :data:`TRIM_AFTER` have closed, the hub gives freed heap back to the system
-(``malloc_trim`` on glibc), so its memory returns to its level after an attack.
+:func:`connection_cap` picks ``max_connections`` below it, :func:`accept_backlog` how many
+connections the event loop may accept at once (each a descriptor before the gate sees it).
+When the connections of a peak of at least :data:`TRIM_AFTER` have closed, the hub gives
+freed heap back to the system (``malloc_trim`` on glibc), so its memory returns to its level
+after an attack.
 
 May import: the standard library, ``aenv_ray.errors``, ``envhub.defences``, uvicorn, httptools.
 """
@@ -30,10 +32,12 @@ May import: the standard library, ``aenv_ray.errors``, ``envhub.defences``, uvic
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 import json
 import logging
+import os
 import resource
 from collections import OrderedDict
 from typing import Any
@@ -49,7 +53,13 @@ from aenv_ray.errors import (
 )
 from envhub.defences import MAX_CONNECTIONS, Defences, client_key
 
-__all__ = ["ConnectionGate", "connection_cap", "guarded_protocol", "raise_fd_limit"]
+__all__ = [
+    "ConnectionGate",
+    "accept_backlog",
+    "connection_cap",
+    "guarded_protocol",
+    "raise_fd_limit",
+]
 
 log = logging.getLogger("envhub.connections")
 
@@ -79,6 +89,14 @@ def connection_cap(defences: Defences, fd_limit: int) -> int:
     if defences.max_connections is not None:
         return defences.max_connections
     return max(16, min(MAX_CONNECTIONS, (fd_limit - RESERVED_FDS) // 2))
+
+
+def accept_backlog(fd_limit: int, max_connections: int) -> int:
+    """The listening socket's backlog, which is also how many connections the event loop
+    accepts in one go, before the gate sees any of them: a quarter of the descriptors the
+    connections and :data:`RESERVED_FDS` leave, 16 to 2048 (uvicorn's default)."""
+    spare = fd_limit - RESERVED_FDS - (max_connections or fd_limit // 2)
+    return max(16, min(2048, spare // 4))
 
 
 def _answer(status: int, reason: str, error: AEnvError, extra: dict[str, str]) -> bytes:
@@ -158,6 +176,21 @@ class ConnectionGate:
         self.waiting.move_to_end(conn)
 
 
+def _discard_received(transport: asyncio.Transport, most: int = 1 << 16) -> None:
+    """Read and drop what the peer sent already (at most ``most`` bytes): a socket closed with
+    unread bytes sends a reset, and the peer's kernel drops the answer written before it."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return
+    taken = 0
+    with contextlib.suppress(OSError):  # BlockingIOError: nothing (more) to read
+        while taken < most:
+            chunk = os.read(sock.fileno(), most - taken)
+            if not chunk:
+                return
+            taken += len(chunk)
+
+
 def _malloc_trim() -> Any:
     """glibc's ``malloc_trim``, or None elsewhere."""
     name = ctypes.util.find_library("c")
@@ -182,6 +215,7 @@ class GuardedBase(HttpToolsProtocol):
         self._admitted = False
         refusal = self.gate.admit(self, self._client)
         if refusal is not None:
+            _discard_received(transport)  # unread bytes at close would reset the answer away
             transport.write(refusal)
             transport.close()
             return

@@ -21,7 +21,13 @@ from aenv_ray.engine import SandboxEngine
 from aenv_ray.errors import ConfigurationError
 from aenv_ray.net import bind_socket
 from envhub.app import HubOptions, create_app
-from envhub.connections import ConnectionGate, connection_cap, guarded_protocol, raise_fd_limit
+from envhub.connections import (
+    ConnectionGate,
+    accept_backlog,
+    connection_cap,
+    guarded_protocol,
+    raise_fd_limit,
+)
 from envhub.keys import LOCAL_TENANT
 from envhub.limits import Limits
 from envhub.store import open_store
@@ -82,7 +88,8 @@ async def serve(
     app = create_app(store, engine, options)
     bound = sock.getsockname()[1]
     defences = options.defences
-    gate = ConnectionGate(defences, connection_cap(defences, raise_fd_limit()))
+    fd_limit = raise_fd_limit()
+    gate = ConnectionGate(defences, connection_cap(defences, fd_limit))
     config = uvicorn.Config(
         app,
         http=guarded_protocol(gate),
@@ -90,6 +97,7 @@ async def serve(
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=5,
+        backlog=accept_backlog(fd_limit, gate.max_connections),
         timeout_keep_alive=max(1, min(5, math.ceil(defences.header_timeout))),
     )
     log.info(
