@@ -173,10 +173,9 @@ class VersionRegistry:
             await self.store.delete(UPLOADS, info.digest)
         return record
 
-    async def _claim_name(self, caller: Caller, name: str) -> None:
-        """Make ``name`` (and its lookalikes) the caller's, or refuse: a built-in's name, a
-        name another tenant owns, or one that looks like either."""
-        key = name_key(name)
+    def check_reserved(self, name: str) -> None:
+        """Refuse ``name`` when it is a built-in's or imitates one
+        (:func:`envhub.names.imitated`); the hub asks before it spends a sandbox on a push."""
         builtin = imitated(name, self.reserved())
         if builtin is not None:
             what = f"`{name}`" if builtin == name else f"`{name}` looks like `{builtin}`, which"
@@ -187,10 +186,15 @@ class VersionRegistry:
                 "name of your own",
                 env_name=name,
             )
+
+    async def _claim_name(self, caller: Caller, name: str) -> None:
+        """Make ``name`` (and its lookalikes) the caller's, or refuse: a built-in's name, a
+        name another tenant owns, or one that looks like either."""
+        self.check_reserved(name)
         claim = {"tenant": caller.tenant, "name": name, "at": time.time()}
-        if await self.store.create(NAME_KEYS, key, claim):
+        if await self.store.create(NAME_KEYS, name_key(name), claim):
             return
-        holder = await self.store.get(NAME_KEYS, key) or {}
+        holder = await self.store.get(NAME_KEYS, name_key(name)) or {}
         owner, owned = holder.get("tenant"), holder.get("name", name)
         if owner != caller.tenant:
             same = (

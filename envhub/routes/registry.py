@@ -78,7 +78,9 @@ async def publish(request: Request, who: Who, hub: HubDep) -> dict[str, Any]:
     checked = inspect_bundle(
         data, max_size=hub.options.max_bundle, expected_digest=request.headers.get(DIGEST_HEADER)
     )
-    await hub.registry.check_new(checked.config.ref, checked.digest)  # before a sandbox is spent
+    # before a sandbox is spent: a built-in's name or a lookalike, a version taken
+    hub.registry.check_reserved(checked.config.name)
+    await hub.registry.check_new(checked.config.ref, checked.digest)
     # in a sandbox: never in the hub
     manifest = await hub.control.check_loads(data, checked.digest)
     calls = manifest.get("calls") if manifest is not None else None
