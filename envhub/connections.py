@@ -276,6 +276,15 @@ class GuardedBase(HttpToolsProtocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 
+    # -- no WebSocket ----------------------------------------------------------------------
+    def _should_upgrade_to_ws(self) -> bool:
+        # the hub serves no WebSocket; an upgraded connection would leave this protocol (and
+        # its place in the gate) behind: an upgrade request is answered as plain HTTP
+        return False
+
+    def _unsupported_upgrade_warning(self) -> None:
+        pass  # not a line per request an attacker sends
+
     # -- uvicorn's parser callbacks --------------------------------------------------------
     def on_headers_complete(self) -> None:
         self._stop_timer()

@@ -202,6 +202,29 @@ async def test_one_address_holds_at_most_its_cap_of_connections(
     assert (await keyed(proc.url, key, "127.0.0.4"))[0] == 200
 
 
+async def test_websocket_upgrades_do_not_leak_places(hub: tuple[HubProcess, str]) -> None:
+    # the hub serves no WebSocket: an upgrade request is plain HTTP, and its connection, once
+    # closed, frees its place (were it upgraded, the gate would never see it close, and the
+    # address would be refused after its cap of them)
+    proc, key = hub
+    upgrade = (
+        "GET /v1/envs HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\n"
+        "Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+        f"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nAuthorization: Bearer {key}\r\n\r\n"
+    ).encode()
+    for _ in range(PER_CLIENT + 5):
+        reader, writer = await hold(proc.port, "127.0.0.7", upgrade)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)
+        assert status_of(head) == 200, head
+        writer.close()
+        await writer.wait_closed()
+
+    async def served() -> bool:
+        return (await keyed(proc.url, key, "127.0.0.7"))[0] == 200
+
+    await eventually(served, "127.0.0.7 served again after its connections closed")
+
+
 # last: it leaves 127.0.0.1 refused for a minute
 async def test_guessing_keys_gets_429_and_valid_keys_elsewhere_still_work(
     hub: tuple[HubProcess, str],
