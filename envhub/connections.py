@@ -22,9 +22,9 @@ waits. Refused connections are closed at once: no descriptor stays with them.
 :func:`raise_fd_limit` raises the process's soft ``RLIMIT_NOFILE`` to its hard limit, and
 :func:`connection_cap` picks ``max_connections`` below it, :func:`accept_backlog` how many
 connections the event loop may accept at once (each a descriptor before the gate sees it).
-When the connections of a peak of at least :data:`TRIM_AFTER` have closed, the hub gives
-freed heap back to the system (``malloc_trim`` on glibc), so its memory returns to its level
-after an attack.
+When three quarters of a peak of at least :data:`TRIM_AFTER` connections have closed, the hub
+gives freed heap back to the system (``malloc_trim`` on glibc), so its memory returns to its
+level after an attack.
 
 May import: the standard library, ``aenv_ray.errors``, ``envhub.defences``, uvicorn, httptools.
 """
@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import gc
 import json
 import logging
 import os
@@ -66,7 +67,10 @@ log = logging.getLogger("envhub.connections")
 RESERVED_FDS = 256
 """File descriptors kept out of ``max_connections``'s reach: the store, the engine, logs."""
 TRIM_AFTER = 256
-"""A peak of at least this many connections is followed by a heap trim once they are gone."""
+"""A peak of at least this many connections is followed by a heap trim once three quarters of
+them are gone."""
+TRIM_DELAY = 2.0
+"""Seconds between that moment and the trim: the rest of the wave of closes passes first."""
 
 
 def raise_fd_limit() -> int:
@@ -121,6 +125,7 @@ class ConnectionGate:
         # connections waiting for a request's headers, oldest first: the ones to evict
         self.waiting: OrderedDict[GuardedBase, None] = OrderedDict()
         self._trim = _malloc_trim()
+        self._trimming: asyncio.TimerHandle | None = None
 
     def admit(self, conn: GuardedBase, client: str) -> bytes | None:
         """Count ``conn`` in, or the answer to close it with."""
@@ -160,11 +165,22 @@ class ConnectionGate:
         else:
             self.per_client.pop(client, None)
         self.open -= 1
-        if self.open == 0 and self.peak >= TRIM_AFTER:
-            self.peak = 0
-            if self._trim is not None:
-                self._trim(0)  # give the heap an attack grew back to the system
-            log.info("the connections of a peak are gone; memory given back")
+        if self.peak >= TRIM_AFTER and self.open <= self.peak // 4:
+            log.info(
+                "%d connections of a peak of %d are gone; giving freed memory back",
+                self.peak - self.open,
+                self.peak,
+            )
+            self.peak = self.open
+            if self._trimming is None:  # once the wave of closes has passed
+                loop = asyncio.get_running_loop()
+                self._trimming = loop.call_later(TRIM_DELAY, self._give_back)
+
+    def _give_back(self) -> None:
+        self._trimming = None
+        gc.collect()  # the closed connections' cycles, before the heap is trimmed
+        if self._trim is not None:
+            self._trim(0)  # give the heap an attack grew back to the system
 
     def busy(self, conn: GuardedBase) -> None:
         """``conn``'s request has its headers: it is no longer evictable."""
