@@ -41,7 +41,7 @@ import logging
 import os
 import resource
 from collections import OrderedDict
-from typing import Any
+from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -52,7 +52,7 @@ from aenv_ray.errors import (
     RateLimitedError,
     encode_error,
 )
-from envhub.defences import MAX_CONNECTIONS, Defences, client_key
+from envhub.defences import MAX_CONNECTIONS, PEER, Defences, client_key
 
 __all__ = [
     "ConnectionGate",
@@ -305,6 +305,9 @@ class GuardedBase(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._stop_timer()
         self.gate.busy(self)
+        # the peer as the gate counts it, for the app: uvicorn's proxy headers middleware
+        # rewrites ``client`` from X-Forwarded-For, which a client on loopback may send
+        cast(dict[str, Any], self.scope)[PEER] = self._client
         super().on_headers_complete()
         if self.cycle is not None and self.cycle.more_body:
             self._wait_for_body()

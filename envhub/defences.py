@@ -47,14 +47,20 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from aenv_ray.errors import ConfigurationError, RateLimitedError
 
-__all__ = ["Defences", "FailureThrottle", "client_key"]
+__all__ = ["PEER", "Defences", "FailureThrottle", "client_key", "peer_of"]
 
 log = logging.getLogger("envhub.defences")
+
+PEER = "aenv.peer"
+"""The ASGI scope's key for the client as the connection's peer (:func:`client_key` of its
+address), set by :mod:`envhub.connections`: ``scope["client"]`` may come from
+``X-Forwarded-For``, which anyone on loopback may send."""
 
 MAX_CONNECTIONS = 8192
 """The most connections ``max_connections`` picks by itself (``auto``)."""
@@ -106,6 +112,16 @@ def client_key(host: str | None) -> str:
             return str(address.ipv4_mapped)
         return str(ipaddress.IPv6Network((address, 64), strict=False))
     return str(address)
+
+
+def peer_of(scope: Mapping[str, Any]) -> str:
+    """The client of a request as :func:`client_key` names it: the connection's peer (never
+    ``X-Forwarded-For``), or the scope's client where no guarded connection set it."""
+    peer = scope.get(PEER)
+    if isinstance(peer, str):
+        return peer
+    client = scope.get("client")
+    return client_key(client[0] if client else None)
 
 
 class FailureThrottle:

@@ -233,10 +233,10 @@ async def test_guessing_keys_gets_429_and_valid_keys_elsewhere_still_work(
     guessed = "aenv_0123456789ab_" + "x" * 32
     answers = []
     async with aiohttp.ClientSession() as session:
-        for _ in range(40):
-            async with session.get(
-                proc.url + "/v1/envs", headers={"Authorization": f"Bearer {guessed}"}
-            ) as reply:
+        for i in range(40):
+            # a new X-Forwarded-For each time: the hub counts the connection's address
+            headers = {"Authorization": f"Bearer {guessed}", "X-Forwarded-For": f"10.9.0.{i}"}
+            async with session.get(proc.url + "/v1/envs", headers=headers) as reply:
                 answers.append((reply.status, reply.headers.get("Retry-After"), await reply.json()))
     statuses = [status for status, _, _ in answers]
     assert statuses[:FAILURES] == [401] * FAILURES

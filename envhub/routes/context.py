@@ -18,7 +18,7 @@ from fastapi import Depends, Request
 
 from aenv_ray.errors import AuthenticationError
 from envhub.control import ControlPlane
-from envhub.defences import Defences, FailureThrottle, client_key
+from envhub.defences import Defences, FailureThrottle, peer_of
 from envhub.keys import LOCAL_TENANT, Caller, authenticate
 from envhub.limits import Limits
 from envhub.registry import DEFAULT_MAX_BUNDLE, VersionRegistry
@@ -79,7 +79,7 @@ async def caller(request: Request) -> Caller:
     hub = serving(request)  # not through HubDep: one dependency less to solve per request
     if not hub.options.auth:
         return Caller(tenant=LOCAL_TENANT)
-    client = client_key(request.client.host if request.client else None)
+    client = peer_of(request.scope)
     refusal = hub.throttle.refusal(client)
     if refusal is not None:  # guessing: its keys are not even looked at
         raise refusal
