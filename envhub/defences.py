@@ -18,15 +18,17 @@ knob                      default     what
                                       instances), at most 8192. At the cap a new connection takes
                                       the place of the oldest one still waiting for its headers;
                                       with none waiting it is answered 503
-``auth_failures``         30          failed authentications (401) one client may have per minute;
+``auth_failures``         30          keys that fail (401) one client may send per minute;
                                       past them its requests that need a key get 429 with
                                       ``Retry-After`` until one more is allowed (0: no limit)
 ========================  ==========  ==============================================================
 
-A failed authentication is counted for the client (:class:`FailureThrottle`, a token bucket of
-``auth_failures`` refilled over a minute): a success does not refill it (a tenant's own valid
-key must not let it guess others' faster). While a client is refused, its keys are not looked
-at, so guessing costs the hub neither a store read nor a log line: one warning per episode.
+A failed authentication (a key sent that is malformed, unknown or revoked; a request without
+a key is answered 401 at no cost and not counted) is counted for the client
+(:class:`FailureThrottle`, a token bucket of ``auth_failures`` refilled over a minute): a
+success does not refill it (a tenant's own valid key must not let it guess others' faster).
+While a client is refused, its keys are not looked at, so guessing costs the hub neither a
+store read nor a log line: one warning per episode.
 
 A client is its address (:func:`client_key`); behind a reverse proxy every client is the
 proxy's address, so raise ``client_connections`` and ``auth_failures`` (or set them to 0 for

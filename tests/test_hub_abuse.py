@@ -255,6 +255,12 @@ async def test_guessing_keys_gets_429_and_valid_keys_elsewhere_still_work(
     assert refused.value.retry_after > 0
     # a valid key from another address works at once
     assert (await keyed(proc.url, key, "127.0.0.6"))[0] == 200
+    # a request without a key is no guess (it costs the hub nothing): never 429
+    connector = aiohttp.TCPConnector(local_addr=("127.0.0.8", 0))
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for _ in range(FAILURES * 3):
+            async with session.get(proc.url + "/v1/envs") as reply:
+                assert reply.status == 401
     # one warning for the episode, not one line per guess
     log = proc.tail()
     assert log.count("failed to authenticate") == 1, log

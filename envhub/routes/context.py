@@ -74,8 +74,9 @@ HubDep = Annotated[Hub, Depends(hub_of)]
 
 async def caller(request: Request) -> Caller:
     """Who sent the request (every route but health and the OpenAPI document needs a key).
-    A client past its failed authentications (:class:`~envhub.defences.FailureThrottle`) gets
-    :class:`~aenv_ray.errors.RateLimitedError` (429) without its key being looked at."""
+    A client past its failed authentications (:class:`~envhub.defences.FailureThrottle`: keys
+    sent that did not authenticate; a request without a key costs nothing and is not counted)
+    gets :class:`~aenv_ray.errors.RateLimitedError` (429) without its key being looked at."""
     hub = serving(request)  # not through HubDep: one dependency less to solve per request
     if not hub.options.auth:
         return Caller(tenant=LOCAL_TENANT)
@@ -83,10 +84,12 @@ async def caller(request: Request) -> Caller:
     refusal = hub.throttle.refusal(client)
     if refusal is not None:  # guessing: its keys are not even looked at
         raise refusal
+    authorization = request.headers.get("authorization")
     try:
-        return await authenticate(hub.store, request.headers.get("authorization"))
+        return await authenticate(hub.store, authorization)
     except AuthenticationError:
-        hub.throttle.failed(client)
+        if authorization:  # a key that failed: a guess, or a wrong or revoked key
+            hub.throttle.failed(client)
         raise
 
 
