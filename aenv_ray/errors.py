@@ -34,6 +34,7 @@ The tree, by what the caller should do::
     │   │   └── ArtifactTooLargeError            an upload is over the hub's size limit
     │   └── ServiceNotFoundError (LookupError)   no service with that id (for your key)
     ├── AuthenticationError                      no API key, or a wrong or revoked one (HTTP 401)
+    ├── RateLimitedError                         too many failures or connections; retryable later
     ├── PermissionDeniedError                    the key may not do that (HTTP 403)
     │   ├── QuotaExceededError                   over a hub's quota or cap; free some, ask less
     │   └── PodTemplateRefusedError              a pod template sets a field tenants may not set
@@ -114,6 +115,7 @@ __all__ = [
     "PodTemplateRefusedError",
     "ProtocolError",
     "QuotaExceededError",
+    "RateLimitedError",
     "RegistryError",
     "ResponseTooLargeError",
     "ServiceNotFoundError",
@@ -427,6 +429,19 @@ class AuthenticationError(AEnvError):
     token (``Environment.attach(url, token=info.token)``)."""
 
 
+class RateLimitedError(AEnvError):
+    """A hub refuses your address for a while (HTTP 429): too many failed authentications
+    from it, or more connections from it at once than the hub allows one client.
+    ``retry_after`` is how many seconds to wait (also the answer's ``Retry-After``); then fix
+    the key (``AENV_API_KEY``) or open fewer connections at once."""
+
+    retryable = True
+
+    def __init__(self, message: str = "", *, retry_after: float | None = None, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.retry_after = retry_after
+
+
 class PermissionDeniedError(AEnvError):
     """The API key is valid but may not do this (e.g. publish a name another tenant owns)."""
 
@@ -532,6 +547,7 @@ _BY_STATUS: dict[int, type[AEnvError]] = {
     400: ConfigurationError,
     401: AuthenticationError,
     403: PermissionDeniedError,
+    429: RateLimitedError,
 }
 _FIELDS: dict[type[AEnvError], dict[str, Any]] = {}
 

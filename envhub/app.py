@@ -6,12 +6,14 @@ Every route but ``/v1/health``, the OpenAPI document (``/openapi.json``, browsab
 ``Authorization: Bearer KEY`` unless the hub runs with ``auth=False``. Errors
 are :func:`aenv_ray.errors.encode_error`'s envelope, ``{"error": "MESSAGE", "type":
 "<aenv_ray.errors class>", "retryable": BOOL, ...typed fields}``, with the status of their
-kind (401, 403, 404, 409, 410, 413, 415, 400, 502, 503, 500), so a client re-raises the same
+kind (401, 403, 404, 409, 410, 413, 415, 429, 400, 502, 503, 500), so a client re-raises the same
 class (:func:`aenv_ray.errors.decode_error`); no answer shows a path of the hub's own
 (:func:`hub_paths`: its data directory, store, Python installation, home), each is ``<hub>``.
 Before any route,
 :class:`envhub.guard.RequestGuard` refuses what a web page could make a browser send (415 for a
-body that is not JSON; without auth, 403 for a foreign ``Host`` or ``Origin``).
+body that is not JSON; without auth, 403 for a foreign ``Host`` or ``Origin``). A client past
+its failed authentications gets 429 (:mod:`envhub.defences`); the server's read timeouts and
+connection caps are :mod:`envhub.connections`'.
 
 =======================================================  =========================================
 ``POST   /v1/envs``                                      publish a bundle (body: its bytes)
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import site
 import sys
@@ -69,6 +72,7 @@ from aenv_ray.errors import (
     InstanceUnreachableError,
     PermissionDeniedError,
     QuotaExceededError,
+    RateLimitedError,
     ServiceNotFoundError,
     StoreError,
     VersionConflictError,
@@ -76,6 +80,7 @@ from aenv_ray.errors import (
 )
 from aenv_ray.loadcheck import scrub_paths
 from envhub.control import ControlPlane
+from envhub.defences import FailureThrottle
 from envhub.guard import RequestGuard
 from envhub.registry import VersionRegistry
 from envhub.routes import instances, meta, proxy, registry, services
@@ -105,6 +110,7 @@ class ErrorBody(BaseModel):
 
 _STATUS: list[tuple[type[AEnvError], int]] = [
     (AuthenticationError, 401),
+    (RateLimitedError, 429),
     (QuotaExceededError, 403),  # not 429: retrying the same request does not help
     (PermissionDeniedError, 403),
     (EnvironmentNotFoundError, 404),
@@ -169,6 +175,8 @@ def hub_paths(options: HubOptions, store: Store) -> dict[str, str]:
 
 def _error(exc: AEnvError, hidden: dict[str, str] | None = None) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, AuthenticationError) else None
+    if isinstance(exc, RateLimitedError) and exc.retry_after is not None:
+        headers = {"Retry-After": str(math.ceil(exc.retry_after))}
     body = encode_error(exc)
     if hidden:  # no answer shows the hub's own paths (an import error's, the store's file)
         body = {k: scrub_paths(v, hidden) if isinstance(v, str) else v for k, v in body.items()}
@@ -243,7 +251,8 @@ def create_app(store: Store, engine: SandboxEngine, options: HubOptions | None =
         lifespan=_lifespan,
         responses=_ERRORS,
     )
-    app.state.hub = Hub(options, store, versions, control, Forwarder())
+    throttle = FailureThrottle(options.defences.auth_failures)
+    app.state.hub = Hub(options, store, versions, control, Forwarder(), throttle)
     app.state.hidden_paths = hub_paths(options, store)
     app.add_middleware(RequestGuard, auth=options.auth)
     app.add_exception_handler(AEnvError, _aenv_error)

@@ -8,7 +8,8 @@ tombstone; versions are never reused): the error names the next free version, an
 deleted one carries no ``existing_digest``, since nothing is published under it. A name belongs
 to the tenant that first published it, and so does every name that looks like it
 (:func:`envhub.names.name_key`: ``Notes_App`` is ``notes-app``); the names of the environments
-built into the hub (and on its ``AENV_ENV_PATH``) and their lookalikes belong to nobody. A
+built into the hub (and on its ``AENV_ENV_PATH``) and their lookalikes, more widely drawn
+(:func:`envhub.names.imitated`: ``aegnt``, ``mini-program0``), belong to nobody. A
 tenant's versions together may hold at most its ``bundle_bytes`` quota (:mod:`envhub.limits`).
 
 Publishing is crash-safe: the bundle is stored first (content-addressed, marked as an upload in
@@ -39,7 +40,7 @@ from aenv_ray.pod_template import check_deploy_template
 from aenv_ray.resolve import available_environments
 from envhub.keys import Caller
 from envhub.limits import Limits, over
-from envhub.names import name_key
+from envhub.names import imitated, name_key
 from envhub.store import Document, Store
 
 if TYPE_CHECKING:
@@ -183,22 +184,28 @@ class VersionRegistry:
             await self.store.delete(UPLOADS, info.digest)
         return record
 
+    def check_reserved(self, name: str) -> None:
+        """Refuse ``name`` when it is a built-in's or imitates one
+        (:func:`envhub.names.imitated`); the hub asks before it spends a sandbox on a push."""
+        builtin = imitated(name, self.reserved())
+        if builtin is not None:
+            what = f"`{name}`" if builtin == name else f"`{name}` looks like `{builtin}`, which"
+            raise PermissionDeniedError(
+                f"environment {what} is built into this hub; nobody may publish a built-in's "
+                "name or a lookalike of it (another case, separators, digits for letters, "
+                "trailing digits, a letter added, dropped, changed or swapped). Publish under a "
+                "name of your own",
+                env_name=name,
+            )
+
     async def _claim_name(self, caller: Caller, name: str) -> None:
         """Make ``name`` (and its lookalikes) the caller's, or refuse: a built-in's name, a
         name another tenant owns, or one that looks like either."""
-        key = name_key(name)
-        for builtin in self.reserved():
-            if name_key(builtin) == key:
-                what = f"`{name}`" if builtin == name else f"`{name}` looks like `{builtin}`, which"
-                raise PermissionDeniedError(
-                    f"environment {what} is built into this hub; nobody may publish a built-in's "
-                    "name or a lookalike of it. Publish under a name of your own",
-                    env_name=name,
-                )
+        self.check_reserved(name)
         claim = {"tenant": caller.tenant, "name": name, "at": time.time()}
-        if await self.store.create(NAME_KEYS, key, claim):
+        if await self.store.create(NAME_KEYS, name_key(name), claim):
             return
-        holder = await self.store.get(NAME_KEYS, key) or {}
+        holder = await self.store.get(NAME_KEYS, name_key(name)) or {}
         owner, owned = holder.get("tenant"), holder.get("name", name)
         if owner != caller.tenant:
             same = (

@@ -1,4 +1,5 @@
-"""Running a hub: open the store, build the app over an engine, serve it with uvicorn.
+"""Running a hub: open the store, build the app over an engine, serve it with uvicorn, whose
+connections :mod:`envhub.connections` guards (read timeouts, caps per client and in all).
 
 ``aenv serve`` calls :func:`serve`; tests call it in a subprocess (``python -m envhub``) or
 build the app with :func:`envhub.app.create_app` directly.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import math
 from collections.abc import Callable
 
 import uvicorn
@@ -19,6 +21,13 @@ from aenv_ray.engine import SandboxEngine
 from aenv_ray.errors import ConfigurationError
 from aenv_ray.net import bind_socket
 from envhub.app import HubOptions, create_app
+from envhub.connections import (
+    ConnectionGate,
+    accept_backlog,
+    connection_cap,
+    guarded_protocol,
+    raise_fd_limit,
+)
 from envhub.keys import LOCAL_TENANT
 from envhub.limits import Limits
 from envhub.store import open_store
@@ -78,8 +87,27 @@ async def serve(
         raise
     app = create_app(store, engine, options)
     bound = sock.getsockname()[1]
+    defences = options.defences
+    fd_limit = raise_fd_limit()
+    gate = ConnectionGate(defences, connection_cap(defences, fd_limit))
     config = uvicorn.Config(
-        app, log_level=log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=5
+        app,
+        http=guarded_protocol(gate),
+        log_level=log_level,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+        backlog=accept_backlog(fd_limit, gate.max_connections),
+        timeout_keep_alive=max(1, min(5, math.ceil(defences.header_timeout))),
+    )
+    log.info(
+        "connections: at most %s, %s per client; headers within %g s, body pauses %g s; "
+        "%s failed authentications a minute per client",
+        gate.max_connections or "no limit",
+        defences.client_connections or "any",
+        defences.header_timeout,
+        defences.body_timeout,
+        defences.auth_failures or "any number of",
     )
     server = uvicorn.Server(config)
     shown = f"[{host}]" if ":" in host else host

@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -66,7 +67,8 @@ def new_key(tenant: str, store: str) -> str:
 
 
 class HubProcess:
-    """``aenv serve`` on a fixed free port (kept across :meth:`restart`), its own data dir.
+    """``aenv serve`` on a fixed free port (kept across :meth:`restart`), its own data dir;
+    ``nofile`` caps its open files.
 
     ``engine="local"`` runs instances in a local engine daemon under ``data_dir/engine`` that
     outlives the hub (what a restart test needs); :meth:`close` stops that daemon too.
@@ -81,8 +83,10 @@ class HubProcess:
         engine: str = "inprocess",
         extra: list[str] | None = None,
         env: dict[str, str] | None = None,
+        nofile: int | None = None,
     ) -> None:
         self.data_dir = data_dir
+        self.nofile = nofile  # the hub's RLIMIT_NOFILE, soft and hard (None: inherited)
         self.store = store or f"sqlite:///{data_dir}/hub.db"
         self.auth = auth
         self.engine = engine
@@ -116,7 +120,12 @@ class HubProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with self.log.open("wb") as log:  # a fresh log: "EnvHub on" means this start
             self.proc = subprocess.Popen(
-                self.command(), stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=self.env
+                self.command(),
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                preexec_fn=self._limit if self.nofile is not None else None,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -126,6 +135,10 @@ class HubProcess:
                 return self
             time.sleep(0.05)
         raise RuntimeError(f"the hub did not start within {timeout} s: {self.tail()}")
+
+    def _limit(self) -> None:
+        assert self.nofile is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
 
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""

@@ -52,6 +52,7 @@ SAMPLES: dict[str, object] = {
     "code": "ENOENT",
     "field": "customPodTemplate.spec.nodeName",
     "allow": "spec.nodeName",
+    "retry_after": 30.0,
 }
 
 COPIERS: dict[str, Callable[[Any], Any]] = {
@@ -207,6 +208,7 @@ def test_round_trips_with_defaults(cls: type[errors.AEnvError]) -> None:
             "limit": st.text(),
             "requested": st.floats(allow_nan=False),
             "allowed": st.floats(allow_nan=False),
+            "retry_after": st.floats(allow_nan=False),
             "existing_digest": st.text(),
             "kind": st.sampled_from(errors.FunctionErrorKind),
         },
@@ -262,6 +264,7 @@ RETRYABLE = {
     "InstanceNotFoundError",
     "InstanceUnreachableError",
     "LeaseLostError",
+    "RateLimitedError",
     "StartupTimeoutError",
 }
 

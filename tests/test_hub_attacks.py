@@ -218,6 +218,26 @@ async def test_nobody_publishes_a_builtins_name_or_a_lookalike(
         await cleanup(bob, doc["id"])
 
 
+async def test_nobody_publishes_a_near_miss_of_a_builtins_name(
+    alice: HubClient, tmp_path: Path
+) -> None:
+    # a trailing digit, two letters swapped, a letter dropped, digits for letters: each is
+    # refused naming the built-in it imitates, before the hub spends a sandbox on loading it
+    near = {
+        "mini-program0": "mini-program",
+        "aegnt": "agent",
+        "terminal-bnech": "terminal-bench",
+        "mini-pr0gr4m": "mini-program",
+    }
+    for name, builtin in near.items():
+        with pytest.raises(PermissionDeniedError, match="built into this hub") as refused_push:
+            await push(alice, project(tmp_path, name))
+        assert f"`{name}` looks like `{builtin}`" in str(refused_push.value)
+        assert "letter added, dropped, changed or swapped" in str(refused_push.value)
+    # (a word of its own after a built-in's, `agent-b`, is a name of its own:
+    # tests/test_hub_names.py)
+
+
 @pytest.mark.parametrize(
     "name",
     ["mini.terminal", "mіni-terminal", "mini-tеrminal", "ｍｉｎｉ-terminal", "mini terminal"],

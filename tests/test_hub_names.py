@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from envhub.names import CONFUSABLES, name_key
+from envhub.names import CONFUSABLES, imitated, name_key, skeleton
 
 ALPHABET = string.ascii_lowercase + string.digits
 SEPARATORS = ["-", "_", ".", " ", "\u200b", "\u00ad", "－", "＿"]  # incl. zero-width, fullwidth
@@ -122,3 +122,46 @@ def test_different_names_keep_different_keys(one: str, other: str) -> None:
 def test_separators_only_give_an_empty_key() -> None:
     assert name_key("-_. ") == ""
     assert name_key("") == ""
+
+
+BUILTINS = ["agent", "mini-program", "mini-terminal", "swe", "tau2", "terminal-bench"]
+
+
+@pytest.mark.parametrize(
+    ("name", "builtin"),
+    [
+        ("mini-program0", "mini-program"),  # a trailing digit
+        ("Mini_Program2", "mini-program"),
+        ("aegnt", "agent"),  # two letters swapped
+        ("agnet", "agent"),
+        ("agents", "agent"),  # a letter added
+        ("agentb", "agent"),
+        ("agen", "agent"),  # a letter dropped
+        ("mini-progarm", "mini-program"),
+        ("miniprogarm", "mini-program"),
+        ("m1n1-pr0gram", "mini-program"),  # digits for letters
+        ("mini-pr0gr4m", "mini-program"),
+        ("terminal-bnech", "terminal-bench"),
+        ("termina1-8ench", "terminal-bench"),
+        ("tau3", "tau2"),  # another trailing digit
+        ("tau", "tau2"),
+        ("5we", "swe"),
+        ("SWE", "swe"),
+    ],
+)
+def test_a_lookalike_of_a_builtin_is_caught(name: str, builtin: str) -> None:
+    assert imitated(name, BUILTINS) == builtin
+
+
+@pytest.mark.parametrize(
+    "name",
+    # a word of its own before or after a built-in's, or names merely near a short one
+    ["agent-b", "agent_b2", "my-agent", "mini-program-x", "swe-bench", "sue", "urgent", "notes"],
+)
+def test_a_name_of_its_own_is_not_a_lookalike(name: str) -> None:
+    assert imitated(name, BUILTINS) is None
+
+
+def test_the_skeleton_is_coarser_than_the_key() -> None:
+    assert skeleton("mini-pr0gr4m5") == skeleton("mini-program") == "miniprogram"
+    assert name_key("mini-pr0gr4m") != name_key("mini-program")  # tenants keep the exact key

@@ -126,11 +126,40 @@ def serve(
             envvar="AENV_HUB_SECRET_FILE",
         ),
     ] = None,
+    header_timeout: Annotated[
+        float,
+        typer.Option(help="seconds a request's line and headers may take to arrive (slowloris)"),
+    ] = 10.0,
+    body_timeout: Annotated[
+        float, typer.Option(help="seconds a request's body may pause between two reads")
+    ] = 30.0,
+    client_connections: Annotated[
+        int,
+        typer.Option(
+            help="connections one client address (an IPv6 /64) may hold at once; more get 429 "
+            "(0: no limit; behind a reverse proxy every client is the proxy)"
+        ),
+    ] = 256,
+    max_connections: Annotated[
+        int | None,
+        typer.Option(
+            help="connections the hub holds at once (default: from the open files limit, at "
+            "most 8192); a new one replaces the oldest still sending its headers"
+        ),
+    ] = None,
+    auth_failures: Annotated[
+        int,
+        typer.Option(
+            help="failed authentications one client address may have per minute; then 429 "
+            "with Retry-After (0: no limit)"
+        ),
+    ] = 30,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error")] = "info",
 ) -> None:
     """Serve EnvHub: the registry and the control plane, with its OpenAPI document at /docs."""
     from aenv_ray.logs import configure_logging
     from envhub.app import HubOptions
+    from envhub.defences import Defences
     from envhub.limits import load_limits
     from envhub.server import check_exposure
     from envhub.server import serve as run_hub
@@ -140,6 +169,13 @@ def serve(
         limits,
         allow_network=allow_network,
         pod_template_allow=frozenset(pod_template_allow or ()),
+    )
+    defences = Defences(
+        header_timeout=header_timeout,
+        body_timeout=body_timeout,
+        client_connections=client_connections,
+        max_connections=max_connections,
+        auth_failures=auth_failures,
     )
     check_exposure(host, auth, tenant_limits)
     configure_logging(log_level.upper())
@@ -159,6 +195,7 @@ def serve(
         datasource_root=datasource_root.resolve() if datasource_root else None,
         limits=tenant_limits,
         warm=warm_pools,
+        defences=defences,
     )
     store_url = store or default_store_url()
 

@@ -16,7 +16,9 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from aenv_ray.errors import AuthenticationError
 from envhub.control import ControlPlane
+from envhub.defences import Defences, FailureThrottle, peer_of
 from envhub.keys import LOCAL_TENANT, Caller, authenticate
 from envhub.limits import Limits
 from envhub.registry import DEFAULT_MAX_BUNDLE, VersionRegistry
@@ -42,6 +44,7 @@ class HubOptions:
     # seals the instance tokens the store keeps (envhub.seal); None: AENV_HUB_SECRET's value is
     # not given, the hub keeps its own in data_dir/hub-secret
     secret: bytes | None = field(default=None, repr=False)
+    defences: Defences = field(default_factory=Defences)  # timeouts, connection caps, auth throttle
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class Hub:
     registry: VersionRegistry
     control: ControlPlane
     forwarder: Forwarder  # the proxy's client to runtimes (opened by the app's lifespan)
+    throttle: FailureThrottle  # failed authentications per client
 
 
 def serving(request: Request) -> Hub:
@@ -72,11 +76,24 @@ HubDep = Annotated[Hub, Depends(hub_of)]
 
 
 async def caller(request: Request) -> Caller:
-    """Who sent the request (every route but health and the OpenAPI document needs a key)."""
+    """Who sent the request (every route but health and the OpenAPI document needs a key).
+    A client past its failed authentications (:class:`~envhub.defences.FailureThrottle`: keys
+    sent that did not authenticate; a request without a key costs nothing and is not counted)
+    gets :class:`~aenv_ray.errors.RateLimitedError` (429) without its key being looked at."""
     hub = serving(request)  # not through HubDep: one dependency less to solve per request
     if not hub.options.auth:
         return Caller(tenant=LOCAL_TENANT)
-    return await authenticate(hub.store, request.headers.get("authorization"))
+    client = peer_of(request.scope)
+    refusal = hub.throttle.refusal(client)
+    if refusal is not None:  # guessing: its keys are not even looked at
+        raise refusal
+    authorization = request.headers.get("authorization")
+    try:
+        return await authenticate(hub.store, authorization)
+    except AuthenticationError:
+        if authorization:  # a key that failed: a guess, or a wrong or revoked key
+            hub.throttle.failed(client)
+        raise
 
 
 Who = Annotated[Caller, Depends(caller)]

@@ -78,6 +78,8 @@ async def publish(request: Request, who: Who, hub: HubDep) -> dict[str, Any]:
     checked = inspect_bundle(
         data, max_size=hub.options.max_bundle, expected_digest=request.headers.get(DIGEST_HEADER)
     )
+    # before a sandbox is spent: a built-in's name or a lookalike, a version taken
+    hub.registry.check_reserved(checked.config.name)
     await hub.registry.check_new(checked.config.ref, checked.digest)  # before a sandbox is spent
     hub.registry.check_template(who, checked.config)
     # in a sandbox: never in the hub
