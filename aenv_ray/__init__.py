@@ -82,6 +82,7 @@ from aenv_ray.errors import (
     ToolTimeoutError,
     VersionConflictError,
 )
+from aenv_ray.processes import keep_processes
 from aenv_ray.protocol import ToolErrorKind, ToolResult
 from aenv_ray.registry import (
     DefinitionRegistry,
@@ -155,6 +156,7 @@ __all__ = [
     "VersionConflictError",
     "__version__",
     "available_environments",
+    "keep_processes",
     "register_function",
     "register_health",
     "register_reward",

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import builtin_envs.terminal_bench as terminal_bench_library
+from aenv_ray import keep_processes
 from builtin_envs.terminal_bench import (
     BoxUnavailableError,
     NoTaskError,
@@ -235,6 +236,7 @@ class AgentBox:
                 pass_fds=(theirs.fileno(),),
                 env=_CLEAN_ENV,
             )
+            keep_processes(self._process.pid)  # the episode's box outlives the call
         finally:
             theirs.close()
         assert self._process.stdin is not None
@@ -328,6 +330,7 @@ class WarmPytest:
                 stderr=subprocess.STDOUT,
                 env={**_CLEAN_ENV, "TB_SITE_PACKAGES": PYTEST_SITE or ""},
             )
+            keep_processes(self._process.pid)  # warm for the instance's later calls
         finally:
             theirs.close()
         self._control = ours

@@ -1,0 +1,39 @@
+"""What an environment's code says about the processes its calls start.
+
+Inside an instance, every process a tool call (or a function, the reward, the health check)
+starts ends when the call returns: the runtime kills what the call left running, processes
+that detached themselves (``setsid``, a double fork) included. A long-lived helper, such as a
+persistent shell that serves many calls, is kept by saying so explicitly::
+
+    from aenv_ray import keep_processes
+
+    proc = subprocess.Popen(["bash"], ...)
+    keep_processes(proc.pid)  # this process and what it starts live until the episode ends
+
+``keep_processes()`` without a pid keeps everything the current call has started or will
+start. Kept processes still end at the end of the episode (the instance's release or
+deletion), always. Outside a runtime's call (a unit test calling the tool directly) this does
+nothing. See ``docs/security.md`` ("Agent code and the runtime's process").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+__all__ = ["keep_processes"]
+
+_KEEPER: Callable[[int | None], None] | None = None
+
+
+def keep_processes(pid: int | None = None) -> None:
+    """Let process ``pid`` (and the processes it starts) outlive the current call, or, with no
+    ``pid``, everything the current call starts. They still end when the episode ends."""
+    keeper = _KEEPER
+    if keeper is not None:
+        keeper(pid)
+
+
+def _set_keeper(keeper: Callable[[int | None], None] | None) -> None:
+    """The runtime's hook (``sandbox_runtime._contain``); not for environments."""
+    global _KEEPER
+    _KEEPER = keeper

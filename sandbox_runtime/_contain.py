@@ -1,0 +1,523 @@
+"""Keep tool and agent code away from the runtime's process; end what each call starts.
+
+Environment code runs *in* the runtime's process; agent code reaches the machine through the
+processes the environment's tools start (a Python snippet, a shell). Those processes run as the
+same user as the runtime, root of the instance's user namespace with every capability there, so
+the kernel's ordinary checks (same uid) would let them trace, read and signal the runtime.
+:func:`protect`, called once before the runtime serves, closes that:
+
+- **not dumpable** (``PR_SET_DUMPABLE`` 0): ``ptrace`` (attach, seize), ``/proc/<runtime>/mem``,
+  ``environ``, ``fd/``, ``process_vm_readv``/``writev`` and ``pidfd_getfd`` then need
+  ``CAP_SYS_PTRACE`` in the user namespace the runtime's memory belongs to, which is the one the
+  engine started the runtime's program in (the host's, or the pod's), never the instance's: tool
+  code holds no such capability. Programs a tool starts are dumpable again (``execve``), so they
+  can still trace one another.
+- **a seccomp filter** (inherited by every process started afterwards, irrevocably; ``no new
+  privileges`` is set first) that refuses, with ``EPERM``: ``kill``, ``rt_sigqueueinfo``,
+  ``tgkill`` and ``rt_tgsigqueueinfo`` aimed at the runtime's pid; ``kill`` of the runtime's
+  process group, of process group 0 (the caller's own group, which a child that did not start a
+  session of its own shares with the runtime) and of -1 (every process); ``setpgid`` into the
+  runtime's group; ``tkill`` (obsolete; it names threads, and a signal to any thread of the
+  runtime reaches the runtime); ``ptrace``, ``process_vm_readv``/``writev`` and ``pidfd_open`` of
+  the runtime's pid. ``pidfd_send_signal`` answers ``ENOSYS`` (a pidfd can come from opening
+  ``/proc/<pid>``, which no filter can tell apart), so programs fall back to ``kill``. The runtime
+  itself is bound by the filter too: it never signals itself.
+- **what a call starts ends with the call** (:class:`Calls`): when a call returns, every process
+  that started while it ran, and whose ancestors all started while it ran, is killed
+  (``SIGKILL``) before the result goes back, whether it detached itself (``setsid``, a double
+  fork) or not. Spared: processes a call kept with :func:`aenv_ray.keep_processes` (a pid, and
+  what it starts; or everything its call starts), processes started while another call was
+  running (they end when the last such call ends: concurrent calls never kill each other's
+  processes), and processes started outside any call. At the end of the episode everything
+  ends: the local engine ends the instance's pid namespace, Kubernetes deletes the pod, and a
+  stopping runtime kills every process it can see (:meth:`Calls.end_all`).
+
+Where processes are looked for: in the runtime's own pid namespace when the runtime is pid 1 or
+2 there (a pod; a local instance, whose pid 1 reaps orphans), else among the runtime's
+descendants only (a runtime started by hand, or as a host process): there an orphan (a double
+fork) goes to an init outside the runtime's reach and is not found. The runtime is no child
+subreaper: it would have to reap every orphan, and reaping a child that a ``Popen`` waits for
+would give that ``Popen`` a wrong exit status.
+
+What does not hold: ``kill`` (or ``rt_sigqueueinfo``) of the thread id of one of the runtime's
+*other* threads (``/proc/<runtime>/task`` lists them) still reaches the runtime: a signal sent to
+any thread id goes to its whole process, and a static filter cannot know the ids of threads made
+later. That is a denial of service of the agent's own instance (the episode fails), not a way
+into the runtime's memory. See ``docs/security.md``.
+
+May import: the standard library and ``aenv_ray.processes``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import ctypes
+import errno
+import functools
+import logging
+import os
+import platform
+import signal
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "Call",
+    "Calls",
+    "calls",
+    "protect",
+    "seccomp_program",
+    "within",
+]
+
+log = logging.getLogger("sandbox_runtime.contain")
+
+_PR_SET_DUMPABLE = 4
+_PR_SET_NO_NEW_PRIVS = 38
+_SECCOMP_SET_MODE_FILTER = 1
+_SECCOMP_FILTER_FLAG_TSYNC = 1
+_SYS_SECCOMP = {"x86_64": 317, "aarch64": 277}
+_TICKS = os.sysconf("SC_CLK_TCK")
+_KILL_PASSES = 20
+_DEATH_WAIT = 5.0  # seconds a killed process may take to die before the call returns anyway
+
+# -- the seccomp filter ------------------------------------------------------------------------
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "i386": 0x40000003, "aarch64": 0xC00000B7}
+_X32_BIT = 0x40000000
+# name -> number, per architecture (the kernel's tables)
+_NUMBERS: dict[str, dict[str, int]] = {
+    "x86_64": {
+        "kill": 62,
+        "tkill": 200,
+        "tgkill": 234,
+        "rt_sigqueueinfo": 129,
+        "rt_tgsigqueueinfo": 297,
+        "pidfd_send_signal": 424,
+        "ptrace": 101,
+        "process_vm_readv": 310,
+        "process_vm_writev": 311,
+        "pidfd_open": 434,
+        "setpgid": 109,
+    },
+    "i386": {
+        "kill": 37,
+        "tkill": 238,
+        "tgkill": 270,
+        "rt_sigqueueinfo": 178,
+        "rt_tgsigqueueinfo": 335,
+        "pidfd_send_signal": 424,
+        "ptrace": 26,
+        "process_vm_readv": 347,
+        "process_vm_writev": 348,
+        "pidfd_open": 434,
+        "setpgid": 57,
+    },
+    "aarch64": {
+        "kill": 129,
+        "tkill": 130,
+        "tgkill": 131,
+        "rt_sigqueueinfo": 138,
+        "rt_tgsigqueueinfo": 240,
+        "pidfd_send_signal": 424,
+        "ptrace": 117,
+        "process_vm_readv": 270,
+        "process_vm_writev": 271,
+        "pidfd_open": 434,
+        "setpgid": 154,
+    },
+}
+# which architectures a process of each machine can call the kernel as
+_ARCHES = {"x86_64": ("x86_64", "i386"), "aarch64": ("aarch64",)}
+
+_LD_W_ABS = 0x20
+_JEQ_K = 0x15
+_JSET_K = 0x45
+_RET_K = 0x06
+_RET_ALLOW = 0x7FFF0000
+_RET_ERRNO = 0x00050000
+
+
+def _rules(pid: int, group: int) -> dict[str, list[tuple[int, int]] | None]:
+    """syscall -> the (argument, 32-bit value) pairs it is refused for; None: always."""
+
+    def low(value: int) -> int:
+        return value & 0xFFFFFFFF
+
+    kill_targets = sorted({low(pid), low(-pid), low(-group), low(-1), 0})
+    return {
+        "kill": [(0, v) for v in kill_targets],
+        "rt_sigqueueinfo": [(0, low(pid))],
+        "tgkill": [(0, low(pid)), (1, low(pid))],
+        "rt_tgsigqueueinfo": [(0, low(pid)), (1, low(pid))],
+        "tkill": None,
+        "ptrace": [(1, low(pid))],
+        "process_vm_readv": [(0, low(pid))],
+        "process_vm_writev": [(0, low(pid))],
+        "pidfd_open": [(0, low(pid))],
+        "setpgid": [(1, low(group))],
+    }
+
+
+def seccomp_program(pid: int, group: int, machine: str | None = None) -> bytes:
+    """The classic BPF program (``struct sock_filter[]``) of :func:`protect`'s filter for the
+    runtime ``pid`` in process group ``group``, for ``machine`` (default: this one)."""
+    machine = machine or platform.machine()
+    if machine not in _ARCHES:
+        raise OSError(errno.ENOSYS, f"no seccomp filter for machine {machine}")
+    rules = _rules(pid, group)
+    program: list[tuple[int, int, int, int | str]] = []  # (code, jt, jf, k | label)
+    labels: dict[str, int] = {}
+    jumps: list[tuple[int, str, str]] = []  # (index, true label, false label)
+
+    def emit(code: int, k: int | str = 0) -> None:
+        program.append((code, 0, 0, k))
+
+    def jump(code: int, k: int, true: str, false: str) -> None:
+        jumps.append((len(program), true, false))
+        program.append((code, 0, 0, k))
+
+    def label(name: str) -> None:
+        labels[name] = len(program)
+
+    emit(_LD_W_ABS, 4)  # seccomp_data.arch
+    arches = _ARCHES[machine]
+    for index, arch in enumerate(arches):
+        jump(_JEQ_K, _AUDIT_ARCH[arch], f"arch-{arch}", f"next-arch-{index}")
+        label(f"next-arch-{index}")
+    emit(_RET_K, _RET_ALLOW)  # an architecture this machine has no such calls for
+    for arch in arches:
+        label(f"arch-{arch}")
+        emit(_LD_W_ABS, 0)  # seccomp_data.nr
+        if arch == "x86_64":
+            jump(_JSET_K, _X32_BIT, "deny", f"{arch}-0")
+            label(f"{arch}-0")
+        numbers = _NUMBERS[arch]
+        for index, (name, refused) in enumerate(rules.items()):
+            here, after = f"{arch}-{name}", f"{arch}-after-{index}"
+            jump(_JEQ_K, numbers[name], here, after)
+            label(here)
+            if name == "pidfd_send_signal" or refused is None:
+                emit(_RET_K, "nosys" if name == "pidfd_send_signal" else "deny")
+            else:
+                for argument, value in refused:
+                    emit(_LD_W_ABS, 16 + 8 * argument)  # the low 32 bits (little-endian)
+                    nxt = f"{arch}-{name}-{argument}-{value}"
+                    jump(_JEQ_K, value, "deny", nxt)
+                    label(nxt)
+                emit(_RET_K, _RET_ALLOW)
+            label(after)
+        emit(_RET_K, _RET_ALLOW)
+    label("deny")
+    emit(_RET_K, _RET_ERRNO | errno.EPERM)
+    label("nosys")
+    emit(_RET_K, _RET_ERRNO | errno.ENOSYS)
+    out = bytearray()
+    for index, (code, _, _, k) in enumerate(program):
+        jt = jf = 0
+        for at, true, false in jumps:
+            if at == index:
+                jt = labels[true] - index - 1
+                jf = labels[false] - index - 1
+                if not (0 <= jt <= 255 and 0 <= jf <= 255):
+                    raise AssertionError("seccomp program: jump out of range")
+        value = k if isinstance(k, int) else _RET_ERRNO | errno.EPERM
+        if k == "nosys":
+            value = _RET_ERRNO | errno.ENOSYS
+        out += struct.pack("=HBBI", code, jt, jf, value)
+    return bytes(out)
+
+
+def _install_filter(program: bytes) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    number = _SYS_SECCOMP.get(platform.machine())
+    if number is None:
+        raise OSError(errno.ENOSYS, f"seccomp on {platform.machine()}")
+    filters = ctypes.create_string_buffer(program, len(program))
+
+    class _Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    prog = _Prog(len(program) // 8, ctypes.cast(filters, ctypes.c_void_p))
+    result = libc.syscall(
+        ctypes.c_long(number),
+        ctypes.c_uint(_SECCOMP_SET_MODE_FILTER),
+        ctypes.c_uint(_SECCOMP_FILTER_FLAG_TSYNC),
+        ctypes.byref(prog),
+    )
+    if result != 0:
+        code = ctypes.get_errno() or errno.EINVAL
+        raise OSError(code, f"seccomp(SET_MODE_FILTER): {os.strerror(code)}")
+
+
+def _prctl(option: int, value: int, what: str) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(option, ctypes.c_ulong(value), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), what)
+
+
+def protect(*, filter_signals: bool = True) -> list[str]:
+    """In the runtime's process, once, before it serves (and before any call): not dumpable,
+    the seccomp filter (unless ``filter_signals`` is false), and a fresh :func:`calls` tracker.
+    Returns what could not be applied, one sentence each (also logged); never raises for a
+    kernel that lacks a feature."""
+    problems: list[str] = []
+    try:
+        _prctl(_PR_SET_DUMPABLE, 0, "prctl(PR_SET_DUMPABLE)")
+    except OSError as exc:
+        problems.append(f"the runtime stays dumpable ({exc}): tool code can trace it")
+    me = os.getpid()
+    whole = me <= 2
+    if filter_signals:
+        try:
+            _install_filter(seccomp_program(me, os.getpgrp()))
+        except OSError as exc:
+            problems.append(f"no seccomp filter ({exc}): tool code can signal the runtime")
+    global _CALLS
+    _CALLS = Calls(whole_namespace=whole)
+    from aenv_ray import processes
+
+    processes._set_keeper(_CALLS.keep)
+    for problem in problems:
+        log.warning("containment incomplete", extra={"problem": problem})
+    return problems
+
+
+# -- what a call starts ------------------------------------------------------------------------
+def _now_ticks() -> int:
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * _TICKS)
+
+
+def _last_pid() -> int | None:
+    with contextlib.suppress(OSError, ValueError), open("/proc/sys/kernel/ns_last_pid", "rb") as f:
+        return int(f.read())
+    return None
+
+
+def _stat(pid: str) -> tuple[int, int, bytes] | None:
+    """(ppid, start time in ticks, state) of ``pid``, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(b")") + 2 :].split()
+    return int(fields[1]), int(fields[19]), fields[0]
+
+
+@dataclass(eq=False)
+class Call:
+    """One running (or ended) call, as :class:`Calls` sees it."""
+
+    start: int  # ticks since boot, when it began
+    last_pid: int | None  # the pid namespace's last pid then
+    keep: bool = False
+    end: int | None = None
+
+
+_CURRENT: contextvars.ContextVar[Call | None] = contextvars.ContextVar("aenv_call", default=None)
+
+
+class Calls:
+    """The calls of one runtime and the processes they start (see the module's docstring)."""
+
+    def __init__(self, *, whole_namespace: bool) -> None:
+        self.whole_namespace = whole_namespace
+        self.me = os.getpid()
+        self._lock = threading.Lock()
+        self._running: list[Call] = []
+        self._kept_calls: list[Call] = []
+        self._kept_pids: set[tuple[int, int]] = set()  # (pid, start ticks)
+
+    def enter(self) -> Call:
+        """A call begins (before any of its code runs)."""
+        call = Call(start=_now_ticks(), last_pid=_last_pid())
+        with self._lock:
+            self._running.append(call)
+        return call
+
+    def keep(self, pid: int | None) -> None:
+        """:func:`aenv_ray.keep_processes` in the current call (no call: nothing)."""
+        call = _CURRENT.get()
+        if call is None:
+            return
+        if pid is None:
+            with self._lock:
+                if not call.keep:
+                    call.keep = True
+                    self._kept_calls.append(call)
+            return
+        stat = _stat(str(pid))
+        if stat is not None:
+            with self._lock:
+                self._kept_pids.add((pid, stat[1]))
+
+    def leave(self, call: Call) -> Callable[[], int] | None:
+        """A call ended: what kills what it started and did not keep (returning how many
+        processes), or None when there is nothing to look for (cheap; run the sweep on a
+        thread of its own, it reads ``/proc``)."""
+        call.end = _now_ticks()
+        with self._lock:
+            with contextlib.suppress(ValueError):
+                self._running.remove(call)
+            if call.keep:
+                return None
+            others = min((c.start for c in self._running), default=None)
+        if call.last_pid is not None and _last_pid() == call.last_pid:
+            return None  # nothing was started anywhere while it ran
+        return functools.partial(self._sweep, call.start, others)
+
+    @contextlib.contextmanager
+    def spared(self) -> Iterator[None]:
+        """Processes started inside (the runtime's own, such as a fork of the instance) are
+        never a call's."""
+        window = Call(start=_now_ticks(), last_pid=None, keep=True)
+        with self._lock:
+            self._kept_calls.append(window)
+        try:
+            yield
+        finally:
+            window.end = _now_ticks()
+
+    def end_all(self) -> int:
+        """Kill every process this runtime can see but pid 1 and itself (the episode ends)."""
+        with self._lock:
+            self._running.clear()
+            self._kept_calls.clear()
+            self._kept_pids.clear()
+        return self._sweep(0, None)
+
+    def _table(self) -> dict[int, tuple[int, int, bytes]]:
+        table: dict[int, tuple[int, int, bytes]] = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) not in (1, self.me):
+                stat = _stat(entry)
+                if stat is not None:
+                    table[int(entry)] = stat
+        if not self.whole_namespace:
+            table = {pid: st for pid, st in table.items() if self._descends(pid, table)}
+        return table
+
+    def _descends(self, pid: int, table: dict[int, tuple[int, int, bytes]]) -> bool:
+        for _ in range(4096):
+            parent = table[pid][0] if pid in table else None
+            if parent == self.me:
+                return True
+            if parent is None or parent not in table:
+                return False
+            pid = parent
+        return False
+
+    def _spared(self, start: int, since: int, others: int | None) -> bool:
+        if start < since or (others is not None and start >= others):
+            return True
+        with self._lock:
+            windows = [(c.start, c.end) for c in self._kept_calls]
+        return any(s <= start and (e is None or start <= e + 1) for s, e in windows)
+
+    def _targets(self, since: int, others: int | None) -> dict[int, int]:
+        """pid -> ppid of every running process to kill: it started at ``since`` or later
+        (and before ``others``, the first start of the calls still running), outside every
+        kept window, is not kept, and neither is any of its ancestors."""
+        table = self._table()
+        with self._lock:
+            kept = set(self._kept_pids)
+        verdict: dict[int, bool] = {}
+        for first in table:
+            chain: list[int] = []
+            pid: int | None = first
+            result = False
+            while pid is not None and pid not in verdict and len(chain) < 4096:
+                chain.append(pid)
+                ppid, start, _ = table[pid]
+                if (pid, start) in kept or self._spared(start, since, others):
+                    result = True
+                    break
+                pid = ppid if ppid in table and ppid not in (1, self.me) else None
+            else:
+                if pid is not None and pid in verdict:
+                    result = verdict[pid]
+            for member in chain:
+                verdict[member] = result
+        return {
+            pid: ppid
+            for pid, (ppid, _, state) in table.items()
+            if state != b"Z" and not verdict[pid]
+        }
+
+    def _sweep(self, since: int, others: int | None) -> int:
+        killed: dict[int, int] = {}
+        for _ in range(_KILL_PASSES):
+            targets = self._targets(since, others)
+            if not targets:
+                break
+            for pid in targets:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            killed.update(targets)
+        self._wait_dead(killed)
+        if killed:
+            log.info("ended processes a call left", extra={"count": len(killed)})
+        return len(killed)
+
+    def _wait_dead(self, killed: dict[int, int]) -> None:
+        """Until every killed process is gone or a zombie; as pid 1 (a pod's runtime), reap
+        them: orphans come to pid 1, and no one else would."""
+        deadline = time.monotonic() + _DEATH_WAIT
+        waiting = set(killed)
+        while waiting and time.monotonic() < deadline:
+            for pid in list(waiting):
+                stat = _stat(str(pid))
+                if stat is None or stat[2] in (b"Z", b"X"):
+                    waiting.discard(pid)
+            if waiting:
+                time.sleep(0.002)
+        if self.me != 1:
+            return  # our own children are their Popen's to reap; orphans are pid 1's
+        for pid, ppid in killed.items():
+            if ppid == self.me:
+                with contextlib.suppress(ChildProcessError, OSError):
+                    os.waitpid(pid, os.WNOHANG)
+
+
+_CALLS: Calls | None = None
+
+
+def calls() -> Calls | None:
+    """The tracker :func:`protect` installed in this process, if any (a fork of a runtime that
+    has not protected itself again has none)."""
+    tracker = _CALLS
+    return tracker if tracker is not None and tracker.me == os.getpid() else None
+
+
+def within(call: Call | None, fn: Callable[..., Any], is_async: bool) -> Callable[..., Any]:
+    """``fn`` run as part of ``call``: :func:`aenv_ray.keep_processes` inside it knows its call."""
+    if call is None:
+        return fn
+    if is_async:
+
+        @functools.wraps(fn)
+        async def run_async(**kwargs: Any) -> Any:
+            token = _CURRENT.set(call)
+            try:
+                return await fn(**kwargs)
+            finally:
+                _CURRENT.reset(token)
+
+        return run_async
+
+    @functools.wraps(fn)
+    def run(**kwargs: Any) -> Any:
+        token = _CURRENT.set(call)
+        try:
+            return fn(**kwargs)
+        finally:
+            _CURRENT.reset(token)
+
+    return run
