@@ -155,6 +155,7 @@ def _rules(pid: int, group: int) -> dict[str, list[tuple[int, int]] | None]:
         "tgkill": [(0, low(pid)), (1, low(pid))],
         "rt_tgsigqueueinfo": [(0, low(pid)), (1, low(pid))],
         "tkill": None,
+        "pidfd_send_signal": None,  # ENOSYS (see the module's docstring)
         "ptrace": [(1, low(pid))],
         "process_vm_readv": [(0, low(pid))],
         "process_vm_writev": [(0, low(pid))],
