@@ -243,7 +243,10 @@ def _start_fork(
             state.context, init_fd, child, own_pid_namespace=None, label=str(item.get("id"))
         )
         return
-    helper = os.fork()  # a new pid namespace is for good: start it from a throw-away child
+    from sandbox_runtime._contain import runtime_fork
+
+    with runtime_fork():  # the runtime's own: not a tool's process (not confined)
+        helper = os.fork()  # a new pid namespace is for good: start it from a throw-away child
     if helper == 0:
         code = 1
         try:

@@ -280,6 +280,8 @@ def protect(*, filter_signals: bool = True) -> list[str]:
             _install_filter(seccomp_program(me, os.getpgrp()))
         except OSError as exc:
             problems.append(f"no seccomp filter ({exc}): tool code can signal the runtime")
+    if filter_signals and (why := _confine_spawns()) is not None:
+        problems.append(why)
     global _CALLS
     _CALLS = Calls(whole_namespace=whole)
     from aenv_ray import processes
@@ -288,6 +290,128 @@ def protect(*, filter_signals: bool = True) -> list[str]:
     for problem in problems:
         log.warning("containment incomplete", extra={"problem": problem})
     return problems
+
+
+# -- tool processes in a Landlock domain of their own --------------------------------------------
+_LANDLOCK_CREATE_RULESET = 444  # the same number on every architecture
+_LANDLOCK_RESTRICT_SELF = 446
+_LANDLOCK_CREATE_RULESET_VERSION = 1
+_LANDLOCK_SCOPE_SIGNAL = 1 << 1
+_LANDLOCK_SIGNAL_ABI = 6  # the first ABI with scopes (Linux 6.12)
+_confining = False
+_confined = False  # this process is a confined one
+_own_fork = threading.local()
+
+
+def _landlock_abi() -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    version = libc.syscall(
+        ctypes.c_long(_LANDLOCK_CREATE_RULESET), None, 0, _LANDLOCK_CREATE_RULESET_VERSION
+    )
+    return int(version) if version > 0 else 0
+
+
+def confine_self() -> None:
+    """In a new process the runtime started, before it runs anything: a Landlock domain of its
+    own that scopes signals, so that it (and what it starts) can signal no process outside it:
+    no thread of the runtime, whatever its id. Raises OSError when the kernel refuses."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    attr = struct.pack("=QQQ", 0, 0, _LANDLOCK_SCOPE_SIGNAL)  # fs, net: not handled
+    buffer = ctypes.create_string_buffer(attr, len(attr))
+    fd = libc.syscall(ctypes.c_long(_LANDLOCK_CREATE_RULESET), buffer, len(attr), 0)
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
+    try:
+        if libc.syscall(ctypes.c_long(_LANDLOCK_RESTRICT_SELF), ctypes.c_int(fd), 0) != 0:
+            raise OSError(ctypes.get_errno(), "landlock_restrict_self")
+    finally:
+        os.close(int(fd))
+
+
+def _confine_child() -> None:
+    global _confined
+    if _confined:  # a confined process's own children share its domain
+        return
+    try:
+        confine_self()
+    except OSError:
+        os._exit(126)  # never run tool code unconfined where confinement was promised
+    _confined = True
+
+
+def _with_confinement(fork_exec: Callable[..., Any]) -> Callable[..., Any]:
+    """``_posixsubprocess.fork_exec`` whose child confines itself (its ``preexec_fn``, index 21
+    of the 22 or 23 positional arguments of Python 3.11 to 3.13) before it executes."""
+
+    @functools.wraps(fork_exec)
+    def spawn(*args: Any, **kwargs: Any) -> Any:
+        if not _confining or kwargs or len(args) not in (22, 23):
+            return fork_exec(*args, **kwargs)
+        given = args[21]
+        if given is None:
+            hook: Callable[[], None] = _confine_child
+        else:
+
+            def hook() -> None:
+                _confine_child()
+                given()
+
+        return fork_exec(*args[:21], hook, *args[22:])
+
+    return spawn
+
+
+def _system(command: str | bytes | os.PathLike[str] | os.PathLike[bytes]) -> int:
+    """``os.system`` through ``subprocess`` (so its shell is confined): the same wait status."""
+    import subprocess
+
+    code = subprocess.call(os.fsdecode(command), shell=True)
+    return code << 8 if code >= 0 else -code
+
+
+def _after_fork_in_child() -> None:
+    if _confining and not getattr(_own_fork, "active", False):
+        _confine_child()
+
+
+@contextlib.contextmanager
+def runtime_fork() -> Iterator[None]:
+    """``os.fork`` inside is the runtime's own (a fork of the instance), not confined."""
+    _own_fork.active = True
+    try:
+        yield
+    finally:
+        _own_fork.active = False
+
+
+_HOOKED = False
+
+
+def _confine_spawns() -> str | None:
+    """From now on every process this runtime starts through the standard library
+    (``subprocess``, ``asyncio``'s, ``os.fork``, ``os.system``, ``multiprocessing``) is confined
+    (:func:`confine_self`); None, or why not."""
+    global _confining, _HOOKED
+    abi = _landlock_abi()
+    if abi < _LANDLOCK_SIGNAL_ABI:
+        return (
+            f"no Landlock signal scoping (ABI {abi}, needs {_LANDLOCK_SIGNAL_ABI}: Linux 6.12): "
+            "tool code can signal the runtime's other threads by their ids"
+        )
+    if not _HOOKED:
+        import _posixsubprocess
+        import subprocess
+
+        _HOOKED = True
+        # subprocess._fork_exec (3.11+, private) is absent from typeshed
+        subprocess._fork_exec = _with_confinement(subprocess._fork_exec)  # type: ignore[attr-defined]
+        _posixsubprocess.fork_exec = _with_confinement(_posixsubprocess.fork_exec)
+        os.system = _system
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+    _confining = True
+    return None
 
 
 # -- what a call starts ------------------------------------------------------------------------
