@@ -22,6 +22,10 @@ the kernel's ordinary checks (same uid) would let them trace, read and signal th
   the runtime's pid. ``pidfd_send_signal`` answers ``ENOSYS`` (a pidfd can come from opening
   ``/proc/<pid>``, which no filter can tell apart), so programs fall back to ``kill``. The runtime
   itself is bound by the filter too: it never signals itself.
+- **a Landlock domain** (Linux 6.12+) scoping signals, entered by every process the runtime
+  starts through the standard library before it runs anything (:func:`confine_self`): it and
+  its descendants can signal nothing outside the domain, so no thread of the runtime by its id
+  (``kill`` of any thread id reaches the whole process, and ``/proc/<runtime>/task`` lists them).
 - **what a call starts ends with the call** (:class:`Calls`): when a call returns, every process
   that started while it ran, and whose ancestors all started while it ran, is killed
   (``SIGKILL``) before the result goes back, whether it detached itself (``setsid``, a double
@@ -39,11 +43,11 @@ fork) goes to an init outside the runtime's reach and is not found. The runtime 
 subreaper: it would have to reap every orphan, and reaping a child that a ``Popen`` waits for
 would give that ``Popen`` a wrong exit status.
 
-What does not hold: ``kill`` (or ``rt_sigqueueinfo``) of the thread id of one of the runtime's
-*other* threads (``/proc/<runtime>/task`` lists them) still reaches the runtime: a signal sent to
-any thread id goes to its whole process, and a static filter cannot know the ids of threads made
-later. That is a denial of service of the agent's own instance (the episode fails), not a way
-into the runtime's memory. See ``docs/security.md``.
+What does not hold: without Landlock's signal scoping, or for a process started around the
+standard library (``os.posix_spawn``, ``ctypes``), ``kill`` of the id of one of the runtime's
+*other* threads still reaches the runtime (a static filter cannot know thread ids made later):
+a denial of service of the agent's own instance, not a way into the runtime's memory. See
+``docs/security.md``.
 
 May import: the standard library and ``aenv_ray.processes``.
 """
