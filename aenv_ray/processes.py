@@ -18,11 +18,13 @@ nothing. See ``docs/security.md`` ("Agent code and the runtime's process").
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 
-__all__ = ["keep_processes"]
+__all__ = ["keep_processes", "unconfined"]
 
 _KEEPER: Callable[[int | None], None] | None = None
+_UNCONFINED: Callable[[], contextlib.AbstractContextManager[None]] | None = None
 
 
 def keep_processes(pid: int | None = None) -> None:
@@ -37,3 +39,24 @@ def _set_keeper(keeper: Callable[[int | None], None] | None) -> None:
     """The runtime's hook (``sandbox_runtime._contain``); not for environments."""
     global _KEEPER
     _KEEPER = keeper
+
+
+@contextlib.contextmanager
+def unconfined() -> Iterator[None]:
+    """Processes this thread starts inside are the environment's own trusted helpers: they do
+    not enter the Landlock domain that keeps every other process the runtime starts from
+    signalling or tracing what it did not start itself. A helper that must reach into processes
+    of other spawns (join an agent's box's namespaces, as terminal-bench's warm pytest does)
+    needs it. Never run agent code in such a process. Outside a runtime: nothing."""
+    factory = _UNCONFINED
+    if factory is None:
+        yield
+        return
+    with factory():
+        yield
+
+
+def _set_unconfined(factory: Callable[[], contextlib.AbstractContextManager[None]] | None) -> None:
+    """The runtime's hook (``sandbox_runtime._contain``); not for environments."""
+    global _UNCONFINED
+    _UNCONFINED = factory

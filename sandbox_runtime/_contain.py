@@ -14,14 +14,15 @@ the kernel's ordinary checks (same uid) would let them trace, read and signal th
   can still trace one another.
 - **a seccomp filter** (inherited by every process started afterwards, irrevocably; ``no new
   privileges`` is set first) that refuses, with ``EPERM``: ``kill``, ``rt_sigqueueinfo``,
-  ``tgkill`` and ``rt_tgsigqueueinfo`` aimed at the runtime's pid; ``kill`` of the runtime's
-  process group, of process group 0 (the caller's own group, which a child that did not start a
-  session of its own shares with the runtime) and of -1 (every process); ``setpgid`` into the
-  runtime's group; ``tkill`` (obsolete; it names threads, and a signal to any thread of the
-  runtime reaches the runtime); ``ptrace``, ``process_vm_readv``/``writev`` and ``pidfd_open`` of
-  the runtime's pid. ``pidfd_send_signal`` answers ``ENOSYS`` (a pidfd can come from opening
-  ``/proc/<pid>``, which no filter can tell apart), so programs fall back to ``kill``. The runtime
-  itself is bound by the filter too: it never signals itself.
+  ``tgkill`` and ``rt_tgsigqueueinfo`` aimed at the runtime's pid; without Landlock (below)
+  also ``kill`` of the runtime's process group, of process group 0 (the caller's own group,
+  which a child that did not start a session of its own shares with the runtime) and of -1
+  (every process), and ``setpgid`` into the runtime's group; ``tkill`` (obsolete; it names
+  threads, and a signal to any thread of the runtime reaches the runtime); ``ptrace``,
+  ``process_vm_readv``/``writev`` and ``pidfd_open`` of the runtime's pid.
+  ``pidfd_send_signal`` answers ``ENOSYS`` (a pidfd can come from opening ``/proc/<pid>``,
+  which no filter can tell apart), so programs fall back to ``kill``. The runtime itself is
+  bound by the filter too: it never signals itself.
 - **a Landlock domain** (Linux 6.12+) scoping signals, entered by every process the runtime
   starts through the standard library before it runs anything (:func:`confine_self`): it and
   its descendants can signal nothing outside the domain, so no thread of the runtime by its id
@@ -146,13 +147,15 @@ _RET_ALLOW = 0x7FFF0000
 _RET_ERRNO = 0x00050000
 
 
-def _rules(pid: int, group: int) -> dict[str, list[tuple[int, int]] | None]:
-    """syscall -> the (argument, 32-bit value) pairs it is refused for; None: always."""
+def _rules(pid: int, group: int, *, groups: bool) -> dict[str, list[tuple[int, int]] | None]:
+    """syscall -> the (argument, 32-bit value) pairs it is refused for; None: always.
+    ``groups``: also ``kill`` of -1, 0 and the runtime's group, and ``setpgid`` into it (needed
+    without Landlock; with it, a signal to a group skips the runtime, the others get it)."""
 
     def low(value: int) -> int:
         return value & 0xFFFFFFFF
 
-    kill_targets = sorted({low(pid), low(-pid), low(-group), low(-1), 0})
+    kill_targets = sorted({low(pid), low(-pid), low(-group), low(-1), 0} if groups else {pid})
     return {
         "kill": [(0, v) for v in kill_targets],
         "rt_sigqueueinfo": [(0, low(pid))],
@@ -164,17 +167,20 @@ def _rules(pid: int, group: int) -> dict[str, list[tuple[int, int]] | None]:
         "process_vm_readv": [(0, low(pid))],
         "process_vm_writev": [(0, low(pid))],
         "pidfd_open": [(0, low(pid))],
-        "setpgid": [(1, low(group))],
+        "setpgid": [(1, low(group))] if groups else [],
     }
 
 
-def seccomp_program(pid: int, group: int, machine: str | None = None) -> bytes:
+def seccomp_program(
+    pid: int, group: int, machine: str | None = None, *, groups: bool = True
+) -> bytes:
     """The classic BPF program (``struct sock_filter[]``) of :func:`protect`'s filter for the
-    runtime ``pid`` in process group ``group``, for ``machine`` (default: this one)."""
+    runtime ``pid`` in process group ``group``, for ``machine`` (default: this one); ``groups``:
+    see :func:`_rules`."""
     machine = machine or platform.machine()
     if machine not in _ARCHES:
         raise OSError(errno.ENOSYS, f"no seccomp filter for machine {machine}")
-    rules = _rules(pid, group)
+    rules = {name: r for name, r in _rules(pid, group, groups=groups).items() if r != []}
     program: list[tuple[int, int, int, int | str]] = []  # (code, jt, jf, k | label)
     labels: dict[str, int] = {}
     jumps: list[tuple[int, str, str]] = []  # (index, true label, false label)
@@ -280,17 +286,19 @@ def protect(*, filter_signals: bool = True) -> list[str]:
     me = os.getpid()
     whole = me <= 2
     if filter_signals:
+        scoped = _landlock_abi() >= _LANDLOCK_SIGNAL_ABI
         try:
-            _install_filter(seccomp_program(me, os.getpgrp()))
+            _install_filter(seccomp_program(me, os.getpgrp(), groups=not scoped))
         except OSError as exc:
             problems.append(f"no seccomp filter ({exc}): tool code can signal the runtime")
-    if filter_signals and (why := _confine_spawns()) is not None:
-        problems.append(why)
+        if (why := _confine_spawns()) is not None:
+            problems.append(why)
     global _CALLS
     _CALLS = Calls(whole_namespace=whole)
     from aenv_ray import processes
 
     processes._set_keeper(_CALLS.keep)
+    processes._set_unconfined(runtime_fork)
     for problem in problems:
         log.warning("containment incomplete", extra={"problem": problem})
     return problems
@@ -351,7 +359,8 @@ def _with_confinement(fork_exec: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fork_exec)
     def spawn(*args: Any, **kwargs: Any) -> Any:
-        if not _confining or kwargs or len(args) not in (22, 23):
+        unconfined = getattr(_own_fork, "active", False)
+        if not _confining or unconfined or kwargs or len(args) not in (22, 23):
             return fork_exec(*args, **kwargs)
         given = args[21]
         if given is None:
@@ -382,12 +391,14 @@ def _after_fork_in_child() -> None:
 
 @contextlib.contextmanager
 def runtime_fork() -> Iterator[None]:
-    """``os.fork`` inside is the runtime's own (a fork of the instance), not confined."""
+    """What this thread starts inside is the runtime's own (a fork of the instance; an
+    environment's trusted helper, :func:`aenv_ray.processes.unconfined`): not confined."""
+    before = getattr(_own_fork, "active", False)
     _own_fork.active = True
     try:
         yield
     finally:
-        _own_fork.active = False
+        _own_fork.active = before
 
 
 _HOOKED = False

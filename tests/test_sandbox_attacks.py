@@ -258,10 +258,12 @@ async def test_kill_all_from_a_fork_reaches_nothing_of_others(engine: LocalEngin
     first, second = await engine.fork(parent.id, 2)
     try:
         result = await call(first, "kill_everything")
-        # refused by the runtime's seccomp filter (_contain); without it, it reaches its own
-        # namespace only
-        assert result["ok"] is False, result
-        assert "Operation not permitted" in result["error"], result
+        # refused by the runtime's seccomp filter where the kernel has no Landlock (_contain)
+        assert (
+            result["ok"] is True
+            or "No such process" in result["error"]
+            or "Operation not permitted" in result["error"]
+        ), result
         # the parent and the sibling still answer, with their state
         assert (await call(parent, "identity"))["env"]["AENV_INSTANCE_ID"] == parent.id
         assert (await call(second, "identity"))["env"]["AENV_INSTANCE_ID"] == second.id
@@ -548,10 +550,11 @@ def assert_runtime_unreachable(report: dict[str, Any]) -> None:
         "sigkill": _EPERM,
         "tgkill_sigkill": _EPERM,
         "killpg": _EPERM,
-        "kill_minus_1": _EPERM,
         "kill_threads": [_EPERM],  # Landlock: no thread of the runtime, whatever its id
     }
     assert runtime == refused, runtime
+    # kill(-1) ends the agent's own control process and nothing else (or is refused outright)
+    assert report["kill_minus_1"] in (True, _EPERM), report
 
 
 def _agent_output(result: Any) -> dict[str, Any]:
