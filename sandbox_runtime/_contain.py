@@ -330,6 +330,8 @@ def confine_self() -> None:
     no thread of the runtime, whatever its id. Raises OSError when the kernel refuses."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:  # what Landlock asks of the unprivileged
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
     attr = struct.pack("=QQQ", 0, 0, _LANDLOCK_SCOPE_SIGNAL)  # fs, net: not handled
     buffer = ctypes.create_string_buffer(attr, len(attr))
     fd = libc.syscall(ctypes.c_long(_LANDLOCK_CREATE_RULESET), buffer, len(attr), 0)

@@ -557,9 +557,10 @@ def assert_runtime_unreachable(report: dict[str, Any]) -> None:
     assert report["kill_minus_1"] in (True, _EPERM), report
 
 
-def _agent_output(result: Any) -> dict[str, Any]:
+def _agent_output(result: Any, *, shell: bool = False) -> dict[str, Any]:
     structured = result.structured
-    assert structured["returncode"] == 0, structured
+    # in a shell, the attack's kill(-1) ends that shell too (it is the agent's own), never more
+    assert structured["returncode"] in ((0, -9, 137) if shell else (0,)), structured
     found: dict[str, Any] = json.loads(structured["output"].strip().splitlines()[-1])
     return found
 
@@ -619,7 +620,7 @@ async def test_agent_code_in_a_mini_terminal_shell_cannot_reach_the_runtime(
     try:
         script = f"cat > /tmp/attack.py <<'EOF'\n{AGENT_ATTACKS}\nEOF\npython3 /tmp/attack.py"
         result = await _tool(info, "execute_command", {"command": script})
-        assert_runtime_unreachable(_agent_output(result))
+        assert_runtime_unreachable(_agent_output(result, shell=True))
         # the kept shell's own job lives on; what left the shell (setsid, its parent gone) ends
         command = f"{sleeper} {job} & ( setsid {sleeper} {escaped} & ); sleep 0.2; echo ok"
         result = await _tool(info, "execute_command", {"command": command})
