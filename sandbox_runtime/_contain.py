@@ -285,6 +285,7 @@ def protect(*, filter_signals: bool = True) -> list[str]:
         problems.append(f"the runtime stays dumpable ({exc}): tool code can trace it")
     me = os.getpid()
     whole = me <= 2
+    _own_fork.active = False  # a fork of an instance starts as the runtime's own fork did
     if filter_signals:
         scoped = _landlock_abi() >= _LANDLOCK_SIGNAL_ABI
         try:

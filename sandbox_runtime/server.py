@@ -218,7 +218,9 @@ class RuntimeServer:
         finally:
             self._shutdown_http()
             tracker = _contain.calls()
-            if tracker is not None:  # the episode ends: so does every process its calls left
+            # the episode ends: so does every process its calls left (a local instance, pid 2,
+            # ends with its pid namespace, and its forks, in namespaces below, live on)
+            if tracker is not None and os.getpid() != 2:
                 tracker.end_all()
 
     def stop(self) -> None:

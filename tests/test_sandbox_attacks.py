@@ -604,6 +604,13 @@ async def test_agent_code_in_mini_program_cannot_reach_the_runtime_and_leaves_no
         result = await _tool(info, "execute_python_code", {"code": code})
         assert result.structured["output"] == "left it running\n"
         assert processes_of(marker) == []  # from the host: nowhere
+        # a fork of the instance is its own runtime, protected the same way
+        (fork,) = await engine.fork(info.id, 1)
+        try:
+            result = await _tool(fork, "execute_python_code", {"code": AGENT_ATTACKS})
+            assert_runtime_unreachable(_agent_output(result))
+        finally:
+            await engine.delete(fork.id)
     finally:
         await engine.delete(info.id)
 
