@@ -245,24 +245,24 @@ def _start_fork(
         return
     from sandbox_runtime._contain import runtime_fork
 
-    with runtime_fork():  # the runtime's own: not a tool's process (not confined)
+    with runtime_fork():  # the runtime's own (helper and fork): not a tool's, not confined
         helper = os.fork()  # a new pid namespace is for good: start it from a throw-away child
-    if helper == 0:
-        code = 1
-        try:
-            # the runtime is not dumpable (_contain): its fork must be, until it has its id maps
-            # (their files in /proc/<pid> belong to a dumpable process's own user)
-            _set_dumpable()
-            pid, maps = spawn_into_pid_namespace(
-                state.context, init_fd, child, own_pid_namespace=None, label=str(item.get("id"))
-            )
-            if maps is not None:
-                map_one(pid, *maps)
-            code = 0
-        except BaseException:
-            log.exception("fork failed", extra={"instance": item.get("id")})
-        finally:
-            os._exit(code)
+        if helper == 0:
+            code = 1
+            try:
+                # the runtime is not dumpable (_contain): its fork must be, until it has its id maps
+                # (their files in /proc/<pid> belong to a dumpable process's own user)
+                _set_dumpable()
+                pid, maps = spawn_into_pid_namespace(
+                    state.context, init_fd, child, own_pid_namespace=None, label=str(item.get("id"))
+                )
+                if maps is not None:
+                    map_one(pid, *maps)
+                code = 0
+            except BaseException:
+                log.exception("fork failed", extra={"instance": item.get("id")})
+            finally:
+                os._exit(code)
     os.waitpid(helper, 0)
 
 
