@@ -486,11 +486,12 @@ class Calls:
         return call
 
     def keep(self, pid: int | None) -> None:
-        """:func:`aenv_ray.keep_processes` in the current call (no call: nothing)."""
+        """:func:`aenv_ray.keep_processes`: a pid is kept wherever it is said (a thread of the
+        environment's own included); everything a call starts only inside that call."""
         call = _CURRENT.get()
-        if call is None:
-            return
         if pid is None:
+            if call is None:
+                return
             with self._lock:
                 if not call.keep:
                     call.keep = True
