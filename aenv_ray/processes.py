@@ -11,9 +11,9 @@ persistent shell that serves many calls, is kept by saying so explicitly::
     keep_processes(proc.pid)  # this process and what it starts live until the episode ends
 
 ``keep_processes()`` without a pid keeps everything the current call has started or will
-start. Kept processes still end at the end of the episode (the instance's release or
-deletion), always. Outside a runtime's call (a unit test calling the tool directly) this does
-nothing. See ``docs/security.md`` ("Agent code and the runtime's process").
+start (outside a call: nothing). Kept processes still end at the end of the episode (the
+instance's release or deletion), always. Outside a runtime (a unit test calling the tool
+directly) this does nothing. See ``docs/security.md`` ("Agent code and the runtime's process").
 """
 
 from __future__ import annotations
