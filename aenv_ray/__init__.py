@@ -86,6 +86,7 @@ from aenv_ray.errors import (
     ToolTimeoutError,
     VersionConflictError,
 )
+from aenv_ray.processes import keep_processes
 from aenv_ray.protocol import ToolErrorKind, ToolResult
 from aenv_ray.registry import (
     DefinitionRegistry,
@@ -161,6 +162,7 @@ __all__ = [
     "VersionConflictError",
     "__version__",
     "available_environments",
+    "keep_processes",
     "register_function",
     "register_health",
     "register_reward",

@@ -138,6 +138,7 @@ def _handshake(channel: socket.socket, iid: str) -> dict[str, Any]:
 
 def _serve(state: _State, server: Any, channel: socket.socket, limits: dict[str, Any]) -> NoReturn:
     _install_limits(limits)
+    _protect(isolated=state.context.isolated)
 
     def report_broken(reason: str) -> None:  # the runtime cannot recover: say why, then exit
         with contextlib.suppress(OSError, _channel.ProtocolViolation):
@@ -162,6 +163,15 @@ def _install_limits(limits: dict[str, Any]) -> None:
             enforced=bool(limits.get("enforced")),
         )
     )
+
+
+def _protect(*, isolated: bool) -> None:
+    """Keep tool code away from this runtime (``sandbox_runtime._contain``): after the limits
+    (which open ``/proc/self`` files a non-dumpable process could not open again), before any
+    call. Plain mode, which kills its process group on the way out, gets no signal filter."""
+    from sandbox_runtime import _contain
+
+    _contain.protect(filter_signals=isolated)
 
 
 class _Control(threading.Thread):
@@ -200,16 +210,24 @@ class _Control(threading.Thread):
 
 def fork_children(state: _State, items: list[dict[str, Any]], fds: list[int]) -> None:
     """On the runtime's main thread: start one fork per item, then close the passed fds."""
+    from sandbox_runtime import _contain
+
+    tracker = _contain.calls()
     try:
-        for index, item in enumerate(items):
-            listen_fd, channel_fd, init_fd = fds[3 * index : 3 * index + 3]
-            try:
-                _start_fork(state, item, listen_fd, channel_fd, init_fd)
-            except Exception:
-                log.exception("fork failed", extra={"instance": item.get("id")})
+        with tracker.spared() if tracker is not None else contextlib.nullcontext():
+            _start_forks(state, items, fds)
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _start_forks(state: _State, items: list[dict[str, Any]], fds: list[int]) -> None:
+    for index, item in enumerate(items):
+        listen_fd, channel_fd, init_fd = fds[3 * index : 3 * index + 3]
+        try:
+            _start_fork(state, item, listen_fd, channel_fd, init_fd)
+        except Exception:
+            log.exception("fork failed", extra={"instance": item.get("id")})
 
 
 def _start_fork(
@@ -225,21 +243,34 @@ def _start_fork(
             state.context, init_fd, child, own_pid_namespace=None, label=str(item.get("id"))
         )
         return
-    helper = os.fork()  # a new pid namespace is for good: start it from a throw-away child
-    if helper == 0:
-        code = 1
-        try:
-            pid, maps = spawn_into_pid_namespace(
-                state.context, init_fd, child, own_pid_namespace=None, label=str(item.get("id"))
-            )
-            if maps is not None:
-                map_one(pid, *maps)
-            code = 0
-        except BaseException:
-            log.exception("fork failed", extra={"instance": item.get("id")})
-        finally:
-            os._exit(code)
+    from sandbox_runtime._contain import runtime_fork
+
+    with runtime_fork():  # the runtime's own (helper and fork): not a tool's, not confined
+        helper = os.fork()  # a new pid namespace is for good: start it from a throw-away child
+        if helper == 0:
+            code = 1
+            try:
+                # the runtime is not dumpable (_contain): its fork must be, until it has its id maps
+                # (their files in /proc/<pid> belong to a dumpable process's own user)
+                _set_dumpable()
+                pid, maps = spawn_into_pid_namespace(
+                    state.context, init_fd, child, own_pid_namespace=None, label=str(item.get("id"))
+                )
+                if maps is not None:
+                    map_one(pid, *maps)
+                code = 0
+            except BaseException:
+                log.exception("fork failed", extra={"instance": item.get("id")})
+            finally:
+                os._exit(code)
     os.waitpid(helper, 0)
+
+
+def _set_dumpable() -> None:
+    import ctypes
+
+    if ctypes.CDLL(None, use_errno=True).prctl(4, 1, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE)")
 
 
 def become_fork(

@@ -35,7 +35,7 @@ from aenv_ray.errors import (
 from aenv_ray.protocol import MAX_RESPONSE_BYTES, ToolErrorKind, ToolResult, json_problem
 from aenv_ray.registry import DefinitionRegistry, Kind, Registered
 from aenv_ray.signature import format_validation_error
-from sandbox_runtime import _limits
+from sandbox_runtime import _contain, _limits
 from sandbox_runtime._limits import InstanceLimits, LimitHit
 from sandbox_runtime._runner import (
     DeadlineExceeded,
@@ -149,18 +149,39 @@ class Dispatcher:
     async def _invoke(
         self, entry: Registered, kwargs: dict[str, Any], limit: float, deadline: float
     ) -> Any:
-        """Run the function; raise DeadlineExceeded past its deadline."""
+        """Run the function; raise DeadlineExceeded past its deadline. What it starts and does
+        not keep ends when it returns (:mod:`sandbox_runtime._contain`)."""
+        tracker = _contain.calls()
+        if tracker is None:
+            return await self._invoke_in(entry, entry.fn, kwargs, limit, deadline)
+        call = tracker.enter()
+        try:
+            fn = _contain.within(call, entry.fn, entry.is_async)
+            return await self._invoke_in(entry, fn, kwargs, limit, deadline)
+        finally:
+            sweep = tracker.leave(call)
+            if sweep is not None and (entry.is_async or self.runner.stuck_in is None):
+                await asyncio.to_thread(sweep)  # not while a stuck job still runs
+
+    async def _invoke_in(
+        self,
+        entry: Registered,
+        fn: Any,
+        kwargs: dict[str, Any],
+        limit: float,
+        deadline: float,
+    ) -> Any:
         if entry.is_async:
             try:
                 async with asyncio.timeout(limit):
-                    return await entry.fn(**kwargs)
+                    return await fn(**kwargs)
             except TimeoutError as exc:
                 if time.monotonic() >= deadline - 0.001:
                     raise DeadlineExceeded(f"{limit:g} s") from exc
                 raise
             except Interrupted:  # the watchdog: it blocked the event loop past its deadline
                 raise DeadlineExceeded(f"{limit:g} s") from None
-        future = self.runner.submit(entry.fn, kwargs, deadline=deadline)
+        future = self.runner.submit(fn, kwargs, deadline=deadline)
         try:
             return await asyncio.wait_for(
                 asyncio.shield(future), deadline - time.monotonic() + STUCK_GRACE

@@ -280,7 +280,12 @@ async def test_kill_all_from_a_fork_reaches_nothing_of_others(engine: LocalEngin
     first, second = await engine.fork(parent.id, 2)
     try:
         result = await call(first, "kill_everything")
-        assert result["ok"] is True or "No such process" in result["error"], result
+        # refused by the runtime's seccomp filter where the kernel has no Landlock (_contain)
+        assert (
+            result["ok"] is True
+            or "No such process" in result["error"]
+            or "Operation not permitted" in result["error"]
+        ), result
         # the parent and the sibling still answer, with their state
         assert (await call(parent, "identity"))["env"]["AENV_INSTANCE_ID"] == parent.id
         assert (await call(second, "identity"))["env"]["AENV_INSTANCE_ID"] == second.id
@@ -450,6 +455,7 @@ async def test_a_pushed_bundles_import_time_code_never_runs_outside_a_sandbox(
 # -- all of the above once more, by an unprivileged user ----------------------------------------
 
 
+@pytest.mark.timeout(600)  # as long as the run it waits for may take
 def test_every_attack_holds_for_an_unprivileged_engine(
     unprivileged: tuple[list[str], dict[str, str]],
 ) -> None:
@@ -475,7 +481,9 @@ def test_every_attack_holds_for_an_unprivileged_engine(
                 "tests/test_sandbox_attacks.py",
                 "tests/test_engine_cleanup.py",
                 "-k",
-                "not unprivileged_engine and not thousand and not pushed_bundle",
+                # the mini-terminal's attacks are mini-program's, through another tool
+                "not unprivileged_engine and not thousand and not pushed_bundle"
+                " and not mini_terminal_shell",
             ],
             env=env,
             cwd=Path(__file__).resolve().parent.parent,
@@ -536,3 +544,158 @@ async def test_a_loop_that_cannot_be_cut_is_reported_broken_with_its_reason(
     ended = await engine.get(unruly.id)
     assert ended.reason is TerminationReason.CRASHED
     assert "async_sleep_blocking" in ended.detail, ended.detail
+
+
+# -- agent code against the runtime that serves it (issue 22, point 2) ---------------------------
+
+AGENT_ATTACKS = (Path(__file__).parent / "agent_attacks.py").read_text()
+_EPERM, _EACCES = "Operation not permitted", "Permission denied"
+_ENOSYS = "Function not implemented"
+
+
+def assert_runtime_unreachable(report: dict[str, Any]) -> None:
+    """Every attempt on the runtime refused, every one on the agent's own process done."""
+    runtime, control = report["runtime"], report["control"]
+    # pidfd_send_signal is refused outright (a pidfd can come from opening /proc/<pid>)
+    assert control.pop("pidfd_send_signal") == _ENOSYS
+    assert all(v is True for v in control.values()), control  # the probes do work
+    refused = {
+        "ptrace_attach": _EPERM,
+        "ptrace_seize": _EPERM,
+        "read_mem": _EACCES,  # not dumpable
+        "read_environ": _EACCES,
+        "pidfd_open": _EPERM,
+        "pidfd_send_signal": _ENOSYS,
+        "kill_0": _EPERM,
+        "tgkill_0": _EPERM,
+        "sigstop": _EPERM,
+        "sigkill": _EPERM,
+        "tgkill_sigkill": _EPERM,
+        "killpg": _EPERM,
+        "kill_threads": [_EPERM],  # Landlock: no thread of the runtime, whatever its id
+    }
+    assert runtime == refused, runtime
+    # kill(-1) ends the agent's own control process and nothing else (or is refused outright)
+    assert report["kill_minus_1"] in (True, _EPERM), report
+
+
+def _agent_output(result: Any, *, shell: bool = False) -> dict[str, Any]:
+    structured = result.structured
+    # in a shell, the attack's kill(-1) ends that shell too (it is the agent's own), never more
+    assert structured["returncode"] in ((0, -9, 137) if shell else (0,)), structured
+    found: dict[str, Any] = json.loads(structured["output"].strip().splitlines()[-1])
+    return found
+
+
+async def _tool(info: InstanceInfo, tool: str, args: dict[str, Any]) -> Any:
+    assert info.url is not None
+    async with Environment.attach(info.url, token=info.token) as env:
+        result = await env.call_tool(tool, args)
+    assert not result.is_error, result.text
+    return result
+
+
+_DOUBLE_FORK = """
+import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        null = os.open("/dev/null", os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(600)", "MARK"])
+    os._exit(0)
+time.sleep(0.2)
+print("left it running")
+"""
+
+
+async def test_agent_code_in_mini_program_cannot_reach_the_runtime_and_leaves_nothing_behind(
+    engine: LocalEngine,
+) -> None:
+    from builtin_envs import builtin_path
+
+    spec = InstanceSpec("mini-program@1.0.0", project=str(builtin_path("mini-program@1.0.0")))
+    info = await engine.create(spec)
+    marker = f"aenv-left-{os.getpid()}-{id(info)}"
+    try:
+        result = await _tool(info, "execute_python_code", {"code": AGENT_ATTACKS})
+        assert_runtime_unreachable(_agent_output(result))
+        # the instance still serves, and a detached double fork ends with the call
+        code = _DOUBLE_FORK.replace("MARK", marker)
+        result = await _tool(info, "execute_python_code", {"code": code})
+        assert result.structured["output"] == "left it running\n"
+        assert processes_of(marker) == []  # from the host: nowhere
+        # a fork of the instance is its own runtime, protected the same way
+        (fork,) = await engine.fork(info.id, 1)
+        try:
+            result = await _tool(fork, "execute_python_code", {"code": AGENT_ATTACKS})
+            assert_runtime_unreachable(_agent_output(result))
+        finally:
+            await engine.delete(fork.id)
+    finally:
+        await engine.delete(info.id)
+
+
+async def test_agent_code_in_a_mini_terminal_shell_cannot_reach_the_runtime(
+    engine: LocalEngine,
+) -> None:
+    from builtin_envs import builtin_path
+
+    spec = InstanceSpec("mini-terminal@1.0.0", project=str(builtin_path("mini-terminal@1.0.0")))
+    info = await engine.create(spec)
+    job, escaped = (f"aenv-{kind}-{os.getpid()}-{id(info)}" for kind in ("job", "escaped"))
+    sleeper = "python3 -c 'import time; time.sleep(600)'"
+    try:
+        script = f"cat > /tmp/attack.py <<'EOF'\n{AGENT_ATTACKS}\nEOF\npython3 /tmp/attack.py"
+        result = await _tool(info, "execute_command", {"command": script})
+        assert_runtime_unreachable(_agent_output(result, shell=True))
+        # the kept shell's own job lives on; what left the shell (setsid, its parent gone) ends
+        command = f"{sleeper} {job} & ( setsid {sleeper} {escaped} & ); sleep 0.2; echo ok"
+        result = await _tool(info, "execute_command", {"command": command})
+        assert result.structured["output"] == "ok\n"
+        assert len(processes_of(job)) == 1
+        assert processes_of(escaped) == []
+    finally:
+        await engine.delete(info.id)
+    await wait_for(lambda: _none_left(job), "the kept job to end with the instance")
+
+
+async def _none_left(marker: str) -> bool:
+    return processes_of(marker) == []
+
+
+async def test_what_a_call_leaves_ends_with_it_unless_kept_and_always_at_release(
+    engine: LocalEngine,
+) -> None:
+    info = await engine.create(hostile_spec())
+    left, kept = (f"aenv-{kind}-{os.getpid()}-{id(info)}" for kind in ("left", "kept"))
+    try:
+        pid = await call(info, "detach", {"marker": left})
+        assert await call(info, "alive", {"pid": pid}) is False
+        assert processes_of(left) == []
+        pid = await call(info, "detach", {"marker": kept, "keep": True})
+        assert await call(info, "alive", {"pid": pid}) is True  # the control: it would live
+        assert len(processes_of(kept)) == 1
+    finally:
+        await engine.delete(info.id)
+    await wait_for(lambda: _none_left(kept), "the kept process to end with the instance")
+
+
+async def test_concurrent_calls_never_end_each_others_processes(engine: LocalEngine) -> None:
+    info = await engine.create(hostile_spec())
+    first, second = (f"aenv-{kind}-{os.getpid()}-{id(info)}" for kind in ("long", "short"))
+    try:
+        long = asyncio.create_task(call(info, "overlap", {"role": "long", "marker": first}))
+        short = await call(info, "overlap", {"role": "short", "marker": second})
+        # the short call ended while the long one runs: neither process ended with it
+        assert await call(info, "alive", {"pid": short["pid"]}) is True
+        await call(info, "flag", {"name": "go"})
+        done = await long
+        assert done["alive"] is True
+        # the last of them ended: both are gone
+        assert processes_of(first) == []
+        assert processes_of(second) == []
+        assert (await call(info, "identity"))["pid"] == 2  # the same runtime serves on
+    finally:
+        await engine.delete(info.id)

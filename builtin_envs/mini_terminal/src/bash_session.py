@@ -20,6 +20,8 @@ import signal
 import subprocess
 import time
 
+from aenv_ray import keep_processes
+
 MAX_OUTPUT = 1_000_000
 """Bytes of one command's output returned at most (plus the line saying what was dropped)."""
 _READ = 65536
@@ -47,6 +49,9 @@ class BashSession:
             env=env,
             start_new_session=True,
         )
+        # the shell (and the jobs it keeps) serves many calls: it outlives each call, not the
+        # episode; what detaches itself from it still ends with its call
+        keep_processes(proc.pid)
         self._proc = proc
         return proc
 

@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import builtin_envs.terminal_bench as terminal_bench_library
+from aenv_ray import keep_processes
+from aenv_ray.processes import unconfined
 from builtin_envs.terminal_bench import (
     BoxUnavailableError,
     NoTaskError,
@@ -341,6 +343,7 @@ class AgentBox:
                 pass_fds=(theirs.fileno(),),
                 env=_CLEAN_ENV,
             )
+            keep_processes(self._process.pid)  # the episode's box outlives the call
         finally:
             theirs.close()
         assert self._process.stdin is not None
@@ -463,13 +466,17 @@ class WarmPytest:
         ours, theirs = socket.socketpair()
         self._log = _log_file("pytest.log")
         try:
-            self._process = subprocess.Popen(
-                [sys.executable, "-I", "-B", str(PYTEST)],
-                stdin=theirs.fileno(),
-                stdout=self._log,
-                stderr=subprocess.STDOUT,
-                env={**_CLEAN_ENV, "TB_SITE_PACKAGES": PYTEST_SITE or ""},
-            )
+            # unconfined: it joins the agent's boxes' namespaces (runs nothing of the agent's
+            # outside a box's pid namespace, where the runtime cannot be seen)
+            with unconfined():
+                self._process = subprocess.Popen(
+                    [sys.executable, "-I", "-B", str(PYTEST)],
+                    stdin=theirs.fileno(),
+                    stdout=self._log,
+                    stderr=subprocess.STDOUT,
+                    env={**_CLEAN_ENV, "TB_SITE_PACKAGES": PYTEST_SITE or ""},
+                )
+            keep_processes(self._process.pid)  # warm for the instance's later calls
         finally:
             theirs.close()
         self._control = ours

@@ -300,3 +300,88 @@ def write_kept(text: str) -> dict[str, object]:
 def fill_workspace(megabytes: int) -> dict[str, object]:
     """Write up to `megabytes` into /workspace (memory: a tmpfs), and keep it there."""
     return _fill("/workspace/fill", megabytes)
+
+
+# -- processes a call leaves behind --------------------------------------------------------------
+_DETACH = """
+import os, sys
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.close(r)
+        null = os.open("/dev/null", os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.write(w, str(os.getpid()).encode())
+        os.close(w)
+        sleep = "import time; time.sleep(600)"
+        os.execv(sys.executable, [sys.executable, "-c", sleep, sys.argv[1]])
+    os._exit(0)
+os.close(w)
+print(os.read(r, 32).decode())
+"""
+
+
+def _detached(marker: str) -> int:
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", _DETACH, marker], capture_output=True, text=True, check=True
+    )
+    return int(done.stdout)
+
+
+@register_tool
+def detach(marker: str, keep: bool = False) -> int:
+    """Start a process that leaves its session (setsid, double fork) and sleeps; its pid.
+    ``keep``: keep what this call starts (``aenv_ray.keep_processes``)."""
+    if keep:
+        from aenv_ray import keep_processes
+
+        keep_processes()
+    return _detached(marker)
+
+
+@register_tool
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+@register_tool
+def flag(name: str) -> None:
+    """Raise flag ``name`` (for calls that wait on it)."""
+    STATE[f"flag:{name}"] = True
+
+
+async def _flagged(name: str) -> None:
+    import asyncio
+
+    for _ in range(3000):
+        if STATE.get(f"flag:{name}"):
+            return
+        await asyncio.sleep(0.01)
+    raise TimeoutError(f"flag {name} never came")
+
+
+@register_tool
+async def overlap(role: str, marker: str) -> dict[str, object]:
+    """Two calls at once. ``long``: once ``short`` began, start a detached process, wait for the
+    flag ``go``, say whether it still runs. ``short``: begin, wait for long's process, start one of
+    its own, return."""
+    import asyncio
+
+    if role == "short":
+        STATE["flag:short-began"] = True
+        await _flagged("long-started")
+        return {"pid": await asyncio.to_thread(_detached, marker)}
+    await _flagged("short-began")
+    pid = await asyncio.to_thread(_detached, marker)
+    STATE["flag:long-started"] = True
+    await _flagged("go")
+    return {"pid": pid, "alive": alive(pid)}

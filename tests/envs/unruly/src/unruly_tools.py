@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from aenv_ray import register_function, register_tool
+from aenv_ray import keep_processes, register_function, register_tool
 
 
 @register_tool
@@ -94,8 +94,10 @@ def fork_bomb(seconds: float = 20) -> dict[str, object]:
 
 @register_tool
 def start_sleeper(seconds: float = 60) -> int:
-    """A background process (started by this call, left running); its pid."""
-    return subprocess.Popen(["sleep", str(seconds)], start_new_session=True).pid
+    """A background process (started by this call, kept running after it); its pid."""
+    pid = subprocess.Popen(["sleep", str(seconds)], start_new_session=True).pid
+    keep_processes(pid)  # else it would end with this call (sandbox_runtime._contain)
+    return pid
 
 
 @register_tool
