@@ -188,6 +188,8 @@ class Watchdog:
             found = watch.hits_since(started)
             if found is not None:
                 hit = found if hit is None else hit | found
+        if not self._running:
+            watch.refuse_forks = ""  # the calls running at a memory-limit hit have all ended
         return hit
 
     # -- the thread --------------------------------------------------------------------------
@@ -243,7 +245,7 @@ class Watchdog:
         watch = self._limits
         assert watch is not None
         self._last_poll = time.monotonic()
-        found = watch.check(since)  # running calls see it with hits_since() as they end
+        found = watch.check(since, running=not quiet)  # calls see it with hits_since()
         with self._lock:
             if quiet and not self._running:
                 self._recent_since = None
