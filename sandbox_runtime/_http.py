@@ -76,6 +76,7 @@ from aenv_ray.net import is_local_host, media_type
 from aenv_ray.registry import Kind
 from sandbox_runtime import _limits
 from sandbox_runtime._dispatch import CallFailed, Dispatcher
+from sandbox_runtime._last_word import Waiting
 from sandbox_runtime._preview import PreviewRoute
 from sandbox_runtime._runner import WorkerStuckError
 
@@ -158,6 +159,8 @@ class RuntimeApp:
         self, dispatcher: Dispatcher, *, mcp_app: ASGIApp | None = None, token: str | None = None
     ) -> None:
         self.dispatcher = dispatcher
+        self.waiting = Waiting()
+        """Requests not answered yet: a runtime that must end answers them (why)."""
         self._authorization: bytes | None = None
         self._good_hosts: set[bytes] = set()
         self._good_types: set[bytes] = {b"application/json"}
@@ -276,6 +279,7 @@ class RuntimeApp:
         if self._authorization is None and (refused := self._cross_site(scope)) is not None:
             await _send_json(send, *refused)
             return
+        send, answered = self.waiting.track(scope, send)
         try:
             if path == p.FAST_CALL_PATH and method == "POST":
                 await self._fast_call(receive, send)
@@ -325,6 +329,8 @@ class RuntimeApp:
         except (ValueError, orjson.JSONDecodeError) as exc:
             unreadable = ProtocolError(f"bad request: {exc}")
             await _send_json(send, 400, _error_body(unreadable, "bad_request"))
+        finally:
+            answered()
 
     async def _fast_call(self, receive: Receive, send: Send) -> None:
         request = _parse_json(await _read_body(receive))

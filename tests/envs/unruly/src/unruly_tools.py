@@ -52,6 +52,15 @@ async def async_sleep_blocking(seconds: float = 100) -> str:
     return "woke"
 
 
+@register_tool(timeout=0.5)
+async def async_read_blocking() -> str:
+    """os.read of a pipe nothing writes to, on the event loop (blocking C code nothing cuts)."""
+    read, write = os.pipe()
+    os.read(read, 1)
+    os.close(write)
+    return "read"
+
+
 @register_tool
 async def async_nap(seconds: float) -> str:
     """asyncio.sleep: a well-behaved slow call."""
