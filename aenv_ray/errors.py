@@ -494,6 +494,13 @@ class ToolResourceLimitError(ToolExecutionError):
     the next call; use less, or give the environment more (``deployConfig``)."""
 
 
+class RequestTooLargeError(AEnvError, ValueError):
+    """A request's arguments are larger than the instance takes: over
+    :data:`aenv_ray.protocol.MAX_REQUEST_BYTES`, or more than its memory can hold while it
+    reads them (the message names the limit). The instance answers the next call; pass large
+    data as a file in the workspace instead. Not retryable as it is."""
+
+
 class ResponseTooLargeError(ProtocolError):
     """An answer is larger than :data:`aenv_ray.protocol.MAX_RESPONSE_BYTES`: the SDK stopped
     reading it. A runtime never sends one (it turns a result that large into an error result),

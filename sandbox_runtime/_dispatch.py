@@ -113,6 +113,31 @@ def _to_content(value: Any) -> tuple[list[dict[str, Any]], Any]:
     return [{"type": "text", "text": text}], data
 
 
+def json_size_at_least(value: Any, cap: int = MAX_RESPONSE_BYTES) -> int:
+    """A lower bound of the size of ``value``'s JSON, found without serialising it (text
+    counts one byte a character), walked only until it passes ``cap``: a result too large to
+    send is refused before a serialiser allocates for it (orjson crashes the process when an
+    allocation fails, and a copy of a large value may not fit in the instance's memory)."""
+    total = 0
+    stack = [value]
+    while stack and total <= cap:
+        item = stack.pop()
+        if isinstance(item, str | bytes | bytearray):
+            total += len(item) + 2
+        elif isinstance(item, dict):
+            total += 2 + 2 * len(item)
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple | set | frozenset):
+            total += 2 + len(item)
+            stack.extend(item)
+        elif isinstance(item, pydantic.BaseModel):
+            stack.append(dict(item))
+        else:
+            total += 1
+    return total
+
+
 def _size(size: int) -> str:
     return f"{size / (1 << 20):.1f} MiB" if size >= 1 << 20 else f"{size} bytes"
 
@@ -246,6 +271,9 @@ class Dispatcher:
         )
 
     def _tool_result(self, name: str, value: Any) -> ToolResult:
+        at_least = json_size_at_least(value)
+        if at_least > MAX_RESPONSE_BYTES:
+            return _error(ToolErrorKind.EXECUTION, _too_large(f"tool `{name}`", at_least, "result"))
         try:
             content, structured = _to_content(value)
         except (TypeError, ValueError, pydantic_core.PydanticSerializationError) as exc:
@@ -386,6 +414,9 @@ class Dispatcher:
         :meth:`encode_tool_result` checks a tool's result; raise :class:`CallFailed` (500,
         ``execution``) naming the problem; ``function`` is the name it names."""
         execution = FunctionErrorKind.EXECUTION
+        at_least = json_size_at_least(envelope.get("data"))
+        if at_least > MAX_RESPONSE_BYTES:
+            raise _failed(execution, _too_large(label, at_least, "value"), function)
         try:
             body = orjson.dumps(envelope)
         except TypeError as exc:
