@@ -266,6 +266,12 @@ class Dispatcher:
                 f"tool `{name}` ran out of memory ({self._describe_exception(exc)}): "
                 + _limits.memory_error_message(limits),
             )
+        if _limits.is_disk_full(exc):
+            return _error(
+                ToolErrorKind.RESOURCE_LIMIT,
+                f"tool `{name}` ran out of disk space ({self._describe_exception(exc)}): "
+                + _limits.disk_full_message(),
+            )
         return _error(
             ToolErrorKind.EXECUTION, f"tool `{name}` raised {self._describe_exception(exc)}"
         )
@@ -388,6 +394,13 @@ class Dispatcher:
                     FunctionErrorKind.RESOURCE_LIMIT,
                     f"{label} ran out of memory ({self._describe_exception(exc)}): "
                     + _limits.memory_error_message(limits),
+                    entry.name,
+                ) from None
+            if _limits.is_disk_full(exc):
+                raise _failed(
+                    FunctionErrorKind.RESOURCE_LIMIT,
+                    f"{label} ran out of disk space ({self._describe_exception(exc)}): "
+                    + _limits.disk_full_message(),
                     entry.name,
                 ) from None
             raise _failed(

@@ -57,8 +57,10 @@ __all__ = [
     "LimitWatch",
     "current_watch",
     "discover",
+    "disk_full_message",
     "install",
     "installed",
+    "is_disk_full",
     "kill_started_since",
     "memory_error_message",
     "reapply_if_forked",
@@ -200,6 +202,28 @@ def memory_error_message(limits: InstanceLimits) -> str:
     return (
         f"the instance's memory limit is {_mib(limits.memory)}: use less memory (work on the "
         "data in pieces), or give the environment more (deployConfig.memory)"
+    )
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """True for the error of a write to a full file system (``ENOSPC``, ``EDQUOT``)."""
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full_message() -> str:
+    """What to add to a call's disk-full error: the sizes of the workspace and ``/tmp``."""
+    sizes = []
+    workspace = os.environ.get("AENV_WORKSPACE") or os.getcwd()
+    for label, path in ((f"the workspace ({workspace})", workspace), ("/tmp", "/tmp")):
+        with contextlib.suppress(OSError):
+            stat = os.statvfs(path)
+            total, free = stat.f_blocks * stat.f_frsize, stat.f_bavail * stat.f_frsize
+            sizes.append(f"{label} holds {total >> 20} MiB, {free >> 20} MiB free now")
+    held = "; ".join(sizes) or "the instance's disk is full"
+    return (
+        f"{held}. Delete files no longer needed, write less (or to /storage, if the instance "
+        "has one), or give the environment more memory (deployConfig.memory: the workspace "
+        "is a tmpfs of half of it, /tmp of an eighth)"
     )
 
 
