@@ -3,10 +3,10 @@
 Each request's body is read whole, then parsed (a copy as large again, or larger), and what
 it holds lives while its call runs. Twelve calls each sending 60 MB to a 1 GiB instance would
 need more memory than it has. :class:`ArgumentBudget` admits a request whose body is larger
-than :data:`SMALL` only while the bodies admitted and not finished fit in the budget (an eighth
+than :data:`SMALL` only while the bodies admitted and not finished fit in the budget (a sixteenth
 of the instance's memory, :func:`budget_for`); the others wait for their turn (their bodies are
 not read meanwhile), so they are served one after another instead of killing the instance. One
-body larger than the whole budget is admitted alone; one larger than an eighth of the memory
+body larger than the whole budget is admitted alone; one larger than a sixteenth of the memory
 (:func:`largest_for`) is refused (:class:`TooLargeForMemory`). Small bodies never wait.
 
 Without a known memory limit there is no budget (every request is admitted at once).
@@ -37,8 +37,9 @@ def budget_for(memory: int | None) -> int | None:
 
 def largest_for(memory: int | None) -> int | None:
     """The largest body an instance with ``memory`` bytes takes at all (None: no limit but
-    ``MAX_REQUEST_BYTES``): an eighth of its memory, at least 4 MiB."""
-    return None if memory is None else max(memory // 8, 4 << 20)
+    ``MAX_REQUEST_BYTES``): a sixteenth of its memory, at least 4 MiB (what the runtime holds
+    of it while it reads, parses and validates it, next to its own memory, must fit)."""
+    return None if memory is None else max(memory // 16, 4 << 20)
 
 
 class TooLargeForMemory(ValueError):
@@ -71,7 +72,7 @@ class ArgumentBudget:
             raise TooLargeForMemory(
                 f"the request's body is {size / (1 << 20):.1f} MiB; an instance with "
                 f"{(memory or 0) >> 20} MiB of memory takes at most {largest / (1 << 20):.1f} "
-                "MiB (an eighth of its memory): pass large data as a file in the workspace, or "
+                "MiB (a sixteenth of its memory): pass large data as a file in the workspace, or "
                 "give the environment more memory (deployConfig.memory)"
             )
         if self._changed is None:

@@ -75,6 +75,8 @@ DATA_HEADROOM = 32 << 20
 FORK_HEADROOM = 16 << 20
 """At least this much of an instance's memory is kept free of forks (:func:`fork_headroom`)."""
 _KILL_PASSES = 50
+REAP_SECONDS = 10.0
+"""How long a limit hit waits for the runtime's own killed children to end."""
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -385,6 +387,7 @@ def kill_started_since(since: float, scope: bytes | tuple[bytes, ...] | None) ->
     me = os.getpid()
     whole_namespace = scope is None and me <= 2
     killed: set[int] = set()
+    own: set[int] = set()
     for _ in range(_KILL_PASSES):  # a fork bomb forks between the passes; it is capped, though
         table = {}
         for entry in os.listdir("/proc"):
@@ -405,7 +408,27 @@ def kill_started_since(since: float, scope: bytes | tuple[bytes, ...] | None) ->
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
             killed.add(pid)
+            if table[pid][0] == me:
+                own.add(pid)
+    _reap(own)
     return len(killed)
+
+
+def _reap(children: set[int], seconds: float = REAP_SECONDS) -> None:
+    """Wait (up to ``seconds``) for killed children of this process to end, and reap them:
+    their memory is free and their pids count no more when the call that hit a limit returns
+    (a killed process may take a while to end on a busy machine)."""
+    deadline = time.monotonic() + seconds
+    while children and time.monotonic() < deadline:
+        for pid in list(children):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                children.discard(pid)
+        if children:
+            time.sleep(0.01)
 
 
 def _descends(pid: int, ancestor: int, table: dict[int, tuple[int, int, bytes]]) -> bool:

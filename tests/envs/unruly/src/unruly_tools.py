@@ -244,3 +244,23 @@ def remove_file(name: str) -> bool:
 def echo_size(data: str) -> int:
     """How many characters arrived."""
     return len(data)
+
+
+@register_tool
+def cgroups() -> dict[str, object]:
+    """The cgroup lines (memory, pids, unified) of the runtime and of a child it starts."""
+
+    def lines(text: str) -> list[str]:
+        return sorted(
+            line.split(":", 2)[2]
+            for line in text.splitlines()
+            if line.split(":", 2)[1] in ("memory", "pids", "")
+        )
+
+    with open("/proc/self/cgroup") as handle:
+        runtime = lines(handle.read())
+    # the runtime moves a child into its cgroup just after starting it: read once it has
+    child = subprocess.run(
+        ["sh", "-c", "sleep 0.2; cat /proc/self/cgroup"], capture_output=True, text=True
+    )
+    return {"runtime": runtime, "child": lines(child.stdout)}
