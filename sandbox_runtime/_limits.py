@@ -463,6 +463,22 @@ class _SpawnGuard:
         if low is not None:
             self._fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
 
+    def can_lower(self) -> bool:
+        """Whether this process may lower its ``oom_score_adj`` back after raising it (not on
+        every host: containers may forbid it). Probes by raising it by one; if lowering back
+        fails it stays one higher, and the guard must not raise it around forks."""
+        if self._fd is None or self.low is None:
+            return False
+        try:
+            os.pwrite(self._fd, b"%d" % (self.low + 1), 0)
+        except OSError:
+            return False
+        try:
+            os.pwrite(self._fd, b"%d" % self.low, 0)
+        except OSError:
+            return False
+        return True
+
     def place(self, pid: int) -> None:
         """Move a process the runtime just started into the calls' cgroup (if there is one)."""
         for fd in self.work_procs:
@@ -699,7 +715,11 @@ def install(limits: InstanceLimits) -> None:
         except OSError as exc:
             log.warning("cannot adjust oom_score_adj", extra={"error": str(exc)})
         else:
-            guard._set(low, data[0] if data else None)
+            if not guard.can_lower():  # raised once, it would stay: the kernel's first pick
+                log.warning("oom_score_adj cannot be lowered back here: children get the same")
+                guard.close()
+                guard = _SpawnGuard(None, None, data)
+            guard._set(guard.low, data[0] if data else None)
     elif data is not None:  # no guard: the runtime's limit would be its children's too
         log.warning("oom_score_adj is at its maximum already: no RLIMIT_DATA")
     if not limits.enforced:
