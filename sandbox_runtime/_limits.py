@@ -63,6 +63,7 @@ __all__ = [
     "is_disk_full",
     "kill_started_since",
     "memory_error_message",
+    "reap_killed",
     "reapply_if_forked",
 ]
 
@@ -76,7 +77,7 @@ FORK_HEADROOM = 16 << 20
 """At least this much of an instance's memory is kept free of forks (:func:`fork_headroom`)."""
 _KILL_PASSES = 50
 REAP_SECONDS = 10.0
-"""How long a limit hit waits for the runtime's own killed children to end."""
+"""How long a limit hit waits for the processes it killed to end."""
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -410,25 +411,41 @@ def kill_started_since(since: float, scope: bytes | tuple[bytes, ...] | None) ->
             killed.add(pid)
             if table[pid][0] == me:
                 own.add(pid)
-    _reap(own)
+    _wait_dead(killed)
+    KILLED_CHILDREN.update(own)
     return len(killed)
 
 
-def _reap(children: set[int], seconds: float = REAP_SECONDS) -> None:
-    """Wait (up to ``seconds``) for killed children of this process to end, and reap them:
-    their memory is free and their pids count no more when the call that hit a limit returns
-    (a killed process may take a while to end on a busy machine)."""
+KILLED_CHILDREN: set[int] = set()
+"""Children of the runtime killed after a limit hit: :func:`reap_killed` reaps those their
+tool did not wait for, once no call runs (a zombie's pid counts against the limit)."""
+
+
+def _wait_dead(pids: set[int], seconds: float = REAP_SECONDS) -> None:
+    """Wait (up to ``seconds``) until killed processes have ended (gone, or zombies): their
+    memory is free when the call that hit a limit returns (a killed process may take a while to
+    end on a busy machine). Reaps none: the tool may still wait for its own children."""
     deadline = time.monotonic() + seconds
-    while children and time.monotonic() < deadline:
-        for pid in list(children):
-            try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                done = pid
-            if done:
-                children.discard(pid)
-        if children:
+    left = set(pids)
+    while left and time.monotonic() < deadline:
+        for pid in list(left):
+            stat = _stat(str(pid))
+            if stat is None or stat[2] in (b"Z", b"X"):
+                left.discard(pid)
+        if left:
             time.sleep(0.01)
+
+
+def reap_killed() -> None:
+    """Reap the killed children (:data:`KILLED_CHILDREN`) that are zombies now; call when no
+    call runs (none of them waits for its children any more)."""
+    for pid in list(KILLED_CHILDREN):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            KILLED_CHILDREN.discard(pid)
 
 
 def _descends(pid: int, ancestor: int, table: dict[int, tuple[int, int, bytes]]) -> bool:

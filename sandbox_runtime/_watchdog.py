@@ -222,6 +222,8 @@ class Watchdog:
                 hit = found if hit is None else hit | found
         if not self._running:
             watch.refuse_forks = ""  # the calls running at a memory-limit hit have all ended
+            if _limits.KILLED_CHILDREN:
+                _limits.reap_killed()
         return hit
 
     # -- the thread --------------------------------------------------------------------------
