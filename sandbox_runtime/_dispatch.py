@@ -280,6 +280,9 @@ class Dispatcher:
         at_least = json_size_at_least(value)
         if at_least > MAX_RESPONSE_BYTES:
             return _error(ToolErrorKind.EXECUTION, _too_large(f"tool `{name}`", at_least, "result"))
+        room = _limits.data_room() if at_least > _ROOM_CHECK else None
+        if room is not None and room < _SEND_COPIES * at_least:  # a crash, not an error
+            return _error(ToolErrorKind.RESOURCE_LIMIT, _no_room(f"tool `{name}`", at_least, room))
         try:
             content, structured = _to_content(value)
         except (TypeError, ValueError, pydantic_core.PydanticSerializationError) as exc:
@@ -430,6 +433,10 @@ class Dispatcher:
         at_least = json_size_at_least(envelope.get("data"))
         if at_least > MAX_RESPONSE_BYTES:
             raise _failed(execution, _too_large(label, at_least, "value"), function)
+        room = _limits.data_room() if at_least > _ROOM_CHECK else None
+        if room is not None and room < _SEND_COPIES * at_least:
+            limit = FunctionErrorKind.RESOURCE_LIMIT
+            raise _failed(limit, _no_room(label, at_least, room), function)
         try:
             body = orjson.dumps(envelope)
         except TypeError as exc:
@@ -455,6 +462,23 @@ def _no_json_form(label: str, problem: str) -> str:
         f"{label} returned a value with no JSON form: {problem}. JSON has no NaN or infinity "
         "(return None or a string instead) and only Unicode text (decode bytes with "
         "errors='replace', not 'surrogateescape')"
+    )
+
+
+_ROOM_CHECK = 1 << 20
+"""Results of at least this many bytes are checked against the memory left to send them."""
+_SEND_COPIES = 16
+"""How many times its size a result may need while it is serialised: orjson reserves its
+output buffer for the worst case of a string's escapes, and a failed allocation there ends the
+process (measured: a 20 MiB string needs over 205 MiB free, 65 MiB over 929 MiB)."""
+
+
+def _no_room(label: str, size: int, room: int) -> str:
+    return (
+        f"{label} returned a result of {_size(size)}, more than the runtime has the memory left "
+        f"to send ({_size(room)} free under the instance's memory limit); return less (write "
+        "large data to a file in the workspace and return its path), or give the environment "
+        "more memory (deployConfig.memory)"
     )
 
 

@@ -56,6 +56,7 @@ __all__ = [
     "LimitHit",
     "LimitWatch",
     "current_watch",
+    "data_room",
     "discover",
     "disk_full_message",
     "install",
@@ -206,6 +207,15 @@ def memory_error_message(limits: InstanceLimits) -> str:
         f"the instance's memory limit is {_mib(limits.memory)}: use less memory (work on the "
         "data in pieces), or give the environment more (deployConfig.memory)"
     )
+
+
+def data_room() -> int | None:
+    """Bytes this process may still allocate under its ``RLIMIT_DATA`` (None: no limit)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_DATA)
+    used = _data_bytes()
+    if soft == resource.RLIM_INFINITY or used is None:
+        return None
+    return max(0, soft - used)
 
 
 def is_disk_full(exc: BaseException) -> bool:

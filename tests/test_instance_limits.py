@@ -143,6 +143,7 @@ async def test_oversized_results_arguments_and_a_full_workspace_are_typed_errors
     async with _attach(unruly) as env:
         result = await env.call_tool("big_text", {"megabytes": 65})
         fits = await env.call_tool("big_text", {"megabytes": 1})
+        unsendable = await env.call_tool("big_text", {"megabytes": 20})  # JSON needs ~16x
         with pytest.raises(RequestTooLargeError) as arguments:
             await env.call_tool("echo_size", {"data": "a" * (40 << 20)})  # over 256 MiB / 16
         full = await env.call_tool("fill_workspace", {"megabytes": 300})
@@ -152,6 +153,8 @@ async def test_oversized_results_arguments_and_a_full_workspace_are_typed_errors
     assert result.error_kind is ToolErrorKind.EXECUTION
     assert "returned a result of 65.0 MiB of JSON, over the limit of 64.0 MiB" in result.text
     assert len(fits.text) == 1 << 20
+    assert unsendable.error_kind is ToolErrorKind.RESOURCE_LIMIT, unsendable.text
+    assert "more than the runtime has the memory left to send" in unsendable.text
     assert "takes at most 16.0 MiB (a sixteenth of its memory)" in str(arguments.value)
     assert full.error_kind is ToolErrorKind.RESOURCE_LIMIT, full.text
     assert full.text.startswith("tool `fill_workspace` ran out of disk space (OSError: [Errno 28]")
