@@ -332,8 +332,17 @@ async def test_nothing_of_the_engine_leaks_in_as_open_files(instance: Any) -> No
         files = (await env.call_tool("open_files", {})).structured
     assert isinstance(files, list)
     # the runtime is given read-only descriptors of its own cgroup's event counters (to name a
-    # limit it hit), nothing else of the engine's: no cgroup directory, pid namespace or host root
-    given = ("/memory.oom_control", "/memory.events", "/pids.events")
+    # limit it hit) and memory in use (to refuse a fork), write-only ones of its calls' cgroup
+    # (to move the processes it starts there: into a group with lower limits, never out of one),
+    # nothing else of the engine's: no cgroup directory, pid namespace or host root
+    given = (
+        "/memory.oom_control",
+        "/memory.events",
+        "/pids.events",
+        "/memory.usage_in_bytes",
+        "/memory.current",
+        "/work/cgroup.procs",
+    )
     leaked = [
         f
         for f in files
