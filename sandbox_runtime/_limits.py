@@ -7,12 +7,22 @@ instance, before the runtime serves, it calls :func:`install` with what it set u
 
 From then on, in this process:
 
-- **the runtime is the last thing the kernel kills**: every process the runtime starts gets a
+- **the processes calls start have a cgroup of their own** when the engine made one
+  (``work_procs``: the local engine's ``<instance>/work``, below the instance's limits): every
+  process the runtime starts is moved there (an ``os.fork`` child moves itself at once, a
+  spawned one is moved as its spawn returns), so the kernel kills inside it, never the runtime;
+  its event counters are watched too, and a hit there names both limits. Before each fork or
+  spawn the runtime reads the instance's memory in use (``memory_usage``) and refuses the fork
+  (``BlockingIOError``) when less than :func:`fork_headroom` is left: a fork's page tables are
+  charged to the runtime's group. The ``oom_score_adj`` settings below are then not used;
+- otherwise (no such cgroup: a pod's ``--cgroup``, the standalone runtime),
+  **the runtime is the last thing the kernel kills**: every process the runtime starts gets a
   higher ``oom_score_adj`` than the runtime's own. A child inherits the value its parent has at
   the fork, and ``subprocess`` runs no Python in the child (no at-fork hook), so the runtime
   raises its own value just around each fork or spawn of the standard library
   (``subprocess``, ``os.fork``, ``os.posix_spawn``, ``os.system``, ``multiprocessing``) and lowers
-  it again after; raising needs no privilege, lowering back to where it was neither;
+  it again after; only where a probe at :func:`install` shows it may lower it back (not every
+  host allows it: a runtime stuck at 1000 would be the kernel's first pick);
 - **an in-process hog gets MemoryError**: ``RLIMIT_DATA`` is set to the memory limit for the
   runtime (when its own data leaves room), lifted again around those forks, so a child is
   limited by the cgroup only, and killed by the kernel, not failed by an rlimit;
