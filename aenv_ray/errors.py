@@ -24,6 +24,7 @@ The tree, by what the caller should do::
     │   └── LeaseLostError                       a pool took your lease back; retryable on a new one
     ├── CapacityError                            the engine cannot start more now; retryable
     ├── NotSupportedError (NotImplementedError)  this engine cannot do that (e.g. fork); use another
+    ├── RequestTooLargeError (ValueError)        arguments larger than the instance takes (HTTP 413)
     ├── DatasourceError                          a DualContainer's second container failed a call
     │   ├── DatasourceNotConfiguredError (+ NotSupportedError)  this instance has no such container
     │   ├── DatasourceUnreachableError           its exec helper does not answer; retryable
@@ -113,6 +114,7 @@ __all__ = [
     "ProtocolError",
     "QuotaExceededError",
     "RegistryError",
+    "RequestTooLargeError",
     "ResponseTooLargeError",
     "ServiceNotFoundError",
     "StartupTimeoutError",
