@@ -431,7 +431,8 @@ async def test_a_pushed_bundles_import_time_code_never_runs_outside_a_sandbox(
 def test_every_attack_holds_for_an_unprivileged_engine(
     unprivileged: tuple[list[str], dict[str, str]],
 ) -> None:
-    """This file and the cleanup suite, run again by ``nobody`` (user namespaces, no cgroups)."""
+    """This file, the cleanup suite and the instance limits, run again by ``nobody`` (user
+    namespaces, no cgroups)."""
     import subprocess
 
     if os.geteuid() != 0:
@@ -452,6 +453,7 @@ def test_every_attack_holds_for_an_unprivileged_engine(
                 f"--basetemp={scratch}",
                 "tests/test_sandbox_attacks.py",
                 "tests/test_engine_cleanup.py",
+                "tests/test_instance_limits.py",
                 "-k",
                 "not unprivileged_engine and not thousand and not pushed_bundle",
             ],
