@@ -24,6 +24,7 @@ The tree, by what the caller should do::
     │   └── LeaseLostError                       a pool took your lease back; retryable on a new one
     ├── CapacityError                            the engine cannot start more now; retryable
     ├── NotSupportedError (NotImplementedError)  this engine cannot do that (e.g. fork); use another
+    ├── RequestTooLargeError (ValueError)        arguments larger than the instance takes (HTTP 413)
     ├── DatasourceError                          a DualContainer's second container failed a call
     │   ├── DatasourceNotConfiguredError (+ NotSupportedError)  this instance has no such container
     │   ├── DatasourceUnreachableError           its exec helper does not answer; retryable
@@ -117,6 +118,7 @@ __all__ = [
     "QuotaExceededError",
     "RateLimitedError",
     "RegistryError",
+    "RequestTooLargeError",
     "ResponseTooLargeError",
     "ServiceNotFoundError",
     "StartupTimeoutError",
@@ -526,6 +528,13 @@ class ToolResourceLimitError(ToolExecutionError):
     """The call hit the instance's memory or process limit: the kernel killed a process, a fork
     failed, or the tool ran out of memory (the message names the limit). The instance answers
     the next call; use less, or give the environment more (``deployConfig``)."""
+
+
+class RequestTooLargeError(AEnvError, ValueError):
+    """A request's arguments are larger than the instance takes: over
+    :data:`aenv_ray.protocol.MAX_REQUEST_BYTES`, or more than its memory can hold while it
+    reads them (the message names the limit). The instance answers the next call; pass large
+    data as a file in the workspace instead. Not retryable as it is."""
 
 
 class ResponseTooLargeError(ProtocolError):

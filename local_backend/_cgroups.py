@@ -21,13 +21,24 @@ engine starting next to the subtree of an engine whose process is gone.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Cgroups", "InstanceGroup", "Limits", "limit_warnings", "missing_limits"]
+__all__ = [
+    "WORK",
+    "Cgroups",
+    "InstanceGroup",
+    "Limits",
+    "limit_warnings",
+    "missing_limits",
+    "work_limits",
+]
+
+_log = logging.getLogger("local_backend.cgroups")
 
 _ROOT = Path("/sys/fs/cgroup")
 _CONTROLLERS = ("memory", "pids", "cpu")
@@ -41,6 +52,34 @@ class Limits:
     memory: int | None = None  # bytes
     pids: int | None = None
     cpu: float | None = None  # cores
+
+
+WORK = "work"
+"""The child group, in an instance's group, of the processes its tool calls start."""
+RUNTIME_LEAF = "runtime"
+"""cgroup v2: the child group that holds the runtime (a v2 group with children holds none)."""
+_WORK_CONTROLLERS = ("memory", "pids", "cpu")
+_WORK_CPU_SHARES = 2
+"""v1 ``cpu.shares`` of the calls' processes (the runtime has the default, 1024): the runtime
+gets the instance's CPU first, so that a fork bomb cannot starve what ends it."""
+_WORK_CPU_WEIGHT = 1
+"""v2 ``cpu.weight`` likewise (the runtime's leaf has the default, 100)."""
+
+
+def work_limits(limits: Limits) -> Limits:
+    """What the processes an instance's calls start may use together: its limits less a
+    reserve for the runtime, so that they hit their own limit first and the runtime lives.
+
+    Memory: a quarter of the instance's, at least 64 MiB and at most 256 MiB (half of it
+    below 128 MiB). Processes: an eighth, at least 8 and at most 32 (the runtime's threads
+    count)."""
+    memory = pids = None
+    if limits.memory is not None:
+        reserve = limits.memory // 2 if limits.memory < 128 << 20 else limits.memory // 4
+        memory = limits.memory - min(max(reserve, min(64 << 20, limits.memory // 2)), 256 << 20)
+    if limits.pids is not None:
+        pids = max(1, limits.pids - min(max(limits.pids // 8, 8), 32, limits.pids // 2))
+    return Limits(memory=memory, pids=pids)
 
 
 def _own_cgroup(controller: str) -> str | None:
@@ -165,6 +204,53 @@ class Cgroups:
             self._limit_v2(name, limits)
         return group
 
+    def create_work(self, group: InstanceGroup, limits: Limits) -> None:
+        """Give an instance's ``group`` its :data:`WORK` child, limited by :func:`work_limits`
+        (memory and pids only); on v2 the runtime's own leaf too (:data:`RUNTIME_LEAF`). Call it
+        before any process is placed in ``group``. Where the hierarchy refuses, the group stays
+        without one (the instance's own limits still hold) and a warning is logged."""
+        work = work_limits(limits)
+        try:
+            if self.version == 1:
+                for controller in _WORK_CONTROLLERS:
+                    fd = self.dir_fds.get(controller)
+                    if fd is not None:
+                        with contextlib.suppress(FileExistsError):
+                            os.mkdir(f"{group.name}/{WORK}", dir_fd=fd)
+                self._limit_v1(f"{group.name}/{WORK}", work)
+                if "cpu" in self.dir_fds:
+                    with contextlib.suppress(OSError):
+                        _write(
+                            self.dir_fds["cpu"],
+                            f"{group.name}/{WORK}/cpu.shares",
+                            str(_WORK_CPU_SHARES),
+                        )
+            else:
+                fd = self.dir_fds.get("unified")
+                enabled = [c for c in _WORK_CONTROLLERS if c in self.controllers]
+                if fd is None or not enabled:
+                    return
+                for leaf in (RUNTIME_LEAF, WORK):
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(f"{group.name}/{leaf}", dir_fd=fd)
+                _write(
+                    fd,
+                    f"{group.name}/cgroup.subtree_control",
+                    " ".join(f"+{c}" for c in enabled),
+                )
+                group.leaf = RUNTIME_LEAF
+                self._limit_v2(f"{group.name}/{WORK}", work)
+                if "cpu" in enabled:
+                    with contextlib.suppress(OSError):
+                        _write(fd, f"{group.name}/{WORK}/cpu.weight", str(_WORK_CPU_WEIGHT))
+        except OSError as exc:
+            _log.warning(
+                "no cgroup of its own for the processes an instance's calls start",
+                extra={"group": group.name, "error": exc.strerror or str(exc)},
+            )
+            return
+        group.work = work
+
     def _limit_v1(self, name: str, limits: Limits) -> None:
         fds = self.dir_fds
         if limits.memory is not None and "memory" in fds:
@@ -203,17 +289,21 @@ class Cgroups:
                 for name in names:
                     with contextlib.suppress(OSError):
                         _write(fd, f"{name}/cgroup.kill", "1")
-                    try:
-                        pids = [int(p) for p in _read(fd, f"{name}/cgroup.procs").split()]
-                    except OSError:
-                        continue
-                    for pid in pids:
-                        alive = True
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(pid, signal.SIGKILL)
+                    for member in _members(name):
+                        try:
+                            pids = [int(p) for p in _read(fd, f"{member}/cgroup.procs").split()]
+                        except OSError:
+                            continue
+                        for pid in pids:
+                            alive = True
+                            with contextlib.suppress(ProcessLookupError):
+                                os.kill(pid, signal.SIGKILL)
             removed = True
             for fd in self.dir_fds.values():
                 for name in names:
+                    for sub in _members(name)[:-1]:
+                        with contextlib.suppress(OSError):
+                            os.rmdir(sub, dir_fd=fd)
                     try:
                         os.rmdir(name, dir_fd=fd)
                     except FileNotFoundError:
@@ -236,6 +326,12 @@ class Cgroups:
             with contextlib.suppress(OSError):
                 os.close(parent_fd)
         self.parents = []
+
+
+def _members(name: str) -> list[str]:
+    """A group's child groups an engine makes (:data:`WORK`, :data:`RUNTIME_LEAF`), then the
+    group itself: the order to remove them in."""
+    return [f"{name}/{WORK}", f"{name}/{RUNTIME_LEAF}", name]
 
 
 def limit_warnings(cgroups: Cgroups, *, privileged: bool) -> list[str]:
@@ -369,19 +465,71 @@ class InstanceGroup:
     cgroups: Cgroups
     name: str
     dirs: dict[str, int] = field(default_factory=dict)
+    leaf: str = ""
+    """cgroup v2 with a :data:`WORK` child: the child group its processes are placed in."""
+    work: Limits | None = None
+    """The limits of its :data:`WORK` child (:meth:`Cgroups.create_work`), if it has one."""
+
+    @property
+    def member(self) -> str:
+        """The group (relative to the zygote's) that :meth:`add` places processes in."""
+        return f"{self.name}/{self.leaf}" if self.leaf else self.name
 
     def add(self, pid: int) -> None:
         """Move process ``pid`` (and its future children) into the group."""
         for fd in self.dirs.values():
-            _write(fd, f"{self.name}/cgroup.procs", str(pid))
+            _write(fd, f"{self.member}/cgroup.procs", str(pid))
 
     def pids(self) -> set[int]:
-        """Processes in the group (host pids)."""
+        """Processes in the group and its child groups (host pids)."""
         found: set[int] = set()
         for fd in self.dirs.values():
-            with contextlib.suppress(OSError):
-                found.update(int(p) for p in _read(fd, f"{self.name}/cgroup.procs").split())
+            for member in _members(self.name):
+                with contextlib.suppress(OSError):
+                    found.update(int(p) for p in _read(fd, f"{member}/cgroup.procs").split())
         return found
+
+    def usage_fd(self) -> int | None:
+        """A read-only descriptor of the group's memory in use (v1 ``memory.usage_in_bytes``,
+        v2 ``memory.current``; its child groups included), or None."""
+        v1 = self.cgroups.version == 1
+        fd = self.dirs.get("memory" if v1 else "unified")
+        if fd is None or (not v1 and "memory" not in self.cgroups.controllers):
+            return None
+        name = "memory.usage_in_bytes" if v1 else "memory.current"
+        try:
+            return os.open(f"{self.name}/{name}", os.O_RDONLY, dir_fd=fd)
+        except OSError:
+            return None
+
+    def work_fds(self) -> tuple[list[int], int | None, int | None]:
+        """For the runtime inside: write-only descriptors of its :data:`WORK` child's
+        ``cgroup.procs`` (one per hierarchy; writing a pid moves that process in), and read-only
+        ones of its memory and pids event files. Empty and None without a work group."""
+        if self.work is None:
+            return [], None, None
+        work = f"{self.name}/{WORK}"
+        v1 = self.cgroups.version == 1
+        keys = ("memory", "pids", "cpu") if v1 else ("unified",)
+        procs = []
+        for key in keys:
+            fd = self.dirs.get(key)
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    procs.append(os.open(f"{work}/cgroup.procs", os.O_WRONLY, dir_fd=fd))
+        events: list[int | None] = []
+        for key, name in (
+            ("memory" if v1 else "unified", "memory.oom_control" if v1 else "memory.events"),
+            ("pids" if v1 else "unified", "pids.events"),
+        ):
+            fd = self.dirs.get(key)
+            try:
+                events.append(
+                    None if fd is None else os.open(f"{work}/{name}", os.O_RDONLY, dir_fd=fd)
+                )
+            except OSError:
+                events.append(None)
+        return procs, events[0], events[1]
 
     def set_memory(self, limit: int) -> None:
         """Change the group's memory limit (bytes)."""
@@ -402,7 +550,7 @@ class InstanceGroup:
         fds = []
         for fd in self.dirs.values():
             with contextlib.suppress(OSError):
-                fds.append(os.open(f"{self.name}/cgroup.procs", os.O_WRONLY, dir_fd=fd))
+                fds.append(os.open(f"{self.member}/cgroup.procs", os.O_WRONLY, dir_fd=fd))
         return fds
 
     def holds(self, pid: int) -> bool:
@@ -412,7 +560,7 @@ class InstanceGroup:
                 lines = handle.read().splitlines()
         except OSError:
             return False
-        mine = [line for line in lines if line.endswith(f"/{self.name}")]
+        mine = [line for line in lines if line.endswith(f"/{self.member}")]
         return len(mine) >= len(self.dirs) > 0
 
     def event_fds(self) -> tuple[int | None, int | None]:
@@ -467,6 +615,7 @@ class InstanceGroup:
     def remove(self) -> None:
         """Delete the group's directories (its processes must be gone)."""
         for fd in self.dirs.values():
-            with contextlib.suppress(OSError):
-                os.rmdir(self.name, dir_fd=fd)
+            for member in _members(self.name):
+                with contextlib.suppress(OSError):
+                    os.rmdir(member, dir_fd=fd)
         self.dirs = {}

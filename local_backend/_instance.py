@@ -122,7 +122,7 @@ def become_instance(
 def _handshake(channel: socket.socket, iid: str) -> dict[str, Any]:
     """``hello`` to the zygote (it reads our pid and places us in our cgroup); its ``go``."""
     _channel.send(channel, {"op": "hello", "id": iid})
-    reply = _channel.receive(channel, max_fds=2, block=True)
+    reply = _channel.receive(channel, max_fds=9, block=True)
     if reply.message is None or reply.message.get("op") != "go":
         os._exit(1)
     names = [str(n) for n in reply.message.get("fds") or []]
@@ -133,6 +133,21 @@ def _handshake(channel: socket.socket, iid: str) -> dict[str, Any]:
         "enforced": bool(reply.message.get("enforced")),
         "memory_events": fds.get("memory_events"),
         "pids_events": fds.get("pids_events"),
+        **_work_limits(reply.message, names, reply.fds),
+    }
+
+
+def _work_limits(message: dict[str, Any], names: list[str], fds: list[int]) -> dict[str, Any]:
+    """From ``go``: the limits of the processes the instance's calls start, and the fds of
+    their cgroup (:meth:`~local_backend._cgroups.InstanceGroup.work_fds`)."""
+    named = list(zip(names, fds, strict=False))
+    return {
+        "work_memory": message.get("work_memory"),
+        "work_pids": message.get("work_pids"),
+        "work_procs": tuple(fd for name, fd in named if name == "work_procs"),
+        "work_memory_events": next((fd for n, fd in named if n == "work_memory_events"), None),
+        "work_pids_events": next((fd for n, fd in named if n == "work_pids_events"), None),
+        "memory_usage": next((fd for n, fd in named if n == "memory_usage"), None),
     }
 
 
@@ -161,6 +176,12 @@ def _install_limits(limits: dict[str, Any]) -> None:
             memory_events=limits.get("memory_events"),
             pids_events=limits.get("pids_events"),
             enforced=bool(limits.get("enforced")),
+            work_memory=limits.get("work_memory"),
+            work_pids=limits.get("work_pids"),
+            work_procs=tuple(limits.get("work_procs") or ()),
+            work_memory_events=limits.get("work_memory_events"),
+            work_pids_events=limits.get("work_pids_events"),
+            memory_usage=limits.get("memory_usage"),
         )
     )
 
@@ -292,7 +313,18 @@ def become_fork(
         # placed in its own cgroup first: the copies below are charged to it, not to its parent
         channel = socket.socket(fileno=channel_fd)
         limits = _handshake(channel, iid)
-        given = {limits[k] for k in ("memory_events", "pids_events") if limits[k] is not None}
+        given = {
+            limits[k]
+            for k in (
+                "memory_events",
+                "pids_events",
+                "work_memory_events",
+                "work_pids_events",
+                "memory_usage",
+            )
+            if limits[k] is not None
+        }
+        given.update(limits["work_procs"])
         if context.isolated:
             from local_backend import _sandbox
 

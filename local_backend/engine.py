@@ -274,9 +274,7 @@ class LocalEngine:
             # the workspace's path is the zygote's (set when it starts), never a message's
             **{k: v for k, v in resources.items() if k != "workspace"},
             "timeout": timeout,
-            # /tmp and /workspace are tmpfs: their pages count against the memory limit
-            "tmp_bytes": min(_MAX_TMP, memory // 4),
-            "workspace_bytes": memory,
+            **_tmpfs_sizes(memory),
             "datasource": _host_directory(spec.datasource, "datasource", "/data (read-only)"),
             "storage": _host_directory(spec.storage, "storage", "/storage (read-write)"),
         }
@@ -709,6 +707,15 @@ def host_warnings() -> list[str]:
     for warning in warnings:
         _warn_once(warning)
     return warnings
+
+
+def _tmpfs_sizes(memory: int) -> dict[str, int]:
+    """The sizes of an instance's ``/tmp`` and workspace tmpfs: their pages count against the
+    memory limit (against the calls' share when a tool's process writes them), so together they
+    stay below the share of the processes calls start (three quarters of the memory at most,
+    ``_cgroups.work_limits``): a full disk is ``ENOSPC`` (a typed error), never the kernel
+    killing the instance. The workspace gets half the memory, ``/tmp`` an eighth."""
+    return {"tmp_bytes": min(_MAX_TMP, memory // 8), "workspace_bytes": memory // 2}
 
 
 def _resources(config: EnvConfig) -> dict[str, Any]:

@@ -453,7 +453,10 @@ class Zygote:
     ) -> tuple[_Instance, list[socket.socket]]:
         """A starting instance's record: its cgroup, its socket on the host's loopback and its
         channels, remembered; with the three sockets to hand over (listen, channel, pid 1)."""
-        group = self.cgroups.create(f"i-{iid}", _limits(message)) if self.cgroups else None
+        group = None
+        if self.cgroups:
+            group = self.cgroups.create(f"i-{iid}", _limits(message))
+            self.cgroups.create_work(group, _limits(message))
         listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listen.bind(("127.0.0.1", 0))
         listen.listen(1024)
@@ -546,7 +549,15 @@ class Zygote:
                 if not instance.group.holds(instance.pid):  # its template did not place it
                     instance.group.add(instance.pid)
                 memory_events, pids_events = instance.group.event_fds()
-                for name, fd in (("memory_events", memory_events), ("pids_events", pids_events)):
+                work_procs, work_memory, work_pids = instance.group.work_fds()
+                for name, fd in (
+                    ("memory_events", memory_events),
+                    ("pids_events", pids_events),
+                    *(("work_procs", fd) for fd in work_procs),
+                    ("work_memory_events", work_memory),
+                    ("work_pids_events", work_pids),
+                    ("memory_usage", instance.group.usage_fd()),
+                ):
                     if fd is not None:
                         names.append(name)
                         fds.append(fd)
@@ -559,6 +570,7 @@ class Zygote:
                 "memory": limits.memory,
                 "pids": limits.pids,
                 "enforced": instance.group is not None,
+                **_work_message(instance.group),
                 "fds": names,
             }
             _channel.send(instance.channel, go, fds, block=False)
@@ -787,6 +799,14 @@ class Zygote:
             self.cgroups.kill_all()
             self.cgroups.close()
         self._reap()
+
+
+def _work_message(group: InstanceGroup | None) -> dict[str, Any]:
+    """What ``go`` says of the limits of the processes the instance's calls start."""
+    work = group.work if group is not None else None
+    if work is None:
+        return {}
+    return {"work_memory": work.memory, "work_pids": work.pids}
 
 
 def _limits(message: dict[str, Any]) -> Limits:

@@ -113,6 +113,31 @@ def _to_content(value: Any) -> tuple[list[dict[str, Any]], Any]:
     return [{"type": "text", "text": text}], data
 
 
+def json_size_at_least(value: Any, cap: int = MAX_RESPONSE_BYTES) -> int:
+    """A lower bound of the size of ``value``'s JSON, found without serialising it (text
+    counts one byte a character), walked only until it passes ``cap``: a result too large to
+    send is refused before a serialiser allocates for it (orjson crashes the process when an
+    allocation fails, and a copy of a large value may not fit in the instance's memory)."""
+    total = 0
+    stack = [value]
+    while stack and total <= cap:
+        item = stack.pop()
+        if isinstance(item, str | bytes | bytearray):
+            total += len(item) + 2
+        elif isinstance(item, dict):
+            total += 2 + 2 * len(item)
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple | set | frozenset):
+            total += 2 + len(item)
+            stack.extend(item)
+        elif isinstance(item, pydantic.BaseModel):
+            stack.append(dict(item))
+        else:
+            total += 1
+    return total
+
+
 def _size(size: int) -> str:
     return f"{size / (1 << 20):.1f} MiB" if size >= 1 << 20 else f"{size} bytes"
 
@@ -262,11 +287,23 @@ class Dispatcher:
                 f"tool `{name}` ran out of memory ({self._describe_exception(exc)}): "
                 + _limits.memory_error_message(limits),
             )
+        if _limits.is_disk_full(exc):
+            return _error(
+                ToolErrorKind.RESOURCE_LIMIT,
+                f"tool `{name}` ran out of disk space ({self._describe_exception(exc)}): "
+                + _limits.disk_full_message(),
+            )
         return _error(
             ToolErrorKind.EXECUTION, f"tool `{name}` raised {self._describe_exception(exc)}"
         )
 
     def _tool_result(self, name: str, value: Any) -> ToolResult:
+        at_least = json_size_at_least(value)
+        if at_least > MAX_RESPONSE_BYTES:
+            return _error(ToolErrorKind.EXECUTION, _too_large(f"tool `{name}`", at_least, "result"))
+        room = _limits.data_room() if at_least > _ROOM_CHECK else None
+        if room is not None and room < _SEND_COPIES * at_least:  # a crash, not an error
+            return _error(ToolErrorKind.RESOURCE_LIMIT, _no_room(f"tool `{name}`", at_least, room))
         try:
             content, structured = _to_content(value)
         except (TypeError, ValueError, pydantic_core.PydanticSerializationError) as exc:
@@ -383,6 +420,13 @@ class Dispatcher:
                     + _limits.memory_error_message(limits),
                     entry.name,
                 ) from None
+            if _limits.is_disk_full(exc):
+                raise _failed(
+                    FunctionErrorKind.RESOURCE_LIMIT,
+                    f"{label} ran out of disk space ({self._describe_exception(exc)}): "
+                    + _limits.disk_full_message(),
+                    entry.name,
+                ) from None
             raise _failed(
                 FunctionErrorKind.EXECUTION,
                 f"{label} raised {self._describe_exception(exc)}",
@@ -407,6 +451,13 @@ class Dispatcher:
         :meth:`encode_tool_result` checks a tool's result; raise :class:`CallFailed` (500,
         ``execution``) naming the problem; ``function`` is the name it names."""
         execution = FunctionErrorKind.EXECUTION
+        at_least = json_size_at_least(envelope.get("data"))
+        if at_least > MAX_RESPONSE_BYTES:
+            raise _failed(execution, _too_large(label, at_least, "value"), function)
+        room = _limits.data_room() if at_least > _ROOM_CHECK else None
+        if room is not None and room < _SEND_COPIES * at_least:
+            limit = FunctionErrorKind.RESOURCE_LIMIT
+            raise _failed(limit, _no_room(label, at_least, room), function)
         try:
             body = orjson.dumps(envelope)
         except TypeError as exc:
@@ -432,6 +483,23 @@ def _no_json_form(label: str, problem: str) -> str:
         f"{label} returned a value with no JSON form: {problem}. JSON has no NaN or infinity "
         "(return None or a string instead) and only Unicode text (decode bytes with "
         "errors='replace', not 'surrogateescape')"
+    )
+
+
+_ROOM_CHECK = 1 << 20
+"""Results of at least this many bytes are checked against the memory left to send them."""
+_SEND_COPIES = 16
+"""How many times its size a result may need while it is serialised: orjson reserves its
+output buffer for the worst case of a string's escapes, and a failed allocation there ends the
+process (measured: a 20 MiB string needs over 205 MiB free, 65 MiB over 929 MiB)."""
+
+
+def _no_room(label: str, size: int, room: int) -> str:
+    return (
+        f"{label} returned a result of {_size(size)}, more than the runtime has the memory left "
+        f"to send ({_size(room)} free under the instance's memory limit); return less (write "
+        "large data to a file in the workspace and return its path), or give the environment "
+        "more memory (deployConfig.memory)"
     )
 
 

@@ -69,13 +69,16 @@ from aenv_ray.errors import (
     InstanceBrokenError,
     PermissionDeniedError,
     ProtocolError,
+    RequestTooLargeError,
     ToolArgumentError,
     encode_error,
 )
 from aenv_ray.net import is_local_host, media_type
 from aenv_ray.registry import Kind
 from sandbox_runtime import _limits
+from sandbox_runtime._budget import ArgumentBudget, TooLargeForMemory
 from sandbox_runtime._dispatch import CallFailed, Dispatcher
+from sandbox_runtime._last_word import Waiting
 from sandbox_runtime._preview import PreviewRoute
 from sandbox_runtime._runner import WorkerStuckError
 
@@ -99,6 +102,22 @@ class BadArguments(ValueError):
     answered 400 ``invalid_arguments``, not ``bad_request``."""
 
 
+class BodyTooLarge(ValueError):
+    """A body over ``MAX_BODY``, or one the instance has not the memory to parse: answered
+    413 with :class:`~aenv_ray.errors.RequestTooLargeError`."""
+
+
+def _declared_length(scope: Scope) -> int:
+    """The body's ``Content-Length`` (``MAX_BODY`` when it declares none: chunked)."""
+    for name, value in scope.get("headers") or ():
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return MAX_BODY
+    return 0 if scope.get("method") in ("GET", "HEAD") else MAX_BODY
+
+
 async def _read_body(receive: Receive) -> bytes:
     chunks: list[bytes] = []
     size = 0
@@ -109,10 +128,24 @@ async def _read_body(receive: Receive) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > MAX_BODY:
-            raise ValueError(f"request body over {MAX_BODY} bytes")
+            raise BodyTooLarge(
+                f"the request's body is over {MAX_BODY >> 20} MiB, the most a request may "
+                "carry: pass large data as a file in the workspace (write it there with a "
+                "tool, or give the instance a datasource) instead of as an argument"
+            )
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+def _no_memory_for(size: int) -> str:
+    limits = _limits.installed()
+    limit = f" (its memory limit is {limits.memory >> 20} MiB)" if limits and limits.memory else ""
+    return (
+        f"the instance has not the memory to read arguments of {size / (1 << 20):.1f} MiB now"
+        f"{limit}: pass large data as a file in the workspace, or give the environment more "
+        "memory (deployConfig.memory)"
+    )
 
 
 async def _send_json(send: Send, status: int, payload: Any) -> None:
@@ -126,8 +159,12 @@ def _parse_json(body: bytes) -> Any:
         return {}
     try:
         return orjson.loads(body)
+    except MemoryError:
+        raise BodyTooLarge(_no_memory_for(len(body))) from None
     except orjson.JSONDecodeError as exc:
         text = str(exc)
+        if "Not enough memory" in text:
+            raise BodyTooLarge(_no_memory_for(len(body))) from None
         at = body[exc.pos : exc.pos + 9].lstrip(b"-")
         if "surrogate" in text or "infinity" in text or at.startswith((b"NaN", b"Infinity")):
             raise BadArguments(
@@ -158,6 +195,10 @@ class RuntimeApp:
         self, dispatcher: Dispatcher, *, mcp_app: ASGIApp | None = None, token: str | None = None
     ) -> None:
         self.dispatcher = dispatcher
+        self.budget = ArgumentBudget()
+        """The bytes of arguments read at once (a share of the instance's memory)."""
+        self.waiting = Waiting()
+        """Requests not answered yet: a runtime that must end answers them (why)."""
         self._authorization: bytes | None = None
         self._good_hosts: set[bytes] = set()
         self._good_types: set[bytes] = {b"application/json"}
@@ -276,40 +317,19 @@ class RuntimeApp:
         if self._authorization is None and (refused := self._cross_site(scope)) is not None:
             await _send_json(send, *refused)
             return
+        send, answered = self.waiting.track(scope, send)
         try:
-            if path == p.FAST_CALL_PATH and method == "POST":
-                await self._fast_call(receive, send)
-            elif path == p.MCP_PATH or path.startswith(p.MCP_PATH + "/"):
-                if self.mcp_app is None or self._mcp_lifespan is None:
-                    off = ConfigurationError("MCP is not enabled on this runtime")
-                    await _send_json(send, 404, _error_body(off))
-                else:
-                    await self._mcp_lifespan.started()
-                    await self.mcp_app(scope, receive, send)
-            elif path == p.FAST_TOOLS_PATH and method == "GET":
-                await _send_raw(send, self._tools_payload)
-            elif path == p.FAST_INFO_PATH and method == "GET":
-                await _send_raw(send, self._info_bytes())
-            elif path == p.PREVIEW_PATH and method == "GET":
-                await _send_json(send, 200, self.preview.describe())
-            elif path == p.HEALTH_PATH and method in ("GET", "POST"):
-                await self._health(scope, receive, send)
-            elif path == p.REWARD_PATH and method == "POST":
-                await self._function(Kind.REWARD, None, scope, receive, send)
-            elif path == p.FUNCTIONS_LIST_PATH and method == "GET":
-                await _send_json(send, 200, {"success": True, "data": self._list_functions()})
-            elif path.startswith(p.FUNCTIONS_PREFIX) and method == "POST":
-                name = path[len(p.FUNCTIONS_PREFIX) :]
-                await self._function(Kind.FUNCTION, name, scope, receive, send)
-            else:
-                unknown = ProtocolError(f"no route {method} {path}")
-                await _send_json(send, 404, _error_body(unknown))
+            mcp = path == p.MCP_PATH or path.startswith(p.MCP_PATH + "/")
+            async with self.budget.admit(0 if mcp else _declared_length(scope)):
+                await self._route(scope, receive, send, path, method)
         except ConnectionAbortedError:
             return
         except WorkerStuckError as exc:
             await _send_json(
                 send, 503, _error_body(InstanceBrokenError(str(exc)), "instance_broken")
             )
+        except (BodyTooLarge, TooLargeForMemory) as exc:
+            await _send_json(send, 413, _error_body(RequestTooLargeError(str(exc)), "too_large"))
         except BadArguments as exc:
             message = f"bad request: {exc}"
             bad: AEnvError = (
@@ -325,6 +345,39 @@ class RuntimeApp:
         except (ValueError, orjson.JSONDecodeError) as exc:
             unreadable = ProtocolError(f"bad request: {exc}")
             await _send_json(send, 400, _error_body(unreadable, "bad_request"))
+        finally:
+            answered()
+
+    async def _route(
+        self, scope: Scope, receive: Receive, send: Send, path: str, method: str
+    ) -> None:
+        if path == p.FAST_CALL_PATH and method == "POST":
+            await self._fast_call(receive, send)
+        elif path == p.MCP_PATH or path.startswith(p.MCP_PATH + "/"):
+            if self.mcp_app is None or self._mcp_lifespan is None:
+                off = ConfigurationError("MCP is not enabled on this runtime")
+                await _send_json(send, 404, _error_body(off))
+            else:
+                await self._mcp_lifespan.started()
+                await self.mcp_app(scope, receive, send)
+        elif path == p.FAST_TOOLS_PATH and method == "GET":
+            await _send_raw(send, self._tools_payload)
+        elif path == p.FAST_INFO_PATH and method == "GET":
+            await _send_raw(send, self._info_bytes())
+        elif path == p.PREVIEW_PATH and method == "GET":
+            await _send_json(send, 200, self.preview.describe())
+        elif path == p.HEALTH_PATH and method in ("GET", "POST"):
+            await self._health(scope, receive, send)
+        elif path == p.REWARD_PATH and method == "POST":
+            await self._function(Kind.REWARD, None, scope, receive, send)
+        elif path == p.FUNCTIONS_LIST_PATH and method == "GET":
+            await _send_json(send, 200, {"success": True, "data": self._list_functions()})
+        elif path.startswith(p.FUNCTIONS_PREFIX) and method == "POST":
+            name = path[len(p.FUNCTIONS_PREFIX) :]
+            await self._function(Kind.FUNCTION, name, scope, receive, send)
+        else:
+            unknown = ProtocolError(f"no route {method} {path}")
+            await _send_json(send, 404, _error_body(unknown))
 
     async def _fast_call(self, receive: Receive, send: Send) -> None:
         request = _parse_json(await _read_body(receive))

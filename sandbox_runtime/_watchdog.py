@@ -8,10 +8,13 @@ with its deadline; when one is still running ``SLACK`` after it, the watchdog po
 the loop. If the loop does not run it within ``PING_WAIT``, the loop is blocked: when the task it
 is running is that call's (or another overdue call's), the watchdog raises :class:`Interrupted`
 inside the loop thread (``PyThreadState_SetAsyncExc``), which ends Python-level busy code, and
-the call ends with the usual timeout result. If the loop is still blocked ``grace`` seconds later
-(C code such as ``time.sleep``, or code that swallows the exception), the instance cannot
-recover: ``on_broken(reason)`` is called and the process ends (``os._exit``), so every caller
-gets ``InstanceBrokenError`` at once instead of a hang.
+the call ends with the usual timeout result; ``time.sleep`` on the loop's thread is
+:func:`interruptible_sleep`, which the watchdog wakes, so that ends too. If the loop is still
+blocked ``grace`` seconds later (other blocking C code, or code that swallows the exception),
+the instance cannot recover: every request still waiting is answered with the reason
+(:mod:`sandbox_runtime._last_word`), ``on_broken(reason)`` is called and the process ends
+(``os._exit``), so every caller gets ``InstanceBrokenError`` with the reason at once instead of
+a hang or a dropped connection.
 
 Cost: nothing while idle (the thread waits on a condition; no periodic wake-up while no call
 runs). Per async call: a small list in a dict keyed by its task (no lock: a dict's item
@@ -40,15 +43,42 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeAlias
+from typing import Any, SupportsIndex, TypeAlias
 
 from sandbox_runtime import _limits
 from sandbox_runtime._limits import LimitHit
 from sandbox_runtime._runner import Interrupted
 
-__all__ = ["BROKEN_EXIT_CODE", "Call", "Watchdog"]
+__all__ = ["BROKEN_EXIT_CODE", "Call", "Watchdog", "interruptible_sleep"]
 
 log = logging.getLogger("sandbox_runtime.watchdog")
+
+_sleep = time.sleep
+_SLEEPERS: dict[int, threading.Event] = {}
+"""Per event-loop thread (ident): the event :func:`interruptible_sleep` waits on there."""
+
+
+def interruptible_sleep(seconds: float | SupportsIndex, /) -> None:
+    """``time.sleep``, but on a watched event loop's thread a wait the watchdog can cut short.
+
+    ``time.sleep`` in C cannot be interrupted in a thread other than the main one (a signal
+    only retries it), so an ``async def`` tool calling it would block the loop for its whole
+    length. Installed as ``time.sleep`` when this module is imported (before an environment's
+    modules are, so ``from time import sleep`` there gets it too); elsewhere it is the plain
+    ``time.sleep``."""
+    event = _SLEEPERS.get(threading.get_ident())
+    if event is None:
+        _sleep(seconds)
+        return
+    length = float(seconds)
+    if length < 0:
+        raise ValueError("sleep length must be non-negative")
+    event.clear()
+    if event.wait(length):  # woken by the watchdog: its Interrupted is raised right here
+        event.clear()
+
+
+time.sleep = interruptible_sleep
 
 SLACK = 0.05
 """Seconds past an async call's deadline before the watchdog looks at the loop."""
@@ -109,6 +139,7 @@ class Watchdog:
         """Start watching (call on the loop's thread, in the process that serves)."""
         self._loop = loop
         self._loop_thread = threading.get_ident()
+        _SLEEPERS[self._loop_thread] = threading.Event()
         self._limits = _limits.current_watch()
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="aenv-watchdog", daemon=True)
@@ -119,6 +150,7 @@ class Watchdog:
         with self._cond:
             self._stopped = True
             self._cond.notify()
+        _SLEEPERS.pop(self._loop_thread, None)
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5)
@@ -188,6 +220,10 @@ class Watchdog:
             found = watch.hits_since(started)
             if found is not None:
                 hit = found if hit is None else hit | found
+        if not self._running:
+            watch.refuse_forks = ""  # the calls running at a memory-limit hit have all ended
+            if _limits.KILLED_CHILDREN:
+                _limits.reap_killed()
         return hit
 
     # -- the thread --------------------------------------------------------------------------
@@ -243,7 +279,7 @@ class Watchdog:
         watch = self._limits
         assert watch is not None
         self._last_poll = time.monotonic()
-        found = watch.check(since)  # running calls see it with hits_since() as they end
+        found = watch.check(since, running=not quiet)  # calls see it with hits_since()
         with self._lock:
             if quiet and not self._running:
                 self._recent_since = None
@@ -278,13 +314,16 @@ class Watchdog:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(
                 ctypes.c_ulong(self._loop_thread), ctypes.py_object(Interrupted)
             )
+            sleeper = _SLEEPERS.get(self._loop_thread)
+            if sleeper is not None:  # in time.sleep: cut it short, Interrupted follows
+                sleeper.set()
         if ping.wait(self.grace):
             return
         if blocking is not None:
             reason = (
                 f"{label} blocked the event loop past its {limit:g} s timeout "
-                f"and did not stop when interrupted (blocking code such as time.sleep, or a loop "
-                f"that swallows the interruption, in an async def); the instance cannot serve "
+                "and did not stop when interrupted (blocking C code such as a socket read, or a "
+                "loop that swallows the interruption, in an async def); the instance cannot serve "
                 f"any call. Use a sync def for blocking work"
             )
         else:

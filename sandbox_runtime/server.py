@@ -170,6 +170,13 @@ class RuntimeServer:
         self._stopped = threading.Event()
 
     def _report_broken(self, reason: str) -> None:
+        try:
+            answered = self.app.waiting.answer_all(reason)
+        except Exception:
+            log.exception("cannot answer the requests waiting")
+        else:
+            if answered:
+                log.warning("requests answered: the runtime ends", extra={"answered": answered})
         self.on_broken(reason)
 
     def set_token(self, token: str | None) -> None:

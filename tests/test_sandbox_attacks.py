@@ -459,7 +459,8 @@ async def test_a_pushed_bundles_import_time_code_never_runs_outside_a_sandbox(
 def test_every_attack_holds_for_an_unprivileged_engine(
     unprivileged: tuple[list[str], dict[str, str]],
 ) -> None:
-    """This file and the cleanup suite, run again by ``nobody`` (user namespaces, no cgroups)."""
+    """This file, the cleanup suite and the instance limits, run again by ``nobody`` (user
+    namespaces, no cgroups)."""
     import subprocess
 
     if os.geteuid() != 0:
@@ -480,6 +481,7 @@ def test_every_attack_holds_for_an_unprivileged_engine(
                 f"--basetemp={scratch}",
                 "tests/test_sandbox_attacks.py",
                 "tests/test_engine_cleanup.py",
+                "tests/test_instance_limits.py",
                 "-k",
                 # the mini-terminal's attacks are mini-program's, through another tool
                 "not unprivileged_engine and not thousand and not pushed_bundle"
@@ -519,14 +521,14 @@ async def test_a_memory_hog_and_a_fork_bomb_end_their_call_naming_the_limit(
     async with Environment.attach(unruly.url or "", token=unruly.token, timeout=60) as env:
         hog = await env.call_tool("child_hog", {"megabytes": 2048})
         assert hog.error_kind is ToolErrorKind.RESOURCE_LIMIT, hog.text
-        assert "memory limit (256 MiB)" in hog.text
+        assert "memory limit (192 MiB of the instance's 256 MiB)" in hog.text
         assert (await env.call_tool("sync_ping")).text == "pong"
         inside = await env.call_tool("inprocess_hog", {"gigabytes": 10})
         assert inside.error_kind is ToolErrorKind.RESOURCE_LIMIT, inside.text
         assert "256 MiB" in inside.text
         bomb = await env.call_tool("fork_bomb", {"seconds": 30})
         assert bomb.error_kind is ToolErrorKind.RESOURCE_LIMIT, bomb.text
-        assert "process limit (64 processes)" in bomb.text
+        assert "process limit (56 of the instance's 64)" in bomb.text
         assert (await env.call_tool("ping")).text == "pong"  # the server serves on
 
 
@@ -534,8 +536,10 @@ async def test_a_loop_that_cannot_be_cut_is_reported_broken_with_its_reason(
     engine: LocalEngine, unruly: InstanceInfo
 ) -> None:
     async with Environment.attach(unruly.url or "", token=unruly.token) as env:
-        with pytest.raises(InstanceBrokenError):
-            await env.call_tool("async_sleep_blocking", {"seconds": 100})
+        with pytest.raises(InstanceBrokenError) as raised:
+            await env.call_tool("async_read_blocking")
+    # the caller hears the reason at once, not a dropped connection
+    assert "tool `async_read_blocking` blocked the event loop" in str(raised.value)
 
     async def reported() -> bool:
         return (await engine.get(unruly.id)).state is InstanceState.TERMINATED
@@ -543,7 +547,7 @@ async def test_a_loop_that_cannot_be_cut_is_reported_broken_with_its_reason(
     await wait_for(reported, "the engine to hear why the instance broke")
     ended = await engine.get(unruly.id)
     assert ended.reason is TerminationReason.CRASHED
-    assert "async_sleep_blocking" in ended.detail, ended.detail
+    assert "async_read_blocking" in ended.detail, ended.detail
 
 
 # -- agent code against the runtime that serves it (issue 22, point 2) ---------------------------

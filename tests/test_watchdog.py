@@ -59,11 +59,25 @@ async def test_an_async_tool_spinning_on_the_loop_is_cut_and_the_instance_serves
     assert "interrupting it" in unruly.log_tail()
 
 
+async def test_an_async_tool_in_time_sleep_is_interrupted_and_the_instance_serves_on(
+    unruly: RuntimeProcess,
+) -> None:
+    async with unruly.environment() as env:
+        slept = await env.call_tool("async_sleep_blocking", {"seconds": 100})
+        after = await env.call_tool("ping")
+        sync_after = await env.call_tool("sync_ping")
+    assert slept.error_kind is ToolErrorKind.TIMEOUT, slept.text
+    assert slept.text == "tool `async_sleep_blocking` timed out after 0.5 s and was interrupted"
+    assert after.text == sync_after.text == "pong"
+    assert unruly.process is not None
+    assert unruly.process.poll() is None  # before time.sleep was cut, the instance ended
+
+
 @pytest.mark.parametrize(
     ("tool", "why"),
     [
         ("async_spin_stubborn", "did not stop when interrupted"),
-        ("async_sleep_blocking", "did not stop when interrupted"),  # time.sleep: C code
+        ("async_read_blocking", "did not stop when interrupted"),  # os.read: C code
     ],
 )
 async def test_an_async_tool_that_cannot_be_cut_breaks_the_instance_at_once(
@@ -72,15 +86,19 @@ async def test_an_async_tool_that_cannot_be_cut_breaks_the_instance_at_once(
     async with unruly.environment() as env:
         waiting = asyncio.create_task(env.call_tool("async_nap", {"seconds": 30}))
         await asyncio.sleep(0.05)
-        with pytest.raises(InstanceBrokenError):
+        with pytest.raises(InstanceBrokenError) as culprit:
             await env.call_tool(tool)
-        with pytest.raises(InstanceBrokenError):  # every caller, not only the culprit
+        with pytest.raises(InstanceBrokenError) as bystander:  # every caller, not only it
             await waiting
     assert unruly.process is not None
     assert _wait_exit(unruly.process) == BROKEN_EXIT_CODE
     log = unruly.log_tail()
     assert f"tool `{tool}` blocked the event loop past its 0.5 s timeout" in log
     assert why in log
+    # each caller is answered with the real reason, not a dropped connection
+    for raised in (culprit.value, bystander.value):
+        assert f"tool `{tool}` blocked the event loop past its 0.5 s timeout" in str(raised)
+        assert "probably crashed" not in str(raised)
 
 
 def test_on_broken_hears_the_reason_before_the_process_ends(tmp_path: Path) -> None:

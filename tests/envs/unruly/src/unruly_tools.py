@@ -52,6 +52,15 @@ async def async_sleep_blocking(seconds: float = 100) -> str:
     return "woke"
 
 
+@register_tool(timeout=0.5)
+async def async_read_blocking() -> str:
+    """os.read of a pipe nothing writes to, on the event loop (blocking C code nothing cuts)."""
+    read, write = os.pipe()
+    os.read(read, 1)
+    os.close(write)
+    return "read"
+
+
 @register_tool
 async def async_nap(seconds: float) -> str:
     """asyncio.sleep: a well-behaved slow call."""
@@ -187,3 +196,73 @@ def function_surrogate() -> dict[str, str]:
 def takes_anything(value: object = None, number: float = 0.0) -> str:
     """Say what arrived."""
     return f"{value!r} {number!r}"
+
+
+@register_tool
+def fork_loop(seconds: float = 30) -> dict[str, object]:
+    """Fork (``os.fork``, in the runtime's own process) until a fork fails or `seconds` pass;
+    each child sleeps. What a fork bomb written as a tool does."""
+    children: list[int] = []
+    error = None
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            pid = os.fork()
+            if pid == 0:
+                time.sleep(3600)
+                os._exit(0)
+            children.append(pid)
+    except OSError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    return {"forked": len(children), "error": error}
+
+
+@register_tool
+def fill_workspace(megabytes: int, in_process: bool = True) -> dict[str, object]:
+    """Write `megabytes` MiB into the workspace (in the runtime, or from a `dd` child)."""
+    path = os.path.join(os.environ.get("AENV_WORKSPACE", "."), "fill.bin")
+    if not in_process:
+        done = subprocess.run(
+            ["dd", "if=/dev/zero", f"of={path}", "bs=1M", f"count={megabytes}"],
+            capture_output=True,
+            text=True,
+        )
+        return {"returncode": done.returncode, "stderr": done.stderr[-300:]}
+    chunk = b"\0" * (1 << 20)
+    with open(path, "wb") as handle:
+        for _ in range(megabytes):
+            handle.write(chunk)
+    return {"written": megabytes}
+
+
+@register_tool
+def remove_file(name: str) -> bool:
+    """Remove a file of the workspace."""
+    os.unlink(os.path.join(os.environ.get("AENV_WORKSPACE", "."), name))
+    return True
+
+
+@register_tool
+def echo_size(data: str) -> int:
+    """How many characters arrived."""
+    return len(data)
+
+
+@register_tool
+def cgroups() -> dict[str, object]:
+    """The cgroup lines (memory, pids, unified) of the runtime and of a child it starts."""
+
+    def lines(text: str) -> list[str]:
+        return sorted(
+            line.split(":", 2)[2]
+            for line in text.splitlines()
+            if line.split(":", 2)[1] in ("memory", "pids", "")
+        )
+
+    with open("/proc/self/cgroup") as handle:
+        runtime = lines(handle.read())
+    # the runtime moves a child into its cgroup just after starting it: read once it has
+    child = subprocess.run(
+        ["sh", "-c", "sleep 0.2; cat /proc/self/cgroup"], capture_output=True, text=True
+    )
+    return {"runtime": runtime, "child": lines(child.stdout)}
