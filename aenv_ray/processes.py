@@ -36,7 +36,7 @@ def keep_processes(pid: int | None = None) -> None:
 
 
 def _set_keeper(keeper: Callable[[int | None], None] | None) -> None:
-    """The runtime's hook (``sandbox_runtime._contain``); not for environments."""
+    """The runtime's hook (``sandbox_runtime.contain``); not for environments."""
     global _KEEPER
     _KEEPER = keeper
 
@@ -57,6 +57,6 @@ def unconfined() -> Iterator[None]:
 
 
 def _set_unconfined(factory: Callable[[], contextlib.AbstractContextManager[None]] | None) -> None:
-    """The runtime's hook (``sandbox_runtime._contain``); not for environments."""
+    """The runtime's hook (``sandbox_runtime.contain``); not for environments."""
     global _UNCONFINED
     _UNCONFINED = factory

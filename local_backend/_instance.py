@@ -187,12 +187,12 @@ def _install_limits(limits: dict[str, Any]) -> None:
 
 
 def _protect(*, isolated: bool) -> None:
-    """Keep tool code away from this runtime (``sandbox_runtime._contain``): after the limits
+    """Keep tool code away from this runtime (``sandbox_runtime.contain``): after the limits
     (which open ``/proc/self`` files a non-dumpable process could not open again), before any
     call. Plain mode, which kills its process group on the way out, gets no signal filter."""
-    from sandbox_runtime import _contain
+    from sandbox_runtime import contain
 
-    _contain.protect(filter_signals=isolated)
+    contain.protect(filter_signals=isolated)
 
 
 class _Control(threading.Thread):
@@ -231,9 +231,9 @@ class _Control(threading.Thread):
 
 def fork_children(state: _State, items: list[dict[str, Any]], fds: list[int]) -> None:
     """On the runtime's main thread: start one fork per item, then close the passed fds."""
-    from sandbox_runtime import _contain
+    from sandbox_runtime import contain
 
-    tracker = _contain.calls()
+    tracker = contain.calls()
     try:
         with tracker.spared() if tracker is not None else contextlib.nullcontext():
             _start_forks(state, items, fds)
@@ -264,14 +264,14 @@ def _start_fork(
             state.context, init_fd, child, own_pid_namespace=None, label=str(item.get("id"))
         )
         return
-    from sandbox_runtime._contain import runtime_fork
+    from sandbox_runtime.contain import runtime_fork
 
     with runtime_fork():  # the runtime's own (helper and fork): not a tool's, not confined
         helper = os.fork()  # a new pid namespace is for good: start it from a throw-away child
         if helper == 0:
             code = 1
             try:
-                # the runtime is not dumpable (_contain): its fork must be, until it has its id maps
+                # the runtime is not dumpable (sandbox_runtime.contain): its fork must be, until it has its id maps
                 # (their files in /proc/<pid> belong to a dumpable process's own user)
                 _set_dumpable()
                 pid, maps = spawn_into_pid_namespace(

@@ -54,7 +54,7 @@ from aenv_ray.protocol import (
     MAX_TIMEOUT,
     TOKEN_ENV,
 )
-from sandbox_runtime import _contain, _limits
+from sandbox_runtime import _limits, contain
 from sandbox_runtime._loader import load_project
 from sandbox_runtime.server import RuntimeServer, end_process
 
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sandbox_runtime: error: {exc.strerror or exc}", file=sys.stderr)
         return 1
     _limits_from(args, parser)  # as an engine does: the project loaded, before serving
-    _contain.protect()  # tool code cannot trace or signal this process; calls end what they start
+    contain.protect()  # tool code cannot trace or signal this process; calls end what they start
     server.run()
     end_process(0)  # exit handlers run; a thread the environment left running cannot hang it
 

@@ -35,7 +35,7 @@ from aenv_ray.errors import (
 from aenv_ray.protocol import MAX_RESPONSE_BYTES, ToolErrorKind, ToolResult, json_problem
 from aenv_ray.registry import DefinitionRegistry, Kind, Registered
 from aenv_ray.signature import format_validation_error
-from sandbox_runtime import _contain, _limits
+from sandbox_runtime import _limits, contain
 from sandbox_runtime._limits import InstanceLimits, LimitHit
 from sandbox_runtime._runner import (
     DeadlineExceeded,
@@ -175,13 +175,13 @@ class Dispatcher:
         self, entry: Registered, kwargs: dict[str, Any], limit: float, deadline: float
     ) -> Any:
         """Run the function; raise DeadlineExceeded past its deadline. What it starts and does
-        not keep ends when it returns (:mod:`sandbox_runtime._contain`)."""
-        tracker = _contain.calls()
+        not keep ends when it returns (:mod:`sandbox_runtime.contain`)."""
+        tracker = contain.calls()
         if tracker is None:
             return await self._invoke_in(entry, entry.fn, kwargs, limit, deadline)
         call = tracker.enter()
         try:
-            fn = _contain.within(call, entry.fn, entry.is_async)
+            fn = contain.within(call, entry.fn, entry.is_async)
             return await self._invoke_in(entry, fn, kwargs, limit, deadline)
         finally:
             sweep = tracker.leave(call)

@@ -36,7 +36,7 @@ from typing import Any, NoReturn
 import uvicorn
 
 from aenv_ray.net import bind_socket
-from sandbox_runtime import _contain, _limits
+from sandbox_runtime import _limits, contain
 from sandbox_runtime._dispatch import STUCK_GRACE, Dispatcher
 from sandbox_runtime._http import RuntimeApp
 from sandbox_runtime._loader import LoadedProject
@@ -224,7 +224,7 @@ class RuntimeServer:
             self.runner.run_forever()
         finally:
             self._shutdown_http()
-            tracker = _contain.calls()
+            tracker = contain.calls()
             # the episode ends: so does every process its calls left (a local instance, pid 2,
             # ends with its pid namespace, and its forks, in namespaces below, live on)
             if tracker is not None and os.getpid() != 2:

@@ -1,4 +1,4 @@
-"""The runtime's seccomp filter and Landlock confinement (``sandbox_runtime._contain``), in
+"""The runtime's seccomp filter and Landlock confinement (``sandbox_runtime.contain``), in
 real processes: a child installs the filter that protects its parent, or confines itself, and
 then attacks the parent; controls show each probe would have worked. Engine instances are
 attacked in ``tests/test_sandbox_attacks.py``."""
@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from sandbox_runtime import _contain
+from sandbox_runtime import contain
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or platform.machine() not in ("x86_64", "aarch64"),
@@ -24,13 +24,13 @@ pytestmark = pytest.mark.skipif(
 _CHILD = r"""
 import ctypes, importlib.util, json, os, signal, subprocess, sys
 target, kind, path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-spec = importlib.util.spec_from_file_location("_contain", path)  # not the runtime's imports
-_contain = sys.modules["_contain"] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(_contain)
+spec = importlib.util.spec_from_file_location("contain", path)  # not the runtime's imports
+contain = sys.modules["contain"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(contain)
 if kind == "landlock":
-    _contain.confine_self()
+    contain.confine_self()
 else:
-    _contain._install_filter(_contain.seccomp_program(target, target, groups=kind == "groups"))
+    contain._install_filter(contain.seccomp_program(target, target, groups=kind == "groups"))
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 nr = {"x86_64": 424, "aarch64": 424}[os.uname().machine]
@@ -64,7 +64,7 @@ def _attack(kind: str) -> dict[str, object]:
     target = subprocess.Popen(["sleep", "30"], process_group=0)
     try:
         done = subprocess.run(
-            [sys.executable, "-c", _CHILD, str(target.pid), kind, _contain.__file__],
+            [sys.executable, "-c", _CHILD, str(target.pid), kind, contain.__file__],
             capture_output=True,
             text=True,
             timeout=60,
@@ -102,7 +102,7 @@ def test_the_filter_with_landlock_refuses_the_pid_and_lets_groups_through() -> N
 
 
 def test_a_confined_process_signals_only_what_it_started() -> None:
-    if _contain._landlock_abi() < _contain._LANDLOCK_SIGNAL_ABI:
+    if contain._landlock_abi() < contain._LANDLOCK_SIGNAL_ABI:
         pytest.skip("this kernel has no Landlock signal scoping (Linux 6.12)")
     result = _attack("landlock")
     assert result["kill"] == "Operation not permitted"  # Landlock, not seccomp: any pid
@@ -111,8 +111,8 @@ def test_a_confined_process_signals_only_what_it_started() -> None:
 
 def test_the_program_builds_for_each_machine() -> None:
     for machine in ("x86_64", "aarch64"):
-        program = _contain.seccomp_program(2, 2, machine)
+        program = contain.seccomp_program(2, 2, machine)
         assert len(program) % 8 == 0
         assert 0 < len(program) // 8 < 4096
     with pytest.raises(OSError, match="no seccomp filter for machine"):
-        _contain.seccomp_program(2, 2, "sparc")
+        contain.seccomp_program(2, 2, "sparc")

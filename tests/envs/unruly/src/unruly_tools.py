@@ -105,7 +105,7 @@ def fork_bomb(seconds: float = 20) -> dict[str, object]:
 def start_sleeper(seconds: float = 60) -> int:
     """A background process (started by this call, kept running after it); its pid."""
     pid = subprocess.Popen(["sleep", str(seconds)], start_new_session=True).pid
-    keep_processes(pid)  # else it would end with this call (sandbox_runtime._contain)
+    keep_processes(pid)  # else it would end with this call (sandbox_runtime.contain)
     return pid
 
 
