@@ -271,7 +271,7 @@ def _start_fork(
         if helper == 0:
             code = 1
             try:
-                # the runtime is not dumpable (sandbox_runtime.contain): its fork must be, until it has its id maps
+                # the runtime is not dumpable (contain): its fork must be, until it has its id maps
                 # (their files in /proc/<pid> belong to a dumpable process's own user)
                 _set_dumpable()
                 pid, maps = spawn_into_pid_namespace(

@@ -280,7 +280,7 @@ async def test_kill_all_from_a_fork_reaches_nothing_of_others(engine: LocalEngin
     first, second = await engine.fork(parent.id, 2)
     try:
         result = await call(first, "kill_everything")
-        # refused by the runtime's seccomp filter where the kernel has no Landlock (sandbox_runtime.contain)
+        # refused by the runtime's seccomp filter where the kernel has no Landlock
         assert (
             result["ok"] is True
             or "No such process" in result["error"]
