@@ -156,15 +156,16 @@ async def test_a_body_near_the_protocols_limit_goes_and_comes_back(
         assert result.text == text
 
 
-async def test_a_body_over_the_limit_is_the_runtimes_400_not_a_transport_error(
+async def test_a_body_over_the_limit_is_the_runtimes_413_not_a_transport_error(
     probe_runtime: RuntimeProcess,
 ) -> None:
     wire = WireClient(probe_runtime.url, headers={"Content-Type": "application/json"})
     try:
         body = orjson.dumps({"name": "echo", "arguments": {"text": "x" * (65 * 1024 * 1024)}})
         status, answer = await wire.request("POST", "/aenv/v1/call", body, timeout=60)
-        assert status == 400
-        assert b"64" in answer or b"body" in answer
+        assert status == 413  # RequestTooLargeError, typed (docs/errors.md)
+        assert b"RequestTooLargeError" in answer, answer[:400]
+        assert b"64" in answer, answer[:400]
     finally:
         await wire.aclose()
 
