@@ -37,7 +37,7 @@ From then on, in this process:
   children: ``RLIMIT_DATA`` per process, ``RLIMIT_NPROC`` (counted per user namespace, so per
   instance in an unprivileged engine; not enforced for the host's root).
 
-May import: the standard library only.
+May import: the standard library and ``sandbox_runtime.contain`` (its ``/proc`` readers).
 """
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from sandbox_runtime.contain import process_stat, wait_gone
 
 __all__ = [
     "InstanceLimits",
@@ -375,17 +377,6 @@ def _scope(line: bytes | None, *, work: bool) -> tuple[bytes, ...] | None:
     return (line, line + b"/work")
 
 
-def _stat(pid: str) -> tuple[int, int, bytes] | None:
-    """``(parent pid, start time in clock ticks since boot, state)`` of a process, or None."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return None
-    fields = data[data.rindex(b")") + 2 :].split()
-    return int(fields[1]), int(fields[19]), fields[0]
-
-
 def _in_scope(pid: str, scope: bytes | tuple[bytes, ...] | None) -> bool:
     if scope is None:
         return True
@@ -413,7 +404,7 @@ def kill_started_since(since: float, scope: bytes | tuple[bytes, ...] | None) ->
         table = {}
         for entry in os.listdir("/proc"):
             if entry.isdigit() and int(entry) not in (1, me):
-                stat = _stat(entry)
+                stat = process_stat(entry)
                 if stat is not None and stat[2] != b"Z":
                     table[int(entry)] = stat
         if scope is None and not whole_namespace:
@@ -445,15 +436,7 @@ def _wait_dead(pids: set[int], seconds: float = REAP_SECONDS) -> None:
     """Wait (up to ``seconds``) until killed processes have ended (gone, or zombies): their
     memory is free when the call that hit a limit returns (a killed process may take a while to
     end on a busy machine). Reaps none: the tool may still wait for its own children."""
-    deadline = time.monotonic() + seconds
-    left = set(pids)
-    while left and time.monotonic() < deadline:
-        for pid in list(left):
-            stat = _stat(str(pid))
-            if stat is None or stat[2] in (b"Z", b"X"):
-                left.discard(pid)
-        if left:
-            time.sleep(0.01)
+    wait_gone(pids, seconds, interval=0.01)
 
 
 def reap_killed() -> None:

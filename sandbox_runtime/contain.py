@@ -67,7 +67,7 @@ import signal
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,8 +75,10 @@ __all__ = [
     "Call",
     "Calls",
     "calls",
+    "process_stat",
     "protect",
     "seccomp_program",
+    "wait_gone",
     "within",
 ]
 
@@ -437,14 +439,9 @@ def _now_ticks() -> int:
     return int(time.clock_gettime(time.CLOCK_BOOTTIME) * _TICKS)
 
 
-def _last_pid() -> int | None:
-    with contextlib.suppress(OSError, ValueError), open("/proc/sys/kernel/ns_last_pid", "rb") as f:
-        return int(f.read())
-    return None
-
-
-def _stat(pid: str) -> tuple[int, int, bytes] | None:
-    """(ppid, start time in ticks, state) of ``pid``, or None once it is gone."""
+def process_stat(pid: str) -> tuple[int, int, bytes] | None:
+    """``(parent pid, start time in clock ticks since boot, state)`` of a process, or None once
+    it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             data = handle.read()
@@ -452,6 +449,26 @@ def _stat(pid: str) -> tuple[int, int, bytes] | None:
         return None
     fields = data[data.rindex(b")") + 2 :].split()
     return int(fields[1]), int(fields[19]), fields[0]
+
+
+def wait_gone(pids: Iterable[int], seconds: float, *, interval: float) -> None:
+    """Wait (up to ``seconds``, looking every ``interval``) until every process of ``pids`` is
+    gone or a zombie. Reaps none."""
+    deadline = time.monotonic() + seconds
+    waiting = set(pids)
+    while waiting and time.monotonic() < deadline:
+        for pid in list(waiting):
+            found = process_stat(str(pid))
+            if found is None or found[2] in (b"Z", b"X"):
+                waiting.discard(pid)
+        if waiting:
+            time.sleep(interval)
+
+
+def _last_pid() -> int | None:
+    with contextlib.suppress(OSError, ValueError), open("/proc/sys/kernel/ns_last_pid", "rb") as f:
+        return int(f.read())
+    return None
 
 
 @dataclass(eq=False)
@@ -497,7 +514,7 @@ class Calls:
                     call.keep = True
                     self._kept_calls.append(call)
             return
-        stat = _stat(str(pid))
+        stat = process_stat(str(pid))
         if stat is not None:
             with self._lock:
                 self._kept_pids.add((pid, stat[1]))
@@ -541,7 +558,7 @@ class Calls:
         table: dict[int, tuple[int, int, bytes]] = {}
         for entry in os.listdir("/proc"):
             if entry.isdigit() and int(entry) not in (1, self.me):
-                stat = _stat(entry)
+                stat = process_stat(entry)
                 if stat is not None:
                     table[int(entry)] = stat
         if not self.whole_namespace:
@@ -613,15 +630,7 @@ class Calls:
     def _wait_dead(self, killed: dict[int, int]) -> None:
         """Until every killed process is gone or a zombie; as pid 1 (a pod's runtime), reap
         them: orphans come to pid 1, and no one else would."""
-        deadline = time.monotonic() + _DEATH_WAIT
-        waiting = set(killed)
-        while waiting and time.monotonic() < deadline:
-            for pid in list(waiting):
-                stat = _stat(str(pid))
-                if stat is None or stat[2] in (b"Z", b"X"):
-                    waiting.discard(pid)
-            if waiting:
-                time.sleep(0.002)
+        wait_gone(killed, _DEATH_WAIT, interval=0.002)
         if self.me != 1:
             return  # our own children are their Popen's to reap; orphans are pid 1's
         for pid, ppid in killed.items():
