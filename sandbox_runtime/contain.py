@@ -465,9 +465,26 @@ def wait_gone(pids: Iterable[int], seconds: float, *, interval: float) -> None:
             time.sleep(interval)
 
 
+_LAST_PID_FILE: tuple[int, int] | None = None  # (the pid that opened it, its descriptor)
+
+
 def _last_pid() -> int | None:
-    with contextlib.suppress(OSError, ValueError), open("/proc/sys/kernel/ns_last_pid", "rb") as f:
-        return int(f.read())
+    """The last pid this pid namespace handed out. Read twice a call: the file stays open (a
+    ``pread`` is an eighth of an open, read and close), opened again in a forked process (whose
+    inherited descriptor may have been closed and its number reused) or after a failed read."""
+    global _LAST_PID_FILE
+    for _ in range(2):
+        opened = _LAST_PID_FILE
+        try:
+            if opened is None or opened[0] != os.getpid():
+                flags = os.O_RDONLY | os.O_CLOEXEC
+                opened = _LAST_PID_FILE = (
+                    os.getpid(),
+                    os.open("/proc/sys/kernel/ns_last_pid", flags),
+                )
+            return int(os.pread(opened[1], 32, 0))
+        except (OSError, ValueError):
+            _LAST_PID_FILE = None
     return None
 
 
