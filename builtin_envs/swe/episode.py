@@ -306,10 +306,15 @@ class Episode:
     def _git(self, args: Sequence[str], cwd: str, timeout: float = 600) -> CommandResult:
         """The runtime's own git call: in the datasource container, or here (trusted: only on
         sources and on a repository the agent has not touched yet)."""
+        return self._trusted(["git", *args], cwd, timeout)
+
+    def _trusted(self, command: list[str], cwd: str, timeout: float) -> CommandResult:
+        """Run one of the runtime's own commands (:meth:`_git`, :meth:`_sh`): in the datasource
+        container, or here with the runtime's environment for git, output and errors together."""
         if self.settings.datasource:
-            return self.sandbox.run(["git", *args], cwd=cwd, timeout=timeout)
+            return self.sandbox.run(command, cwd=cwd, timeout=timeout)
         completed = subprocess.run(
-            ["git", *args],
+            command,
             cwd=cwd,
             env=_git_env(self.private),
             stdin=subprocess.DEVNULL,
@@ -629,19 +634,7 @@ class Episode:
 
     def _sh(self, script: str, *args: str, timeout: float = 600) -> CommandResult:
         """The runtime's own shell command (trusted: on files only, never the agent's code)."""
-        if self.settings.datasource:
-            return self.sandbox.run(["sh", "-c", script, "sh", *args], cwd="/", timeout=timeout)
-        completed = subprocess.run(
-            ["sh", "-c", script, "sh", *args],
-            cwd="/",
-            env=_git_env(self.private),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            timeout=timeout,
-            check=False,
-        )
-        return CommandResult(completed.returncode, completed.stdout.decode(errors="replace"))
+        return self._trusted(["sh", "-c", script, "sh", *args], "/", timeout)
 
     def grade(self, strict: bool = True) -> dict[str, Any]:
         """Grade the episode: the reward's answer.
