@@ -32,17 +32,6 @@ app = typer.Typer(
 )
 
 
-def _state_dir() -> Path:
-    from aenv_ray.settings import get_settings
-
-    configured = get_settings().state_dir
-    if configured:
-        return Path(configured)
-    import platformdirs
-
-    return Path(platformdirs.user_state_dir("aenv-ray")) / "engine"
-
-
 async def _on_hub(client: Any, op: str, arg: Any, **kw: Any) -> Any:
     if op == "create":
         return await client.create_instance(arg[0], **kw)
@@ -87,20 +76,21 @@ def _call(op: str, arg: Any, **kw: Any) -> Any:
 
             async with HubClient(settings.system_url, api_key=settings.api_key) as client:
                 return await _on_hub(client, op, arg, **kw)
-        if settings.engine == "kubernetes":
-            from aenv_ray.engine import new_engine
+        from aenv_ray.engine import new_engine
 
-            cluster = new_engine(
+        if settings.engine == "kubernetes":
+            engine = new_engine(
                 "kubernetes", session=False, reaper=False, env_path=settings.env_path
             )
-            try:
-                return await _on_engine(cluster, op, arg, **kw)
-            finally:
-                await cluster.aclose()
-        from local_backend.client import DaemonEngine
-
-        async with DaemonEngine(_state_dir(), env_path=settings.env_path) as engine:
+        elif settings.engine in ("local", "daemon"):
+            # instances outlive this command: the local engine's daemon (AENV_STATE_DIR)
+            engine = new_engine("daemon")
+        else:
+            engine = new_engine(settings.engine)
+        try:
             return await _on_engine(engine, op, arg, **kw)
+        finally:
+            await engine.aclose()
 
     try:
         return asyncio.run(main())

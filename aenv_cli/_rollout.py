@@ -27,7 +27,7 @@ from rich.progress import (
 from rich.table import Table
 
 from aenv_cli._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, die, pairs
-from aenv_ray.engine import ENGINES
+from aenv_ray.engine import check_engine_name
 
 __all__ = ["register"]
 
@@ -95,8 +95,8 @@ def rollout_command(
     engine: Annotated[
         str | None,
         typer.Option(
-            help="the engine of the Ray pool's instances: local or kubernetes "
-            "(default: AENV_ENGINE, else local)"
+            help="the engine of the Ray pool's instances: local, daemon, kubernetes or another "
+            "installed engine (default: AENV_ENGINE, else local)"
         ),
     ] = None,
     force: Annotated[
@@ -121,8 +121,8 @@ def rollout_command(
         die("--base-url needs --model", EXIT_USAGE)
     if base_url is None and (temperature is not None or logprobs):
         die("--temperature and --logprobs are settings of --base-url/--model", EXIT_USAGE)
-    if engine is not None and engine not in ENGINES:
-        die(f"unknown engine `{engine}`: use one of {', '.join(ENGINES)}", EXIT_USAGE)
+    if engine is not None:
+        check_engine_name(engine)  # a ConfigurationError: exit 2
     variables = pairs(env_var or [], "--env", from_environment=True)
     console = Console(stderr=True)
     with contextlib.ExitStack() as stack:

@@ -4,7 +4,7 @@ Keys are managed on the hub's machine, straight in its store (``--store``, the s
 hub uses): whoever can write the store is the hub's administrator. The hub's code (FastAPI,
 uvicorn, the stores) is imported inside the commands only.
 
-May import: typer, ``aenv_ray``; inside commands: ``envhub``, ``local_backend``.
+May import: typer, ``aenv_ray``; inside commands: ``envhub`` (engines are made by name).
 """
 
 from __future__ import annotations
@@ -73,10 +73,10 @@ def serve(
         str,
         typer.Option(
             help="daemon: the local engine in an engine daemon of its own (instances outlive a "
-            "hub restart; `local` is its old name); inprocess: the local engine in this process "
-            "(instances end with it); kubernetes: pods in the cluster of KUBECONFIG or of the "
-            "hub's service account (AENV_K8S_NAMESPACE, AENV_K8S_IMAGE_PREFIX; pods outlive a "
-            "hub restart)"
+            "hub restart); local: the local engine in this process (instances end with it); "
+            "kubernetes: pods in the cluster of KUBECONFIG or of the hub's service account "
+            "(AENV_K8S_NAMESPACE, AENV_K8S_IMAGE_PREFIX; pods outlive a hub restart); or "
+            "another installed engine"
         ),
     ] = "daemon",
     max_bundle: Annotated[str, typer.Option(help="largest bundle accepted, e.g. 64M")] = "64M",
@@ -181,6 +181,7 @@ def serve(
     configure_logging(log_level.upper())
     root = _data_dir(data_dir)
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    engine = _engine_name(engine)
     warm_pools = _warm_pools(warm or [], engine)
     from envhub.seal import SECRET_ENV, hub_secret
 
@@ -243,29 +244,40 @@ def _warm_pools(given: list[str], engine: str) -> dict[str, int]:
     return pools
 
 
-def _engine(kind: str, root: Path, limits: Any) -> Any:
-    """The hub's sandbox engine: ``daemon``, the local engine in its daemon under ``root/engine``
-    (instances outlive a hub restart); ``inprocess``, a local engine in this process;
-    ``kubernetes``, pods (outliving the hub; the reaper ends expired ones), their templates
-    checked against what any tenant of ``limits`` may set (the hub checks each tenant's own)."""
-    if kind in ("daemon", "local"):  # `local`: the old name, kept for scripts
-        from local_backend.client import DaemonEngine
+_RENAMED = {"inprocess": "local"}
+"""Engine names ``aenv serve`` took before every command used one set (a note says the new one)."""
 
-        return DaemonEngine(root / "engine")
-    if kind == "inprocess":
-        from local_backend import LocalEngine
 
-        return LocalEngine()
-    if kind == "kubernetes":
-        from aenv_ray.engine import new_engine
+def _engine_name(given: str) -> str:
+    """``--engine``'s value as an engine name; an old spelling is taken with a note, an unknown
+    name exits 2 listing the engines there are."""
+    from aenv_ray.engine import check_engine_name
+    from aenv_ray.errors import ConfigurationError
 
-        # pods outlive the hub, found by id
+    name = _RENAMED.get(given, given)
+    if name != given:
+        print(f"aenv serve: --engine {given} is now --engine {name}", file=sys.stderr)
+    try:
+        return check_engine_name(name)
+    except ConfigurationError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--engine") from None
+
+
+def _engine(name: str, root: Path, limits: Any) -> Any:
+    """The hub's sandbox engine, by name (:func:`aenv_ray.engine.new_engine`): ``daemon``, the
+    local engine in its daemon under ``root/engine`` (instances outlive a hub restart);
+    ``local``, the local engine in this process; ``kubernetes``, pods (outliving the hub; the
+    reaper ends expired ones), their templates checked against what any tenant of ``limits``
+    may set (the hub checks each tenant's own); another installed engine with no options."""
+    from aenv_ray.engine import new_engine
+
+    if name == "daemon":
+        return new_engine("daemon", state_dir=root / "engine", env_path=None)
+    if name == "kubernetes":  # pods outlive the hub, found by id
         return new_engine(
             "kubernetes", session=False, pod_template_policy=limits.engine_pod_policy()
         )
-    raise typer.BadParameter(
-        f"`{kind}`: use daemon, inprocess or kubernetes", param_hint="--engine"
-    )
+    return new_engine(name)
 
 
 def _safe(url: str) -> str:

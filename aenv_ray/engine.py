@@ -1,9 +1,11 @@
 """The sandbox engine contract: what creates, tracks and destroys environment instances.
 
 Every engine (the local engine in ``local_backend``, the Kubernetes engine in
-``k8s_backend``) implements :class:`SandboxEngine`; nothing above it (the SDK, pools, EnvHub)
-knows which one runs. Values crossing the boundary are small frozen dataclasses, so engines can
-live in another process (the local engine daemon, EnvHub) behind the same contract.
+``k8s_backend``, a third party's) implements :class:`SandboxEngine`; nothing above it (the SDK,
+pools, EnvHub) knows which one runs: an engine is made by name (:func:`new_engine`), through the
+``aenv_ray.engines`` entry points. Values crossing the boundary are small frozen dataclasses,
+so engines can live in another process (the local engine daemon, EnvHub) behind the same
+contract.
 
 An instance moves ``PENDING -> RUNNING -> TERMINATED``; a terminated instance keeps its
 :class:`TerminationReason` and a human-readable ``detail`` for as long as the engine remembers it.
@@ -29,7 +31,7 @@ from aenv_ray.errors import ConfigurationError, InstanceUnreachableError
 
 __all__ = [
     "DEFAULT_TTL",
-    "ENGINES",
+    "ENGINE_GROUP",
     "InstanceInfo",
     "InstanceSpec",
     "InstanceState",
@@ -41,7 +43,9 @@ __all__ = [
     "TerminationReason",
     "WarmCount",
     "WarmPoolEngine",
+    "check_engine_name",
     "default_engine",
+    "engine_names",
     "info_from_json",
     "info_to_json",
     "instance_ttl",
@@ -368,55 +372,81 @@ _default_engine: SandboxEngine | None = None
 _named: dict[str, SandboxEngine] = {}
 _default_lock = threading.Lock()
 
-ENGINES = ("local", "kubernetes")
-"""The engines a name selects (``engine="kubernetes"``, ``AENV_ENGINE``)."""
+ENGINE_GROUP = "aenv_ray.engines"
+"""The entry-point group engines are registered in: a name, and the factory that makes the engine
+(called with :func:`new_engine`'s ``options``). aenv-ray registers ``local`` (the local engine in
+this process), ``daemon`` (the local engine in its daemon: instances outlive the process) and
+``kubernetes``; a third-party engine registers itself the same way, in its own ``pyproject.toml``::
+
+    [project.entry-points."aenv_ray.engines"]
+    docker = "my_engine:DockerEngine"
+"""
+
+
+def _engine_entry_points() -> dict[str, Any]:
+    """``{name: entry point}`` of :data:`ENGINE_GROUP` (read once per process)."""
+    from aenv_ray._entry_points import entry_points_of
+
+    return entry_points_of(ENGINE_GROUP)
+
+
+def engine_names() -> tuple[str, ...]:
+    """The names :func:`new_engine` knows (every installed engine), sorted.
+
+    >>> {"local", "daemon", "kubernetes"} <= set(engine_names())
+    True
+    """
+    return tuple(sorted(_engine_entry_points()))
+
+
+def check_engine_name(name: str) -> str:
+    """``name`` when an installed engine has it; else a
+    :class:`~aenv_ray.errors.ConfigurationError` listing the names there are.
+
+        >>> check_engine_name("docker")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        aenv_ray.errors.ConfigurationError: unknown engine `docker`: use one of daemon, ...
+    """
+    if name not in _engine_entry_points():
+        raise ConfigurationError(_unknown_engine(name))
+    return name
+
+
+def _unknown_engine(name: str) -> str:
+    known = ", ".join(engine_names()) or "none (no engine is installed: `pip install aenv-ray`)"
+    return (
+        f"unknown engine `{name}`: use one of {known} (an engine of another package is found "
+        "once that package is installed)"
+    )
 
 
 def new_engine(name: str, **options: Any) -> SandboxEngine:
-    """A new engine of kind ``name`` (one of :data:`ENGINES`), configured from the settings
-    (``AENV_K8S_NAMESPACE``, ``AENV_K8S_IMAGE_PREFIX``, ``AENV_K8S_DELIVERY`` with
-    ``AENV_K8S_HUB_URL``, ``AENV_K8S_HUB_KEY`` and ``AENV_K8S_RUNTIME_IMAGE``, ``KUBECONFIG``)
-    and ``options``, the engine class's keyword arguments, which win. The SDK, pools and the
-    CLI choose engines through this function only: the engines' packages are imported here,
-    lazily, when one is made.
+    """A new engine named ``name`` (one of :func:`engine_names`), made by the factory registered
+    under that name in the :data:`ENGINE_GROUP` entry points with ``options`` (the engine's
+    keyword arguments). Each factory reads its own settings for what ``options`` leave out
+    (the Kubernetes engine: ``AENV_K8S_NAMESPACE``, ``AENV_K8S_DELIVERY``, ``KUBECONFIG``, ...;
+    the daemon: ``AENV_STATE_DIR``). The SDK, pools, the hub and the CLI choose engines through
+    this function: ``aenv_ray`` imports no engine itself.
 
-        >>> new_engine("docker")
+        >>> new_engine("docker")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        aenv_ray.errors.ConfigurationError: unknown engine `docker`: use one of local, kubernetes
+        aenv_ray.errors.ConfigurationError: unknown engine `docker`: use one of daemon, ...
     """
-    if name == "local":
-        from local_backend import LocalEngine
-
-        return LocalEngine(**options)
-    if name == "kubernetes":
-        from aenv_ray.settings import get_settings
-        from k8s_backend import HostProcess, HubBundle, KubernetesEngine, OwnImage
-
-        settings = get_settings()
-        options.setdefault("namespace", settings.k8s_namespace or None)
-        if "delivery" not in options:
-            if settings.k8s_delivery == "host":
-                options["delivery"] = HostProcess()
-            elif settings.k8s_delivery == "bundle":
-                if not settings.k8s_hub_url:
-                    raise ConfigurationError(
-                        "AENV_K8S_DELIVERY=bundle needs EnvHub's URL as the pods reach it "
-                        "(e.g. http://envhub.aenv.svc:8080): set AENV_K8S_HUB_URL"
-                    )
-                options["delivery"] = HubBundle(
-                    settings.k8s_hub_url,
-                    settings.k8s_hub_key,
-                    image=settings.k8s_runtime_image or None,
-                )
-            elif settings.k8s_runtime_image:
-                options["delivery"] = OwnImage(
-                    settings.k8s_image_prefix, runtime_image=settings.k8s_runtime_image
-                )
-            else:
-                options["delivery"] = OwnImage(settings.k8s_image_prefix)
-        return KubernetesEngine(**options)
-    raise ConfigurationError(f"unknown engine `{name}`: use one of {', '.join(ENGINES)}")
+    entry = _engine_entry_points().get(name)
+    if entry is None:
+        raise ConfigurationError(_unknown_engine(name))
+    try:
+        factory = entry.load()
+    except ImportError as exc:
+        missing = f"`{exc.name}`" if exc.name else "a module"
+        raise ConfigurationError(
+            f"engine `{name}` ({entry.value}) needs {missing}, which is not installed: install "
+            f"the extra that brings it (pip install 'aenv-ray[{name}]') or the engine's package"
+        ) from exc
+    engine = factory(**options)
+    return engine  # type: ignore[no-any-return]
 
 
 def named_engine(name: str) -> SandboxEngine:

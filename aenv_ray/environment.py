@@ -42,12 +42,12 @@ from aenv_ray._origin import Attached, Engined, Origin, RunServer
 from aenv_ray._transport import InstanceClient
 from aenv_ray.config import parse_duration
 from aenv_ray.engine import (
-    ENGINES,
     InstanceInfo,
     InstanceSpec,
     Route,
     SandboxEngine,
     TerminationReason,
+    check_engine_name,
     default_engine,
     named_engine,
 )
@@ -175,10 +175,8 @@ class Environment:
         self._declared: dict[str, Any] = {}  # timeouts the runtime's tools and functions declare
         self._tool_names: set[str] = set()  # from /aenv/v1/info: maps OpenAI names back
         self._openai_names: OpenAINames | None = None
-        if isinstance(engine, str) and engine not in ENGINES:
-            raise ConfigurationError(
-                f"unknown engine `{engine}`: use one of {', '.join(ENGINES)}, or pass an engine"
-            )
+        if isinstance(engine, str):
+            check_engine_name(engine)  # ConfigurationError naming the engines there are
         self._engine = engine
         self._project: Path | None = None
         self._origin: Origin | None = None  # where the instance comes from: chosen once

@@ -38,6 +38,7 @@ __all__ = [
     "DefinitionRegistry",
     "Kind",
     "Registered",
+    "ToolListing",
     "current_registry",
     "default_registry",
     "register_function",
@@ -47,6 +48,8 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+ToolListing = Callable[[], "list[dict[str, Any]] | None"]
+"""A tool listing of :meth:`DefinitionRegistry.set_tool_listing`: the tools on now, or None."""
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 RESERVED_NAMES = frozenset({"list", "reward", "health", "info", "tools"})
@@ -101,6 +104,27 @@ class DefinitionRegistry:
         self.functions: dict[str, Registered] = {}
         self.reward: Registered | None = None
         self.health: Registered | None = None
+        self.tool_listing: ToolListing | None = None
+        """What the runtime lists as the tools now (:meth:`set_tool_listing`); None: the
+        registered tools."""
+
+    def set_tool_listing(self, listing: ToolListing | None) -> None:
+        """List the tools that are on *now*, for a tool set that changes while the environment
+        runs (as FastMCP's ``add_tool``/``remove_tool`` change a server's): the runtime answers
+        ``GET /aenv/v1/tools`` (what ``Environment.list_tools`` asks) with ``listing()`` at each
+        request, each tool as :meth:`Registered.describe` describes one (``name``,
+        ``description``, ``inputSchema``); ``listing()`` returning None, or raising, lists the
+        registered tools. Calls still go to :attr:`tools` by name, so every name the listing
+        may show must be registered (tau2 registers every domain's tools and lists the active
+        domain's). Call it while the project loads, on :func:`current_registry`; ``None``
+        goes back to the registered tools.
+
+            >>> reg = DefinitionRegistry()
+            >>> reg.set_tool_listing(lambda: [{"name": "a", "description": "", "inputSchema": {}}])
+            >>> reg.tool_listing()[0]["name"]
+            'a'
+        """
+        self.tool_listing = listing
 
     def __len__(self) -> int:
         return (

@@ -2,7 +2,10 @@
 
 Built-in environments come first, then every directory on ``AENV_ENV_PATH`` (colon-separated),
 each holding project directories with a ``config.json`` (or being one). A bare ``name`` means
-its highest version.
+its highest version. The built-ins are found through the ``aenv_ray.builtins`` entry points
+(:data:`BUILTINS_GROUP`): each names a callable returning ``{"name@version": project_dir}``
+(aenv-ray's own is ``builtin_envs.builtin_refs``), so another package ships environments the
+same way.
 
 A project whose ``config.json`` cannot be read, is not JSON or names no valid ``name@version``
 is **broken**: it names no environment, so lookups pass it by, but it is not forgotten. A
@@ -20,7 +23,20 @@ from pathlib import Path
 from aenv_ray.envref import EnvRef, closest
 from aenv_ray.errors import ConfigurationError, EnvironmentNotFoundError
 
-__all__ = ["available_environments", "broken_environments", "resolve_environment"]
+__all__ = [
+    "BUILTINS_GROUP",
+    "available_environments",
+    "broken_environments",
+    "builtin_environments",
+    "resolve_environment",
+]
+
+BUILTINS_GROUP = "aenv_ray.builtins"
+"""The entry-point group of the packages that ship environments (see the module's docstring)::
+
+    [project.entry-points."aenv_ray.builtins"]
+    my-envs = "my_envs:environments"
+"""
 
 _SHOWN_BROKEN = 3  # broken projects a not-found message names (then "and N more")
 
@@ -47,17 +63,39 @@ def _read_ref(config: Path) -> str:
         raise ConfigurationError(f"{config}: {exc}") from exc
 
 
+def builtin_environments() -> dict[str, Path]:
+    """``{"name@version": project_dir}`` of every installed package's built-in environments
+    (:data:`BUILTINS_GROUP`), in the order of the entry points' names; an earlier one wins a
+    name two packages have.
+
+        >>> "tau2@1.0.0" in builtin_environments()
+        True
+    """
+    from aenv_ray._entry_points import entry_points_of
+
+    found: dict[str, Path] = {}
+    for entry in entry_points_of(BUILTINS_GROUP).values():
+        try:
+            refs = entry.load()()
+        except ImportError as exc:
+            raise ConfigurationError(
+                f"the built-in environments of `{entry.name}` ({entry.value}) cannot be "
+                f"imported: {exc}; reinstall that package"
+            ) from exc
+        for ref, project in refs.items():
+            found.setdefault(str(ref), Path(project))
+    return found
+
+
 def _scan(env_path: str | None) -> tuple[dict[str, Path], dict[Path, str]]:
     """The environments on ``env_path`` (after the built-ins) and its broken projects:
     ``({"name@version": project_dir}, {config.json: what is wrong})``."""
-    from builtin_envs import builtin_refs
-
     if env_path is None:
         from aenv_ray.settings import get_settings
 
         env_path = get_settings().env_path
 
-    found: dict[str, Path] = dict(builtin_refs())
+    found: dict[str, Path] = builtin_environments()
     broken: dict[Path, str] = {}
     for entry in filter(None, env_path.split(os.pathsep)):
         base = Path(entry).expanduser()

@@ -75,10 +75,11 @@ class Settings(BaseSettings):
         description="remote mode: call instances directly (auto: when reachable) or through "
         "the hub's proxy",
     )
-    engine: Literal["local", "kubernetes"] = Field(
+    engine: str = Field(
         default="local",
-        description="the engine that creates instances when no hub is configured: local (this "
-        "machine) or kubernetes",
+        description="the engine that creates instances when no hub is configured, by name "
+        "(aenv_ray.engine.engine_names): local (in this process), daemon (the local engine's "
+        "daemon), kubernetes, or another installed engine",
     )
     k8s_namespace: str = Field(
         default="", description="kubernetes engine: the namespace (default: the kubeconfig's)"

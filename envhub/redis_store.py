@@ -12,7 +12,7 @@ Durability is the server's (``appendonly yes`` keeps writes across restarts). Ev
 exception leaves as a :class:`~aenv_ray.errors.StoreError` naming the server (never its
 password) and saying what to do.
 
-May import: redis, ``aenv_ray.errors``, ``envhub.store``.
+May import: redis, ``aenv_ray.errors``, ``envhub.document``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import RedisError
 
 from aenv_ray.errors import StoreError
-from envhub.store import Document
+from envhub.document import Document
 
 __all__ = ["RedisStore"]
 

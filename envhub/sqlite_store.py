@@ -10,7 +10,7 @@ two processes (two hub servers) share one file: :meth:`SQLiteStore.create` is an
 connection; the event loop never waits on the disk. Every ``sqlite3`` error leaves as a
 :class:`~aenv_ray.errors.StoreError` that names the file and says what to do.
 
-May import: the standard library, ``aenv_ray.errors``, ``envhub.store``.
+May import: the standard library, ``aenv_ray.errors``, ``envhub.document``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import TypeVar
 from urllib.parse import quote
 
 from aenv_ray.errors import StoreError
-from envhub.store import Document
+from envhub.document import Document
 
 __all__ = ["SQLiteStore"]
 

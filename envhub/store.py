@@ -29,16 +29,13 @@ from __future__ import annotations
 
 import builtins
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 from urllib.parse import unquote, urlparse
 
 from aenv_ray.errors import ConfigurationError
+from envhub.document import Document
 
 __all__ = ["Document", "Store", "default_store_url", "open_store"]
-
-Document = dict[str, Any]
-"""A JSON object (what ``json.dumps`` accepts: str keys; str, int, float, bool, None, lists and
-dicts as values)."""
 
 
 @runtime_checkable

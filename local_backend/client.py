@@ -60,7 +60,7 @@ from aenv_ray.errors import (
 from local_backend.daemon import SOCKET_NAME
 from local_backend.engine import host_warnings
 
-__all__ = ["DaemonEngine"]
+__all__ = ["DaemonEngine", "daemon_engine", "default_state_dir"]
 
 LOG_NAME = "daemon.log"
 _BASE = "http://engine"  # the host is ignored: every connection goes to the Unix socket
@@ -416,6 +416,31 @@ class DaemonEngine:
         if status >= 400:
             raise _error(data, status, instance_id=instance_id, env_name=env_name)
         return data
+
+
+def default_state_dir() -> Path:
+    """Where the engine daemon of this user lives when nothing names one: ``AENV_STATE_DIR``,
+    else ``engine`` in the user state directory (``aenv instance`` and ``new_engine("daemon")``
+    share it)."""
+    from aenv_ray.settings import get_settings
+
+    configured = get_settings().state_dir
+    if configured:
+        return Path(configured)
+    import platformdirs
+
+    return Path(platformdirs.user_state_dir("aenv-ray")) / "engine"
+
+
+def daemon_engine(state_dir: str | Path | None = None, **options: Any) -> DaemonEngine:
+    """``new_engine("daemon")`` (registered under ``daemon`` in the ``aenv_ray.engines`` entry
+    points): a :class:`DaemonEngine` on ``state_dir`` (default :func:`default_state_dir`), its
+    ``env_path`` the ``AENV_ENV_PATH`` setting unless ``options`` give one."""
+    if "env_path" not in options:
+        from aenv_ray.settings import get_settings
+
+        options["env_path"] = get_settings().env_path
+    return DaemonEngine(default_state_dir() if state_dir is None else state_dir, **options)
 
 
 def _check_owner(state_dir: Path) -> None:

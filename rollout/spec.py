@@ -14,7 +14,13 @@ from typing import Any
 
 from aenv_ray import Environment
 from aenv_ray.config import parse_duration
-from aenv_ray.engine import ENGINES, InstanceInfo, InstanceSpec, SandboxEngine, new_engine
+from aenv_ray.engine import (
+    InstanceInfo,
+    InstanceSpec,
+    SandboxEngine,
+    engine_names,
+    new_engine,
+)
 from aenv_ray.errors import ConfigurationError
 
 __all__ = ["EngineFactory", "HubEngine", "PoolSpec"]
@@ -68,12 +74,13 @@ class PoolSpec:
             raise ConfigurationError(
                 f"pool `{self.name}`: lease_timeout and startup_timeout must be positive seconds"
             )
-        names = " or ".join(repr(n) for n in ENGINES)
+        known = engine_names()
+        names = " or ".join(repr(n) for n in known)
         if not isinstance(self.engine, str) and not callable(self.engine):
             raise ConfigurationError(
                 f"pool `{self.name}`: engine must be {names} or a zero-argument engine factory"
             )
-        if isinstance(self.engine, str) and self.engine not in ENGINES:
+        if isinstance(self.engine, str) and self.engine not in known:
             raise ConfigurationError(
                 f"pool `{self.name}`: unknown engine {self.engine!r}; use {names} or pass a "
                 "zero-argument callable that returns a SandboxEngine"

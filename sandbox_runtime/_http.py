@@ -224,6 +224,20 @@ class RuntimeApp:
         self._info_pid = 0
         self.preview = PreviewRoute()
 
+    def _tools_bytes(self) -> bytes:
+        """``GET /aenv/v1/tools``: the registry's tool listing when it set one
+        (:meth:`~aenv_ray.registry.DefinitionRegistry.set_tool_listing`: a tool set that follows
+        the environment's state), else the tools registered at load (serialized once)."""
+        listing = self.dispatcher.registry.tool_listing
+        if listing is None:
+            return self._tools_payload
+        try:
+            tools = listing()
+            return self._tools_payload if tools is None else orjson.dumps({"tools": tools})
+        except Exception:  # the environment's code: its listing failing lists what is registered
+            log.exception("the environment's tool listing failed; listing the registered tools")
+            return self._tools_payload
+
     def set_token(self, token: str | None) -> None:
         """Require ``Authorization: Bearer token`` on every request (None: require nothing)."""
         self._authorization = f"Bearer {token}".encode() if token else None
@@ -361,7 +375,7 @@ class RuntimeApp:
                 await self._mcp_lifespan.started()
                 await self.mcp_app(scope, receive, send)
         elif path == p.FAST_TOOLS_PATH and method == "GET":
-            await _send_raw(send, self._tools_payload)
+            await _send_raw(send, self._tools_bytes())
         elif path == p.FAST_INFO_PATH and method == "GET":
             await _send_raw(send, self._info_bytes())
         elif path == p.PREVIEW_PATH and method == "GET":

@@ -70,7 +70,7 @@ class HubProcess:
     """``aenv serve`` on a fixed free port (kept across :meth:`restart`), its own data dir;
     ``nofile`` caps its open files.
 
-    ``engine="local"`` runs instances in a local engine daemon under ``data_dir/engine`` that
+    ``engine="daemon"`` runs instances in a local engine daemon under ``data_dir/engine`` that
     outlives the hub (what a restart test needs); :meth:`close` stops that daemon too.
     """
 
@@ -80,7 +80,7 @@ class HubProcess:
         *,
         store: str | None = None,
         auth: bool = True,
-        engine: str = "inprocess",
+        engine: str = "local",
         extra: list[str] | None = None,
         env: dict[str, str] | None = None,
         nofile: int | None = None,
@@ -167,7 +167,7 @@ class HubProcess:
 
     def close(self) -> None:
         self.stop()
-        if self.engine == "local":  # the daemon outlives the hub: stop it and its instances
+        if self.engine == "daemon":  # the daemon outlives the hub: stop it and its instances
             from local_backend.client import DaemonEngine
 
             engine = DaemonEngine(self.data_dir / "engine")

@@ -114,7 +114,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubProcess]:
     proc = HubProcess(
         tmp_path_factory.mktemp("hub"),
         auth=False,
-        engine="inprocess",
+        engine="local",
         extra=["--datasource-root", str(root)],
     )
     with proc:

@@ -60,7 +60,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
     proc = HubProcess(
         tmp_path_factory.mktemp("hub"),
         auth=True,
-        engine="inprocess",
+        engine="local",
         extra=["--auth-failures", "200"],
     )
     alice, bob = new_key("alice", proc.store), new_key("bob", proc.store)

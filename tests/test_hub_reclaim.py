@@ -64,7 +64,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[HubProcess, 
     """A hub on the engine daemon (which outlives it), and alice's key; quota BURST."""
     tmp = tmp_path_factory.mktemp("reclaim")
     (tmp / "limits.json").write_text(json.dumps(LIMITS))
-    process = HubProcess(tmp / "hub", engine="local", extra=["--limits", str(tmp / "limits.json")])
+    process = HubProcess(tmp / "hub", engine="daemon", extra=["--limits", str(tmp / "limits.json")])
     key = asyncio.run(_new_key(process.store))
     with process:
         yield process, key

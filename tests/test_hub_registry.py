@@ -464,7 +464,7 @@ async def test_a_restarted_hub_keeps_versions_and_live_instances_and_reaps_expir
     keys = await _keys(store)
     name = unique("durable")
     bundle = build_bundle(make_project(tmp_path, name))
-    with HubProcess(tmp_path / "hub", store=store, engine="local") as process:
+    with HubProcess(tmp_path / "hub", store=store, engine="daemon") as process:
         async with HubClient(process.url, api_key=keys["alice"]) as client:
             await client.push(bundle.data)
             keeper = await client.create_instance(f"{name}@1.0.0", ttl="1h")

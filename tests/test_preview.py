@@ -260,7 +260,7 @@ async def test_local_engine_preview_needs_no_token_and_shows_none() -> None:
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[HubProcess, str]]:
-    proc = HubProcess(tmp_path_factory.mktemp("hub"), auth=True, engine="inprocess")
+    proc = HubProcess(tmp_path_factory.mktemp("hub"), auth=True, engine="local")
     key = new_key("alice", proc.store)
     with proc:
         yield proc, key

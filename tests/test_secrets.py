@@ -59,7 +59,7 @@ async def test_nothing_of_the_hub_or_its_store_is_readable_in_an_instance(
     env = {"AENV_HUB_STORE": url, "OPENAI_API_KEY": canary, "AWS_SECRET_ACCESS_KEY": canary}
     control = uuid.uuid4().hex
     # engine "local": the hub's engine daemon, started by the hub with its environment
-    with HubProcess(tmp_path / "hub", store=url, engine="local", env=env) as hub:
+    with HubProcess(tmp_path / "hub", store=url, engine="daemon", env=env) as hub:
         status, _, doc = await raw(
             "POST",
             f"{hub.url}/v1/instances",

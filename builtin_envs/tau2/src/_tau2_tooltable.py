@@ -1,43 +1,38 @@
-"""A tool set that follows the episode's domain, on a runtime whose tool set is fixed at load.
+"""A tool set that follows the episode's domain.
 
-The runtime looks a tool up by name on every call (``registry.tools.get(name)``) but serializes
-its listing once, when it builds its server (``RuntimeApp._tools_payload``, in the template
-process: every instance forked from it inherits those bytes). tau2's tools change with the
+The runtime looks a tool up by name on every call (``registry.tools.get(name)``) and lists the
+registered tools unless the registry sets a listing of its own
+(:meth:`~aenv_ray.registry.DefinitionRegistry.set_tool_listing`). tau2's tools change with the
 domain (and with solo mode), and names collide across domains with different schemas
-(``get_user_details`` in airline and retail). So this module, until the runtime serves a
-dynamic listing itself:
+(``get_user_details`` in airline and retail). So this module:
 
 - registers one entry per tool *name* of every domain (and ``done``), whose function asks the
   active episode: a name the active domain lacks gets tau2's own answer
   (``Error: Tool 'x' not found.``), as does a name no domain has (the table's ``get``);
 - takes every call's arguments as they come (no validation first: tau2 validates nothing
   before the call, and its errors are the outputs);
-- serves ``GET /aenv/v1/tools`` from the active episode: a data descriptor on the runtime's
-  ``RuntimeApp._tools_payload`` returns the active domain's listing for apps serving this
-  registry (others are untouched). ``/aenv/v1/info`` keeps listing every name, so a client's
-  cached names stay valid across resets. MCP's ``tools/list`` stays the union (one schema per
-  name): use the fast path or ``tau2_get_available_tools`` there.
+- lists the active episode's tools (``GET /aenv/v1/tools``) through the registry's tool
+  listing; before an episode, every name. ``/aenv/v1/info`` keeps listing every name, so a
+  client's cached names stay valid across resets. MCP's ``tools/list`` stays the union (one
+  schema per name): use the fast path or ``tau2_get_available_tools`` there.
 
-Private API it relies on: ``aenv_ray.registry._target`` (the registry being filled) and
-``sandbox_runtime._http.RuntimeApp._tools_payload``. ``install`` says False when either is
-missing, and the environment still serves (with the static listing).
+It uses the public API only: :func:`~aenv_ray.registry.current_registry` (the registry being
+filled) and its ``set_tool_listing``.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import pydantic
 
-from aenv_ray.registry import DefinitionRegistry, Kind, Registered, _target
+from aenv_ray.registry import Kind, Registered, ToolListing, current_registry
 from aenv_ray.signature import CallSignature
 
 __all__ = ["ToolTable", "install"]
 
-log = logging.getLogger("tau2.tools")
 
 _ARGUMENTS = pydantic.create_model("tau2_arguments")
 
@@ -88,42 +83,13 @@ class ToolTable(dict[str, Registered]):
         return _entry(name, name, {"type": "object", "properties": {}}, self._call)
 
 
-class _Listing:
-    """``RuntimeApp._tools_payload`` for the apps serving ``registry``: the active listing."""
-
-    def __init__(self, registry: DefinitionRegistry, listing: Callable[[], bytes | None]) -> None:
-        self.registry = registry
-        self.listing = listing
-
-    def __get__(self, app: Any, owner: Any = None) -> Any:
-        if app is None:
-            return self
-        if getattr(getattr(app, "dispatcher", None), "registry", None) is self.registry:
-            current = self.listing()
-            if current is not None:
-                return current
-        return app.__dict__["_tau2_static_tools_payload"]
-
-    def __set__(self, app: Any, value: bytes) -> None:
-        app.__dict__["_tau2_static_tools_payload"] = value
-
-
-def install(call: Callable[..., Any], listing: Callable[[], bytes | None]) -> ToolTable:
+def install(call: Callable[..., Any], listing: ToolListing) -> ToolTable:
     """Make the registry being loaded serve a :class:`ToolTable` (calls go to ``call(name,
-    **arguments)``) and list ``listing()`` (None: the static listing). Returns the table, to
+    **arguments)``) and list ``listing()`` (None: every registered tool). Returns the table, to
     fill with :meth:`ToolTable.add`."""
-    registry = _target()
+    registry = current_registry()
     table = ToolTable(call)
     table.update(registry.tools)
     registry.tools = table
-    try:
-        from sandbox_runtime import _http
-    except ImportError:  # a runtime without it: the listing stays the static one
-        log.warning("tau2: the runtime's tool listing cannot follow the domain")
-        return table
-    previous = _http.RuntimeApp.__dict__.get("_tools_payload")
-    if isinstance(previous, _Listing):
-        previous.registry, previous.listing = registry, listing  # a reload in this process
-    else:
-        _http.RuntimeApp._tools_payload = _Listing(registry, listing)  # type: ignore[assignment]
+    registry.set_tool_listing(listing)
     return table

@@ -16,7 +16,6 @@ only for a copy-on-write fork of the database per episode.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import threading
@@ -36,7 +35,7 @@ log = logging.getLogger("tau2")
 _LOCK = threading.RLock()
 _EPISODE: Episode | None = None
 _STARTED_FROM_ENV = False
-_LISTINGS: dict[tuple[str, bool], bytes] = {}
+_LISTINGS: dict[tuple[str, bool], list[dict[str, Any]]] = {}
 _START_ERROR: str | None = None
 
 
@@ -77,7 +76,7 @@ def _call_tool(name: str, **arguments: Any) -> ToolResult:
         return episode.call_tool(name, arguments)
 
 
-def _listing() -> bytes | None:
+def _listing() -> list[dict[str, Any]] | None:
     episode = _current()
     if episode is None:
         return None
@@ -92,7 +91,7 @@ def _listing() -> bytes | None:
             }
             for schema in episode.tool_schemas()
         ]
-        listing = _LISTINGS[key] = json.dumps({"tools": tools}, separators=(",", ":")).encode()
+        listing = _LISTINGS[key] = tools
     return listing
 
 
