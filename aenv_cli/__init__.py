@@ -1,6 +1,9 @@
 """aenv_cli: ``aenv``, the command line (a typer app; ``main`` is the console script).
 
-Owns the commands. It stands above the packages it assembles (engines, the hub, rollout).
+Owns the commands, and with them the assembling of what the packages below provide: a hub with
+its store and engine (``aenv serve``), pools and runs (``aenv rollout``), instances on an
+engine chosen by name (``aenv instance``). It is the top floor of the house: it imports the
+other packages, none imports it.
 
 Exit codes, one rule for every command:
 
@@ -22,10 +25,12 @@ Layout: a module per command group. Top-level commands on a project live in ``_p
 ``typer.Typer()`` that is mounted here with ``app.add_typer(module.app, name="instance")``.
 Importing this package imports typer only; commands import the runtime when they run.
 
-May import: typer, rich, packaging (the wheel ``aenv build`` writes), ``aenv_ray``,
-``sandbox_runtime``, ``local_backend`` (the engine daemon), ``rollout`` and ``envhub`` (the hub
-and its bundles; all inside commands). Must not import at import time: ray, kubernetes,
-gymnasium, the runtime.
+May import: typer, rich, pydantic (a project's validation errors), packaging (the wheel
+``aenv build`` writes), ``aenv_ray``; lazily, inside functions: ``sandbox_runtime`` (``aenv
+run``), ``local_backend`` (the host's warnings before a rollout), ``rollout``, ``envhub`` (the
+hub and its keys), ``builtin_envs`` (the built-ins' own commands), platformdirs. Engines are
+made by name (``aenv_ray.engine.new_engine``). Must not import at import time: ray,
+kubernetes, gymnasium, the runtime.
 """
 
 from __future__ import annotations

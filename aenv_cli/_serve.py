@@ -4,7 +4,8 @@ Keys are managed on the hub's machine, straight in its store (``--store``, the s
 hub uses): whoever can write the store is the hub's administrator. The hub's code (FastAPI,
 uvicorn, the stores) is imported inside the commands only.
 
-May import: typer, ``aenv_ray``; inside commands: ``envhub`` (engines are made by name).
+May import: typer, ``aenv_ray``; inside commands: ``envhub``, rich (the keys' table),
+platformdirs (the default data directory). Engines are made by name.
 """
 
 from __future__ import annotations

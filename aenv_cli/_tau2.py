@@ -8,7 +8,7 @@ trajectory that cannot be graded (a stored tool result that differs from the rep
 task, a malformed message). Results go to ``--out`` (default: stdout); a summary goes to stderr.
 Exit 0 when every line was graded, 1 when some could not be.
 
-May import: typer, ``aenv_ray``; ``builtin_envs.tau2`` inside the command.
+May import: typer, ``aenv_ray``; inside the command: ``builtin_envs.tau2``.
 """
 
 from __future__ import annotations

@@ -6,17 +6,20 @@ environment (:func:`register_tool`, :func:`register_function`, :func:`register_r
 (:class:`SandboxEngine`), ``config.json`` and wire models, environment references
 (:mod:`aenv_ray.envref`), the bundle format (:mod:`aenv_ray.bundle`), the preview an
 environment names for browsers (:mod:`aenv_ray.preview`), the allow-list of a tenant's pod
-template (:mod:`aenv_ray.pod_template`), settings, structured logging, the
-EnvHub client (:mod:`aenv_ray.hub`) and the ``aenv`` CLI.
+template (:mod:`aenv_ray.pod_template`), settings, structured logging and the EnvHub client
+(:mod:`aenv_ray.hub`). It is the foundation: every other package stands on it, and it imports
+none of them. Engines are made by name (:func:`aenv_ray.engine.new_engine`) and built-in
+environments found (:mod:`aenv_ray.resolve`) through entry points (``aenv_ray.engines``,
+``aenv_ray.builtins``), so a third party's plug in the same way; the command line that
+assembles engines, hub and pools is ``aenv_cli``, above them all.
 
-May import: pydantic, pydantic-settings, aiohttp, orjson, the mcp/fastmcp clients, packaging
-(requirement specifiers in a bundle's lock), typer and rich (CLI only); lazily, inside functions:
-``local_backend`` and ``k8s_backend`` (the engines, made by name in
-:func:`aenv_ray.engine.new_engine`, the one place that imports an engine), ``builtin_envs``
-(finding built-ins by name), platformdirs (where the settings file lives) and yaml (a pod
-template's text, :mod:`aenv_ray.pod_template`).
-Must not import at import time: ray, kubernetes, gymnasium, the runtime, ``local_backend``,
-``k8s_backend``.
+May import: pydantic, pydantic-settings, aiohttp, orjson, mcp (the MCP client), packaging
+(requirement specifiers in a bundle's lock); lazily, inside functions: platformdirs (where the
+settings file lives), yaml (a pod template's text, :mod:`aenv_ray.pod_template`) and agents
+(the OpenAI Agents SDK, :mod:`aenv_ray.openai_tools`).
+Must not import: ``aenv_cli``, ``sandbox_runtime``, ``local_backend``, ``k8s_backend``,
+``envhub``, ``rollout``, ``builtin_envs``, ``aenv`` (the rooms above it), ray, kubernetes,
+gymnasium.
 
 In a fresh interpreter (``tests/test_architecture.py`` checks it)::
 

@@ -25,7 +25,8 @@ project; the instance does not run them), as do hidden files and directories, ``
     >>> info.files
     ('aenv.lock', 'config.json', 'src/demo.py')
 
-May import: the standard library, ``aenv_ray`` (config, errors), packaging.
+May import: the standard library, ``aenv_ray`` (config, errors), packaging, pydantic (the
+config's validation errors).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ tasks; ``mini_program`` (``mini-program@1.0.0``): a mini program IDE with a live
 graded. :func:`builtin_path` finds a built-in project by its ``name@version`` or name.
 docs/builtins.md describes each.
 
-May import: ``aenv_ray``'s public API, as a user's project would.
+May import: ``aenv_ray``'s public API (as a user's project would).
 """
 
 from __future__ import annotations

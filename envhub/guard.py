@@ -29,7 +29,8 @@ page can make without the hub's consent:
     ...         {"host": "127.0.0.1:8000", "sec-fetch-site": "cross-site"}, auth=False) is None
     True
 
-May import: the standard library, ``aenv_ray.errors``, starlette (the middleware).
+May import: the standard library, ``aenv_ray.errors``, ``aenv_ray.net`` (which hosts are
+local), starlette (the middleware).
 """
 
 from __future__ import annotations

@@ -22,7 +22,9 @@ is absent, atomically, so two hubs publishing one version at once see exactly on
     >>> asyncio.run(demo())
     (True, False, {'digest': 'ab'})
 
-May import: the standard library, ``aenv_ray.errors``; ``redis`` inside ``envhub.redis_store``.
+May import: the standard library, ``aenv_ray.errors``, ``envhub`` (the stores it opens; redis
+only inside ``envhub.redis_store``); lazily, inside functions: platformdirs (the default
+store's place).
 """
 
 from __future__ import annotations

@@ -12,9 +12,9 @@ instance (:mod:`k8s_backend.state`), how code reaches a pod (:mod:`k8s_backend.d
 sessions and the reaper (:mod:`k8s_backend.reaper`); the client and its errors live in
 ``k8s_backend._api``, the watch's cache in ``k8s_backend._cache``.
 
-May import: ``aenv_ray``, orjson, yaml (a user's own pod template); kubernetes and urllib3 (its
-transport) in one module only; lazily, platformdirs (where the exec helper's build is cached).
-Must not import: ray, gymnasium.
+May import: ``aenv_ray``, orjson, yaml (a user's own pod template), kubernetes and urllib3 (its
+transport; both in one module only, ``k8s_backend._api``); lazily, inside functions:
+platformdirs (where the exec helper's build is cached). Must not import: ray, gymnasium.
 """
 
 from k8s_backend.delivery import Delivery, HostProcess, HubBundle, OwnImage

@@ -5,7 +5,7 @@ What the caller's options leave out comes from the settings: ``AENV_K8S_NAMESPAC
 ``AENV_K8S_IMAGE_PREFIX``, ``AENV_K8S_DELIVERY`` with ``AENV_K8S_HUB_URL``, ``AENV_K8S_HUB_KEY``
 and ``AENV_K8S_RUNTIME_IMAGE``, and ``KUBECONFIG`` (the client's).
 
-May import: ``aenv_ray`` (settings, errors), this package.
+May import: ``aenv_ray`` (settings, errors), ``k8s_backend``.
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ zygote that forks instances from a warm template, the namespace and mount recipe
 instance, per-instance cgroups, and the instances' compiled pid 1 (``init.c``).
 
 May import: ``aenv_ray`` (engine contract, config, errors), ``sandbox_runtime``, platformdirs
-(where the compiled init is cached); Linux system calls through ctypes. Must not import: ray,
-kubernetes, envhub, rollout.
+(where the compiled init is cached), aiohttp (the daemon's HTTP on its Unix socket, and its
+client); lazily, inside functions: ``builtin_envs`` (its tree is bind-mounted into instances).
+Linux system calls go through ctypes. Must not import: ray, kubernetes, envhub, rollout.
 """
 
 from local_backend.engine import Isolation, LocalEngine, host_warnings

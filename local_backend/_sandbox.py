@@ -141,10 +141,10 @@ def runtime_paths(project: Path) -> list[Path]:
             wanted.add(Path(entry).resolve())
     import aenv_ray
     import builtin_envs
-    import local_backend
     import sandbox_runtime
 
-    for module in (aenv_ray, sandbox_runtime, local_backend, builtin_envs):
+    wanted.add(Path(__file__).resolve().parent.parent)  # this package's (local_backend's)
+    for module in (aenv_ray, sandbox_runtime, builtin_envs):
         wanted.add(Path(module.__file__ or "").resolve().parent.parent)
     # keep the outermost of nested paths; /usr and /etc cover their subtrees
     kept: list[Path] = []

@@ -26,8 +26,8 @@ per episode (~0.1 ms here, a few ms on a slow disk): nothing next to an episode'
         done = run.records  # episode id -> record
         await run.append({"episode_id": "000000-t", "outcome": "ok"})
 
-May import: the standard library and :mod:`aenv_ray.errors` only: ``aenv rollout`` takes the lock
-before it imports Ray.
+May import: the standard library and :mod:`aenv_ray.errors` only (``aenv rollout`` takes the
+lock before it imports Ray).
 """
 
 from __future__ import annotations

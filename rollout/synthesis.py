@@ -95,6 +95,7 @@ __all__ = [
     "SynthesisSummary",
     "Trajectory",
     "Turn",
+    "check_demo",
     "demo_dialogue",
     "demo_policy",
     "describe_policy",

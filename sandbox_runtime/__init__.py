@@ -7,8 +7,10 @@ JSON. Run it with ``python -m sandbox_runtime PROJECT`` or ``aenv run``. An engi
 :func:`install_limits` inside each instance before it serves, so that calls name the limits
 they hit (:mod:`sandbox_runtime._limits`).
 
-May import: ``aenv_ray`` (models, registry, errors), fastmcp (server side), starlette/uvicorn,
-orjson. Must not import: ray, kubernetes, envhub, rollout, ``local_backend`` (engines run the
+May import: ``aenv_ray`` (models, registry, errors), fastmcp (server side) and mcp (the MCP SDK
+it is built on: content types), starlette/uvicorn, orjson, pydantic and pydantic-core (the
+arguments' validation, the results' JSON); lazily, inside functions: uvloop (uvicorn's event
+loop). Must not import: ray, kubernetes, envhub, rollout, ``local_backend`` (engines run the
 runtime, never the reverse: engine -> runtime -> SDK).
 """
 

@@ -77,6 +77,7 @@ __all__ = [
     "calls",
     "process_stat",
     "protect",
+    "runtime_fork",
     "seccomp_program",
     "wait_gone",
     "within",
