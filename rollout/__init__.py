@@ -10,8 +10,9 @@ calls return Ray ``ObjectRef``\\ s (:class:`Lease`), first-K-ready batched stepp
 ``rollout.rllib`` (trainer adapters) say what they own in their own docstrings.
 
 May import: ``aenv_ray``, ray, gymnasium. Engines are chosen by name through
-``aenv_ray.engine.new_engine`` (``engine="local"`` or ``"kubernetes"``, in each pool actor) or
-injected as factories. Must not import: kubernetes, ``local_backend``, ``k8s_backend``.
+``aenv_ray.engine.new_engine`` (``engine="local"``, ``"daemon"``, ``"kubernetes"`` or another
+installed engine, in each pool actor) or injected as factories. Must not import: kubernetes,
+``local_backend``, ``k8s_backend``.
 """
 
 from __future__ import annotations
