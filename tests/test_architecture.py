@@ -653,6 +653,32 @@ def test_importing_the_sdk_stays_light() -> None:
     assert not heavy, f"import aenv_ray imports {sorted(heavy)}"
 
 
+# what the SDK's own first use brings; ``import aenv_ray`` alone brings none of it (issue 24: a
+# bare import costs at most 6x starting Python; benchmarks/bench_startup.py measures it)
+SDK_WEIGHT = ["pydantic", "pydantic_core", "pydantic_settings", "asyncio", "orjson", "aiohttp"]
+
+
+def test_importing_aenv_ray_imports_the_error_tree_alone() -> None:
+    _, added = _modules_added_by("import aenv_ray")
+    assert {"aenv_ray", "aenv_ray.errors"} <= added
+    heavy = _roots(added) & set(SDK_WEIGHT)
+    assert not heavy, f"import aenv_ray imports {sorted(heavy)}: make it lazy (_LAZY)"
+    assert not {m for m in added if m.startswith("aenv_ray.")} - {"aenv_ray.errors"}
+
+
+def test_the_sdk_names_are_imported_on_first_use() -> None:
+    # the lazy names resolve to the very objects of their modules, and bring their weight then
+    _, added = _modules_added_by(
+        "import aenv_ray, aenv_ray.environment as e, aenv_ray.registry as r\n"
+        "assert aenv_ray.Environment is e.Environment\n"
+        "assert aenv_ray.register_tool is r.register_tool\n"
+        "from aenv_ray import EnvConfig, ToolResult, keep_processes, available_environments\n"
+        "assert aenv_ray.config.EnvConfig is EnvConfig"
+    )
+    assert {"pydantic", "asyncio", "orjson"} <= _roots(added)
+    assert {"aenv_ray.config", "aenv_ray.protocol", "aenv_ray.resolve"} <= added
+
+
 def test_importing_the_cli_imports_no_server() -> None:
     _, added = _modules_added_by("import aenv_ray.cli")
     assert "typer" in _roots(added)
