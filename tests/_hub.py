@@ -45,7 +45,7 @@ def aenv(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     """``aenv ARGS`` in a child process, without a hub or key unless ``env`` names them."""
     base = {k: v for k, v in os.environ.items() if k not in ("AENV_SYSTEM_URL", "AENV_API_KEY")}
     return subprocess.run(
-        [sys.executable, "-m", "aenv_ray.cli", *args],
+        [sys.executable, "-m", "aenv_cli", *args],
         env={**base, **(env or {})},
         capture_output=True,
         text=True,
@@ -102,7 +102,7 @@ class HubProcess:
         return [
             sys.executable,
             "-m",
-            "aenv_ray.cli",
+            "aenv_cli",
             "serve",
             "--port",
             str(self.port),

@@ -127,7 +127,7 @@ if __name__ == "__main__":
 
 def test_the_quickstart_in_the_local_mode(tmp_path: Path) -> None:
     made = subprocess.run(
-        [sys.executable, "-m", "aenv_ray.cli", "init", "helloworld"],
+        [sys.executable, "-m", "aenv_cli", "init", "helloworld"],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -285,7 +285,7 @@ def test_the_aenv_command_refuses_to_run_beside_aenvironment(tmp_path: Path) -> 
     meta = next(site.glob("aenvironment-*.dist-info"))
     shutil.copytree(meta, tmp_path / meta.name)
     done = subprocess.run(
-        [sys.executable, "-m", "aenv_ray.cli", "version"],
+        [sys.executable, "-m", "aenv_cli", "version"],
         env={**os.environ, "PYTHONPATH": str(tmp_path)},
         capture_output=True,
         text=True,

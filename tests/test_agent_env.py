@@ -329,7 +329,7 @@ async def test_model_failures_are_clear_results_and_the_key_never_shows(
         env.update(AENV_SYSTEM_URL=hub[0].url, AENV_API_KEY=hub[1])
         listed = await asyncio.to_thread(
             subprocess.run,
-            [sys.executable, "-m", "aenv_ray.cli", "instance", "list", "--json"],
+            [sys.executable, "-m", "aenv_cli", "instance", "list", "--json"],
             env=env,
             capture_output=True,
             text=True,
@@ -360,7 +360,7 @@ def test_aenv_rollout_of_the_agent_demo(
         AENV_API_KEY=hub[1],
         OPENAI_API_KEY=MODEL_KEY,
     )
-    command = [sys.executable, "-m", "aenv_ray.cli", "rollout", "agent@1.0.0", "--no-ray"]
+    command = [sys.executable, "-m", "aenv_cli", "rollout", "agent@1.0.0", "--no-ray"]
 
     def rollout(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

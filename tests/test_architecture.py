@@ -27,6 +27,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = [
     "aenv",
+    "aenv_cli",
     "aenv_ray",
     "sandbox_runtime",
     "local_backend",
@@ -225,9 +226,18 @@ RULES: dict[str, Rule] = {
     # "May import: typer, rich, packaging (the wheel ``aenv build`` writes), ``aenv_ray``,
     # ``sandbox_runtime`` and ``rollout`` (inside commands)." The CLI is part of aenv_ray, so
     # aenv_ray's own allowances hold there too.
-    "aenv_ray.cli": Rule(
+    "aenv_cli": Rule(
         may=frozenset(
-            {"typer", "rich", "pydantic", "pydantic_settings", "aiohttp", "orjson", "packaging"}
+            {
+                "aenv_ray",
+                "typer",
+                "rich",
+                "pydantic",
+                "pydantic_settings",
+                "aiohttp",
+                "orjson",
+                "packaging",
+            }
         ),
         lazy=frozenset(
             {
@@ -454,7 +464,7 @@ def test_allowances_are_in_the_docstrings(scope: str) -> None:
     # the encoded allowances are no wider than what the scope's docstring (or, for a
     # subpackage without its own rule, its package's) says
     doc = _docstring(scope) or _docstring(_root(scope))
-    if scope == "aenv_ray.cli":  # the CLI inherits aenv_ray's allowances
+    if scope == "aenv_cli":  # the CLI inherits aenv_ray's allowances
         doc += _docstring("aenv_ray")
     if scope == "aenv_ray.testing":
         doc = "sandbox_runtime " + _docstring("aenv_ray")  # see the rule's comment
@@ -498,7 +508,7 @@ def test_the_sdk_reaches_the_runtime_only_lazily_outside_the_cli_and_testing() -
         for i in IMPORTS
         if _root(i.module) == "aenv_ray"
         and i.root in ("sandbox_runtime", "builtin_envs")
-        and not _covers("aenv_ray.cli", i.module)
+        and not _covers("aenv_cli", i.module)
         and not _covers("aenv_ray.testing", i.module)
         and (i.top_level or not any(_covers(a, i.target) for a in lazily_allowed))
     ]
@@ -508,13 +518,13 @@ def test_the_sdk_reaches_the_runtime_only_lazily_outside_the_cli_and_testing() -
     cli = [
         i
         for i in IMPORTS
-        if i.module.startswith("aenv_ray.cli") and i.root == "sandbox_runtime" and i.top_level
+        if i.module.startswith("aenv_cli") and i.root == "sandbox_runtime" and i.top_level
     ]
     assert not cli, _violations("the CLI imports the runtime inside commands only", cli)
 
 
 # what ``aenv build`` and ``aenv push`` run: their commands, with the bundle format and image
-BUILD_AND_PUSH = ("aenv_ray.cli._build", "aenv_ray.cli._hub", "aenv_ray.cli._loadcheck")
+BUILD_AND_PUSH = ("aenv_cli._build", "aenv_cli._hub", "aenv_cli._loadcheck")
 MODULES = frozenset(imp.module for imp in IMPORTS)
 
 
@@ -552,10 +562,10 @@ def test_aenv_build_and_push_import_neither_the_hub_nor_the_runtime() -> None:
     # the walk means something: the commands reach the format, the image, the hub client and
     # the engine contract, and load the other commands' modules without running them
     assert reached["aenv_ray.bundle"]
-    assert reached["aenv_ray.cli._image"]
+    assert reached["aenv_cli._image"]
     assert reached["aenv_ray.hub"]
     assert reached["aenv_ray.engine"]
-    assert reached["aenv_ray.cli._serve"] is False  # a sibling: `aenv serve` imports envhub
+    assert reached["aenv_cli._serve"] is False  # a sibling: `aenv serve` imports envhub
     bad = [
         imp
         for imp in IMPORTS
@@ -565,7 +575,7 @@ def test_aenv_build_and_push_import_neither_the_hub_nor_the_runtime() -> None:
     ]
     assert not bad, _violations("aenv build/push reach the hub or the runtime", bad)
     # what the walk would report, so the check can fail: `aenv serve` reaches the hub
-    served = _reached(("aenv_ray.cli._serve",))
+    served = _reached(("aenv_cli._serve",))
     assert any(i.module in served and i.root == "envhub" for i in IMPORTS)
 
 
@@ -575,7 +585,7 @@ def test_new_engine_is_the_sdks_one_lazy_import_of_an_engine() -> None:
         for i in IMPORTS
         if _root(i.module) == "aenv_ray"
         and i.root in ("local_backend", "k8s_backend")
-        and not _covers("aenv_ray.cli", i.module)
+        and not _covers("aenv_cli", i.module)
     ]
     assert sorted((i.module, i.target, i.top_level) for i in users) == [
         ("aenv_ray.engine", "k8s_backend", False),
@@ -680,11 +690,11 @@ def test_the_sdk_names_are_imported_on_first_use() -> None:
 
 
 def test_importing_the_cli_imports_no_server() -> None:
-    _, added = _modules_added_by("import aenv_ray.cli")
+    _, added = _modules_added_by("import aenv_cli")
     assert "typer" in _roots(added)
     # "Importing this package imports typer only; commands import the runtime when they run."
     heavy = _roots(added) & {*HEAVY, "sandbox_runtime", "starlette"}
-    assert not heavy, f"import aenv_ray.cli imports {sorted(heavy)}"
+    assert not heavy, f"import aenv_cli imports {sorted(heavy)}"
 
 
 def test_importing_the_runtime_imports_no_layer_above_it() -> None:
@@ -774,7 +784,7 @@ def test_all_is_a_sorted_list_of_names_the_module_defines(path: Path) -> None:
     assert not missing, f"__all__ lists names the module does not define: {sorted(missing)}"
 
 
-@pytest.mark.parametrize("package", [*PACKAGES, "aenv_ray.cli"])
+@pytest.mark.parametrize("package", PACKAGES)
 def test_every_package_declares_its_public_names_and_they_import(package: str) -> None:
     module = importlib.import_module(package)
     names = list(getattr(module, "__all__", None) or [])

@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 
 import aenv_ray.bundle
+from aenv_cli._image import dockerfile_text, find_image_builder, missing_sources
+from aenv_cli._scaffold import project_files, write_project
 from aenv_ray import __version__
 from aenv_ray.bundle import (
     DIGEST_MARKER,
@@ -33,8 +35,6 @@ from aenv_ray.bundle import (
     inspect_bundle,
     lock_requirements,
 )
-from aenv_ray.cli._image import dockerfile_text, find_image_builder, missing_sources
-from aenv_ray.cli._scaffold import project_files, write_project
 from aenv_ray.errors import ArtifactError, ArtifactTooLargeError, ConfigurationError
 
 AENV = str(Path(sys.executable).with_name("aenv"))
@@ -703,10 +703,10 @@ def test_build_writes_the_outputs_and_says_when_no_builder_exists(
 
 
 def _imported_by(*args: str, **env: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
-    """Run ``python -m aenv_ray.cli ARGS`` under ``-X importtime``: its result, and every module
+    """Run ``python -m aenv_cli ARGS`` under ``-X importtime``: its result, and every module
     the CLI's process imported (the sandbox that loads the project is another process)."""
     result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "aenv_ray.cli", *args],
+        [sys.executable, "-X", "importtime", "-m", "aenv_cli", *args],
         env={**os.environ, **env},
         capture_output=True,
         text=True,
@@ -724,14 +724,14 @@ def test_build_and_push_import_neither_the_hub_nor_the_runtime(
     # `aenv push` need no hub package and no runtime in their own process
     built, imported = _imported_by("build", str(project), "--no-image")
     assert built.returncode == 0, built.stderr
-    assert {"aenv_ray.bundle", "aenv_ray.cli._image", "aenv_ray.cli._loadcheck"} <= imported
+    assert {"aenv_ray.bundle", "aenv_cli._image", "aenv_cli._loadcheck"} <= imported
     server = {m for m in imported if m.split(".")[0] in ("envhub", "sandbox_runtime")}
     assert not server, f"aenv build imported {sorted(server)}"
     no_hub = {"AENV_SYSTEM_URL": "", "AENV_CONFIG_FILE": str(tmp_path / "none.json")}
     pushed, imported = _imported_by("push", str(project), **no_hub)
     assert pushed.returncode == 2, pushed.stderr  # loaded, then: no hub configured
     assert "no hub configured" in pushed.stderr
-    assert {"aenv_ray.bundle", "aenv_ray.cli._loadcheck", "aenv_ray.hub"} <= imported
+    assert {"aenv_ray.bundle", "aenv_cli._loadcheck", "aenv_ray.hub"} <= imported
     server = {m for m in imported if m.split(".")[0] in ("envhub", "sandbox_runtime")}
     assert not server, f"aenv push imported {sorted(server)}"
 

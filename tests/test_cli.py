@@ -281,7 +281,7 @@ async def test_default_ports_are_the_seeds_8080_and_8081() -> None:
 def test_serve_reads_sizes_in_bytes_kib_mib_and_gib(text: str, size: int) -> None:
     import typer
 
-    from aenv_ray.cli._serve import _size
+    from aenv_cli._serve import _size
 
     assert _size(text) == size
     with pytest.raises(typer.BadParameter, match="is not a size"):

@@ -88,7 +88,7 @@ def test_push_list_get_instances_and_service_create(hub: HubProcess, tmp_path: P
     work.mkdir()
     (work / "config.json").write_text((DEMO / "config.json").read_text())
     created = subprocess.run(
-        [sys.executable, "-m", "aenv_ray.cli", "service", "create", "-o", "json"],
+        [sys.executable, "-m", "aenv_cli", "service", "create", "-o", "json"],
         cwd=work,
         env={**os.environ, **env},
         capture_output=True,
@@ -128,7 +128,7 @@ def test_run_serves_the_work_dir() -> None:
     assert "differ; give one of them" in both.stderr
     ports = ["--port", str(port), "--mcp-port", str(mcp_port), "--inspector-port", "6274"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "aenv_ray.cli", "run", "--work-dir", str(DEMO), *ports],
+        [sys.executable, "-m", "aenv_cli", "run", "--work-dir", str(DEMO), *ports],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

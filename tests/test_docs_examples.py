@@ -259,7 +259,7 @@ class Context:
 
     def run(self, *args: str, cwd: Path | None = None) -> str:
         done = subprocess.run(
-            [sys.executable, "-m", "aenv_ray.cli", *args],
+            [sys.executable, "-m", "aenv_cli", *args],
             cwd=cwd or self.tmp,
             env=self.env,
             capture_output=True,
@@ -511,7 +511,7 @@ def _python_file_check(ctx_tmp: Path, block: Block) -> Outcome:
         ctx = Context(tmp, BLOCKS, stack, tmp, _base_env(tmp))
         {"notes": notes_project, "guess": guess_project}[project](ctx)
         if "/tests/" in block.file:  # a test of the project: its own test command runs it
-            command = ["-m", "aenv_ray.cli", "test", project]
+            command = ["-m", "aenv_cli", "test", project]
         else:
             command = ["-c", CHECK, project]
         done = subprocess.run(

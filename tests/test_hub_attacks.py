@@ -550,7 +550,7 @@ async def test_the_network_only_where_the_operator_enabled_it(
 
 
 def test_no_auth_with_the_network_is_refused(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "aenv_ray.cli", "serve", "--no-auth", "--allow-network"]
+    command = [sys.executable, "-m", "aenv_cli", "serve", "--no-auth", "--allow-network"]
     done = subprocess.run(
         [*command, "--data-dir", str(tmp_path), "--store", f"sqlite:///{tmp_path}/hub.db"],
         capture_output=True,

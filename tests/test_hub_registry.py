@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from aenv_cli._scaffold import write_project
 from aenv_ray import Environment
 from aenv_ray.bundle import Bundle, build_bundle, digest_of
-from aenv_ray.cli._scaffold import write_project
 from aenv_ray.errors import (
     ArtifactError,
     ArtifactTooLargeError,
@@ -41,7 +41,7 @@ from envhub.store import open_store
 from tests._hub import HubProcess, eventually, raw
 from tests._redis import RedisServer
 
-AENV = [sys.executable, "-m", "aenv_ray.cli"]
+AENV = [sys.executable, "-m", "aenv_cli"]
 
 
 async def _keys(store_url: str) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""The wheel of aenv-ray that ``aenv build`` puts in the image's context (``aenv_ray.cli._wheel``).
+"""The wheel of aenv-ray that ``aenv build`` puts in the image's context (``aenv_cli._wheel``).
 
 No container builder runs here, so what the image's ``RUN pip install`` does is done for real
 outside one: the wheel is installed, with its dependencies resolved from its own metadata, into a
@@ -22,14 +22,15 @@ import pytest
 from packaging.utils import canonicalize_name
 
 import aenv_ray
+from aenv_cli._scaffold import write_project
+from aenv_cli._wheel import Wheel, build_wheel
 from aenv_ray import __version__
-from aenv_ray.cli._scaffold import write_project
-from aenv_ray.cli._wheel import Wheel, build_wheel
 from aenv_ray.testing import RuntimeProcess
 
 CHECKOUT = Path(aenv_ray.__file__).resolve().parent.parent
 PACKAGES = [
     "aenv",
+    "aenv_cli",
     "aenv_ray",
     "builtin_envs",
     "envhub",
@@ -83,7 +84,7 @@ def test_the_wheel_holds_every_module_and_package_file_and_nothing_else(wheel: W
         if dist.read_text("METADATA") is not None
     )
     assert archive.read(f"{info}/METADATA").decode() == installed.read_text("METADATA")
-    assert "aenv = aenv_ray.cli:main" in archive.read(f"{info}/entry_points.txt").decode()
+    assert "aenv = aenv_cli:main" in archive.read(f"{info}/entry_points.txt").decode()
     assert archive.testzip() is None
     assert build_wheel().data == wheel.data  # the same files, the same bytes
 

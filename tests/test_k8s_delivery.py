@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from aenv_cli._scaffold import write_project
 from aenv_ray import ConfigurationError, Environment, InstanceSpec, StartupTimeoutError
 from aenv_ray.bundle import build_bundle, extract_bundle
-from aenv_ray.cli._scaffold import write_project
 from aenv_ray.config import EnvConfig
 from aenv_ray.engine import new_engine
 from aenv_ray.hub import HubClient

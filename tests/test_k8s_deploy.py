@@ -33,9 +33,9 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes import utils as k8s_utils
 
+from aenv_cli._scaffold import write_project
 from aenv_ray import InstanceSpec, InstanceState, PermissionDeniedError, __version__
 from aenv_ray.bundle import build_bundle
-from aenv_ray.cli._scaffold import write_project
 from aenv_ray.hub import HubClient
 from aenv_ray.testing import free_port
 from k8s_backend import HostProcess, KubernetesEngine
@@ -44,7 +44,7 @@ from tests._k8s import KubeCluster
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
-AENV = [sys.executable, "-m", "aenv_ray.cli"]
+AENV = [sys.executable, "-m", "aenv_cli"]
 NAMESPACE = "aenv-ray"
 HUB_USER = f"system:serviceaccount:{NAMESPACE}:aenv-hub"
 IMAGE = f"ghcr.io/aenv-ray/aenv-ray:{__version__}"
@@ -290,7 +290,7 @@ def _test_hub(
     """The hub's Deployment as a kustomize overlay for the test cluster would make it, where
     the fake kubelet runs ``command`` + ``args`` as a process of this host (images ignored):
 
-    - the command: this venv's Python running the same CLI (``-m aenv_ray.cli``);
+    - the command: this venv's Python running the same CLI (``-m aenv_cli``);
     - ``--host``: the pod's IP, not every interface of this host; ``--port``: a free one (all
       pods share this host's network);
     - ``--data-dir``: a directory of its own (no volumes are mounted);

@@ -44,7 +44,7 @@ from tests._k8s import KubeCluster
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(2400)]
 
 ROOT = Path(__file__).resolve().parent.parent
-AENV = [sys.executable, "-m", "aenv_ray.cli"]
+AENV = [sys.executable, "-m", "aenv_cli"]
 SPEC = InstanceSpec("mini-terminal@1.0.0", ttl=600.0, owner="test")
 
 
@@ -272,7 +272,7 @@ async def test_aenv_rollout_runs_its_episodes_on_kubernetes_through_ray_pool_act
         "PYTHONPATH": str(ROOT),
     }
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "aenv_ray.cli", "rollout", "mini-terminal@1.0.0"]
+    command = [sys.executable, "-m", "aenv_cli", "rollout", "mini-terminal@1.0.0"]
     try:
         done = await asyncio.to_thread(
             subprocess.run,
@@ -442,7 +442,7 @@ async def test_a_hub_killed_mid_create_reclaims_the_pods_it_never_recorded(
 
 def test_warm_pools_need_an_engine_that_keeps_them(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "aenv_ray.cli", "serve", "--warm", "mini-terminal@1.0.0=2"],
+        [sys.executable, "-m", "aenv_cli", "serve", "--warm", "mini-terminal@1.0.0=2"],
         capture_output=True,
         text=True,
         timeout=120,

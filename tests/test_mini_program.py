@@ -495,7 +495,7 @@ def test_aenv_rollout_runs_the_demo_out_of_the_box(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "aenv_ray.cli",
+            "aenv_cli",
             "rollout",
             "mini-program@1.0.0",
             "--episodes",

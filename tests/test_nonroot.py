@@ -3,7 +3,7 @@
 
 The suite runs as root, so every command here runs as ``nobody`` (``setpriv``, the
 ``unprivileged`` fixture: its own home, nothing of root's); run by another user, as that user.
-The commands are the CLI's own (``python -m aenv_ray.cli``: nobody may not run root's
+The commands are the CLI's own (``python -m aenv_cli``: nobody may not run root's
 ``.venv/bin/aenv``, whose interpreter is under /root on some machines). Each test asserts on
 what the user sees: exit codes, stdout, the one loud warning on stderr, the files written.
 
@@ -59,7 +59,7 @@ def _run(
 def _aenv(
     unprivileged: Unprivileged, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return _run(unprivileged, "-m", "aenv_ray.cli", *args, env=env)
+    return _run(unprivileged, "-m", "aenv_cli", *args, env=env)
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:

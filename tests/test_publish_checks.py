@@ -22,13 +22,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from aenv_cli._scaffold import module_name, write_project
 from aenv_ray.bundle import build_bundle
-from aenv_ray.cli._scaffold import module_name, write_project
 from aenv_ray.errors import DefinitionError, EnvironmentNotFoundError
 from aenv_ray.hub import HubClient
 from tests._hub import HubProcess
 
-AENV = [sys.executable, "-m", "aenv_ray.cli"]
+AENV = [sys.executable, "-m", "aenv_cli"]
 SOURCE_ROOT = str(Path(__file__).resolve().parent.parent)
 
 # what is appended to the module `aenv init` writes (40 lines), and what the error must say

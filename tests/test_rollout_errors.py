@@ -20,7 +20,7 @@ from rollout.failures import PolicyCodeError, TaskCallError, is_programming_erro
 from rollout.synthesis import read_trajectories, synthesize
 
 TERMINAL = "mini-terminal@1.0.0"
-AENV_ROLLOUT = [sys.executable, "-m", "aenv_ray.cli", "rollout", TERMINAL]
+AENV_ROLLOUT = [sys.executable, "-m", "aenv_cli", "rollout", TERMINAL]
 
 POLICIES = """
 async def adds_to_a_string(task, env):

@@ -283,7 +283,7 @@ class Rollout:
         return [
             sys.executable,
             "-m",
-            "aenv_ray.cli",
+            "aenv_cli",
             "rollout",
             TERMINAL,
             "-n",

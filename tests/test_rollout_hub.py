@@ -15,7 +15,7 @@ from aenv_ray.hub import HubClient
 from tests._hub import HubProcess, new_key
 
 ROOT = Path(__file__).resolve().parent.parent
-AENV = [sys.executable, "-m", "aenv_ray.cli"]
+AENV = [sys.executable, "-m", "aenv_cli"]
 
 
 def test_both_paths_create_their_instances_through_the_configured_hub(tmp_path: Path) -> None:

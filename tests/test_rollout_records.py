@@ -25,7 +25,7 @@ SYSTEM = "You are a careful shell agent."
 
 def aenv_rollout(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "aenv_ray.cli", "rollout", *args],
+        [sys.executable, "-m", "aenv_cli", "rollout", *args],
         capture_output=True,
         text=True,
         timeout=240,

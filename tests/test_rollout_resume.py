@@ -20,7 +20,7 @@ from rollout.run_directory import JSONL, RunDirectory, RunMismatchError
 
 ROOT = Path(__file__).resolve().parent.parent
 TERMINAL = "mini-terminal@1.0.0"
-AENV = [sys.executable, "-m", "aenv_ray.cli", "rollout", TERMINAL, "--no-ray", "-c", "2"]
+AENV = [sys.executable, "-m", "aenv_cli", "rollout", TERMINAL, "--no-ray", "-c", "2"]
 
 
 def _rollout(*args: str) -> subprocess.CompletedProcess[str]:

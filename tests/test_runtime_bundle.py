@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from aenv_cli._scaffold import write_project
 from aenv_ray import Environment
 from aenv_ray.bundle import build_bundle, digest_of
-from aenv_ray.cli._scaffold import write_project
 from aenv_ray.hub import HubClient
 from aenv_ray.protocol import BUNDLE_KEY_ENV, READY_PATH
 from aenv_ray.testing import free_port

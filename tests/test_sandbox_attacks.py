@@ -436,7 +436,7 @@ async def test_a_pushed_bundles_import_time_code_never_runs_outside_a_sandbox(
         env = {**os.environ, secret: "1", "AENV_SYSTEM_URL": hub.url, "AENV_API_KEY": key}
         pushed = await asyncio.to_thread(
             subprocess.run,
-            [sys.executable, "-m", "aenv_ray.cli", "push", str(project)],
+            [sys.executable, "-m", "aenv_cli", "push", str(project)],
             env=env,
             capture_output=True,
             text=True,

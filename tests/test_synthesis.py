@@ -180,7 +180,7 @@ async def test_an_explicit_source_is_used_and_left_open(tmp_path: Path) -> None:
 
 
 def test_the_cli_runs_writes_and_reports(tmp_path: Path) -> None:
-    aenv = [sys.executable, "-m", "aenv_ray.cli"]
+    aenv = [sys.executable, "-m", "aenv_cli"]
     done = subprocess.run(
         [*aenv, "rollout", TERMINAL, "-n", "3", "-c", "2", "--no-ray", "--out", str(tmp_path)],
         capture_output=True,
@@ -201,7 +201,7 @@ def test_the_cli_runs_writes_and_reports(tmp_path: Path) -> None:
 
 
 def test_the_cli_runs_on_a_ray_pool_by_default_and_resumes(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "aenv_ray.cli", "rollout", TERMINAL, "-c", "2"]
+    command = [sys.executable, "-m", "aenv_cli", "rollout", TERMINAL, "-c", "2"]
     first = subprocess.run(
         [*command, "-n", "4", "--out", str(tmp_path)], capture_output=True, text=True, timeout=240
     )
@@ -250,7 +250,7 @@ def test_task_files_are_read_and_bad_ones_say_where(tmp_path: Path) -> None:
 
 
 def aenv_rollout(*args: str) -> list[str]:
-    return [sys.executable, "-m", "aenv_ray.cli", "rollout", TERMINAL, *args]
+    return [sys.executable, "-m", "aenv_cli", "rollout", TERMINAL, *args]
 
 
 def test_a_torn_last_line_is_rerun_and_said_and_a_corrupt_one_stops_the_cli(

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from aenv_ray.cli import main
+from aenv_cli import main
 from aenv_ray.errors import ConfigurationError
 from builtin_envs.tau2 import get_domain, grade
 from builtin_envs.tau2._docstring import parse_docstring

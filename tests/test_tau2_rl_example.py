@@ -196,7 +196,7 @@ def test_aenv_rollout_plays_a_model_against_tau2s_user(
         )
     )
     secret = "sk-user-secret-42"
-    command = [sys.executable, "-m", "aenv_ray.cli", "rollout", "tau2@1.0.0", "--tasks", str(tasks),
+    command = [sys.executable, "-m", "aenv_cli", "rollout", "tau2@1.0.0", "--tasks", str(tasks),
                "-n", "2", "-c", "2", "--no-ray", "--out", str(tmp_path / "out"),
                "--base-url", chat.url, "--model", "agent-model", "--max-turns", "30",
                "-e", "TAU2_USER_LLM=user-model", "-e", f"TAU2_USER_LLM_API_BASE={chat.url}",

@@ -54,7 +54,7 @@ def test_aenv_rollout_replays_gold_actions_to_reward_one(tmp_path: Path) -> None
         [
             sys.executable,
             "-m",
-            "aenv_ray.cli",
+            "aenv_cli",
             "rollout",
             "tau2@1.0.0",
             "--tasks",

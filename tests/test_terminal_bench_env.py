@@ -498,7 +498,7 @@ async def test_aenv_rollout_runs_the_demo_solutions_to_reward_one(tmp_path: Path
         [
             sys.executable,
             "-m",
-            "aenv_ray.cli",
+            "aenv_cli",
             "rollout",
             "terminal-bench@1.0.0",
             "--episodes",

@@ -23,9 +23,9 @@ import httpx
 import orjson
 import pytest
 
+from aenv_cli._scaffold import write_project
 from aenv_ray import Environment, errors
 from aenv_ray.bundle import build_bundle
-from aenv_ray.cli._scaffold import write_project
 from aenv_ray.engine import InstanceSpec
 from aenv_ray.errors import (
     AuthenticationError,

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from aenv_ray.cli._common import EXIT_USAGE, die
+from aenv_cli._common import EXIT_USAGE, die
 from aenv_ray.errors import DefinitionError
 
 __all__ = ["check_loads", "describe"]

@@ -1,4 +1,6 @@
-"""``aenv``: the command line (a typer app; ``main`` is the console script).
+"""aenv_cli: ``aenv``, the command line (a typer app; ``main`` is the console script).
+
+Owns the commands. It stands above the packages it assembles (engines, the hub, rollout).
 
 Exit codes, one rule for every command:
 
@@ -22,7 +24,8 @@ Importing this package imports typer only; commands import the runtime when they
 
 May import: typer, rich, packaging (the wheel ``aenv build`` writes), ``aenv_ray``,
 ``sandbox_runtime``, ``local_backend`` (the engine daemon), ``rollout`` and ``envhub`` (the hub
-and its bundles; all inside commands).
+and its bundles; all inside commands). Must not import at import time: ray, kubernetes,
+gymnasium, the runtime.
 """
 
 from __future__ import annotations
@@ -34,15 +37,15 @@ from typing import Annotated, Any
 
 import typer
 
-from aenv_ray import __version__
-from aenv_ray.cli import _build, _hub, _instance, _project, _rollout, _serve, _service, _tau2
-from aenv_ray.cli._common import (
+from aenv_cli import _build, _hub, _instance, _project, _rollout, _serve, _service, _tau2
+from aenv_cli._common import (
     EXIT_FAILURE,
     EXIT_USAGE,
     aenvironment_conflict,
     error_line,
     json_format,
 )
+from aenv_ray import __version__
 from aenv_ray.errors import AEnvError, ConfigurationError, EnvironmentNotFoundError
 
 __all__ = ["app", "main"]

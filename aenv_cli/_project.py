@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from pydantic import ValidationError
 
-from aenv_ray.cli._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, WorkDir, die, one_directory
+from aenv_cli._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, WorkDir, die, one_directory
 from aenv_ray.config import EnvConfig
 from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT, DEFAULT_MCP_PORT
 
@@ -62,7 +62,7 @@ def _check_version(version: str) -> str:
 def _config_only(parent: Path, name: str, version: str, force: bool) -> None:
     """``aenv init --config-only``: ``config.json`` alone, in ``parent`` itself (as
     AEnvironment's ``aenv init --config-only`` writes it)."""
-    from aenv_ray.cli._scaffold import config_text
+    from aenv_cli._scaffold import config_text
 
     path = parent / "config.json"
     if path.exists() and not force:
@@ -110,7 +110,7 @@ def init(
     ] = "default",
 ) -> None:
     """Create a working example project NAME/ offline: config.json, src/, tests/, Dockerfile."""
-    from aenv_ray.cli._scaffold import write_project
+    from aenv_cli._scaffold import write_project
 
     if template != "default":
         raise typer.BadParameter(f"`{template}`: the one template is `default`", param_hint="-t")

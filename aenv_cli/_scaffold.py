@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from string import Template
 
-from aenv_ray.cli._image import DEFAULT_BASE_IMAGE, dockerfile_lines
+from aenv_cli._image import DEFAULT_BASE_IMAGE, dockerfile_lines
 from aenv_ray.config import EnvConfig
 
 __all__ = ["config_text", "module_name", "project_files", "write_project"]

@@ -22,7 +22,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from aenv_ray.cli._common import EXIT_USAGE, die, json_format, one_directory
+from aenv_cli._common import EXIT_USAGE, die, json_format, one_directory
 from aenv_ray.envref import LATEST, EnvRef
 from aenv_ray.errors import ConfigurationError, VersionConflictError
 
@@ -137,7 +137,7 @@ def push(
         digest, ref = digest_of(data), info.config.ref
         what, shown = f"{ref} (the bundle {_shown(path)})", ""
 
-    from aenv_ray.cli._loadcheck import check_loads
+    from aenv_cli._loadcheck import check_loads
 
     check_loads(data, what, shown)  # never publish what cannot load (in a sandbox, as the hub does)
 

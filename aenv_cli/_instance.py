@@ -21,7 +21,7 @@ from typing import Annotated, Any
 
 import typer
 
-from aenv_ray.cli._common import EXIT_USAGE, die, json_format, pairs
+from aenv_cli._common import EXIT_USAGE, die, json_format, pairs
 
 __all__ = ["app", "instances", "pairs"]
 

@@ -20,7 +20,7 @@ from typing import Annotated, Any, TextIO
 
 import typer
 
-from aenv_ray.cli._common import EXIT_FAILURE, EXIT_USAGE, die
+from aenv_cli._common import EXIT_FAILURE, EXIT_USAGE, die
 
 __all__ = ["app"]
 

@@ -26,7 +26,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from aenv_ray.cli._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, die, pairs
+from aenv_cli._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, die, pairs
 from aenv_ray.engine import ENGINES
 
 __all__ = ["register"]

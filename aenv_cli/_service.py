@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from aenv_ray.cli._common import EXIT_USAGE, die, pairs
-from aenv_ray.cli._hub import hub_call
+from aenv_cli._common import EXIT_USAGE, die, pairs
+from aenv_cli._hub import hub_call
 
 if TYPE_CHECKING:
     from aenv_ray.config import ServiceConfig

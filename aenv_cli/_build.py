@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from aenv_ray.cli._common import EXIT_FAILURE, EXIT_USAGE, die
+from aenv_cli._common import EXIT_FAILURE, EXIT_USAGE, die
 from aenv_ray.config import EnvConfig
 from aenv_ray.errors import ConfigurationError
 
 if TYPE_CHECKING:
+    from aenv_cli._image import Context
     from aenv_ray.bundle import Bundle
-    from aenv_ray.cli._image import Context
 
 __all__ = ["default_tag", "register"]
 
@@ -84,7 +84,7 @@ def _manifest(bundle: Bundle) -> dict[str, Any]:
 def _dockerfile(project: Path, bundle: Bundle) -> tuple[str, str]:
     """The image's Dockerfile and where it comes from: the project's ``buildConfig.dockerfile``
     when that file exists (``aenv init`` writes one), else one written for the bundle."""
-    from aenv_ray.cli._image import base_image, dockerfile_text
+    from aenv_cli._image import base_image, dockerfile_text
 
     base_image(bundle.config)  # a bad buildConfig.baseImage is an error, whichever is used
     named = bundle.config.build_config.dockerfile
@@ -107,8 +107,8 @@ def _write_outputs(
 ) -> tuple[dict[str, Path], Context, str]:
     """Write the bundle, lock, manifest and the image's context into ``out``: their paths by
     label, the context, and where its Dockerfile comes from."""
-    from aenv_ray.cli._image import CONTEXT_DIR, prepare_context
-    from aenv_ray.cli._wheel import build_wheel
+    from aenv_cli._image import CONTEXT_DIR, prepare_context
+    from aenv_cli._wheel import build_wheel
 
     # first: a bad baseImage or Dockerfile, or no wheel to be had, must leave nothing written
     dockerfile, origin = _dockerfile(project, bundle)
@@ -219,8 +219,8 @@ def build(
     of docker, podman, buildah on PATH; without one, build it elsewhere with
     `docker build -t NAME:VERSION DIR/image`.
     """
+    from aenv_cli._loadcheck import check_loads, describe
     from aenv_ray.bundle import build_bundle
-    from aenv_ray.cli._loadcheck import check_loads, describe
 
     _check_tag(tag)
     out_dir = project / "dist" if out is None else out
@@ -295,7 +295,7 @@ def expected_image(config: EnvConfig) -> str:
 def _check_context(context: Context) -> None:
     """Exit 2 when the Dockerfile copies a file the context does not hold (a Dockerfile
     written for another layout): before any builder runs, and where none exists."""
-    from aenv_ray.cli._image import ENV_DIR, WHEELS_DIR, missing_sources
+    from aenv_cli._image import ENV_DIR, WHEELS_DIR, missing_sources
 
     missing = missing_sources(context.dockerfile.read_text(encoding="utf-8"), context.path)
     if not missing:
@@ -317,7 +317,7 @@ def _build_image_if_possible(
     """Build the image ``tag`` in ``context`` with the first container builder on PATH; with
     none, or one that cannot build here, say so in one line and stop (the bundle is what EnvHub
     needs)."""
-    from aenv_ray.cli._image import find_image_builder
+    from aenv_cli._image import find_image_builder
 
     by_hand = f"`docker build -t {tag} {_shown(context.path)}`"
     builder = find_image_builder()
