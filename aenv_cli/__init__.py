@@ -22,8 +22,11 @@ Every error is one line on stderr, ``aenv: error: WHAT``; usage errors end with
 
 Layout: a module per command group. Top-level commands on a project live in ``_project.py``
 (``register(app)``); a group such as ``aenv instance ...`` goes in its own module holding a
-``typer.Typer()`` that is mounted here with ``app.add_typer(module.app, name="instance")``.
-Importing this package imports typer only; commands import the runtime when they run.
+``typer.Typer()`` that is mounted in ``_app.py`` with ``app.add_typer(module.app,
+name="instance")``. Importing this package imports no typer: ``aenv``, ``aenv --help`` and
+``aenv --version`` are answered without it when they can be (:mod:`aenv_cli._fast`); the app
+(``aenv_cli.app``, :mod:`aenv_cli._app`) imports typer, and commands import the runtime when they
+run.
 
 May import: typer, rich, pydantic (a project's validation errors), packaging (the wheel
 ``aenv build`` writes), ``aenv_ray``; lazily, inside functions: ``sandbox_runtime`` (``aenv
@@ -35,113 +38,16 @@ kubernetes, gymnasium, the runtime.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Any
 
-import typer
+from aenv_cli._fast import EXIT_USAGE, aenvironment_conflict, answer, error_line
 
-from aenv_cli import _build, _hub, _instance, _project, _rollout, _serve, _service, _tau2
-from aenv_cli._common import (
-    EXIT_FAILURE,
-    EXIT_USAGE,
-    aenvironment_conflict,
-    error_line,
-    json_format,
-)
-from aenv_ray import __version__
-from aenv_ray.errors import AEnvError, ConfigurationError, EnvironmentNotFoundError
+if TYPE_CHECKING:
+    from aenv_cli._app import app
 
 __all__ = ["app", "main"]
-
-app = typer.Typer(
-    name="aenv",
-    help="aenv-ray: environments as code for agentic RL. Create, test and serve environments.",
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-
-
-def _show_version(value: bool) -> None:
-    if value:
-        print(f"aenv-ray {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _root(
-    version: Annotated[
-        bool,
-        typer.Option(
-            "--version", help="print the version and exit", callback=_show_version, is_eager=True
-        ),
-    ] = False,
-) -> None:
-    """aenv-ray: environments as code for agentic RL. Create, test and serve environments."""
-
-
-@app.command("version")
-def version_command(
-    short: Annotated[bool, typer.Option("--short", "-s", help="the version number only")] = False,
-    as_json: Annotated[bool, typer.Option("--json", "-j", help="print JSON")] = False,
-    output: Annotated[
-        str, typer.Option("--format", "-f", help="table or json (AEnvironment's spelling)")
-    ] = "table",
-) -> None:
-    """Print aenv-ray's version (and Python's and the platform's)."""
-    import platform
-
-    json_format(output)
-    info = {
-        "version": __version__,
-        "package": "aenv-ray",
-        "aenvironment_api": "0.1.7",
-        "python_version": platform.python_version(),
-        "platform": f"{sys.platform}/{platform.machine()}",
-    }
-    if short:
-        print(__version__)
-    elif as_json or output == "json":
-        print(json.dumps(info, indent=2))
-    else:
-        print(f"aenv-ray {__version__}")
-        print(f"AEnvironment API: {info['aenvironment_api']} (import aenv)")
-        print(f"Python: {info['python_version']}")
-        print(f"Platform: {info['platform']}")
-
-
-_project.register(app)
-_rollout.register(app)
-_build.register(app)
-_serve.register(app)
-_hub.register(app)
-app.add_typer(_instance.app, name="instance")
-app.command("instances")(_instance.instances)
-app.add_typer(_service.app, name="service")
-app.add_typer(_tau2.app, name="tau2")
-
-
-def _click_errors() -> tuple[type[BaseException], ...]:
-    # typer >= 0.2x vendors click and roots its errors at TyperException; older typer builds on
-    # click itself, which is then imported already. Catch whichever is in use.
-    found: list[type[BaseException]] = []
-    if hasattr(typer, "TyperException"):
-        found.append(typer.TyperException)
-    click = sys.modules.get("click")
-    if click is not None:
-        found.append(click.ClickException)
-    return tuple(found)
-
-
-def _usage_line(exc: Any) -> str:
-    message = " ".join(exc.format_message().split())
-    if len(message) > 1 and message[0].isupper() and message[1].islower():
-        message = message[0].lower() + message[1:]
-    ctx = getattr(exc, "ctx", None)
-    command = ctx.command_path if ctx is not None else "aenv"
-    return f"{error_line(message)}; see '{command} --help'"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -150,25 +56,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if conflict is not None:  # which `aenv` runs depends on the order of the two installs
         print(error_line(conflict), file=sys.stderr)
         return EXIT_USAGE
-    command = typer.main.get_command(app)
-    args = list(sys.argv[1:] if argv is None else argv) or ["--help"]
-    try:
-        result = command.main(args=args, prog_name="aenv", standalone_mode=False)
-    except (ConfigurationError, EnvironmentNotFoundError) as exc:  # fix the name or the project
-        print(error_line(str(exc)), file=sys.stderr)
-        return EXIT_USAGE
-    except AEnvError as exc:
-        print(error_line(str(exc)), file=sys.stderr)
-        return EXIT_FAILURE
-    except typer.Abort:
-        print("aenv: aborted", file=sys.stderr)
-        return EXIT_FAILURE
-    except _click_errors() as exc:
-        code = int(getattr(exc, "exit_code", EXIT_FAILURE))
-        if code == EXIT_USAGE:
-            print(_usage_line(exc), file=sys.stderr)
-        else:
-            # both TyperException and click's ClickException have format_message
-            print(error_line(exc.format_message()), file=sys.stderr)  # type: ignore[attr-defined]
-        return code
-    return result if isinstance(result, int) else 0
+    args = list(sys.argv[1:] if argv is None else argv)
+    code = answer(args, _run)  # --version and the help, without importing typer when it can
+    return _run(args) if code is None else code
+
+
+def _run(args: list[str]) -> int:
+    from aenv_cli._app import run
+
+    return run(args)
+
+
+def __getattr__(name: str) -> Any:
+    """``aenv_cli.app``, the typer app, imported on first use (PEP 562)."""
+    if name == "app":
+        from aenv_cli import _app
+
+        return _app.app
+    raise AttributeError(f"module 'aenv_cli' has no attribute {name!r}")

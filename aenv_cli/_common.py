@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import sys
 from pathlib import Path
@@ -21,15 +20,7 @@ __all__ = [
     "one_directory",
 ]
 
-EXIT_OK = 0
-EXIT_FAILURE = 1  # something went wrong while doing the work (port taken, instance broken)
-EXIT_USAGE = 2  # the command line or the project must change (bad option, bad config.json)
-
-
-def error_line(message: str) -> str:
-    """``aenv: error: MESSAGE`` on one line (newlines folded, a trailing period dropped)."""
-    text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
-    return f"aenv: error: {text.rstrip('.') or 'failed'}"
+from aenv_cli._fast import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, aenvironment_conflict, error_line
 
 
 def die(message: str, code: int = EXIT_FAILURE) -> NoReturn:
@@ -56,22 +47,6 @@ def pairs(values: list[str], option: str, *, from_environment: bool = False) -> 
             raise typer.BadParameter(f"`{item}` is not KEY=VALUE{hint}", param_hint=option)
         out[key] = value
     return out
-
-
-def aenvironment_conflict() -> str | None:
-    """Why ``aenv`` cannot run here, when AEnvironment (``aenvironment``) is installed beside
-    aenv-ray: both install the ``aenv`` command and the ``aenv`` package (see the ``aenv``
-    package's ``_conflict``); None when it is not installed."""
-    try:
-        version = importlib.metadata.version("aenvironment")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    return (
-        f"AEnvironment (the `aenvironment` package, {version}) is installed in this Python "
-        "environment; it installs an `aenv` command and an `aenv` package as aenv-ray does, and "
-        "the two cannot share an environment. Give each its own virtual environment, or run "
-        "`pip uninstall aenvironment` and then `pip install --force-reinstall --no-deps aenv-ray`"
-    )
 
 
 WorkDir = Annotated[

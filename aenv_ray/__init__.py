@@ -21,24 +21,20 @@ Must not import: ``aenv_cli``, ``sandbox_runtime``, ``local_backend``, ``k8s_bac
 ``envhub``, ``rollout``, ``builtin_envs``, ``aenv`` (the rooms above it), ray, kubernetes,
 gymnasium.
 
-In a fresh interpreter (``tests/test_architecture.py`` checks it)::
+``import aenv_ray`` imports the error tree and nothing else: every other public name is imported
+on first use (``aenv_ray.Environment``, ``from aenv_ray import register_tool``), so that a
+program, a test or the CLI that needs none of them starts at the speed of Python itself. In a
+fresh interpreter (``tests/test_architecture.py`` checks it)::
 
     import aenv_ray, sys
-    assert not any(m in sys.modules for m in ("ray", "kubernetes", "gymnasium"))
+    assert not any(m in sys.modules for m in ("ray", "kubernetes", "gymnasium", "pydantic"))
 """
 
-from typing import Any
+from __future__ import annotations
 
-from aenv_ray.config import EnvConfig
-from aenv_ray.engine import (
-    InstanceInfo,
-    InstanceSpec,
-    InstanceState,
-    Route,
-    SandboxEngine,
-    TerminationReason,
-)
-from aenv_ray.environment import Environment, EnvironmentState
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from aenv_ray.errors import (
     AcquireTimeoutError,
     AEnvError,
@@ -90,16 +86,68 @@ from aenv_ray.errors import (
     ToolTimeoutError,
     VersionConflictError,
 )
-from aenv_ray.processes import keep_processes
-from aenv_ray.protocol import ToolErrorKind, ToolResult
-from aenv_ray.registry import (
-    DefinitionRegistry,
-    register_function,
-    register_health,
-    register_reward,
-    register_tool,
+
+if TYPE_CHECKING:
+    from aenv_ray.config import EnvConfig
+    from aenv_ray.engine import (
+        InstanceInfo,
+        InstanceSpec,
+        InstanceState,
+        Route,
+        SandboxEngine,
+        TerminationReason,
+    )
+    from aenv_ray.environment import Environment, EnvironmentState
+    from aenv_ray.processes import keep_processes
+    from aenv_ray.protocol import ToolErrorKind, ToolResult
+    from aenv_ray.registry import (
+        DefinitionRegistry,
+        register_function,
+        register_health,
+        register_reward,
+        register_tool,
+    )
+    from aenv_ray.resolve import available_environments
+
+# Imported on first use (PEP 562), so that ``import aenv_ray`` costs little more than starting
+# Python: the SDK, the engine contract and the decorators bring pydantic, asyncio and orjson, the
+# error tree above only the standard library. ``tests/test_architecture.py`` checks both.
+_LAZY = {
+    "DefinitionRegistry": "aenv_ray.registry",
+    "EnvConfig": "aenv_ray.config",
+    "Environment": "aenv_ray.environment",
+    "EnvironmentState": "aenv_ray.environment",
+    "InstanceInfo": "aenv_ray.engine",
+    "InstanceSpec": "aenv_ray.engine",
+    "InstanceState": "aenv_ray.engine",
+    "Route": "aenv_ray.engine",
+    "SandboxEngine": "aenv_ray.engine",
+    "TerminationReason": "aenv_ray.engine",
+    "ToolErrorKind": "aenv_ray.protocol",
+    "ToolResult": "aenv_ray.protocol",
+    "available_environments": "aenv_ray.resolve",
+    "keep_processes": "aenv_ray.processes",
+    "register_function": "aenv_ray.registry",
+    "register_health": "aenv_ray.registry",
+    "register_reward": "aenv_ray.registry",
+    "register_tool": "aenv_ray.registry",
+}
+# the submodules ``import aenv_ray`` used to import, still reachable as attributes after it alone
+_SUBMODULES = frozenset(
+    {
+        "config",
+        "engine",
+        "environment",
+        "envref",
+        "openai_tools",
+        "processes",
+        "protocol",
+        "registry",
+        "resolve",
+        "settings",
+        "signature",
+    }
 )
-from aenv_ray.resolve import available_environments
 
 __version__ = "0.1.0"
 
@@ -176,7 +224,14 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """``aenv_ray.Registry``: the old name of :class:`DefinitionRegistry`, kept for a while."""
+    """The public names above, imported on first use; a submodule (``aenv_ray.config``) the same
+    way, as before they were imported eagerly; ``aenv_ray.Registry``: the old name of
+    :class:`DefinitionRegistry`, kept for a while."""
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
     if name == "Registry":
         import warnings
 
@@ -186,5 +241,11 @@ def __getattr__(name: str) -> Any:
             DeprecationWarning,
             stacklevel=2,
         )
-        return DefinitionRegistry
+        return __getattr__("DefinitionRegistry")
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'aenv_ray' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -278,14 +278,18 @@ def test_aenv_refuses_to_import_beside_aenvironment() -> None:
     assert "site-packages" in theirs.stdout
 
 
-def test_the_aenv_command_refuses_to_run_beside_aenvironment(tmp_path: Path) -> None:
+# `--version` and the help are answered before typer is imported (aenv_cli._fast): the check too
+@pytest.mark.parametrize("args", [["version"], ["--version"], ["--help"]])
+def test_the_aenv_command_refuses_to_run_beside_aenvironment(
+    tmp_path: Path, args: list[str]
+) -> None:
     python = oracle_python(AENVIRONMENT)
     # AEnvironment's installed metadata, and nothing else of it, on this interpreter's path
     site = next(Path(python).parent.parent.glob("lib/python*/site-packages"))
     meta = next(site.glob("aenvironment-*.dist-info"))
     shutil.copytree(meta, tmp_path / meta.name)
     done = subprocess.run(
-        [sys.executable, "-m", "aenv_cli", "version"],
+        [sys.executable, "-m", "aenv_cli", *args],
         env={**os.environ, "PYTHONPATH": str(tmp_path)},
         capture_output=True,
         text=True,

@@ -624,12 +624,13 @@ def test_only_k8s_backend_imports_kubernetes_and_in_one_module() -> None:
 BUILD_AND_PUSH = ("aenv_cli._build", "aenv_cli._hub", "aenv_cli._loadcheck")
 
 
-def _reached(starts: tuple[str, ...]) -> dict[str, bool]:
-    """Every module of ours that running ``starts`` may load, each with whether its functions
-    may run (True) or only its top level (False: loaded as a package or a sibling). An engine's
-    package is not entered: an engine is where environment code runs (in a sandbox)."""
+def _reached(starts: tuple[str, ...], loaded: tuple[str, ...] = ()) -> dict[str, bool]:
+    """Every module of ours that running ``starts`` (after loading ``loaded``) may load, each
+    with whether its functions may run (True) or only its top level (False: loaded as a package
+    or a sibling). An engine's package is not entered: an engine is where environment code runs
+    (in a sandbox)."""
     seen: dict[str, bool] = {}
-    todo = [(m, True) for m in starts]
+    todo = [(m, True) for m in starts] + [(m, False) for m in loaded]
     while todo:
         module, runs = todo.pop()
         if seen.get(module) in (runs, True) or _root(module) in ("local_backend", "k8s_backend"):
@@ -644,7 +645,7 @@ def _reached(starts: tuple[str, ...]) -> dict[str, bool]:
 
 
 def test_aenv_build_and_push_import_neither_the_hub_nor_the_runtime() -> None:
-    reached = _reached(BUILD_AND_PUSH)
+    reached = _reached(BUILD_AND_PUSH, loaded=("aenv_cli._app",))  # the app mounts every command
     # the walk means something: the commands reach the format, the image, the hub client and
     # the engine contract, and load the other commands' modules without running them
     assert reached["aenv_ray.bundle"]
@@ -711,12 +712,47 @@ def test_importing_the_sdk_stays_light() -> None:
     assert not heavy, f"import aenv_ray imports {sorted(heavy)}"
 
 
+# what the SDK's own first use brings; ``import aenv_ray`` alone brings none of it (issue 24: a
+# bare import costs at most 6x starting Python; benchmarks/bench_startup.py measures it)
+SDK_WEIGHT = ["pydantic", "pydantic_core", "pydantic_settings", "asyncio", "orjson", "aiohttp"]
+
+
+def test_importing_aenv_ray_imports_the_error_tree_alone() -> None:
+    _, added = _modules_added_by("import aenv_ray")
+    assert {"aenv_ray", "aenv_ray.errors"} <= added
+    heavy = _roots(added) & set(SDK_WEIGHT)
+    assert not heavy, f"import aenv_ray imports {sorted(heavy)}: make it lazy (_LAZY)"
+    assert not {m for m in added if m.startswith("aenv_ray.")} - {"aenv_ray.errors"}
+
+
+def test_the_sdk_names_are_imported_on_first_use() -> None:
+    # the lazy names resolve to the very objects of their modules, and bring their weight then
+    _, added = _modules_added_by(
+        "import aenv_ray, aenv_ray.environment as e, aenv_ray.registry as r\n"
+        "assert aenv_ray.Environment is e.Environment\n"
+        "assert aenv_ray.register_tool is r.register_tool\n"
+        "from aenv_ray import EnvConfig, ToolResult, keep_processes, available_environments\n"
+        "assert aenv_ray.config.EnvConfig is EnvConfig"
+    )
+    assert {"pydantic", "asyncio", "orjson"} <= _roots(added)
+    assert {"aenv_ray.config", "aenv_ray.protocol", "aenv_ray.resolve"} <= added
+
+
 def test_importing_the_cli_imports_no_server() -> None:
-    _, added = _modules_added_by("import aenv_cli")
+    _, added = _modules_added_by("from aenv_cli import app")
     assert "typer" in _roots(added)
-    # "Importing this package imports typer only; commands import the runtime when they run."
+    # "the app imports typer, and commands import the runtime when they run"
     heavy = _roots(added) & {*HEAVY, "sandbox_runtime", "starlette"}
+    assert not heavy, f"the aenv_cli app imports {sorted(heavy)}"
+
+
+def test_importing_the_cli_package_imports_no_typer() -> None:
+    # the console script imports the package: `aenv --help` and `--version` answer from there
+    _, added = _modules_added_by("import aenv_cli")
+    assert {"aenv_cli", "aenv_cli._fast"} <= added
+    heavy = _roots(added) & {"typer", "rich", *SDK_WEIGHT}
     assert not heavy, f"import aenv_cli imports {sorted(heavy)}"
+    assert "aenv_cli._app" not in added
 
 
 def test_importing_the_runtime_imports_no_layer_above_it() -> None:

@@ -107,6 +107,61 @@ def test_version() -> None:
     assert result.stdout.strip() == f"aenv-ray {__version__}"
 
 
+def _imported_by(*args: str, **env: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    """``python -X importtime -m aenv_cli ARGS``: its result and the modules it imported."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "aenv_cli", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    lines = [line for line in result.stderr.splitlines() if line.startswith("import time:")]
+    return result, {line.rsplit("|", 1)[1].strip() for line in lines}
+
+
+def test_version_is_answered_without_typer() -> None:
+    from aenv_ray import __version__
+
+    result, imported = _imported_by("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"aenv-ray {__version__}\n"
+    assert "aenv_cli" in imported  # the check sees the CLI's own imports
+    assert not {m for m in imported if m.split(".")[0] in ("typer", "rich", "pydantic")}
+
+
+def test_help_is_rendered_once_then_answered_without_typer(tmp_path: Path) -> None:
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "COLUMNS": "80"}
+    kept = tmp_path / "cache" / "aenv-ray" / "help"
+    first, imported = _imported_by("--help", **env)
+    assert first.returncode == 0, first.stderr
+    assert "typer" in imported  # rendered by the app, as before
+    assert [p.read_text() for p in kept.glob("*.txt")] == [first.stdout]
+    again, imported = _imported_by("--help", **env)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == first.stdout
+    assert not {m for m in imported if m.split(".")[0] in ("typer", "rich")}
+    assert "aenv_cli._app" not in imported
+    # the same text for -h and a bare aenv, as the app prints it
+    assert aenv("-h", **env).stdout == aenv(**env).stdout == first.stdout
+    # another width is another rendering: the app renders it again, at that width
+    wide = aenv("--help", **{**env, "COLUMNS": "120"})
+    assert {len(line) for line in wide.stdout.splitlines()} == {0, 120}  # and blank lines
+    assert {len(line) for line in first.stdout.splitlines()} == {0, 80}
+    assert len(list(kept.glob("*.txt"))) == 4  # --help, -h, bare, and --help at 120
+
+
+def test_help_without_a_writable_cache_is_rendered_each_time(tmp_path: Path) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    for _ in range(2):
+        result = aenv("--help", XDG_CACHE_HOME=str(blocked), COLUMNS="80")
+        assert result.returncode == 0, result.stderr
+        assert "Usage: aenv [OPTIONS] COMMAND [ARGS]..." in result.stdout
+        assert not result.stderr
+
+
 # -- usage mistakes: one line, exit 2 ------------------------------------------------------------
 
 
