@@ -169,8 +169,8 @@ K8S_FIXTURES = frozenset({"kube_cluster", "rbac_cluster"})
 # times. A test's lane is, first match wins: a lane marker of its own (a decorator, or the
 # file's `pytestmark`); the lane of a fixture it uses (LANE_FIXTURES, the heaviest first); its
 # file's lane (FILE_LANES); else `process`. A file of pure in-process tests says so in
-# FILE_LANES ("unit"); a test in it that starts a process in its body carries
-# `@pytest.mark.process`.
+# FILE_LANES ("unit"), and only such files hold unit tests (`-m unit` collects them alone); a
+# test in one that starts a process in its body carries `@pytest.mark.process`.
 LANES = ("k8s", "oracle", "ray", "process", "unit")
 """The lanes, heaviest first."""
 
@@ -240,6 +240,19 @@ FILE_LANES: dict[str, str] = {
 """A file's lane when neither a marker nor a fixture decides (file name -> lane)."""
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under ``-m unit`` alone, files not in the unit lane are not even imported (the fast
+    lane's tests live in FILE_LANES's "unit" files), so that lane takes seconds."""
+    if (
+        config.getoption("markexpr", "").strip() == "unit"
+        and collection_path.name.startswith("test_")
+        and collection_path.suffix == ".py"
+        and FILE_LANES.get(collection_path.name) != "unit"
+    ):
+        return True
+    return None
+
+
 def lane_of(item: pytest.Item) -> str:
     """The lane of ``item`` (see the comment above :data:`LANES`)."""
     own = [lane for lane in LANES if item.get_closest_marker(lane) is not None]
@@ -263,6 +276,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     changed."""
     for item in items:
         lane = lane_of(item)
+        if lane == "unit" and FILE_LANES.get(item.path.name) != "unit":
+            raise pytest.UsageError(
+                f"{item.nodeid} is marked unit but its file is not a unit file: add the file "
+                "to FILE_LANES in tests/conftest.py as unit (`-m unit` collects those alone)"
+            )
         if item.get_closest_marker(lane) is None:
             item.add_marker(getattr(pytest.mark, lane))
     if not config.pluginmanager.hasplugin("xdist"):
