@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from aenv_ray.engine import SandboxEngine, named_engine
 from aenv_ray.testing import RuntimeProcess
 from tests._k8s import KubeCluster, tools_dir
 from tests._nobody import unprivileged_python
@@ -42,6 +43,16 @@ def fresh_probe() -> Iterator[RuntimeProcess]:
     """A probe runtime of the test's own."""
     with RuntimeProcess(PROBE) as runtime:
         yield runtime
+
+
+@pytest.fixture(scope="session")
+def warm_engine() -> SandboxEngine:
+    """The session's one local engine, warm: the process-wide one every ``Environment``
+    without an engine uses (``aenv_ray.engine.named_engine("local")``), so that a template
+    (a zygote: the project imported once) started by one file serves the next. For tests
+    whose subject is not an engine's own lifecycle, faults or limits (those make their own):
+    never close it, and leave no instance behind (``async with Environment(...)``)."""
+    return named_engine("local")
 
 
 @pytest.fixture(scope="session")
