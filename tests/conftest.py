@@ -205,6 +205,24 @@ LANE_FIXTURES: dict[str, frozenset[str]] = {
 """The fixtures that put a test in a lane whatever its file."""
 
 FILE_LANES: dict[str, str] = {
+    # in this process only: parsing, validation, rendering, registries, doctests
+    **dict.fromkeys(
+        (
+            "test_doctests.py",
+            "test_envref.py",
+            "test_errors.py",
+            "test_hub_limits.py",
+            "test_hub_names.py",
+            "test_k8s_manifests.py",
+            "test_k8s_templates.py",
+            "test_loader.py",
+            "test_pod_template_policy.py",
+            "test_registry.py",
+            "test_tau2_core.py",
+            "test_tau2_telecom.py",
+        ),
+        "unit",
+    ),
     # the originals' own code, each in a virtual environment of its own (tests/_oracles.py)
     **dict.fromkeys(
         (
