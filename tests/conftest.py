@@ -177,11 +177,11 @@ K8S_FIXTURES = frozenset({"kube_cluster", "rbac_cluster"})
 # -- lanes -------------------------------------------------------------------------------------
 # Every test is in exactly one lane, a marker (pyproject.toml): `scripts/test -m unit` runs the
 # fast lane alone, `-m "not k8s"` all but the cluster's. docs/testing.md lists them with their
-# times. A test's lane is, first match wins: a lane marker of its own (a decorator, or the
-# file's `pytestmark`); the lane of a fixture it uses (LANE_FIXTURES, the heaviest first); its
-# file's lane (FILE_LANES); else `process`. A file of pure in-process tests says so in
-# FILE_LANES ("unit"), and only such files hold unit tests (`-m unit` collects them alone); a
-# test in one that starts a process in its body carries `@pytest.mark.process`.
+# times. A test's lane is a lane marker of its own (a decorator, or the file's `pytestmark`);
+# else the heaviest of its fixtures' lanes (LANE_FIXTURES) and its file's (FILE_LANES; a file
+# not there: `process`). A file of pure in-process tests says so in FILE_LANES ("unit"), and
+# only such files hold unit tests (`-m unit` collects them alone); a test in one that starts a
+# process in its body carries `@pytest.mark.process`.
 LANES = ("k8s", "oracle", "ray", "process", "unit")
 """The lanes, heaviest first."""
 
@@ -288,10 +288,9 @@ def lane_of(item: pytest.Item) -> str:
     if own:
         return own[0]
     fixtures = set(getattr(item, "fixturenames", ()))
-    for lane in LANES:
-        if LANE_FIXTURES.get(lane, frozenset()) & fixtures:
-            return lane
-    return FILE_LANES.get(item.path.name, "process")
+    found = {lane for lane in LANES if LANE_FIXTURES.get(lane, frozenset()) & fixtures}
+    found.add(FILE_LANES.get(item.path.name, "process"))
+    return next(lane for lane in LANES if lane in found)  # the heaviest
 
 
 @pytest.hookimpl(tryfirst=True)
