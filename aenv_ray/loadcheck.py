@@ -12,15 +12,25 @@ May import: the standard library, ``aenv_ray`` (errors).
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
+import importlib.util
 import os
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from aenv_ray.errors import ConfigurationError, DefinitionError
 
-__all__ = ["MAX_MESSAGE", "load_in_sandbox", "scrub_paths"]
+__all__ = [
+    "LOAD_CHECKER_VERSION",
+    "MAX_MESSAGE",
+    "checker_fingerprint",
+    "load_in_sandbox",
+    "scrub_paths",
+]
 
 MAX_MESSAGE = 4000
 """Characters of a load error kept (the project's own exception message may be any size)."""
@@ -89,3 +99,74 @@ async def load_in_sandbox(
     except ConfigurationError as exc:  # DefinitionError among them: the project is at fault
         raise _told_below(exc, project, shown) from None
     return manifest
+
+
+LOAD_CHECKER_VERSION = 1
+"""The version of what a load check asks of a project; bump it when that changes in a way the
+code fingerprint of :func:`checker_fingerprint` would not show (a rule kept in data, say)."""
+
+_SOURCES = ("aenv_ray", "sandbox_runtime")  # the SDK and the runtime that load the project
+_fingerprints: dict[tuple[str, float], str] = {}
+
+
+def _package_files(name: str, *, deep: bool = True) -> list[tuple[str, Path]]:
+    """The Python files of the package ``name`` (found, not imported), by relative path; its
+    subpackages' too when ``deep``."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return [(name, Path(spec.origin))] if spec is not None and spec.origin else []
+    return sorted(
+        (str(path.relative_to(location)), path)
+        for location in spec.submodule_search_locations
+        for path in (Path(location).rglob if deep else Path(location).glob)("*.py")
+        if path.is_file()
+    )
+
+
+def checker_fingerprint(engine: object, timeout: float) -> str:
+    """What a load check by ``engine`` (with ``timeout``) depends on besides the bundle, as a
+    sha256 hex digest: :data:`LOAD_CHECKER_VERSION`; the code that loads the project (the
+    files of ``aenv_ray`` and ``sandbox_runtime``, the modules of the engine's package); the
+    Python that runs it (version and executable) and every distribution installed for it (a
+    project may import any of them); the engine's kind and isolation; and the timeout (a slow
+    import passes under a longer one only). Two checks with one fingerprint and one bundle
+    digest give one answer, so EnvHub need not check a bundle twice
+    (:meth:`envhub.control.ControlPlane.check_loads`). Computed once per process for each
+    engine kind, isolation and timeout.
+
+        >>> class NoEngine: ...
+        >>> first = checker_fingerprint(NoEngine(), 120.0)
+        >>> first == checker_fingerprint(NoEngine(), 120.0)
+        True
+        >>> first == checker_fingerprint(NoEngine(), 5.0)
+        False
+    """
+    kind = f"{type(engine).__module__}.{type(engine).__qualname__}"
+    isolation = str(getattr(engine, "isolation", ""))
+    cache = (f"{kind}|{isolation}", timeout)
+    found = _fingerprints.get(cache)
+    if found is not None:
+        return found
+    digest = hashlib.sha256()
+    head = [
+        f"checker={LOAD_CHECKER_VERSION}",
+        f"engine={kind}",
+        f"isolation={isolation}",
+        f"timeout={timeout!r}",
+        f"python={sys.version}",
+        f"executable={sys.executable}",
+    ]
+    installed = sorted(
+        {f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()}
+    )
+    digest.update("\n".join([*head, *installed]).encode())
+    engine_package = type(engine).__module__.split(".", 1)[0]
+    files = [(p, *f) for p in _SOURCES for f in _package_files(p)]
+    if engine_package not in _SOURCES:  # the engine's own modules (local_backend's are flat)
+        files += [(engine_package, *f) for f in _package_files(engine_package, deep=False)]
+    for package, relative, path in files:
+        digest.update(f"\n{package}/{relative}:".encode())
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    found = digest.hexdigest()
+    _fingerprints[cache] = found
+    return found

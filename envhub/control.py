@@ -103,7 +103,7 @@ from envhub.registry import VersionRegistry
 from envhub.resolve import Definition, resolve
 from envhub.store import Document, Store
 
-__all__ = ["ControlPlane"]
+__all__ = ["LOAD_CHECKS", "ControlPlane", "load_check_key"]
 
 log = logging.getLogger("envhub.control")
 
@@ -116,6 +116,10 @@ WARM_POOL = "envhub"
 INTENTS = "intents"
 HUBS = "hubs"
 META = "meta"
+LOAD_CHECKS = "load-checks"
+"""The store's kind of bundles that passed the load check, by :func:`load_check_key`: each
+record is ``{"digest", "checker", "manifest", "at"}`` (``checker``: the fingerprint of
+:func:`aenv_ray.loadcheck.checker_fingerprint`). Only the hub writes it, never a tenant."""
 LABEL_INTENT = "aenv.intent"
 """The label naming the intent a hub wrote before the engine started the instance."""
 LABEL_STORE = "aenv.store"
@@ -125,6 +129,16 @@ HUB_LEASE = 30.0
 """Seconds a hub's heartbeat holds: another hub's intents die this long after it did."""
 INTENT_MARGIN = 60.0
 """Seconds an intent outlives its create's ``startup_timeout`` (however alive its hub)."""
+
+
+def load_check_key(digest: str, checker: str) -> str:
+    """The :data:`LOAD_CHECKS` key of the bundle ``digest`` checked by ``checker`` (a
+    fingerprint): both, so that a bundle passes once per checker, never for another one.
+
+        >>> load_check_key("sha256:ab", "cd")
+        'sha256:ab|cd'
+    """
+    return f"{digest}|{checker}"
 
 
 @dataclass
@@ -223,9 +237,16 @@ class ControlPlane:
     async def check_loads(self, data: bytes, digest: str) -> dict[str, Any] | None:
         """Load an uploaded bundle in a sandbox of the engine's; its manifest (None when the
         engine cannot inspect). A bundle that does not load raises DefinitionError and leaves
-        nothing behind; one that does stays unpacked where instances will need it."""
+        nothing behind; one that does stays unpacked where instances will need it.
+
+        A bundle whose ``digest`` (which the caller computed from ``data``) already passed the
+        check with the same checker (:func:`aenv_ray.loadcheck.checker_fingerprint`: the
+        code, Python, installed packages, engine kind and isolation, timeout) is not loaded
+        again: its manifest is the one recorded in the store's :data:`LOAD_CHECKS` then, so
+        every hub of the store checks a bundle once. A failed check is never recorded.
+        """
         from aenv_ray.bundle import extract_bundle
-        from aenv_ray.loadcheck import load_in_sandbox
+        from aenv_ray.loadcheck import checker_fingerprint, load_in_sandbox
 
         if getattr(self.engine, "inspect", None) is None:
             return None
@@ -233,13 +254,23 @@ class ControlPlane:
         fresh = not (dest / ".aenv-digest").is_file()
         dest.parent.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(extract_bundle, data, dest)
+        checker = await asyncio.to_thread(checker_fingerprint, self.engine, self.startup_timeout)
+        key = load_check_key(digest, checker)
+        passed = await self.store.get(LOAD_CHECKS, key)
+        if passed is not None and isinstance(passed.get("manifest"), dict):
+            log.info("load check passed before; not repeated", extra={"digest": digest})
+            manifest: dict[str, Any] = passed["manifest"]
+            return manifest
         try:  # its errors name the bundle's files (src/x.py:3), never where the hub keeps them
-            manifest = await load_in_sandbox(self.engine, dest, timeout=self.startup_timeout)
+            loaded = await load_in_sandbox(self.engine, dest, timeout=self.startup_timeout)
         except BaseException:
             if fresh:
                 await asyncio.to_thread(shutil.rmtree, dest, True)
             raise
-        return manifest
+        if loaded is not None:
+            record = {"digest": digest, "checker": checker, "manifest": loaded, "at": time.time()}
+            await self.store.put(LOAD_CHECKS, key, record)
+        return loaded
 
     # -- instances -----------------------------------------------------------------------------
     async def create_instance(

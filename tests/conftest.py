@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from aenv_ray.engine import SandboxEngine, named_engine
 from aenv_ray.testing import RuntimeProcess
 from tests._k8s import KubeCluster, tools_dir
 from tests._nobody import unprivileged_python
@@ -42,6 +43,16 @@ def fresh_probe() -> Iterator[RuntimeProcess]:
     """A probe runtime of the test's own."""
     with RuntimeProcess(PROBE) as runtime:
         yield runtime
+
+
+@pytest.fixture(scope="session")
+def warm_engine() -> SandboxEngine:
+    """The session's one local engine, warm: the process-wide one every ``Environment``
+    without an engine uses (``aenv_ray.engine.named_engine("local")``), so that a template
+    (a zygote: the project imported once) started by one file serves the next. For tests
+    whose subject is not an engine's own lifecycle, faults or limits (those make their own):
+    never close it, and leave no instance behind (``async with Environment(...)``)."""
+    return named_engine("local")
 
 
 @pytest.fixture(scope="session")
@@ -163,12 +174,143 @@ def rbac_cluster() -> Iterator[KubeCluster]:
 
 K8S_FIXTURES = frozenset({"kube_cluster", "rbac_cluster"})
 
+# -- lanes -------------------------------------------------------------------------------------
+# Every test is in exactly one lane, a marker (pyproject.toml): `scripts/test -m unit` runs the
+# fast lane alone, `-m "not k8s"` all but the cluster's. docs/testing.md lists them with their
+# times. A test's lane is a lane marker of its own (a decorator, or the file's `pytestmark`);
+# else the heaviest of its fixtures' lanes (LANE_FIXTURES) and its file's (FILE_LANES; a file
+# not there: `process`). A file of pure in-process tests says so in FILE_LANES ("unit"), and
+# only such files hold unit tests (`-m unit` collects them alone); a test in one that starts a
+# process in its body carries `@pytest.mark.process`.
+LANES = ("k8s", "oracle", "ray", "process", "unit")
+"""The lanes, heaviest first."""
 
+LANE_FIXTURES: dict[str, frozenset[str]] = {
+    "k8s": K8S_FIXTURES,
+    "oracle": frozenset({"tau2_oracle"}),
+    "ray": frozenset({"ray_address", "local_ray"}),
+    "process": frozenset(
+        {
+            "probe_runtime",
+            "fresh_probe",
+            "terminal_runtime",
+            "redis_server",
+            "redis_url",
+            "unprivileged",
+            "shared_hub",
+            "warm_engine",
+        }
+    ),
+}
+"""The fixtures that put a test in a lane whatever its file."""
+
+FILE_LANES: dict[str, str] = {
+    # in this process only: parsing, validation, rendering, registries, doctests
+    **dict.fromkeys(
+        (
+            "test_doctests.py",
+            "test_envref.py",
+            "test_errors.py",
+            "test_hub_limits.py",
+            "test_hub_names.py",
+            "test_k8s_manifests.py",
+            "test_k8s_templates.py",
+            "test_loader.py",
+            "test_pod_template_policy.py",
+            "test_registry.py",
+            "test_tau2_core.py",
+            "test_tau2_telecom.py",
+        ),
+        "unit",
+    ),
+    # the originals' own code, each in a virtual environment of its own (tests/_oracles.py)
+    **dict.fromkeys(
+        (
+            "test_aenv_oracle.py",
+            "test_swe_env.py",
+            "test_swe_grading.py",
+            "test_tau2_oracle_live.py",
+            "test_terminal_bench_parser.py",
+        ),
+        "oracle",
+    ),
+    # `aenv rollout` (a Ray of its own unless told `--no-ray`), rollout pools
+    **dict.fromkeys(
+        (
+            "test_rollout_errors.py",
+            "test_rollout_faults.py",
+            "test_rollout_hub.py",
+            "test_rollout_pool.py",
+            "test_rollout_precheck.py",
+            "test_rollout_records.py",
+            "test_rollout_resume.py",
+            "test_tau2_rl_example.py",
+            "test_tau2_rollout.py",
+        ),
+        "ray",
+    ),
+    # Kubernetes files all of whose tests need the cluster
+    **dict.fromkeys(
+        (
+            "test_k8s_cluster.py",
+            "test_k8s_delivery.py",
+            "test_k8s_deploy.py",
+            "test_k8s_dual.py",
+            "test_k8s_engine.py",
+            "test_k8s_pod_template_hub.py",
+            "test_k8s_pools.py",
+            "test_k8s_rbac.py",
+            "test_k8s_service_hub.py",
+            "test_k8s_services.py",
+        ),
+        "k8s",
+    ),
+}
+"""A file's lane when neither a marker nor a fixture decides (file name -> lane)."""
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under ``-m unit`` alone, files not in the unit lane are not even imported (the fast
+    lane's tests live in FILE_LANES's "unit" files), so that lane takes seconds."""
+    if (
+        config.getoption("markexpr", "").strip() == "unit"
+        and collection_path.name.startswith("test_")
+        and collection_path.suffix == ".py"
+        and FILE_LANES.get(collection_path.name) != "unit"
+    ):
+        return True
+    return None
+
+
+def lane_of(item: pytest.Item) -> str:
+    """The lane of ``item`` (see the comment above :data:`LANES`)."""
+    own = [lane for lane in LANES if item.get_closest_marker(lane) is not None]
+    if own:
+        return own[0]
+    fixtures = set(getattr(item, "fixturenames", ()))
+    found = {lane for lane in LANES if LANE_FIXTURES.get(lane, frozenset()) & fixtures}
+    found.add(FILE_LANES.get(item.path.name, "process"))
+    return next(lane for lane in LANES if lane in found)  # the heaviest
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Groups for pytest-xdist's ``--dist loadgroup`` (``AENV_TEST_WORKERS=N scripts/test``):
-    the tests of one file share a worker (their module fixtures start once), and every test of a
-    Kubernetes cluster shares one worker, so that the session starts one cluster of each kind,
-    not one per worker. The order of the tests is not changed."""
+    """Puts each test in its lane (a marker, :func:`lane_of`), then, under pytest-xdist,
+    groups for ``--dist loadgroup`` (``AENV_TEST_WORKERS=N scripts/test``): the tests of one
+    file share a worker (their module fixtures start once), and every test of a Kubernetes
+    cluster shares one worker, so that the session starts one cluster of each kind, not one
+    per worker. Lanes are marked before ``-m`` selects (pytest deselects after this hook's
+    plugins run: this hook is a ``tryfirst``). The order of the tests is not
+    changed."""
+    for item in items:
+        lane = lane_of(item)
+        if lane == "unit" and FILE_LANES.get(item.path.name) != "unit":
+            raise pytest.UsageError(
+                f"{item.nodeid} is marked unit but its file is not a unit file: add the file "
+                "to FILE_LANES in tests/conftest.py as unit (`-m unit` collects those alone)"
+            )
+        if item.get_closest_marker(lane) is None:
+            item.add_marker(getattr(pytest.mark, lane))
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:

@@ -22,10 +22,11 @@ from typing import Any
 
 import pytest
 
+from aenv_ray.engine import SandboxEngine
 from aenv_ray.errors import ConfigurationError
 from aenv_ray.hub import HubClient
+from aenv_ray.loadcheck import load_in_sandbox
 from aenv_ray.testing import free_port
-from local_backend import LocalEngine
 from rollout.precheck import EnvironmentCalls, check_policy, check_tasks
 from tests._hub import HubProcess, new_key
 
@@ -225,15 +226,10 @@ def test_a_good_run_imports_its_policy_from_the_current_directory_and_a_rerun_st
 
 
 @pytest.fixture(scope="module")
-def scored_calls(workdir: Path) -> EnvironmentCalls:
-    async def load() -> dict[str, Any]:
-        engine = LocalEngine()
-        try:
-            return await engine.inspect(workdir / "scored")
-        finally:
-            await engine.aclose()
-
-    calls = EnvironmentCalls.from_manifest("scored@1.0.0", asyncio.run(load()))
+def scored_calls(workdir: Path, warm_engine: SandboxEngine) -> EnvironmentCalls:
+    manifest = asyncio.run(load_in_sandbox(warm_engine, workdir / "scored"))
+    assert manifest is not None
+    calls = EnvironmentCalls.from_manifest("scored@1.0.0", manifest)
     assert calls is not None
     return calls
 

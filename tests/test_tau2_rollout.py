@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from aenv_ray import Environment
+from aenv_ray.engine import SandboxEngine
 from builtin_envs.demos import tau2 as demo
 from builtin_envs.tau2 import get_domain
 from builtin_envs.tau2.data import data_dir
 from builtin_envs.tau2.errors import Tau2DataError
-from local_backend import LocalEngine
 
 try:
     data_dir()
@@ -25,24 +25,21 @@ except Tau2DataError as exc:  # pragma: no cover - only without the data
 ROOT = Path(__file__).resolve().parent.parent
 
 
-async def test_variables_at_creation_in_a_local_instance() -> None:
+async def test_variables_at_creation_in_a_local_instance(warm_engine: SandboxEngine) -> None:
     """The template loaded the data once; the instance's variables choose airline task 1."""
-    engine = LocalEngine()
-    try:
-        variables = {"TAU2_DOMAIN": "airline", "TAU2_TASK_ID": "1"}
-        async with Environment("tau2@1.0.0", engine=engine, environment_variables=variables) as env:
-            tools = await env.list_tools()
-            expected = type(get_domain("airline").new_environment().tools).openai_schemas()
-            assert [t["name"] for t in tools] == [
-                f"tau2@1.0.0/{s['function']['name']}" for s in expected
-            ]
-            result = await env.call_tool("get_reservation_details", {"reservation_id": "Q69X3R"})
-            assert not result.is_error
-            assert json.loads(result.text)["reservation_id"] == "Q69X3R"
-            status = await env.call_function("tau2_get_status", {"hashes": False})
-            assert (status["domain"], status["task_id"], status["step"]) == ("airline", "1", 3)
-    finally:
-        engine.close()
+    variables = {"TAU2_DOMAIN": "airline", "TAU2_TASK_ID": "1"}
+    engine = warm_engine  # the session's: the template may be warm from another file
+    async with Environment("tau2@1.0.0", engine=engine, environment_variables=variables) as env:
+        tools = await env.list_tools()
+        expected = type(get_domain("airline").new_environment().tools).openai_schemas()
+        assert [t["name"] for t in tools] == [
+            f"tau2@1.0.0/{s['function']['name']}" for s in expected
+        ]
+        result = await env.call_tool("get_reservation_details", {"reservation_id": "Q69X3R"})
+        assert not result.is_error
+        assert json.loads(result.text)["reservation_id"] == "Q69X3R"
+        status = await env.call_function("tau2_get_status", {"hashes": False})
+        assert (status["domain"], status["task_id"], status["step"]) == ("airline", "1", 3)
 
 
 def test_aenv_rollout_replays_gold_actions_to_reward_one(tmp_path: Path) -> None:

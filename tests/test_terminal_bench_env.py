@@ -18,7 +18,7 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +26,8 @@ import pytest
 import pytest_asyncio
 
 from aenv_ray import Environment, FunctionError
+from aenv_ray.engine import SandboxEngine
 from builtin_envs.demos import terminal_bench as demo
-from local_backend import LocalEngine
 from local_backend._sandbox import namespaces_available
 
 if (why := namespaces_available()) is not None:
@@ -133,14 +133,12 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[LocalEngine]:
-    engine = LocalEngine()
-    yield engine
-    engine.close()
+def engine(warm_engine: SandboxEngine) -> SandboxEngine:
+    return warm_engine  # the session's: its terminal-bench template serves every file
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def env(engine: LocalEngine, dataset: Path) -> AsyncIterator[Environment]:
+async def env(engine: SandboxEngine, dataset: Path) -> AsyncIterator[Environment]:
     """One warm instance for the module: every test starts its own task (tb_reset)."""
     async with Environment(
         "terminal-bench@1.0.0", engine=engine, datasource=str(dataset), ttl="20m", timeout=120
@@ -325,7 +323,7 @@ async def test_a_reset_starts_clean_and_knows_its_tasks(env: Environment, datase
             await env.call_function("tb_reset", {"task": bad})
 
 
-async def test_the_task_given_at_creation(engine: LocalEngine, dataset: Path) -> None:
+async def test_the_task_given_at_creation(engine: SandboxEngine, dataset: Path) -> None:
     variables = {"TB_TASK_DIR": "/data/mixed"}
     async with Environment(
         "terminal-bench@1.0.0",
@@ -432,7 +430,7 @@ async def test_the_agents_code_run_by_the_tests_sees_no_more(env: Environment) -
 
 
 async def test_tasks_inside_what_the_boxes_bind_are_covered(
-    engine: LocalEngine, dataset: Path
+    engine: SandboxEngine, dataset: Path
 ) -> None:
     """The boxes bind the Python that runs the instance, whose virtual environment holds the
     bundled demo tasks in an installed aenv-ray: task directories there are covered with an

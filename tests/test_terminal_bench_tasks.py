@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from aenv_ray import Environment
+from aenv_ray.engine import SandboxEngine
 from builtin_envs.terminal_bench import load_task, task_names
-from local_backend import LocalEngine
 from local_backend._sandbox import namespaces_available
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,8 +60,9 @@ def test_task_4s_own_solution_fails_its_tests_in_any_python() -> None:
     assert '[(7.1, 0.15), (2.3, 0.25), (9.6, 0.35), (5.2, 0.25)]",\n    2.55' in tests
 
 
-async def _grade_all(names: list[str]) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
-    engine = LocalEngine()
+async def _grade_all(
+    engine: SandboxEngine, names: list[str]
+) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
     pending = list(names)
     graded: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
 
@@ -77,18 +78,15 @@ async def _grade_all(names: list[str]) -> dict[str, tuple[dict[str, Any], dict[s
                 assert ran["returncode"] == 0, (name, ran)
                 graded[name] = (nothing, await env.call_reward({}))
 
-    try:
-        await asyncio.gather(*(worker() for _ in range(INSTANCES)))
-    finally:
-        await engine.aclose()
+    await asyncio.gather(*(worker() for _ in range(INSTANCES)))
     return graded
 
 
 @pytest.mark.timeout(1200)
-async def test_every_task_with_nothing_then_its_solution() -> None:
+async def test_every_task_with_nothing_then_its_solution(warm_engine: SandboxEngine) -> None:
     names = task_names(DATA)
     started = time.monotonic()
-    graded = await _grade_all(names)
+    graded = await _grade_all(warm_engine, names)
     seconds = time.monotonic() - started
     log.warning("graded %d tasks twice in %.1f s", len(names), seconds)
     assert sorted(graded) == sorted(names)
