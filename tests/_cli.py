@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TextIO
+from typing import TextIO
 
 import aenv_ray.config
 import aenv_ray.engine
