@@ -22,6 +22,7 @@ import aiohttp
 
 from aenv_ray.protocol import FAST_CALL_PATH
 from aenv_ray.testing import free_port
+from tests._cli import aenv as run_cli
 
 __all__ = [
     "HUB_SECRET",
@@ -42,15 +43,9 @@ HUB_SECRET = "the tests' hub secret, shared by their hubs"
 
 
 def aenv(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """``aenv ARGS`` in a child process, without a hub or key unless ``env`` names them."""
-    base = {k: v for k, v in os.environ.items() if k not in ("AENV_SYSTEM_URL", "AENV_API_KEY")}
-    return subprocess.run(
-        [sys.executable, "-m", "aenv_cli", *args],
-        env={**base, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    """``aenv ARGS`` in this process (tests/_cli.py), without a hub or key unless ``env`` names
+    them."""
+    return run_cli(*args, env=env, unset=("AENV_SYSTEM_URL", "AENV_API_KEY"))
 
 
 def new_key(tenant: str, store: str) -> str:

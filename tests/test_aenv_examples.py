@@ -34,6 +34,7 @@ import pytest
 
 from aenv_ray.testing import RuntimeProcess
 from tests._chat_server import AgentModel, ChatServer
+from tests._cli import aenv as run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = ROOT / "tests" / "aenvironment"
@@ -126,14 +127,7 @@ if __name__ == "__main__":
 
 
 def test_the_quickstart_in_the_local_mode(tmp_path: Path) -> None:
-    made = subprocess.run(
-        [sys.executable, "-m", "aenv_cli", "init", "helloworld"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    made = run_cli("init", "helloworld", cwd=tmp_path)
     assert made.returncode == 0, made.stderr
     project = tmp_path / "helloworld"
     (project / "src" / "custom_env.py").write_text(QUICKSTART_ENV)

@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from aenv_ray.testing import RuntimeProcess
+from tests._cli import aenv as run_cli
 from tests._oracles import AENVIRONMENT, oracle_python
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -288,14 +289,7 @@ def test_the_aenv_command_refuses_to_run_beside_aenvironment(
     site = next(Path(python).parent.parent.glob("lib/python*/site-packages"))
     meta = next(site.glob("aenvironment-*.dist-info"))
     shutil.copytree(meta, tmp_path / meta.name)
-    done = subprocess.run(
-        [sys.executable, "-m", "aenv_cli", *args],
-        env={**os.environ, "PYTHONPATH": str(tmp_path)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_cli("version", env={"PYTHONPATH": str(tmp_path)})  # PYTHONPATH: on sys.path
     assert done.returncode == 2
     assert done.stdout == ""
     assert done.stderr.startswith(

@@ -36,8 +36,8 @@ from aenv_ray.bundle import (
     lock_requirements,
 )
 from aenv_ray.errors import ArtifactError, ArtifactTooLargeError, ConfigurationError
+from tests._cli import aenv as run_cli
 
-AENV = str(Path(sys.executable).with_name("aenv"))
 CONFIG = json.dumps({"name": "hostile", "version": "1.0.0"}).encode()
 LOCK = b"# lock\norjson==3.10.0\n"
 
@@ -50,15 +50,8 @@ def project(tmp_path: Path) -> Path:
 
 
 def aenv(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """The console script, as a user runs it; ``env`` entries override the environment's."""
-    return subprocess.run(
-        [AENV, *args],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    """``aenv ARGS`` in this process (tests/_cli.py); ``env`` entries override the environment's."""
+    return run_cli(*args, env=env)
 
 
 def error_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
@@ -704,7 +697,8 @@ def test_build_writes_the_outputs_and_says_when_no_builder_exists(
 
 def _imported_by(*args: str, **env: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
     """Run ``python -m aenv_cli ARGS`` under ``-X importtime``: its result, and every module
-    the CLI's process imported (the sandbox that loads the project is another process)."""
+    the CLI's process imported (the sandbox that loads the project is another process).
+    A subprocess: what a fresh process imports is the subject."""
     result = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "aenv_cli", *args],
         env={**os.environ, **env},

@@ -1,4 +1,6 @@
-"""The ``aenv`` command line, run as a new user runs it: the console script in a subprocess."""
+"""The ``aenv`` command line as a new user runs it: parsing, output and exit codes in this process
+(tests/_cli.py); ``aenv run`` as a server in a subprocess (the console script: it serves until a
+signal stops it)."""
 
 from __future__ import annotations
 
@@ -20,21 +22,17 @@ import pytest
 from aenv_ray import Environment
 from aenv_ray.testing import free_port
 
+from ._cli import aenv as run_cli
 from .conftest import PROBE
 
 AENV = str(Path(sys.executable).with_name("aenv"))
 
 
-def aenv(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [AENV, *args],
-        cwd=cwd,
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+def aenv(
+    *args: str, cwd: Path | None = None, fds: bool = False, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """``aenv ARGS`` in this process; ``env`` entries override the environment's."""
+    return run_cli(*args, cwd=cwd, env=env, fds=fds)
 
 
 def error_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
@@ -58,7 +56,7 @@ def wait_healthy(url: str, process: subprocess.Popen[str], timeout: float = 30.0
 
 @contextmanager
 def served(*args: str, cwd: Path | None = None) -> Iterator[subprocess.Popen[str]]:
-    """``aenv run ARGS`` in the background; SIGTERM on exit."""
+    """``aenv run ARGS`` in the background, a subprocess: a server stopped by a signal."""
     process = subprocess.Popen(
         [AENV, "run", *args],
         cwd=cwd,
@@ -250,7 +248,7 @@ def test_aenv_test_exits_with_the_scripts_code(tmp_path: Path) -> None:
     config = json.loads(config_path.read_text())
     config["testConfig"]["script"] = 'echo "in $(basename $PWD) with $(command -v python)"; exit 7'
     config_path.write_text(json.dumps(config))
-    result = aenv("test", "scripted", cwd=tmp_path)
+    result = aenv("test", "scripted", cwd=tmp_path, fds=True)  # the script writes to fd 1
     assert result.returncode == 7
     # the script runs in the project directory, with aenv's own Python first on PATH
     assert result.stdout.strip() == f"in scripted with {Path(sys.executable).parent}/python"
@@ -268,7 +266,7 @@ async def test_init_test_run_call_stop(tmp_path: Path) -> None:
     assert (root / "src" / "notes.py").is_file()
     assert json.loads((root / "config.json").read_text())["name"] == "notes"
 
-    tested = aenv("test", "notes", cwd=tmp_path)
+    tested = aenv("test", "notes", cwd=tmp_path, fds=True)
     assert tested.returncode == 0, tested.stdout + tested.stderr
     assert "2 passed" in tested.stdout
 

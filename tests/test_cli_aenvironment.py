@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import aiohttp
 import pytest
 
 from aenv_ray.testing import free_port
+from tests._cli import aenv as run_cli
 from tests._hub import HubProcess, aenv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,15 +87,7 @@ def test_push_list_get_instances_and_service_create(hub: HubProcess, tmp_path: P
     work = tmp_path / "project"
     work.mkdir()
     (work / "config.json").write_text((DEMO / "config.json").read_text())
-    created = subprocess.run(
-        [sys.executable, "-m", "aenv_cli", "service", "create", "-o", "json"],
-        cwd=work,
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    created = run_cli("service", "create", "-o", "json", cwd=work, env=env)
     assert created.returncode == 0, created.stderr
     service = json.loads(created.stdout)
     assert service["env_ref"] == "aenv-demo@1.0.0"
@@ -127,7 +119,7 @@ def test_run_serves_the_work_dir() -> None:
     assert both.returncode == 2
     assert "differ; give one of them" in both.stderr
     ports = ["--port", str(port), "--mcp-port", str(mcp_port), "--inspector-port", "6274"]
-    proc = subprocess.Popen(
+    proc = subprocess.Popen(  # a subprocess: a server, stopped by a signal
         [sys.executable, "-m", "aenv_cli", "run", "--work-dir", str(DEMO), *ports],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

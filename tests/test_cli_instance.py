@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from aenv_ray import Environment
-
-AENV = str(Path(sys.executable).with_name("aenv"))
+from tests._cli import aenv as run_cli
 
 
 @pytest.fixture
@@ -33,14 +31,8 @@ def state_dir(tmp_path: Path) -> Iterator[Path]:
 
 
 def aenv(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [AENV, "instance", *args],
-        env={**os.environ, "AENV_STATE_DIR": str(state)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    """``aenv instance ARGS`` in this process (tests/_cli.py), the daemon's state in ``state``."""
+    return run_cli("instance", *args, env={"AENV_STATE_DIR": str(state)})
 
 
 def as_json(result: subprocess.CompletedProcess[str]) -> object:
@@ -100,9 +92,7 @@ def test_mistakes_are_one_line_errors(state_dir: Path) -> None:
 
 
 def test_help() -> None:
-    result = subprocess.run(
-        [AENV, "instance", "--help"], capture_output=True, text=True, check=False
-    )
+    result = run_cli("instance", "--help")
     assert result.returncode == 0
     for command in ("create", "list", "get", "delete", "renew"):
         assert command in result.stdout

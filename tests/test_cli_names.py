@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,9 +20,8 @@ from aenv_ray.errors import ConfigurationError, DefinitionError
 from aenv_ray.resolve import broken_environments, resolve_environment
 from builtin_envs import builtin_refs
 from envhub.routes.instances import datasource_path
+from tests._cli import aenv as run_cli
 from tests._hub import HubProcess
-
-AENV = str(Path(sys.executable).with_name("aenv"))
 
 TOOL = '''from aenv_ray import register_tool
 
@@ -67,9 +65,8 @@ def base_env(tmp_path: Path) -> dict[str, str]:
 
 
 def aenv(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [AENV, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300, check=False
-    )
+    """``aenv ARGS`` in this process, with ``env`` as its whole environment (tests/_cli.py)."""
+    return run_cli(*args, environ=env, cwd=cwd)
 
 
 def one_line_usage_error(done: subprocess.CompletedProcess[str], *words: str) -> None:

@@ -38,10 +38,9 @@ from aenv_ray.errors import (
 from aenv_ray.hub import HubClient
 from envhub.keys import create_key, revoke_key
 from envhub.store import open_store
+from tests._cli import aenv as run_cli
 from tests._hub import HubProcess, eventually, raw
 from tests._redis import RedisServer
-
-AENV = [sys.executable, "-m", "aenv_cli"]
 
 
 async def _keys(store_url: str) -> dict[str, str]:
@@ -114,16 +113,17 @@ def test_new_user_walkthrough(hub: Hub, tmp_path: Path) -> None:
     name = unique("demo")
     env = hub.env()
     run = {"cwd": tmp_path, "env": env, "capture_output": True, "text": True, "timeout": 120}
-    assert subprocess.run([*AENV, "init", name], **run).returncode == 0  # type: ignore[call-overload]
-    built = subprocess.run([*AENV, "build", name, "--json", "--no-image"], **run)  # type: ignore[call-overload]
+    cli = {"cwd": tmp_path, "environ": env}  # the CLI in this process (tests/_cli.py)
+    assert run_cli("init", name, **cli).returncode == 0  # type: ignore[arg-type]
+    built = run_cli("build", name, "--json", "--no-image", **cli)  # type: ignore[arg-type]
     assert built.returncode == 0, built.stderr
     manifest = json.loads(built.stdout)
-    pushed = subprocess.run([*AENV, "push", name], **run)  # type: ignore[call-overload]
+    pushed = run_cli("push", name, **cli)  # type: ignore[arg-type]
     assert pushed.returncode == 0, pushed.stderr
     assert f"published {name}@1.0.0" in pushed.stdout
-    listed = subprocess.run([*AENV, "list", "--json"], **run)  # type: ignore[call-overload]
+    listed = run_cli("list", "--json", **cli)  # type: ignore[arg-type]
     assert name in [e["name"] for e in json.loads(listed.stdout)]
-    got = subprocess.run([*AENV, "get", f"{name}@1.0.0", "--json"], **run)  # type: ignore[call-overload]
+    got = run_cli("get", f"{name}@1.0.0", "--json", **cli)  # type: ignore[arg-type]
     record = json.loads(got.stdout)
     assert record["digest"] == manifest["digest"]  # what was built is what is served
     assert {"type": "bundle", "digest": manifest["digest"], "size": manifest["size"]} in record[
@@ -145,7 +145,7 @@ def test_new_user_walkthrough(hub: Hub, tmp_path: Path) -> None:
     assert "1.0" in episode.stdout.splitlines()[-1]
 
     dest = tmp_path / "pulled"
-    pulled = subprocess.run([*AENV, "pull", f"{name}@1.0.0", "--dest", str(dest)], **run)  # type: ignore[call-overload]
+    pulled = run_cli("pull", f"{name}@1.0.0", "--dest", str(dest), **cli)  # type: ignore[arg-type]
     assert pulled.returncode == 0, pulled.stderr
     original = sorted(p.relative_to(tmp_path / name) for p in (tmp_path / name / "src").rglob("*"))
     assert sorted(p.relative_to(dest) for p in (dest / "src").rglob("*")) == original
@@ -224,12 +224,12 @@ def test_pushing_a_deleted_version_says_so_and_names_the_next_free_one(
     is never reported as published, and names the version to use instead."""
     name = unique("deleted")
     project = make_project(tmp_path, name, "2.3.0")
-    run = {"env": hub.env(), "capture_output": True, "text": True, "timeout": 120}
-    pushed = subprocess.run([*AENV, "push", str(project)], **run)  # type: ignore[call-overload]
+    env = hub.env()
+    pushed = run_cli("push", str(project), environ=env)
     assert pushed.returncode == 0, pushed.stderr
-    deleted = subprocess.run([*AENV, "delete", f"{name}@2.3.0", "--yes"], **run)  # type: ignore[call-overload]
+    deleted = run_cli("delete", f"{name}@2.3.0", "--yes", environ=env)
     assert deleted.returncode == 0, deleted.stderr
-    again = subprocess.run([*AENV, "push", str(project)], **run)  # type: ignore[call-overload]
+    again = run_cli("push", str(project), environ=env)
     assert again.returncode == 2, again
     assert again.stdout == ""  # no "published", no "already published"
     lines = [line for line in again.stderr.splitlines() if line.strip()]
@@ -525,12 +525,7 @@ async def test_health_reports_the_store(tmp_path: Path) -> None:
 
 
 def test_no_auth_is_refused_off_loopback(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [*AENV, "serve", "--no-auth", "--host", "0.0.0.0", "--data-dir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_cli("serve", "--no-auth", "--host", "0.0.0.0", "--data-dir", str(tmp_path))
     assert result.returncode == 2
     assert "--no-auth on 0.0.0.0" in result.stderr
     assert "127.0.0.1" in result.stderr
@@ -538,34 +533,18 @@ def test_no_auth_is_refused_off_loopback(tmp_path: Path) -> None:
 
 def test_keys_cli_create_list_revoke(tmp_path: Path) -> None:
     store = ["--store", f"sqlite:///{tmp_path}/keys.db"]
-    created = subprocess.run(
-        [*AENV, "keys", "create", "--tenant", "team-a", "--name", "ci", *store, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    created = run_cli("keys", "create", "--tenant", "team-a", "--name", "ci", *store, "--json")
     assert created.returncode == 0, created.stderr
     key = json.loads(created.stdout)
     assert key["key"].startswith(f"aenv_{key['id']}_")
     assert "digest" not in key
-    listed = subprocess.run(
-        [*AENV, "keys", "list", *store, "--json"], capture_output=True, text=True, timeout=60
-    )
+    listed = run_cli("keys", "list", *store, "--json")
     assert [k["id"] for k in json.loads(listed.stdout)] == [key["id"]]
-    revoked = subprocess.run(
-        [*AENV, "keys", "revoke", key["id"], *store], capture_output=True, text=True, timeout=60
-    )
+    revoked = run_cli("keys", "revoke", key["id"], *store)
     assert revoked.returncode == 0
     assert "revoked" in revoked.stdout
-    listed = subprocess.run(
-        [*AENV, "keys", "list", *store, "--json"], capture_output=True, text=True, timeout=60
-    )
+    listed = run_cli("keys", "list", *store, "--json")
     assert json.loads(listed.stdout)[0]["revoked_at"] is not None
-    bad = subprocess.run(
-        [*AENV, "keys", "create", "--tenant", "no spaces", *store],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    bad = run_cli("keys", "create", "--tenant", "no spaces", *store)
     assert bad.returncode == 2
     assert "tenant" in bad.stderr

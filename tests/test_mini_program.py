@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ import pytest
 from aenv_ray import Environment, ToolErrorKind
 from aenv_ray.testing import RuntimeProcess
 from builtin_envs.demos import mini_program as demo
+from tests._cli import aenv as run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 MINI_PROGRAM = ROOT / "builtin_envs" / "mini_program"
@@ -491,27 +490,10 @@ async def test_every_demo_task_reaches_reward_one(runtime: RuntimeProcess) -> No
 
 
 def test_aenv_rollout_runs_the_demo_out_of_the_box(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "aenv_cli",
-            "rollout",
-            "mini-program@1.0.0",
-            "--episodes",
-            "2",
-            "-c",
-            "2",
-            "--no-ray",
-            "--out",
-            str(tmp_path / "out"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = run_cli(
+        "rollout", "mini-program@1.0.0", "--episodes", "2", "-c", "2", "--no-ray",
+        "--out", str(tmp_path / "out"), cwd=ROOT,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     lines = (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in lines]

@@ -26,9 +26,9 @@ from aenv_cli._scaffold import module_name, write_project
 from aenv_ray.bundle import build_bundle
 from aenv_ray.errors import DefinitionError, EnvironmentNotFoundError
 from aenv_ray.hub import HubClient
+from tests._cli import aenv as run_cli
 from tests._hub import HubProcess
 
-AENV = [sys.executable, "-m", "aenv_cli"]
 SOURCE_ROOT = str(Path(__file__).resolve().parent.parent)
 
 # what is appended to the module `aenv init` writes (40 lines), and what the error must say
@@ -55,15 +55,8 @@ def broken_project(root: Path, case: str, name: str = "demo") -> Path:
 
 
 def run(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*AENV, *args],
-        cwd=cwd,
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    """``aenv ARGS`` in this process (tests/_cli.py)."""
+    return run_cli(*args, cwd=cwd, env=env)
 
 
 def one_error(result: subprocess.CompletedProcess[str]) -> str:

@@ -10,7 +10,6 @@ import inspect
 import json
 import pickle
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +17,10 @@ import pytest
 
 from rollout.failures import PolicyCodeError, TaskCallError, is_programming_error
 from rollout.synthesis import read_trajectories, synthesize
+from tests._cli import aenv as run_cli
 
 TERMINAL = "mini-terminal@1.0.0"
-AENV_ROLLOUT = [sys.executable, "-m", "aenv_cli", "rollout", TERMINAL]
+ROLLOUT = ["rollout", TERMINAL]  # in this process (tests/_cli.py)
 
 POLICIES = """
 async def adds_to_a_string(task, env):
@@ -61,13 +61,8 @@ def run(tmp_path: Path, policy: str, *, reward: dict[str, str] | None = None) ->
 
 def rollout(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``aenv rollout`` of the mini-terminal into ``tmp_path/run``, one episode at a time."""
-    return subprocess.run(
-        [*AENV_ROLLOUT, "-c", "1", "--no-ray", "--out", str(tmp_path / "run"), *args],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=tmp_path,
-    )
+    return run_cli(*ROLLOUT, "-c", "1", "--no-ray", "--out", str(tmp_path / "run"), *args,
+                   cwd=tmp_path)  # fmt: skip
 
 
 @pytest.mark.parametrize(

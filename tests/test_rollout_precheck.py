@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -28,9 +27,8 @@ from aenv_ray.hub import HubClient
 from aenv_ray.loadcheck import load_in_sandbox
 from aenv_ray.testing import free_port
 from rollout.precheck import EnvironmentCalls, check_policy, check_tasks
+from tests._cli import aenv as run_cli
 from tests._hub import HubProcess, new_key
-
-AENV = str(Path(sys.executable).with_name("aenv"))
 
 SCORED = '''from aenv_ray import register_function, register_reward, register_tool
 
@@ -127,9 +125,8 @@ def stop_daemon(state: Path) -> None:
 
 
 def aenv(env: Mapping[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [AENV, *args], env=dict(env), cwd=cwd, capture_output=True, text=True, timeout=300
-    )
+    """``aenv ARGS`` in this process (tests/_cli.py), with ``env`` as its whole environment."""
+    return run_cli(*args, environ=env, cwd=cwd)
 
 
 def refused_at_once(

@@ -1,14 +1,13 @@
-"""What ``aenv rollout`` records, run as a user runs it (the CLI in a subprocess): the whole
-conversation in the OpenAI chat shape with the tools' real names and matching ids, per-turn token
-usage and logprobs from an OpenAI-compatible endpoint (a deterministic server on loopback), the
-policy's settings, the resolved ``name@version``; a ``--policy`` callable's calls made into a
-conversation; JSONL and Parquet reading back equal; the reward's components."""
+"""What ``aenv rollout`` records, run as a user runs it (the CLI, in this process: tests/_cli.py):
+the whole conversation in the OpenAI chat shape with the tools' real names and matching ids,
+per-turn token usage and logprobs from an OpenAI-compatible endpoint (a deterministic server on
+loopback), the policy's settings, the resolved ``name@version``; a ``--policy`` callable's calls
+made into a conversation; JSONL and Parquet reading back equal; the reward's components."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import pytest
 from rollout.failures import TaskCallError
 from rollout.synthesis import AgentEnv, read_trajectories, synthesize
 from tests._chat_server import OPENAI_NAME, ChatServer
+from tests._cli import aenv as run_cli
 
 TERMINAL = "mini-terminal@1.0.0"
 REAL = f"{TERMINAL}/execute_command"
@@ -24,13 +24,8 @@ SYSTEM = "You are a careful shell agent."
 
 
 def aenv_rollout(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "aenv_cli", "rollout", *args],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=cwd,
-    )
+    """``aenv rollout ARGS`` in this process (tests/_cli.py)."""
+    return run_cli("rollout", *args, cwd=cwd)
 
 
 def write_tasks(path: Path, *expected: str) -> Path:

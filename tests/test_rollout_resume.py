@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,16 +16,16 @@ import pytest
 
 from builtin_envs.demos import mini_terminal
 from rollout.run_directory import JSONL, RunDirectory, RunMismatchError
+from tests._cli import aenv as run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 TERMINAL = "mini-terminal@1.0.0"
-AENV = [sys.executable, "-m", "aenv_cli", "rollout", TERMINAL, "--no-ray", "-c", "2"]
+ROLLOUT = ["rollout", TERMINAL, "--no-ray", "-c", "2"]
 
 
 def _rollout(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*AENV, *args], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
-    )
+    """``aenv rollout`` in this process (tests/_cli.py)."""
+    return run_cli(*ROLLOUT, *args, cwd=ROOT)
 
 
 def _lines(out: Path) -> list[dict[str, Any]]:

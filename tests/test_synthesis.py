@@ -18,6 +18,7 @@ import pytest
 from aenv_ray.errors import ConfigurationError, EnvironmentNotFoundError
 from rollout.sources import SDKSource
 from rollout.synthesis import AgentEnv, OpenAIPolicy, synthesize
+from tests._cli import aenv as run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 ENVS = ROOT / "tests" / "envs"
@@ -180,27 +181,18 @@ async def test_an_explicit_source_is_used_and_left_open(tmp_path: Path) -> None:
 
 
 def test_the_cli_runs_writes_and_reports(tmp_path: Path) -> None:
-    aenv = [sys.executable, "-m", "aenv_cli"]
-    done = subprocess.run(
-        [*aenv, "rollout", TERMINAL, "-n", "3", "-c", "2", "--no-ray", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_cli("rollout", TERMINAL, "-n", "3", "-c", "2", "--no-ray", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
     assert "mean reward" in done.stderr
     assert len(rows(tmp_path)) == 3
-    both = subprocess.run(
-        [*aenv, "rollout", TERMINAL, "--policy", "m:f", "--base-url", "http://x", "--model", "m"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    both = run_cli("rollout", TERMINAL, "--policy", "m:f", "--base-url", "http://x", "--model", "m")
     assert both.returncode == 2
     assert "not both" in both.stderr
 
 
 def test_the_cli_runs_on_a_ray_pool_by_default_and_resumes(tmp_path: Path) -> None:
+    # a subprocess: the driver starts Ray (or joins the session's, RAY_ADDRESS), which must not
+    # stay initialized in the test process
     command = [sys.executable, "-m", "aenv_cli", "rollout", TERMINAL, "-c", "2"]
     first = subprocess.run(
         [*command, "-n", "4", "--out", str(tmp_path)], capture_output=True, text=True, timeout=240
@@ -210,12 +202,7 @@ def test_the_cli_runs_on_a_ray_pool_by_default_and_resumes(tmp_path: Path) -> No
     assert [r["outcome"] for r in recorded] == ["ok"] * 4
     assert all(r["instance_id"] for r in recorded)
     assert len({r["instance_id"] for r in recorded}) == 4  # a fresh instance per episode
-    again = subprocess.run(
-        [*command, "-n", "5", "--no-ray", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    again = run_cli(*command[3:], "-n", "5", "--no-ray", "--out", str(tmp_path))
     assert again.returncode == 0, again.stderr
     assert len(rows(tmp_path)) == 5  # the 4 recorded episodes were skipped
 
@@ -250,21 +237,22 @@ def test_task_files_are_read_and_bad_ones_say_where(tmp_path: Path) -> None:
 
 
 def aenv_rollout(*args: str) -> list[str]:
+    """``aenv rollout`` as a child process's command line."""
     return [sys.executable, "-m", "aenv_cli", "rollout", TERMINAL, *args]
 
 
 def test_a_torn_last_line_is_rerun_and_said_and_a_corrupt_one_stops_the_cli(
     tmp_path: Path,
 ) -> None:
-    command = aenv_rollout("-n", "3", "-c", "2", "--no-ray", "--out", str(tmp_path))
-    first = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    command = ["rollout", TERMINAL, "-n", "3", "-c", "2", "--no-ray", "--out", str(tmp_path)]
+    first = run_cli(*command, cwd=ROOT)
     assert first.returncode == 0, first.stderr
     jsonl = tmp_path / "trajectories.jsonl"
     whole = jsonl.read_bytes().splitlines(keepends=True)
     torn_id = json.loads(whole[2])["episode_id"]
     jsonl.write_bytes(b"".join(whole[:2]) + whole[2][:70])  # as a driver killed mid-write leaves
 
-    again = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    again = run_cli(*command, cwd=ROOT)
     assert again.returncode == 0, again.stderr
     said = " ".join(again.stderr.split())
     assert (
@@ -282,7 +270,7 @@ def test_a_torn_last_line_is_rerun_and_said_and_a_corrupt_one_stops_the_cli(
 
     lines = content.splitlines(keepends=True)
     jsonl.write_bytes(b'{"episode_id": "000000-sum-10", "outc\n' + b"".join(lines[1:]))
-    corrupt = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    corrupt = run_cli(*command, cwd=ROOT)
     assert corrupt.returncode == 2
     (line,) = corrupt.stderr.splitlines()
     assert line.startswith(f"aenv: error: {jsonl}: line 1 is not a trajectory record")
@@ -297,7 +285,7 @@ def test_a_second_driver_on_a_run_directory_exits_2_at_once_and_a_dead_ones_lock
     out = tmp_path / "run"
     paced = ["--policy", "tests._paced_policy:policy", "--no-ray", "--out", str(out)]
     slow = write_tasks(tmp_path / "slow.jsonl", pause=60)
-    first = subprocess.Popen(
+    first = subprocess.Popen(  # a subprocess: another driver, killed with -9
         aenv_rollout("-n", "2", "-c", "1", "--tasks", str(slow), *paced),
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
@@ -310,13 +298,8 @@ def test_a_second_driver_on_a_run_directory_exits_2_at_once_and_a_dead_ones_lock
             assert first.poll() is None, "the first driver ended early"
             assert time.monotonic() < deadline, "the first driver never took the lock"
             time.sleep(0.05)
-        second = subprocess.run(
-            aenv_rollout("-n", "2", "--out", str(out)),  # with Ray: refused before it starts
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=ROOT,
-        )
+        # with Ray: refused before it starts (in this process: tests/_cli.py)
+        second = run_cli("rollout", TERMINAL, "-n", "2", "--out", str(out), cwd=ROOT)
         assert second.returncode == 2
         (line,) = second.stderr.splitlines()
         assert line.startswith(
@@ -330,12 +313,8 @@ def test_a_second_driver_on_a_run_directory_exits_2_at_once_and_a_dead_ones_lock
         first.kill()
         first.wait(timeout=60)
     quick = write_tasks(tmp_path / "quick.jsonl", pause=0)
-    third = subprocess.run(
-        aenv_rollout("-n", "2", "-c", "2", "--tasks", str(quick), *paced),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
+    third = run_cli(
+        *aenv_rollout("-n", "2", "-c", "2", "--tasks", str(quick), *paced)[3:], cwd=ROOT
     )
     assert third.returncode == 0, third.stderr
     assert [r["outcome"] for r in rows(out)] == ["ok", "ok"]

@@ -15,8 +15,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -29,6 +27,7 @@ from builtin_envs.tau2 import get_domain
 from builtin_envs.tau2.data import data_dir
 from builtin_envs.tau2.errors import Tau2DataError
 from tests._chat_server import ChatServer
+from tests._cli import aenv as run_cli
 
 try:
     data_dir()
@@ -196,19 +195,12 @@ def test_aenv_rollout_plays_a_model_against_tau2s_user(
         )
     )
     secret = "sk-user-secret-42"
-    command = [sys.executable, "-m", "aenv_cli", "rollout", "tau2@1.0.0", "--tasks", str(tasks),
+    command = ["rollout", "tau2@1.0.0", "--tasks", str(tasks),
                "-n", "2", "-c", "2", "--no-ray", "--out", str(tmp_path / "out"),
                "--base-url", chat.url, "--model", "agent-model", "--max-turns", "30",
                "-e", "TAU2_USER_LLM=user-model", "-e", f"TAU2_USER_LLM_API_BASE={chat.url}",
                "-e", f"TAU2_USER_LLM_API_KEY={secret}"]  # fmt: skip
-    done = subprocess.run(
-        command,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = run_cli(*command, cwd=ROOT)  # in this process (tests/_cli.py)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in lines]

@@ -4,8 +4,6 @@ end to end with the demo policy (gold replays) reaching reward 1.0."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,8 @@ from builtin_envs.demos import tau2 as demo
 from builtin_envs.tau2 import get_domain
 from builtin_envs.tau2.data import data_dir
 from builtin_envs.tau2.errors import Tau2DataError
+from local_backend import LocalEngine
+from tests._cli import aenv as run_cli
 
 try:
     data_dir()
@@ -47,29 +47,10 @@ def test_aenv_rollout_replays_gold_actions_to_reward_one(tmp_path: Path) -> None
     tasks = [t for t in demo.TASKS if t["id"] in picked]
     path = tmp_path / "tasks.jsonl"
     path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "aenv_cli",
-            "rollout",
-            "tau2@1.0.0",
-            "--tasks",
-            str(path),
-            "-n",
-            str(len(tasks)),
-            "-c",
-            "2",
-            "--no-ray",
-            "--out",
-            str(tmp_path / "out"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = run_cli(
+        "rollout", "tau2@1.0.0", "--tasks", str(path), "-n", str(len(tasks)), "-c", "2",
+        "--no-ray", "--out", str(tmp_path / "out"), cwd=ROOT,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     lines = (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in lines]
