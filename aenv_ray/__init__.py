@@ -66,6 +66,7 @@ from aenv_ray.errors import (
     InstanceExpiredError,
     InstanceNotFoundError,
     InstanceUnreachableError,
+    JudgeUnavailableError,
     LeaseLostError,
     NotSupportedError,
     PermissionDeniedError,
@@ -88,7 +89,7 @@ from aenv_ray.errors import (
     VersionConflictError,
 )
 from aenv_ray.processes import keep_processes
-from aenv_ray.protocol import ToolErrorKind, ToolResult
+from aenv_ray.protocol import JudgeReport, ToolErrorKind, ToolResult
 from aenv_ray.registry import (
     DefinitionRegistry,
     register_function,
@@ -137,6 +138,8 @@ __all__ = [
     "InstanceSpec",
     "InstanceState",
     "InstanceUnreachableError",
+    "JudgeReport",
+    "JudgeUnavailableError",
     "LeaseLostError",
     "NotSupportedError",
     "PermissionDeniedError",

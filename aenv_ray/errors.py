@@ -14,6 +14,7 @@ The tree, by what the caller should do::
     │   └── ToolTimeoutError (+ AEnvTimeoutError) the tool ran past its timeout and was interrupted
     ├── FunctionError                            a function, reward or health check failed
     │   └── FunctionNotFoundError (LookupError)
+    ├── JudgeUnavailableError                    a judge reward could not run: nothing was graded
     ├── ClosedError                              you closed that engine, pool or client; new one
     ├── InstanceError                            the instance itself is the problem
     │   ├── InstanceClosedError (+ ClosedError)  you released it; create a new one
@@ -110,6 +111,7 @@ __all__ = [
     "InstanceExpiredError",
     "InstanceNotFoundError",
     "InstanceUnreachableError",
+    "JudgeUnavailableError",
     "LeaseLostError",
     "NotSupportedError",
     "PermissionDeniedError",
@@ -294,6 +296,14 @@ class FunctionError(AEnvError):
 
 class FunctionNotFoundError(FunctionError, LookupError):
     """The instance has no function (or no reward) of that name."""
+
+
+class JudgeUnavailableError(AEnvError):
+    """A reward registered with ``judge=True`` could not run in the judge: its seed is gone
+    and no fresh one starts, the workspace does not fit the judge's scratch space, the judge
+    process died without an answer. Nothing was graded: this is no reward of the agent's (never
+    record it as 0). The message says what to do (more memory or room for the instance, a new
+    instance)."""
 
 
 class ClosedError(AEnvError):
