@@ -136,9 +136,8 @@ def copy_workspace(source: str, target: str, *, skip: str | None = None) -> dict
                     os.mkdir(dest, 0o700)
                     pending.append(rel)
                 elif stat.S_ISREG(mode):
-                    _copy_file(full, dest, mode)
+                    size += _copy_file(full, dest, mode)
                     files += 1
-                    size += os.path.getsize(dest)
                 else:
                     removed.append({"path": rel, "type": _kind(mode)})
         os.chmod(os.path.join(target, relative), stat.S_IMODE(os.stat(here).st_mode) | 0o700)
@@ -146,14 +145,22 @@ def copy_workspace(source: str, target: str, *, skip: str | None = None) -> dict
     return {"files": files, "bytes": size, "removed": removed, "links_out": links_out}
 
 
-def _copy_file(source: str, dest: str, mode: int) -> None:
-    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+def _copy_file(source: str, dest: str, mode: int) -> int:
+    """Copy one regular file (never through a link: ``O_NOFOLLOW``) in the kernel
+    (``sendfile``); its mode kept, readable and writable by the judge. Returns its size."""
+    reader = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        with open(fd, "rb", closefd=False) as reader, open(dest, "xb") as writer:
-            shutil.copyfileobj(reader, writer, 1 << 20)
+        writer = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            os.fchmod(writer, stat.S_IMODE(mode) | 0o600)
+            offset = 0
+            while sent := os.sendfile(writer, reader, offset, 1 << 30):
+                offset += sent
+        finally:
+            os.close(writer)
     finally:
-        os.close(fd)
-    os.chmod(dest, stat.S_IMODE(mode) | 0o600)
+        os.close(reader)
+    return offset
 
 
 def _drop_links_out(target: str, links: list[str]) -> list[dict[str, str]]:
@@ -426,6 +433,7 @@ class Judge:
         self.source = "none"
         self._channel: socket.socket | None = None
         self._process: subprocess.Popen[bytes] | None = None
+        self._exit_pending = False  # the seed's word on the last judge's end is still unread
         self._lock = threading.Lock()
 
     # seeds
@@ -489,6 +497,7 @@ class Judge:
 
     def close(self) -> None:
         """End the seed (idempotent)."""
+        self._exit_pending = False
         if self._channel is not None:
             self._channel.close()
             self._channel = None
@@ -509,6 +518,8 @@ class Judge:
         (run it on a thread). Raises :class:`JudgeUnavailableError` when no judge can run."""
         with self._lock:
             started = time.monotonic()
+            if self._exit_pending and self._judge_ended() is None:
+                self.close()  # the last judge never ended: a fresh seed below
             tracker = contain.calls() or contain.Calls(whole_namespace=os.getpid() <= 2)
             spare = {self.pid} if self._alive() and self.pid is not None else set()
             ended = tracker.end_for_judge(spare=spare)
@@ -565,13 +576,11 @@ class Judge:
             if timed_out:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-            channel.settimeout(_JUDGE_END_WAIT)
-            try:
-                ended, _ = _receive(channel)
-            except OSError:
-                ended = None
-            finally:
-                channel.settimeout(None)
+            ended: dict[str, Any] | None = None
+            if data and not timed_out:
+                self._exit_pending = True  # read before the next call: no wait for its exit
+            else:
+                ended = self._judge_ended()
         finally:
             os.close(read)
             if write >= 0:
@@ -596,6 +605,22 @@ class Judge:
                 env_name=self.env_ref,
             )
         return answer, pid, False
+
+    def _judge_ended(self) -> dict[str, Any] | None:
+        """The seed's word that the last judge ended (``{"exit": status}``); None when the
+        seed says nothing within ``_JUDGE_END_WAIT`` seconds."""
+        channel = self._channel
+        self._exit_pending = False
+        if channel is None:
+            return None
+        channel.settimeout(_JUDGE_END_WAIT)
+        try:
+            ended, _ = _receive(channel)
+        except (OSError, ValueError):
+            ended = None
+        finally:
+            channel.settimeout(None)
+        return ended
 
     def _gone(self, label: str, why: str) -> JudgeUnavailableError:
         self.close()
