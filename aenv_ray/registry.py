@@ -343,7 +343,7 @@ def register_reward(
 ) -> Any:
     """Serve the environment's one reward (``POST /task/reward``), called by ``call_reward``.
 
-    ``judge=True`` runs it in the **judge** (:mod:`sandbox_runtime.judge`): every process of
+    ``judge=True`` runs it in the **judge** (``sandbox_runtime._judge``): every process of
     the instance but the runtime is ended first, and the function runs in a fresh process forked
     from the runtime's state before any call, with a copy of the workspace as its working
     directory, a fresh home and temporary directory, and the environment the instance started
