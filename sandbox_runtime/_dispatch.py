@@ -170,6 +170,7 @@ class Dispatcher:
         self.judge: Judge | None = None
         """Where a reward registered with ``judge=True`` runs (:mod:`sandbox_runtime._judge`);
         :class:`~sandbox_runtime.server.RuntimeServer` starts it before it serves."""
+        self._judging: asyncio.Event | None = None  # set while a judge reward runs
 
     def _deadline(self, entry: Registered, timeout: float | None) -> tuple[float, float]:
         limits = [t for t in (timeout, entry.timeout) if t is not None and t > 0]
@@ -236,6 +237,8 @@ class Dispatcher:
         ``check_json``: the arguments come from a parser that lets NaN or infinity through (MCP's);
         refuse them, as the fast path's parser does.
         """
+        while (judging := self._judging) is not None:  # the judge ends processes and grades
+            await judging.wait()
         entry = self.registry.tools.get(name)
         if entry is None:
             message = _suggest(name, list(self.registry.tools), "tool", self.env_ref)
@@ -393,6 +396,8 @@ class Dispatcher:
         limit, deadline = self._deadline(entry, timeout)
         if entry.judge:
             return await self._judged(entry, label, dict(arguments), limit, deadline)
+        while kind is not Kind.HEALTH and (judging := self._judging) is not None:
+            await judging.wait()
         call = self.watchdog.enter(kind.value, entry.name, limit, deadline, is_async=entry.is_async)
         try:
             value = await self._run_function(entry, label, kwargs, limit, deadline)
@@ -429,6 +434,7 @@ class Dispatcher:
             )
         tracker = contain.calls()
         call = tracker.enter() if tracker is not None else None
+        judging = self._judging = asyncio.Event()  # tool and function calls wait meanwhile
         try:
             outcome = await asyncio.to_thread(judge.run, arguments, deadline=deadline, label=label)
         except JudgeUnavailableError as exc:
@@ -439,6 +445,9 @@ class Dispatcher:
                 sweep = tracker.leave(call)  # what the judge left (its seed is older: spared)
                 if sweep is not None:
                     await asyncio.to_thread(sweep)
+            if self._judging is judging:
+                self._judging = None
+            judging.set()
         if outcome.error is not None:
             kind, message = outcome.error
             if kind == "timeout":

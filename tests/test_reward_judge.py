@@ -10,6 +10,7 @@ project served without the judge is the control: there every attack gets 1.0; wi
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -335,6 +336,27 @@ async def test_a_seed_that_is_gone_is_replaced_by_a_fresh_interpreter(
             value = await _reward(env)
         assert value["reward"] == 1.0
         assert value["judge"]["seed"] == "fresh interpreter (the seed was gone)"
+
+
+@in_instance
+async def test_tool_calls_wait_while_the_judge_grades(projects: Path, tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    variables = {"AENV_WORKSPACE": str(workspace), "HOME": str(tmp_path)}
+    with RuntimeProcess(projects / "judge-hostile-1.0.0", env=variables) as runtime:
+        (seed,) = _children(runtime.pid)
+        async with runtime.environment() as env:
+            await _tool(env, "write_file", path="answer.txt", content="7")
+            reward = asyncio.create_task(_reward(env))
+            while not _children(seed):  # the judge runs (a process the seed forked)
+                assert not reward.done(), reward.result()
+                await asyncio.sleep(0.01)
+            write = asyncio.create_task(_tool(env, "write_file", path="answer.txt", content="42"))
+            done, _ = await asyncio.wait({reward, write}, return_when=asyncio.FIRST_COMPLETED)
+            assert reward in done, "the tool call ran while the judge graded"
+            assert (await reward)["reason"] == "answer.txt holds '7'"
+            await write
+            assert (await _reward(env))["reward"] == 1.0
 
 
 @in_instance
