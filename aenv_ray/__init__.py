@@ -65,6 +65,7 @@ from aenv_ray.errors import (
     InstanceExpiredError,
     InstanceNotFoundError,
     InstanceUnreachableError,
+    JudgeUnavailableError,
     LeaseLostError,
     NotSupportedError,
     PermissionDeniedError,
@@ -99,7 +100,7 @@ if TYPE_CHECKING:
     )
     from aenv_ray.environment import Environment, EnvironmentState
     from aenv_ray.processes import keep_processes
-    from aenv_ray.protocol import ToolErrorKind, ToolResult
+    from aenv_ray.protocol import JudgeReport, ToolErrorKind, ToolResult
     from aenv_ray.registry import (
         DefinitionRegistry,
         register_function,
@@ -118,6 +119,7 @@ _LAZY = {
     "Environment": "aenv_ray.environment",
     "EnvironmentState": "aenv_ray.environment",
     "InstanceInfo": "aenv_ray.engine",
+    "JudgeReport": "aenv_ray.protocol",
     "InstanceSpec": "aenv_ray.engine",
     "InstanceState": "aenv_ray.engine",
     "Route": "aenv_ray.engine",
@@ -188,6 +190,8 @@ __all__ = [
     "InstanceSpec",
     "InstanceState",
     "InstanceUnreachableError",
+    "JudgeReport",
+    "JudgeUnavailableError",
     "LeaseLostError",
     "NotSupportedError",
     "PermissionDeniedError",

@@ -37,6 +37,7 @@ __all__ = [
     "BuildConfig",
     "DeployConfig",
     "EnvConfig",
+    "RewardConfig",
     "ServiceConfig",
     "TestConfig",
     "parse_cpu",
@@ -181,6 +182,13 @@ class BuildConfig(_Camel):
 
     dockerfile: str = "./Dockerfile"
     model_config = ConfigDict(extra="allow")
+
+
+class RewardConfig(_Camel):
+    """How the reward runs: ``{"judge": true}`` runs it in the judge, as
+    ``@register_reward(judge=True)`` does (either one is enough; docs/environments.md)."""
+
+    judge: bool = False
 
 
 class TestConfig(_Camel):
@@ -410,6 +418,7 @@ class EnvConfig(_Camel):
     build_config: BuildConfig = Field(default_factory=BuildConfig)
     test_config: TestConfig = Field(default_factory=TestConfig)
     deploy_config: DeployConfig = Field(default_factory=DeployConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
 
     @model_validator(mode="before")
     @classmethod

@@ -21,7 +21,8 @@ The tree, by what the caller should do::
     │   ├── InstanceUnreachableError             nothing answers at its address; retryable
     │   ├── InstanceExpiredError                 its TTL ran out; retryable on a fresh instance
     │   ├── InstanceNotFoundError (LookupError)  the engine has no such instance; retryable anew
-    │   └── LeaseLostError                       a pool took your lease back; retryable on a new one
+    │   ├── LeaseLostError                       a pool took your lease back; retryable on a new one
+    │   └── JudgeUnavailableError                a judge reward could not run: nothing was graded
     ├── CapacityError                            the engine cannot start more now; retryable
     ├── NotSupportedError (NotImplementedError)  this engine cannot do that (e.g. fork); use another
     ├── RequestTooLargeError (ValueError)        arguments larger than the instance takes (HTTP 413)
@@ -110,6 +111,7 @@ __all__ = [
     "InstanceExpiredError",
     "InstanceNotFoundError",
     "InstanceUnreachableError",
+    "JudgeUnavailableError",
     "LeaseLostError",
     "NotSupportedError",
     "PermissionDeniedError",
@@ -343,6 +345,14 @@ class LeaseLostError(InstanceError):
     past the pool's lease timeout, its owner died, the pool closed). Acquire a new one."""
 
     retryable = True
+
+
+class JudgeUnavailableError(InstanceError):
+    """A reward registered with ``judge=True`` could not run in the judge: its seed is gone
+    and no fresh one starts, the workspace does not fit the judge's scratch space, the judge
+    process died without an answer. Nothing was graded: this is no reward of the agent's (never
+    record it as 0): an instance error, so rollout counts it as the infrastructure's. The message
+    says what to do (more memory or room for the instance, a new instance)."""
 
 
 class CapacityError(AEnvError):

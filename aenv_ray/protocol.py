@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import pydantic
+
 from aenv_ray.errors import (
     ToolArgumentError,
     ToolError,
@@ -42,6 +44,7 @@ __all__ = [
     "REWARD_PATH",
     "TIMEOUT_HEADER",
     "TOKEN_ENV",
+    "JudgeReport",
     "ToolErrorKind",
     "ToolResult",
     "json_problem",
@@ -197,3 +200,40 @@ def json_problem(value: Any) -> str | None:
             for index in range(len(item) - 1, -1, -1):
                 stack.append((item[index], f"{path}[{index}]"))
     return None
+
+
+class JudgeReport(pydantic.BaseModel):
+    """What the judge did before and around a reward registered with ``judge=True``
+    (docs/environments.md): a judge reward's envelope carries it as ``judge``, and so does its
+    value when that is a JSON object without a ``judge`` key of its own.
+
+        >>> JudgeReport.model_validate({"killed": 1, "scope": "pid namespace",
+        ...     "seed": "forked", "processes": [{"pid": 7, "command": "sleep 100"}]}).killed
+        1
+    """
+
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+    killed: int = 0
+    """How many processes of the instance were ended before the judge ran."""
+    processes: list[dict[str, Any]] = pydantic.Field(default_factory=list)
+    """``{"pid", "command"}`` of the first 100 of them."""
+    scope: str = "pid namespace"
+    """Where they were looked for: ``pid namespace`` (every process of the instance) or
+    ``descendants`` (a runtime started by hand: only its own descendants)."""
+    seed: str = "forked"
+    """What the judge was forked from: ``forked`` (the runtime's state before any call), or a
+    ``fresh interpreter`` that loaded the project again (a fork of a running instance, or a
+    seed that was gone)."""
+    judge_pid: int | None = None
+    workspace_files: int = 0
+    """Regular files copied into the judge's workspace."""
+    workspace_bytes: int = 0
+    removed: list[dict[str, str]] = pydantic.Field(default_factory=list)
+    """``{"path", "type"}``: FIFOs, sockets and device nodes of the workspace, not copied."""
+    links_out: list[dict[str, str]] = pydantic.Field(default_factory=list)
+    """``{"path", "target"}``: links whose target resolves outside the workspace, removed."""
+    seconds: float = 0.0
+    """From the first process ended to the reward's answer."""
+    error_type: str | None = None
+    """The exception's class name when the reward raised."""

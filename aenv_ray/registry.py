@@ -75,6 +75,9 @@ class Registered:
     description: str
     timeout: float | None
     location: str
+    judge: bool = False
+    """A reward run by the judge (:func:`register_reward` ``judge=True``, or ``config.json``'s
+    ``"reward": {"judge": true}``): in a fresh process, never in the runtime's."""
 
     @functools.cached_property
     def is_async(self) -> bool:
@@ -91,6 +94,8 @@ class Registered:
         }
         if self.timeout is not None:
             out["timeout"] = self.timeout
+        if self.judge:
+            out["judge"] = True
         return out
 
 
@@ -151,6 +156,7 @@ class DefinitionRegistry:
         name: str | None = None,
         description: str | None = None,
         timeout: float | None = None,
+        judge: bool = False,
     ) -> Registered:
         """Register ``fn``; raise :class:`DefinitionError` on any misuse, naming file and line."""
         where = _location(fn)
@@ -162,6 +168,12 @@ class DefinitionRegistry:
         who = f"`{resolved}`" + (f" (function `{_python_name(fn)}`)" if name is not None else "")
         _check_name(kind, resolved, who, where)
         _check_timeout(kind, timeout, who, where)
+        if judge is not False and (kind is not Kind.REWARD or judge is not True):
+            raise DefinitionError(
+                f"{kind.value} {who} at {where}: judge= is a reward's option and takes True "
+                f"or False, got {judge!r}",
+                location=where,
+            )
         signature = CallSignature.from_function(fn, kind=kind.value)
         entry = Registered(
             kind=kind,
@@ -171,6 +183,7 @@ class DefinitionRegistry:
             description=(description if description is not None else signature.description),
             timeout=timeout,
             location=where,
+            judge=judge,
         )
         if kind is Kind.REWARD or kind is Kind.HEALTH:
             self._set_the_one(entry, who)
@@ -273,9 +286,10 @@ def _decorator(
     name: str | None,
     description: str | None,
     timeout: float | None,
+    judge: bool = False,
 ) -> Any:
     def apply(f: F) -> F:
-        _target().add(kind, f, name=name, description=description, timeout=timeout)
+        _target().add(kind, f, name=name, description=description, timeout=timeout, judge=judge)
         return f
 
     if fn is not None:
@@ -336,7 +350,11 @@ def register_function(
 def register_reward(fn: F, /) -> F: ...
 @overload
 def register_reward(
-    *, name: str | None = None, description: str | None = None, timeout: float | None = None
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float | None = None,
+    judge: bool = False,
 ) -> Callable[[F], F]: ...
 def register_reward(
     fn: Callable[..., Any] | None = None,
@@ -345,9 +363,24 @@ def register_reward(
     name: str | None = None,
     description: str | None = None,
     timeout: float | None = None,
+    judge: bool = False,
 ) -> Any:
-    """Serve the environment's one reward (``POST /task/reward``), called by ``call_reward``."""
-    return _decorator(Kind.REWARD, fn, name, description, timeout)
+    """Serve the environment's one reward (``POST /task/reward``), called by ``call_reward``.
+
+    ``judge=True`` runs it in the **judge** (``sandbox_runtime._judge``): every process of
+    the instance but the runtime is ended first, and the function runs in a fresh process forked
+    from the runtime's state before any call, with a copy of the workspace as its working
+    directory, a fresh home and temporary directory, and the environment the instance started
+    with. It grades from files and its arguments: what the tools left in the runtime's memory
+    (module globals, patched builtins) is not there. Use it for any reward that reads what the
+    agent wrote (docs/environments.md, "Rewards the agent cannot forge").
+
+        @register_reward(judge=True)
+        def graded(expected: str) -> dict:
+            answer = open("answer.txt").read().strip()  # the copy of the workspace
+            return {"reward": float(answer == expected)}
+    """
+    return _decorator(Kind.REWARD, fn, name, description, timeout, judge)
 
 
 @overload

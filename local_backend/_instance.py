@@ -356,6 +356,9 @@ def become_fork(
             sockets=[socket.socket(fileno=listen_fd)],
             default_timeout=context.default_timeout,
             token=item.get("token"),
+            # this memory ran its parent's calls: a judge reward's seed is a fresh interpreter,
+            # with the variables the parent started with
+            judge_environment=state.server.judge_environment or {},
         )
         _serve(state, server, channel, limits)
         code = 0

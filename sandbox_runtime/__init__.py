@@ -5,7 +5,9 @@ running its tools, functions, reward and health check, and serving them: tools o
 (streamable HTTP, FastMCP) and over a lean JSON fast path; functions, reward and health over HTTP
 JSON. Run it with ``python -m sandbox_runtime PROJECT`` or ``aenv run``. An engine calls
 :func:`install_limits` inside each instance before it serves, so that calls name the limits
-they hit (:mod:`sandbox_runtime._limits`).
+they hit (:mod:`sandbox_runtime._limits`). A reward registered with ``judge=True`` runs in the
+judge (:mod:`sandbox_runtime._judge`): a fresh process forked from the runtime's state before
+its first call, after every process of the instance was ended, on a copy of the workspace.
 
 May import: ``aenv_ray`` (models, registry, errors), fastmcp (server side) and mcp (the MCP SDK
 it is built on: content types), starlette/uvicorn, orjson, pydantic and pydantic-core (the

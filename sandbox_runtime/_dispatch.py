@@ -31,11 +31,13 @@ from aenv_ray.errors import (
     FunctionErrorKind,
     FunctionNotFoundError,
     InstanceBrokenError,
+    JudgeUnavailableError,
 )
 from aenv_ray.protocol import MAX_RESPONSE_BYTES, ToolErrorKind, ToolResult, json_problem
 from aenv_ray.registry import DefinitionRegistry, Kind, Registered
 from aenv_ray.signature import format_validation_error
 from sandbox_runtime import _limits, contain
+from sandbox_runtime._judge import Judge
 from sandbox_runtime._limits import InstanceLimits, LimitHit
 from sandbox_runtime._runner import (
     DeadlineExceeded,
@@ -165,6 +167,10 @@ class Dispatcher:
         self.default_timeout = default_timeout
         self.debug = debug
         self.watchdog = watchdog or Watchdog(grace=STUCK_GRACE, on_broken=_log_broken)
+        self.judge: Judge | None = None
+        """Where a reward registered with ``judge=True`` runs (:mod:`sandbox_runtime._judge`);
+        :class:`~sandbox_runtime.server.RuntimeServer` starts it before it serves."""
+        self._judging: asyncio.Event | None = None  # set while a judge reward runs
 
     def _deadline(self, entry: Registered, timeout: float | None) -> tuple[float, float]:
         limits = [t for t in (timeout, entry.timeout) if t is not None and t > 0]
@@ -231,6 +237,8 @@ class Dispatcher:
         ``check_json``: the arguments come from a parser that lets NaN or infinity through (MCP's);
         refuse them, as the fast path's parser does.
         """
+        while (judging := self._judging) is not None:  # the judge ends processes and grades
+            await judging.wait()
         entry = self.registry.tools.get(name)
         if entry is None:
             message = _suggest(name, list(self.registry.tools), "tool", self.env_ref)
@@ -386,6 +394,10 @@ class Dispatcher:
             )
             raise _failed(FunctionErrorKind.INVALID_ARGUMENTS, message, entry.name) from None
         limit, deadline = self._deadline(entry, timeout)
+        if entry.judge:
+            return await self._judged(entry, label, dict(arguments), limit, deadline)
+        while kind is not Kind.HEALTH and (judging := self._judging) is not None:
+            await judging.wait()
         call = self.watchdog.enter(kind.value, entry.name, limit, deadline, is_async=entry.is_async)
         try:
             value = await self._run_function(entry, label, kwargs, limit, deadline)
@@ -397,6 +409,68 @@ class Dispatcher:
         hit = self.watchdog.leave(call)
         if hit is not None:
             raise _limit_failure(label, entry.name, hit, None)
+        return value
+
+    async def _judged(
+        self,
+        entry: Registered,
+        label: str,
+        arguments: dict[str, Any],
+        limit: float,
+        deadline: float,
+    ) -> Any:
+        """Run a judge reward in the judge (:mod:`sandbox_runtime._judge`); a JSON object it
+        returns gets the judge's report as ``judge`` (unless it set that key itself)."""
+        judge = self.judge
+        if judge is None:
+            raise CallFailed(
+                503,
+                JudgeUnavailableError(
+                    f"{label} of `{self.env_ref}` asks for the judge, but this runtime has none "
+                    "(its server never ran: serve the project with `python -m sandbox_runtime`, "
+                    "`aenv run` or an engine)",
+                    env_name=self.env_ref,
+                ),
+            )
+        tracker = contain.calls()
+        call = tracker.enter() if tracker is not None else None
+        judging = self._judging = asyncio.Event()  # tool and function calls wait meanwhile
+        try:
+            outcome = await asyncio.to_thread(judge.run, arguments, deadline=deadline, label=label)
+        except JudgeUnavailableError as exc:
+            log.error("judge unavailable", extra={"reason": exc.message})
+            raise CallFailed(503, exc) from None
+        finally:
+            if tracker is not None and call is not None:
+                sweep = tracker.leave(call)  # what the judge left (its seed is older: spared)
+                if sweep is not None:
+                    await asyncio.to_thread(sweep)
+            if self._judging is judging:
+                self._judging = None
+            judging.set()
+        if outcome.error is not None:
+            kind, message = outcome.error
+            if kind == "timeout":
+                raise _failed(
+                    FunctionErrorKind.TIMEOUT,
+                    f"{label} timed out after {limit:g} s in the judge, which was ended",
+                    entry.name,
+                )
+            if kind == "invalid":
+                raise _failed(
+                    FunctionErrorKind.INVALID_ARGUMENTS,
+                    f"invalid arguments for {label}: {message}",
+                    entry.name,
+                )
+            raise _failed(
+                FunctionErrorKind.EXECUTION,
+                f"{label} raised {message} (in the judge)",
+                entry.name,
+                outcome.report.get("error_type"),
+            )
+        value = outcome.value
+        if isinstance(value, dict) and "judge" not in value:
+            return {**value, "judge": outcome.report}
         return value
 
     async def _run_function(

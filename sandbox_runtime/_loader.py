@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import sys
@@ -179,6 +180,13 @@ def load_project(root: str | Path) -> LoadedProject:
                     f"importing {path} failed at {where}: {type(exc).__name__}: {exc}",
                     location=where,
                 ) from exc
+    if config.reward.judge:
+        if registry.reward is None:
+            raise DefinitionError(
+                f'{config.ref}: config.json asks for the judge ("reward": {{"judge": '
+                "true}) but the project registers no reward; decorate one with @register_reward"
+            )
+        registry.reward = dataclasses.replace(registry.reward, judge=True)
     if not registry.tools and not registry.functions and registry.reward is None:
         raise DefinitionError(
             f"{config.ref} at {root} registers no tool, function or reward; decorate a function "

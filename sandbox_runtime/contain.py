@@ -452,6 +452,16 @@ def process_stat(pid: str) -> tuple[int, int, bytes] | None:
     return int(fields[1]), int(fields[19]), fields[0]
 
 
+def _command(pid: int) -> str:
+    """A process's command line, as ``ps`` shows it (at most 200 characters)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            raw = handle.read(4096)
+    except OSError:
+        return ""
+    return raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")[:200]
+
+
 def wait_gone(pids: Iterable[int], seconds: float, *, interval: float) -> None:
     """Wait (up to ``seconds``, looking every ``interval``) until every process of ``pids`` is
     gone or a zombie. Reaps none."""
@@ -512,6 +522,7 @@ class Calls:
         self._running: list[Call] = []
         self._kept_calls: list[Call] = []
         self._kept_pids: set[tuple[int, int]] = set()  # (pid, start ticks)
+        self._own_windows: list[Call] = []  # spared(): the runtime's own (forks of the instance)
 
     def enter(self) -> Call:
         """A call begins (before any of its code runs)."""
@@ -559,6 +570,7 @@ class Calls:
         window = Call(start=_now_ticks(), last_pid=None, keep=True)
         with self._lock:
             self._kept_calls.append(window)
+            self._own_windows.append(window)
         try:
             yield
         finally:
@@ -571,6 +583,72 @@ class Calls:
             self._kept_calls.clear()
             self._kept_pids.clear()
         return self._sweep(0, None)
+
+    def end_for_judge(self, *, spare: Iterable[int] = ()) -> list[tuple[int, str]]:
+        """Before a judge reward (:mod:`sandbox_runtime._judge`): end every process this runtime
+        can see but pid 1, itself, ``spare`` (the judge's seed) and what started inside
+        :meth:`spared` (its forks of the instance, and theirs), kept ones included. Each is
+        stopped first (``SIGSTOP``, again until no new one appears: none can start another
+        meanwhile), then all are killed. Returns ``(pid, command line)`` of each, by pid."""
+        exempt = {int(pid) for pid in spare}
+        with self._lock:
+            windows = [(c.start, c.end) for c in self._own_windows]
+            self._kept_calls = [c for c in self._kept_calls if not c.keep or c in self._own_windows]
+            self._kept_pids.clear()
+        stopped: dict[int, str] = {}
+        parents: dict[int, int] = {}
+        for _ in range(_KILL_PASSES * 5):
+            table = self._table()
+            fresh = [
+                pid
+                for pid in self._not_own(table, exempt, windows)
+                if pid not in stopped and table[pid][2] not in (b"Z", b"X")
+            ]
+            if not fresh:
+                break
+            for pid in fresh:
+                stopped[pid] = _command(pid)
+                parents[pid] = table[pid][0]
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGSTOP)
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        self._wait_dead(parents)
+        if stopped:
+            log.info("ended the agent's processes for the judge", extra={"count": len(stopped)})
+        return sorted(stopped.items())
+
+    def _not_own(
+        self,
+        table: dict[int, tuple[int, int, bytes]],
+        exempt: set[int],
+        windows: list[tuple[int, int | None]],
+    ) -> list[int]:
+        """The pids of ``table`` that are neither ``exempt`` nor started inside a window of
+        :meth:`spared` (nor descend from one that did)."""
+
+        def own(start: int) -> bool:
+            return any(s <= start and (e is None or start <= e + 1) for s, e in windows)
+
+        verdict: dict[int, bool] = {}
+        for first in table:
+            chain: list[int] = []
+            pid: int | None = first
+            result = False
+            while pid is not None and pid not in verdict and len(chain) < 4096:
+                chain.append(pid)
+                ppid, start, _ = table[pid]
+                if own(start):
+                    result = True
+                    break
+                pid = ppid if ppid in table and ppid not in (1, self.me) else None
+            else:
+                if pid is not None and pid in verdict:
+                    result = verdict[pid]
+            for member in chain:
+                verdict[member] = result
+        return [pid for pid in table if not verdict[pid] and pid not in exempt]
 
     def _table(self) -> dict[int, tuple[int, int, bytes]]:
         table: dict[int, tuple[int, int, bytes]] = {}

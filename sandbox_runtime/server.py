@@ -30,7 +30,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 import uvicorn
@@ -39,6 +39,7 @@ from aenv_ray.net import bind_socket
 from sandbox_runtime import _limits, contain
 from sandbox_runtime._dispatch import STUCK_GRACE, Dispatcher
 from sandbox_runtime._http import RuntimeApp
+from sandbox_runtime._judge import Judge, judge_environment
 from sandbox_runtime._loader import LoadedProject
 from sandbox_runtime._runner import SyncRunner
 from sandbox_runtime._watchdog import BROKEN_EXIT_CODE, Watchdog
@@ -112,6 +113,12 @@ class RuntimeServer:
     ``on_broken``: called with a sentence (which call, which timeout, why) when this runtime
     cannot serve any more, just before the process ends with ``BROKEN_EXIT_CODE``; an engine
     sets it to report the reason. Default: log it. Called from the watchdog's thread.
+
+    A reward registered with ``judge=True`` runs in the judge (:mod:`sandbox_runtime._judge`),
+    whose seed :meth:`run` starts before anything else: forked from this process, whose
+    environment code has run no call yet, unless ``judge_environment`` is given (a fork of a
+    running instance: its memory did run calls): then the seed is a fresh interpreter that
+    loads the project again, with those variables (the instance's as it started).
     """
 
     def __init__(
@@ -125,8 +132,12 @@ class RuntimeServer:
         debug: bool = False,
         enable_mcp: bool = True,
         token: str | None = None,
+        judge_environment: Mapping[str, str] | None = None,
     ) -> None:
         self.project = project
+        self.judge_environment = dict(judge_environment) if judge_environment is not None else None
+        """The variables a judge reward starts from (taken when :meth:`run` starts the judge)."""
+        self._pristine = judge_environment is None
         self.runner = SyncRunner()
         self.on_broken: Callable[[str], None] = _log_broken
         self.watchdog = Watchdog(grace=STUCK_GRACE, on_broken=self._report_broken)
@@ -198,6 +209,7 @@ class RuntimeServer:
         """Serve until SIGTERM/SIGINT or :meth:`stop`. Call from the main thread."""
         if not self.sockets:
             raise RuntimeError("no socket to serve on: pass sockets= or call listen_on() first")
+        self._start_judge()  # first: its seed is a fork of this process before any call
         on_main = threading.current_thread() is threading.main_thread()
         if on_main:
             signal.signal(signal.SIGTERM, self._on_signal)
@@ -224,11 +236,34 @@ class RuntimeServer:
             self.runner.run_forever()
         finally:
             self._shutdown_http()
+            if self.dispatcher.judge is not None:
+                self.dispatcher.judge.close()
             tracker = contain.calls()
             # the episode ends: so does every process its calls left (a local instance, pid 2,
             # ends with its pid namespace, and its forks, in namespaces below, live on)
             if tracker is not None and os.getpid() != 2:
                 tracker.end_all()
+
+    def _start_judge(self) -> None:
+        """The judge's seed, when the reward asks for the judge (once per server)."""
+        reward = self.project.registry.reward
+        if reward is None or not reward.judge or self.dispatcher.judge is not None:
+            return
+        if self.judge_environment is None:
+            config_env = self.project.config.deploy_config.env
+            self.judge_environment = judge_environment(os.environ, config_env)
+        judge = Judge(
+            self.project.registry,
+            project=str(self.project.root),
+            env_ref=self.project.config.ref,
+            environment=self.judge_environment,
+            workspace=os.environ.get("AENV_WORKSPACE") or os.getcwd(),
+        )
+        try:
+            judge.start(pristine=self._pristine)
+        except Exception:  # the first judge call starts a fresh seed, or says why it cannot
+            log.exception("the judge's seed did not start")
+        self.dispatcher.judge = judge
 
     def stop(self) -> None:
         """Stop serving (thread-safe; idempotent)."""
