@@ -20,6 +20,7 @@ import pytest
 from aenv_ray import Environment, ToolErrorKind
 from aenv_ray.testing import RuntimeProcess
 from builtin_envs.demos import mini_program as demo
+from tests._demo_solutions import assert_holds_no_solution
 
 ROOT = Path(__file__).resolve().parent.parent
 MINI_PROGRAM = ROOT / "builtin_envs" / "mini_program"
@@ -518,3 +519,5 @@ def test_aenv_rollout_runs_the_demo_out_of_the_box(tmp_path: Path) -> None:
     assert sorted(r["task_id"] for r in rows) == sorted(t["id"] for t in demo.TASKS[:2])
     assert {(r["outcome"], r["reward"]) for r in rows} == {("ok", 1.0)}
     assert all(r["reward_components"]["checks"]["validate"] for r in rows)
+    for row in rows:  # the task the policy got and the record keeps: no reference solution
+        assert_holds_no_solution("mini_program", row["task"], "record's task")
