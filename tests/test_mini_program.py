@@ -19,6 +19,7 @@ from aenv_ray import Environment, ToolErrorKind
 from aenv_ray.testing import RuntimeProcess
 from builtin_envs.demos import mini_program as demo
 from tests._cli import aenv as run_cli
+from tests._demo_solutions import assert_holds_no_solution
 
 ROOT = Path(__file__).resolve().parent.parent
 MINI_PROGRAM = ROOT / "builtin_envs" / "mini_program"
@@ -382,7 +383,12 @@ async def test_the_reward_counts_what_the_page_shows(runtime: RuntimeProcess) ->
     async with runtime.environment() as env:
         await env.call_function("reset_project", {})
         nothing = await env.call_reward({"expected_text": ["Weather"]})
-        assert nothing == {"reward": 0.0, "checks": {"page index.html": False}, "errors": []}
+        assert nothing == {
+            "reward": 0.0,
+            "checks": {"page index.html": False},
+            "errors": [],
+            "reason": "there is no page index.html",
+        }
         await env.call_function("reset_project", {"files": GOOD_FILES})
         full = await env.call_reward(
             {
@@ -392,10 +398,13 @@ async def test_the_reward_counts_what_the_page_shows(runtime: RuntimeProcess) ->
             }
         )
         assert full["reward"] == 1.0, full
+        assert "reason" not in full
         assert full["shown"] == "Weather Today is sunny one two"
-        # a script's text, a variable, the title: in the source, not shown
+        # a script's text, a variable, the title: in the source, not shown; an expected text
+        # not shown is the task not done: 0.0, whatever else passes
         unseen = await env.call_reward({"expected_text": ["rendered", "Forecast: rain"]})
-        assert unseen["reward"] == 2 / 4, unseen
+        assert unseen["reward"] == 0.0, unseen
+        assert unseen["reason"].startswith("the page does not show 'rendered', 'Forecast: rain'")
         partial = await env.call_reward(
             {"expected_text": ["Weather", "Snow"], "expected_files": ["missing.js"]}
         )
@@ -406,11 +415,20 @@ async def test_the_reward_counts_what_the_page_shows(runtime: RuntimeProcess) ->
             "file missing.js": False,
             "validate": True,
         }
-        assert partial["reward"] == 3 / 5
+        assert partial["reward"] == 0.0
+        assert "does not show 'Snow'" in partial["reason"]
+        assert "no file 'missing.js'" in partial["reason"]
+        # past the gate (every text shown), the share of the checks that pass
+        shown = await env.call_reward(
+            {"expected_text": ["Weather"], "expected_files": ["missing.js", "data.json"]}
+        )
+        assert shown["reward"] == 4 / 5, shown
+        assert shown["reason"] == "no file 'missing.js'"
         await _call(env, "write_file", file_path="js/app.js", content="if (x) {")
         broken = await env.call_reward({"expected_text": ["Weather"]})
         assert broken["reward"] == 2 / 3
         assert broken["errors"] == ["js/app.js:1: `{` opened at line 1 is never closed"]
+        assert broken["reason"] == "validate found 1 error(s)"
 
 
 HIDES = {
@@ -456,7 +474,21 @@ async def test_text_the_page_does_not_show_is_not_shown(runtime: RuntimeProcess)
         for name, text in texts.items():
             assert forged["checks"][f"shows {text!r}"] is False, (name, forged["shown"])
         assert forged["checks"]["shows 'Answers'"] is True, forged
-        assert forged["reward"] == 3 / (3 + len(texts))  # the forged checks scored nothing
+        assert forged["checks"]["validate"] is True  # the rest passes, and scores nothing
+        assert forged["reward"] == 0.0, forged
+        assert forged["reason"].startswith(
+            f"the page does not show {texts[next(iter(HIDES))]!r}, "
+        ), forged["reason"]
+        assert f"and {len(texts) - 5} more" in forged["reason"]
+        # each way of hiding alone, next to a text that is shown: 0.0, naming the hidden one
+        for name, hide in HIDES.items():
+            alone = f"<h1>Answers</h1>{hide.replace('{}', texts[name])}"
+            await env.call_function(
+                "reset_project", {"files": {"index.html": page.replace(body, alone)}}
+            )
+            one = await env.call_reward({"expected_text": ["Answers", texts[name]]})
+            assert one["reward"] == 0.0, (name, one)
+            assert one["reason"].startswith(f"the page does not show {texts[name]!r} "), name
         # the control: the same page with each text also shown
         shown_body = body + "".join(f"<p>{text}</p>" for text in texts.values())
         shown_page = page.replace(body, shown_body)
@@ -469,6 +501,8 @@ async def test_text_the_page_does_not_show_is_not_shown(runtime: RuntimeProcess)
         hung = await env.call_reward({"expected_text": ["Answers"]})
         assert hung["checks"]["shows 'Answers'"] is False
         assert "did not finish loading" in hung["render_error"]
+        assert hung["reward"] == 0.0
+        assert "it did not render: " in hung["reason"]
         await env.call_function("reset_project", {"files": {"index.html": shown_page}})
         assert (await env.call_reward({"expected_text": ["Answers"]}))["reward"] == 1.0
 
@@ -500,3 +534,5 @@ def test_aenv_rollout_runs_the_demo_out_of_the_box(tmp_path: Path) -> None:
     assert sorted(r["task_id"] for r in rows) == sorted(t["id"] for t in demo.TASKS[:2])
     assert {(r["outcome"], r["reward"]) for r in rows} == {("ok", 1.0)}
     assert all(r["reward_components"]["checks"]["validate"] for r in rows)
+    for row in rows:  # the task the policy got and the record keeps: no reference solution
+        assert_holds_no_solution("mini_program", row["task"], "record's task")

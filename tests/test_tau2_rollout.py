@@ -16,6 +16,7 @@ from builtin_envs.tau2.data import data_dir
 from builtin_envs.tau2.errors import Tau2DataError
 from local_backend import LocalEngine
 from tests._cli import aenv as run_cli
+from tests._demo_solutions import assert_holds_no_solution
 
 try:
     data_dir()
@@ -61,3 +62,5 @@ def test_aenv_rollout_replays_gold_actions_to_reward_one(tmp_path: Path) -> None
     for row in rows:
         assert row["reward_components"]["termination_reason"] in ("user_stop", "agent_stop")
         assert row["reward_components"]["components"] == {"DB": 1.0, "COMMUNICATE": 1.0}
+        # the task the policy got and the record keeps: no gold actions, nothing to say
+        assert_holds_no_solution("tau2", row["task"], "record's task")

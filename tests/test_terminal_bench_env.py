@@ -29,6 +29,7 @@ from aenv_ray import Environment, FunctionError
 from aenv_ray.engine import SandboxEngine
 from builtin_envs.demos import terminal_bench as demo
 from local_backend._sandbox import namespaces_available
+from tests._demo_solutions import assert_holds_no_solution
 
 if (why := namespaces_available()) is not None:
     pytest.skip(f"terminal-bench's boxes need namespaces: {why}", allow_module_level=True)
@@ -273,14 +274,15 @@ async def test_files_commands_and_the_terminal(env: Environment) -> None:
 async def test_a_server_left_running_is_ended_the_tests_start_their_own(env: Environment) -> None:
     """The judge ends every process of the agent's: a server left running in the terminal does
     not answer the tests; the demo's http-server tests start the agent's serve.sh themselves."""
-    (task,) = [t for t in demo.TASKS if t["id"] == "http-server"]
+    solution = demo.reference_solution("http-server")
+    assert solution is not None
     await env.call_function("tb_reset", {"task": "http-server"})
     server = "mkdir -p site; echo 'aenv-ray demo' > site/index.html; python3 -m http.server 8765"
     await env.call_tool("send_keys", {"keys": [server, "Enter"], "wait_seconds": 2})
     left = await env.call_reward({})
     assert (left["reward"], left["outcome"]) == (0.0, "failed")
     assert any("http.server" in p["command"] for p in left["judge"]["killed"])
-    await env.call_tool("write_file", {"path": "/tmp/solve.sh", "content": task["solution"]})
+    await env.call_tool("write_file", {"path": "/tmp/solve.sh", "content": solution})
     await env.call_tool("send_keys", {"keys": ["bash /tmp/solve.sh", "Enter"], "wait_seconds": 1})
     result = await env.call_reward({})
     assert result["reward"] == 1.0, result["output_tail"]
@@ -520,3 +522,5 @@ async def test_aenv_rollout_runs_the_demo_solutions_to_reward_one(tmp_path: Path
     assert sorted(r["task_id"] for r in records) == sorted(t["id"] for t in demo.TASKS)
     assert all(r["reward"] == 1.0 and r["outcome"] == "ok" for r in records), records
     assert all(r["reward_components"]["outcome"] == "passed" for r in records)
+    for record in records:  # the task the policy got and the record keeps: no solution.sh
+        assert_holds_no_solution("terminal_bench", record["task"], "record's task")

@@ -3,17 +3,22 @@ solution through the tools (``write_file``, ``execute_python_code``, ``validate`
 
 Every task starts from ``reset_project`` (its ``setup``: an empty project, or the files to fix),
 so one warm instance serves any task; its ``reward_arguments`` are ``page_reward``'s: texts the
-page must show and files that must exist. The replay reaches reward 1.0 on every task.
+page must show and files that must exist. The replay reaches reward 1.0 on every task. A task
+holds no solution (nothing a policy is given, nor the rollout record's ``task``, does): the
+scripted policy reads the reference tool calls of a demo task by its id, on the driver's side
+(:func:`reference_solution`).
 
     aenv rollout mini-program@1.0.0                         # these tasks, this policy
-    aenv rollout mini-program@1.0.0 --tasks my_tasks.jsonl  # the same task format
+    aenv rollout mini-program@1.0.0 --tasks my_tasks.jsonl --base-url URL --model M  # yours
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["TASKS", "policy"]
+from aenv_ray.errors import ConfigurationError
+
+__all__ = ["TASKS", "policy", "reference_solution"]
 
 
 def _page(title: str, body: str, head: str = "") -> str:
@@ -111,7 +116,7 @@ _FIXED = _page(
     "    show();\n  </script>",
 )
 
-TASKS: list[dict[str, Any]] = [
+_DEMO: list[dict[str, Any]] = [  # each with its reference solution
     {
         "id": "hello",
         "prompt": "Build a page whose script greets the user with 'Hello from the mini program!'.",
@@ -183,11 +188,37 @@ TASKS: list[dict[str, Any]] = [
 ]
 
 
+TASKS: list[dict[str, Any]] = [
+    {key: value for key, value in task.items() if key != "solution"} for task in _DEMO
+]
+_SOLUTIONS: dict[str, list[dict[str, Any]]] = {task["id"]: task["solution"] for task in _DEMO}
+
+
+def reference_solution(task_id: str) -> list[dict[str, Any]]:
+    """The reference tool calls (``{"tool", "arguments"}``) of demo task ``task_id``, never
+    part of the task.
+
+        >>> [step["tool"] for step in reference_solution("hello")]
+        ['write_file', 'validate']
+
+    Raises :class:`~aenv_ray.errors.ConfigurationError` for a task that is not a demo task:
+    the scripted policy has nothing to replay there (a run with it stops, saying so).
+    """
+    try:
+        return [dict(step) for step in _SOLUTIONS[task_id]]
+    except KeyError:
+        raise ConfigurationError(
+            f"the mini-program demo policy replays the demo tasks' reference solutions "
+            f"({', '.join(_SOLUTIONS)}); task {task_id!r} is not one of them: give a policy "
+            "(--policy MODULE:CALLABLE, or --base-url and --model)"
+        ) from None
+
+
 async def policy(task: dict[str, Any], env: Any) -> str | None:
     """Call the task's reference tools in order; stop at the first error result. The answer is
     the last ``validate``'s verdict."""
     verdict: str | None = None
-    for step in task.get("solution") or []:
+    for step in reference_solution(str(task["id"])):
         result = await env.call_tool(step["tool"], dict(step["arguments"]))
         if result.is_error:
             return None

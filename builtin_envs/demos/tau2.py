@@ -1,12 +1,15 @@
 """tau2 demo: every task of every domain, and a policy that replays each task's gold actions.
 
-A task's ``setup`` calls ``tau2_reset`` (so one warm instance serves any task), its
-``reward_arguments`` are empty (``tau2_reward`` grades the episode), ``solution`` holds the gold
-actions and ``communicate`` what the agent must tell the user. The policy calls the actions
-through the tools, tells the user the ``communicate`` strings in one message (the scripted user
-then says ``###STOP###``: ``user_stop``) and ends the episode (``tau2_done``). Tasks whose gold
-actions include the user's own tools (telecom) run in solo mode, where the agent holds the
-user's tools too, and end with the ``done`` tool. The replay reaches reward 1.0 on every task.
+A task's ``setup`` calls ``tau2_reset`` (so one warm instance serves any task) and its
+``reward_arguments`` are empty (``tau2_reward`` grades the episode). A task holds no gold
+actions nor what the agent must tell the user (nothing a policy is given, nor the rollout
+record's ``task``, does): the scripted policy reads them from tau2's task data on the driver's
+side, for the domain and task its ``tau2_reset`` names (:func:`reference_solution`). It calls
+the actions through the tools, tells the user the ``communicate`` strings in one message (the
+scripted user then says ``###STOP###``: ``user_stop``) and ends the episode (``tau2_done``).
+Tasks whose gold actions include the user's own tools (telecom) run in solo mode, where the
+agent holds the user's tools too, and end with the ``done`` tool. The replay reaches reward 1.0
+on every task.
 
     aenv rollout tau2@1.0.0                         # these tasks, this policy
     aenv rollout tau2@1.0.0 --tasks my_tasks.jsonl  # the same task format
@@ -20,11 +23,73 @@ model goes to the user (``tau2_send_message``), whose reply continues it until t
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DIALOGUE", "TASKS", "Tau2Dialogue", "policy", "task_for"]
+from aenv_ray.errors import ConfigurationError
+
+__all__ = [
+    "DIALOGUE",
+    "TASKS",
+    "Reference",
+    "Tau2Dialogue",
+    "policy",
+    "reference_solution",
+    "task_for",
+]
 
 _DOMAINS = ("airline", "retail", "telecom")
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A tau2 task's reference episode: its gold ``actions`` (``{"name", "arguments",
+    "requestor"}``), what the agent must tell the user (``communicate``), and whether its
+    actions include the user's own tools (``solo``: the episode runs in solo mode)."""
+
+    actions: list[dict[str, Any]]
+    communicate: list[str]
+    solo: bool
+
+
+def _reference(domain: str, task_id: str) -> Reference:
+    from builtin_envs.tau2 import get_domain
+
+    task = get_domain(domain).task(task_id)
+    criteria = task.evaluation_criteria
+    actions = [a.model_dump(mode="json") for a in (criteria.actions or [])] if criteria else []
+    return Reference(
+        actions=[
+            {"name": a["name"], "arguments": a["arguments"], "requestor": a["requestor"]}
+            for a in actions
+        ],
+        communicate=list(criteria.communicate_info or []) if criteria else [],
+        solo=any(a["requestor"] == "user" for a in actions) and task.ticket is not None,
+    )
+
+
+def reference_solution(task: dict[str, Any]) -> Reference:
+    """The reference episode of a task in this module's form, read from tau2's task data for
+    the ``domain`` and ``task_id`` its ``tau2_reset`` setup call names (never from the task).
+
+        >>> reference = reference_solution(task_for("airline", "1"))
+        >>> reference.actions[0]["name"], reference.solo
+        ('get_user_details', False)
+
+    Raises :class:`~aenv_ray.errors.ConfigurationError` when the task has no such setup call:
+    the scripted policy does not know which task to replay (a run with it stops, saying so).
+    """
+    for call in task.get("setup") or []:
+        arguments = call.get("arguments") or {}
+        named = arguments.get("domain") and arguments.get("task_id") is not None
+        if call.get("function") == "tau2_reset" and named:
+            return _reference(str(arguments["domain"]), str(arguments["task_id"]))
+    raise ConfigurationError(
+        f"the tau2 demo policy replays the task a setup call tau2_reset(domain=..., "
+        f"task_id=...) names; task {task.get('id')!r} has none: give it one (as "
+        "builtin_envs.demos.tau2.task_for does), or give a policy (--policy MODULE:CALLABLE, "
+        "or --base-url and --model)"
+    )
 
 
 def task_for(domain: str, task_id: str, split: str | None = None) -> dict[str, Any]:
@@ -32,27 +97,18 @@ def task_for(domain: str, task_id: str, split: str | None = None) -> dict[str, A
     from builtin_envs.tau2 import get_domain
 
     task = get_domain(domain).task(task_id)
-    criteria = task.evaluation_criteria
-    actions = [a.model_dump(mode="json") for a in (criteria.actions or [])] if criteria else []
-    solo = any(a["requestor"] == "user" for a in actions) and task.ticket is not None
     reset: dict[str, Any] = {"domain": domain, "task_id": task.id, "user_mode": "scripted"}
     if split is None:
         reset["all_tasks"] = True
     else:
         reset["split"] = split
-    if solo:
+    if _reference(domain, task.id).solo:
         reset["solo_mode"] = True
     return {
         "id": f"{domain}-{task.id}",
         "prompt": f"tau2 {domain} task {task.id}",
         "setup": [{"function": "tau2_reset", "arguments": reset}],
         "reward_arguments": {},
-        "solution": [
-            {"name": a["name"], "arguments": a["arguments"], "requestor": a["requestor"]}
-            for a in actions
-        ],
-        "communicate": list(criteria.communicate_info or []) if criteria else [],
-        "solo": solo,
     }
 
 
@@ -76,12 +132,13 @@ TASKS: list[dict[str, Any]] = _tasks()
 
 async def policy(task: dict[str, Any], env: Any) -> str | None:
     """Replay the gold actions, say what must be said, end the episode."""
-    for action in task.get("solution") or []:
+    reference = reference_solution(task)
+    for action in reference.actions:
         await env.call_tool(action["name"], dict(action["arguments"]))
-    if task.get("solo"):
+    if reference.solo:
         await env.call_tool("done", {})
         return None
-    said = " ".join(task.get("communicate") or []) or "Is there anything else I can help with?"
+    said = " ".join(reference.communicate) or "Is there anything else I can help with?"
     reply = await env.call_function("tau2_send_message", {"message": said})
     if not reply.get("done"):
         await env.call_function("tau2_done", {})

@@ -65,6 +65,7 @@ _CODE_ROOT = Path(__file__).resolve().parents[2]
 """Where this environment's code lies: an aenv-ray checkout (``pyproject.toml`` beside
 ``builtin_envs/``), or the ``site-packages`` it was installed into."""
 _MAX_VIEW = 2_000_000
+_DIFF_LIMIT = 128 << 20  # the most of the agent's diff read (a datasource container: 16 MiB)
 _SYSTEM_DIRS = frozenset(
     {"/", "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/proc", "/dev", "/sys", "/opt"}
 )
@@ -603,9 +604,11 @@ class Episode:
         """The agent's change against the base commit, new files included (the model patch)."""
         return self._diffs(binary=False)[0]
 
-    def _diffs(self, *, binary: bool) -> tuple[str, str]:
+    def _diffs(self, *, binary: bool) -> tuple[str, str, bool]:
         """The model patch, and (``binary``) the same change as strict grading applies it:
-        binary files whole, no renames, no diff drivers; one command for both."""
+        binary files whole, no renames, no diff drivers; one command for both. The last item
+        says the output was cut (larger than the sandbox returns): neither is the whole change
+        then."""
         marker = f"SWE-DIFF-{secrets.token_hex(8)}"
         second = (
             f'echo "{marker}"; git -c core.fileMode=false -c core.quotePath=false diff --cached '
@@ -625,12 +628,12 @@ class Episode:
             ["sh", "-c", script, "sh", self.row.base_commit],
             cwd=self.settings.repo_dir,
             timeout=300,
-            max_output=128 << 20,
+            max_output=_DIFF_LIMIT,
         )
         if result.returncode != 0:
-            return "", ""
+            return "", "", result.truncated
         plain, _, full = result.output.partition(f"{marker}\n")
-        return plain, full
+        return plain, full, result.truncated
 
     def _sh(self, script: str, *args: str, timeout: float = 600) -> CommandResult:
         """The runtime's own shell command (trusted: on files only, never the agent's code)."""
@@ -687,8 +690,24 @@ class Episode:
         # the judge's checkout is made while the agent's diff is taken
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             made = pool.submit(self._checkout, checkout)
-            patch, full = self._diffs(binary=True)
+            patch, full, cut = self._diffs(binary=True)
             base_files = made.result()
+        if cut:  # a part of the change would be graded as if it were all of it: none is
+            self._discard(checkout)
+            graded = self._report(
+                CommandResult(1, f"{grading.APPLY_PATCH_FAIL}\nthe change is too large"),
+                patch,
+                started,
+                strict=True,
+            )
+            graded.update(left_out=[], graded_files=[])
+            graded["reason"] = (
+                "the agent's change is larger than the grading reads whole (its diff against "
+                f"the base commit was cut at {_DIFF_LIMIT >> 20} MiB, 16 in a datasource "
+                "container): not graded"
+            )
+            self.graded = graded
+            return graded
 
         def read_base(path: str) -> str | None:
             return self._read_trusted(os.path.join(checkout, path))

@@ -365,9 +365,13 @@ class DatasourceSandbox:
         judge: Judge | None = None,
     ) -> CommandResult:
         """Run ``argv`` in the datasource container; see :class:`Sandbox` (a judge's run gets
-        its home and variables; the container's ``/tmp`` stays)."""
+        its home and variables; the container's ``/tmp`` stays). The exec helper returns at most
+        :data:`aenv_ray.datasource.MAX_OUTPUT` bytes of output: a larger ``max_output`` is that
+        (``truncated`` says when output was cut)."""
         from aenv_ray import datasource
         from aenv_ray.errors import DatasourceTimeoutError
+
+        max_output = min(max_output, datasource.MAX_OUTPUT)
 
         merged = ["/bin/sh", "-c", 'exec "$@" 2>&1', "sh", *argv]
         env = {"TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat", **self.env}

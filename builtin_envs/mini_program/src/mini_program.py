@@ -209,17 +209,24 @@ def _render_timeout() -> float:
     return value
 
 
+def _named(items: list[str], limit: int = 5) -> str:
+    shown = ", ".join(repr(item) for item in items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
 @register_reward
 def page_reward(
     expected_text: list[str] | None = None,
     expected_files: list[str] | None = None,
     entry: str = ENTRY,
 ) -> dict[str, Any]:
-    """The share of checks the mini program passes: the entry page exists (else 0.0), each
-    expected text is shown by the page, each expected file exists, and `validate` finds no
-    error. "Shown" is what a person sees: the page's visible text as headless Chromium lays it
-    out once its scripts ran (text in the HTML source, a comment, a script, a `<noscript>`, a
-    hidden or covered element, or one a script removed, is not shown).
+    """Grade the mini program on what a person sees. The entry page must exist and show every
+    expected text, else the reward is 0.0 (the task is not done, however well the rest goes);
+    past that gate it is the share of checks passed (the page, each text, each expected file,
+    `validate` finding no error). "Shown" is what a person sees: the page's visible text as
+    headless Chromium lays it out once its scripts ran (text in the HTML source, a comment, a
+    script, a `<noscript>`, a hidden or covered element, or one a script removed, is not shown).
+    Below 1.0, `reason` says which checks failed.
 
     Args:
         expected_text: texts the page must show (case-sensitive, whitespace collapsed).
@@ -231,10 +238,16 @@ def page_reward(
     try:
         current.read(entry, limit=None)
     except ProjectError:
-        return {"reward": 0.0, "checks": {f"page {entry}": False}, "errors": []}
+        return {
+            "reward": 0.0,
+            "checks": {f"page {entry}": False},
+            "errors": [],
+            "reason": f"there is no page {entry}",
+        }
     checks[f"page {entry}"] = True
     entry = "/".join(split_path(entry))
     result: dict[str, Any] = {}
+    unseen: list[str] = []
     if expected_text:
 
         def read(path: str) -> bytes | None:
@@ -249,18 +262,36 @@ def page_reward(
             result["render_error"] = rendered.error
         for text in expected_text:
             wanted = " ".join(text.split())
-            checks[f"shows {text!r}"] = bool(wanted) and wanted in rendered.text
+            checks[f"shows {text!r}"] = shown = bool(wanted) and wanted in rendered.text
+            if not shown:
+                unseen.append(text)
+    missing = [path for path in expected_files or [] if not current.exists(path)]
     for path in expected_files or []:
-        checks[f"file {path}"] = current.exists(path)
+        checks[f"file {path}"] = path not in missing
     report = _validate(current)
     checks["validate"] = report["valid"]
-    passed = sum(checks.values())
-    return {
-        "reward": passed / len(checks),
+    graded: dict[str, Any] = {
+        "reward": sum(checks.values()) / len(checks),
         "checks": checks,
         "errors": report["errors"][:5],
         **result,
     }
+    failed = []
+    if unseen:
+        graded["reward"] = 0.0  # the gate: an expected text a person does not see
+        failed.append(
+            f"the page does not show {_named(unseen)} (text a person does not see, in the "
+            "source, hidden or removed, does not count)"
+        )
+        if result.get("render_error"):
+            failed.append(f"it did not render: {result['render_error']}")
+    if missing:
+        failed.append(f"no file {_named(missing)}")
+    if not report["valid"]:
+        failed.append(f"validate found {len(report['errors'])} error(s)")
+    if failed:
+        graded["reason"] = "; ".join(failed)
+    return graded
 
 
 @register_health

@@ -285,13 +285,94 @@ def _kind(mode: int) -> str | None:
     return None
 
 
+# where a link resolved in the grader's box reaches what only the judge has: the task's tests
+# (and the files they compare with), the offline tools, the processes (``/proc/self/root``
+# leads back to ``/tests``; ``/proc/PID/fd`` to the judge's pipes)
+_JUDGE_ONLY = ("/tests", OFFLINE_AT, "/proc")
+_BOX_STDIO = ("/proc/self/fd/0", "/proc/self/fd/1", "/proc/self/fd/2")
+_BOX_DEV_LINKS = {
+    "/dev/fd": "/proc/self/fd",
+    "/dev/stdin": "/proc/self/fd/0",
+    "/dev/stdout": "/proc/self/fd/1",
+    "/dev/stderr": "/proc/self/fd/2",
+}
+
+
+def _box_host_path(path: str, root: str, shared: list[str]) -> str | None:
+    """Where the grader's box's ``path`` is on this machine, when the box shows this machine's
+    file there (``/app``, the system's directories and the Python it binds); None elsewhere
+    (its own ``/tests``, ``/proc``, ``/dev``, fresh ``/tmp`` and home: not followed)."""
+    if path == WORKDIR or path.startswith(WORKDIR + "/"):
+        return root + path[len(WORKDIR) :]
+    for top in shared:
+        if path == top or path.startswith(top.rstrip("/") + "/"):
+            return path
+    return None
+
+
+def _box_shared() -> list[str]:
+    """The paths a grader's box shows as this machine's: its top-level links, what it binds."""
+    links, binds = _layout()
+    return ["/" + name for name in links] + [target for _, target, _ in binds]
+
+
+def box_resolve(target: str, *, root: str | None = None, shared: list[str] | None = None) -> str:
+    """The path the absolute ``target`` resolves to in a grader's box, links followed as the
+    kernel follows them there (``..`` after a link goes up from where the link led): the box's
+    own directories (``/tests``, ``/proc``, ``/tmp``...) end the walk, the rest of the path
+    taken as written. ``""`` for a chain of more than 40 links (the box's kernel refuses it)."""
+    root = root or _workspace()
+    shared = _box_shared() if shared is None else shared
+    parts = [p for p in target.split("/") if p][::-1]  # a stack: the next part last
+    current = "/"
+    hops = 40
+    while parts:
+        name = parts.pop()
+        if name == ".":
+            continue
+        if name == "..":
+            current = os.path.dirname(current)
+            continue
+        candidate = os.path.join(current, name)
+        link = _BOX_DEV_LINKS.get(candidate)
+        host = _box_host_path(candidate, root, shared)
+        if link is None and host is not None and os.path.islink(host):
+            link = os.readlink(host)
+        if link is not None:
+            hops -= 1
+            if hops < 0:
+                return ""
+            if link.startswith("/"):
+                current = "/"
+            parts += [p for p in link.split("/") if p][::-1]
+            continue
+        if host is None:  # the box's own: what follows is as written
+            return os.path.normpath(os.path.join(candidate, *parts[::-1]))
+        current = candidate
+    return current
+
+
+def into_judge(resolved: str) -> bool:
+    """Whether a path a link resolves to in the grader's box is one of the judge's own (the
+    tests, the offline tools, the processes; not the standard streams ``/dev/stdout`` and the
+    like lead to)."""
+    if resolved in _BOX_STDIO:
+        return False
+    return any(resolved == top or resolved.startswith(top + "/") for top in _JUDGE_ONLY)
+
+
 def files_only() -> dict[str, list[dict[str, str]]]:
     """The agent's ``/app`` as files only, for the judge: FIFOs, sockets and device nodes are
     removed (``removed``: path and type); links that lead out of ``/app`` are kept and listed
-    (``links_out``: in the judge's box they lead to its own ``/tmp``, ``/root``, the system)."""
+    (``links_out``: in the judge's box they lead to its own ``/tmp``, ``/root``, the system),
+    except those that lead, in the judge's box, to the judge's own files (the task's tests,
+    ``/proc``, the offline tools; directly, through other links or through ``..``): removed and
+    listed (``links_into_judge``: path, target and where it leads), and the grading fails."""
     root = _workspace()
     removed: list[dict[str, str]] = []
     links_out: list[dict[str, str]] = []
+    into: list[dict[str, str]] = []
+    shared = _box_shared()
     todo = [root]
     while todo:
         directory = todo.pop()
@@ -309,14 +390,22 @@ def files_only() -> dict[str, list[dict[str, str]]]:
                 todo.append(entry.path)
             elif stat.S_ISLNK(mode):
                 target = os.readlink(entry.path)
+                leads = box_resolve(
+                    os.path.join(os.path.dirname(shown), target), root=root, shared=shared
+                )
                 lexical = os.path.normpath(os.path.join(os.path.dirname(shown), target))
-                if not (lexical == WORKDIR or lexical.startswith(WORKDIR + "/")):
+                if leads and into_judge(leads):
+                    into.append({"path": shown, "target": target, "leads_to": leads})
+                elif not (lexical == WORKDIR or lexical.startswith(WORKDIR + "/")):
                     links_out.append({"path": shown, "target": target})
             elif (kind := _kind(mode)) is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
                 removed.append({"path": shown, "type": kind})
-    return {"removed": removed, "links_out": links_out}
+    for link in into:  # after the walk: a chain's every link is judged with the others
+        with contextlib.suppress(OSError):
+            os.unlink(root + link["path"][len(WORKDIR) :])
+    return {"removed": removed, "links_out": links_out, "links_into_judge": into}
 
 
 def _log_file(name: str) -> Any:

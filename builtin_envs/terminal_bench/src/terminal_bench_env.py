@@ -348,6 +348,16 @@ def tb_reward(scoring: Literal["all", "fraction"] | None = None, strict: bool = 
             agent_timed_out=late,
             judge=judge,
         )
+        if judge["links_into_judge"]:  # the agent's work reaches into the judge's files
+            named = ", ".join(
+                f"{link['path']} -> {link['target']} ({link['leads_to']})"
+                for link in judge["links_into_judge"][:5]
+            )
+            result.update(reward=0.0, resolved=False, outcome="failed")
+            result["reason"] = (
+                f"a link the agent left in /app leads into the judge's files: {named} "
+                "(removed before the tests ran)"
+            )
         log.info(
             "graded",
             extra={
@@ -370,6 +380,7 @@ def _judge(episode: Episode) -> dict[str, Any]:
         "killed_total": len(killed),
         "removed": app["removed"],
         "links_out": app["links_out"],
+        "links_into_judge": app["links_into_judge"],
         "ignored": [
             "the agent's /tmp and home directory (the tests get fresh ones)",
             "the agent's environment and shell (the tests get the task's)",

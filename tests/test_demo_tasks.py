@@ -1,0 +1,81 @@
+"""No gold solution in a built-in demo task, nor in what its policy is given, nor in its
+rollout record's ``task``: every demo module's tasks hold none of their reference solution's
+texts (the scripted policies read those on the driver's side, by task id), and an in-process
+rollout of the mini-terminal demo, whose policy gets nothing but the task, still reaches 1.0.
+
+The other demos' rollouts (``aenv rollout ... --no-ray``) check their records the same way in
+their own files: test_mini_program, test_terminal_bench_env, test_tau2_rollout,
+test_reward_exploits_swe.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aenv_ray.errors import ConfigurationError
+from rollout.synthesis import AgentEnv, read_trajectories, synthesize
+from tests._demo_solutions import assert_holds_no_solution, solution_texts
+
+DEMOS = ["mini_terminal", "mini_program", "terminal_bench", "tau2", "swe"]
+
+
+@pytest.mark.parametrize("env", DEMOS)
+def test_no_demo_task_holds_its_solution(env: str) -> None:
+    module = importlib.import_module(f"builtin_envs.demos.{env}")
+    assert module.TASKS
+    for task in module.TASKS:
+        assert_holds_no_solution(env, task)
+    # the control: there is a solution to find, on the driver's side
+    assert sum(len(solution_texts(env, task)) for task in module.TASKS) >= len(module.TASKS)
+
+
+@pytest.mark.parametrize("env", ["mini_terminal", "mini_program", "tau2"])
+async def test_a_task_the_scripted_policy_has_no_solution_for_is_refused_saying_so(
+    env: str,
+) -> None:
+    """A task of your own with the demo policy: refused before any tool call (the policy has
+    nothing to replay), as a ConfigurationError, which stops a run (below)."""
+    module = importlib.import_module(f"builtin_envs.demos.{env}")
+    with pytest.raises(ConfigurationError, match=r"give a policy \(--policy"):
+        await module.policy({"id": "mine", "prompt": "p"}, None)
+
+
+async def test_the_mini_terminal_rollout_gives_its_policy_no_solution_and_reaches_one(
+    tmp_path: Path,
+) -> None:
+    from builtin_envs.demos import mini_terminal
+
+    given: list[dict[str, Any]] = []
+
+    async def watched(task: dict[str, Any], env: AgentEnv) -> str | None:
+        given.append(dict(task))
+        return await mini_terminal.policy(task, env)
+
+    episodes = len(mini_terminal.TASKS)
+    summary = await synthesize(
+        "mini-terminal@1.0.0", episodes=episodes, concurrency=2, out=tmp_path, policy=watched
+    )
+    assert summary.outcomes == {"ok": episodes}
+    assert len(given) == episodes
+    for task in given:
+        assert_holds_no_solution("mini_terminal", task, "policy's task")
+    records = read_trajectories(tmp_path)
+    assert sorted(r["task_id"] for r in records) == sorted(t["id"] for t in mini_terminal.TASKS)
+    for record in records:
+        assert record["reward"] == 1.0, record["reason"]
+        assert_holds_no_solution("mini_terminal", record["task"], "record's task")
+        # the control: the solution is what the policy did (its steps), not what it was given
+        commands = [step["arguments"]["command"] for step in record["steps"]]
+        assert commands[:2] == mini_terminal.reference_solution(record["task_id"])[:2]
+
+    # a task it has no solution for stops the run before anything is recorded, instead of
+    # scoring a policy that did nothing
+    with pytest.raises(ConfigurationError, match="task 'mine' is not one of them"):
+        await synthesize(
+            "mini-terminal@1.0.0", episodes=1, out=tmp_path / "mine", tasks=[{"id": "mine"}]
+        )
+    assert read_trajectories(tmp_path / "mine") == []
