@@ -9,9 +9,9 @@ environment names for browsers (:mod:`aenv_ray.preview`), the allow-list of a te
 template (:mod:`aenv_ray.pod_template`), settings, structured logging, the
 EnvHub client (:mod:`aenv_ray.hub`) and the ``aenv`` CLI.
 
-May import: pydantic, pydantic-settings, aiohttp, orjson, the mcp/fastmcp clients, packaging
-(requirement specifiers in a bundle's lock), typer and rich (CLI only); lazily, inside functions:
-``local_backend`` and ``k8s_backend`` (the engines, made by name in
+May import: pydantic, pydantic-settings, httpx (the hub's client), orjson, the mcp/fastmcp
+clients, packaging (requirement specifiers in a bundle's lock), typer and rich (CLI only); lazily,
+inside functions: ``local_backend`` and ``k8s_backend`` (the engines, made by name in
 :func:`aenv_ray.engine.new_engine`, the one place that imports an engine), ``builtin_envs``
 (finding built-ins by name), platformdirs (where the settings file lives) and yaml (a pod
 template's text, :mod:`aenv_ray.pod_template`).

@@ -196,13 +196,14 @@ def _covers(allowed: str, target: str) -> bool:
 
 
 RULES: dict[str, Rule] = {
-    # "May import: pydantic, pydantic-settings, aiohttp, orjson, the mcp/fastmcp clients,
-    # packaging (requirement specifiers in a bundle's lock), typer and rich (CLI only); lazily,
+    # "May import: pydantic, pydantic-settings, httpx (the hub's client), orjson, the mcp/fastmcp
+    # clients, packaging (requirement specifiers in a bundle's lock), typer and rich (CLI only);
+    # lazily,
     # inside functions: ``local_backend`` and ``k8s_backend`` (new_engine) and ``builtin_envs``
     # (finding built-ins by name), platformdirs and yaml (a pod template's text). Must not
     # import at import time: ray, kubernetes, gymnasium, the runtime."
     "aenv_ray": Rule(
-        may=frozenset({"pydantic", "pydantic_settings", "aiohttp", "orjson", "mcp", "packaging"}),
+        may=frozenset({"pydantic", "pydantic_settings", "httpx", "orjson", "mcp", "packaging"}),
         lazy=frozenset({"local_backend", "k8s_backend", "builtin_envs", "platformdirs", "yaml"}),
         must_not=frozenset(
             {"ray", "kubernetes", "gymnasium", "sandbox_runtime", "local_backend", "k8s_backend"}
@@ -227,7 +228,7 @@ RULES: dict[str, Rule] = {
     # aenv_ray's own allowances hold there too.
     "aenv_ray.cli": Rule(
         may=frozenset(
-            {"typer", "rich", "pydantic", "pydantic_settings", "aiohttp", "orjson", "packaging"}
+            {"typer", "rich", "pydantic", "pydantic_settings", "httpx", "orjson", "packaging"}
         ),
         lazy=frozenset(
             {
@@ -244,7 +245,7 @@ RULES: dict[str, Rule] = {
     ),
     # the test helpers start runtimes; they may use the runtime (as the CLI may)
     "aenv_ray.testing": Rule(
-        may=frozenset({"pydantic", "aiohttp", "orjson", "sandbox_runtime"}),
+        may=frozenset({"pydantic", "orjson", "sandbox_runtime"}),
         must_not=frozenset({"ray", "kubernetes", "gymnasium"}),
     ),
     # "May import: ``aenv_ray`` (models, registry, errors), fastmcp (server side),
