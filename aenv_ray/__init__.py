@@ -13,10 +13,10 @@ environments found (:mod:`aenv_ray.resolve`) through entry points (``aenv_ray.en
 ``aenv_ray.builtins``), so a third party's plug in the same way; the command line that
 assembles engines, hub and pools is ``aenv_cli``, above them all.
 
-May import: pydantic, pydantic-settings, aiohttp, orjson, mcp (the MCP client), packaging
-(requirement specifiers in a bundle's lock); lazily, inside functions: platformdirs (where the
-settings file lives), yaml (a pod template's text, :mod:`aenv_ray.pod_template`) and agents
-(the OpenAI Agents SDK, :mod:`aenv_ray.openai_tools`).
+May import: pydantic, pydantic-settings, httpx (the hub's client), orjson, mcp (the MCP
+client), packaging (requirement specifiers in a bundle's lock); lazily, inside functions:
+platformdirs (where the settings file lives), yaml (a pod template's text,
+:mod:`aenv_ray.pod_template`) and agents (the OpenAI Agents SDK, :mod:`aenv_ray.openai_tools`).
 Must not import: ``aenv_cli``, ``sandbox_runtime``, ``local_backend``, ``k8s_backend``,
 ``envhub``, ``rollout``, ``builtin_envs``, ``aenv`` (the rooms above it), ray, kubernetes,
 gymnasium.

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -31,10 +30,15 @@ from aenv_ray.errors import (
     ResponseTooLargeError,
     is_retryable,
 )
+from aenv_ray.retry import Backoff, aretry
 
 __all__ = ["InstanceClient"]
 
 _IDEMPOTENT = frozenset({"GET", "HEAD"})
+
+
+def _refused(exc: Exception) -> bool:
+    return isinstance(exc, ConnectFailed)
 
 
 class InstanceClient:
@@ -59,6 +63,8 @@ class InstanceClient:
         self._wire: WireClient | None = None
         self._answered = False
         self._closed = False
+        # nothing listening yet (a runtime still starting): tried again within the window
+        self._reconnect = Backoff(first=0.02, most=0.25, jitter=0.1, within=reconnect_window)
 
     def _context(self) -> dict[str, Any]:
         return {"env_name": self.env_name, "instance_id": self.instance_id}
@@ -99,65 +105,55 @@ class InstanceClient:
         wire = self._get_wire()
         if body is None and payload is not None:
             body = orjson.dumps(payload)
-        started = time.monotonic()
-        delay = 0.02
-        retries = 0
-        while True:
-            try:
-                status, raw = await wire.request(
-                    method, path, body, timeout=timeout, headers=headers
+        deadline = time.monotonic() + timeout
+
+        async def attempt() -> tuple[int, bytes]:
+            left = deadline - time.monotonic()  # a read sent again gets what is left
+            return await aretry(
+                lambda: wire.request(method, path, body, timeout=left, headers=headers),
+                self._reconnect,
+                retryable=_refused,
+            )
+
+        try:
+            if max_retries and method in _IDEMPOTENT:
+                status, raw = await aretry(
+                    attempt,
+                    Backoff(
+                        first=0.05, most=1.0, jitter=0.1, tries=1 + max_retries, within=timeout
+                    ),
+                    retryable=self._resend,
                 )
-                break
-            except ConnectFailed as exc:
-                waited = time.monotonic() - started
-                if waited + delay > self.reconnect_window:
-                    raise self._unreachable(exc) from exc
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.25)
-            except Disconnected as exc:
-                if self._closed:
-                    raise InstanceClosedError(
-                        f"`{self.env_name}` was released during {method} {path}",
-                        **self._context(),
-                    ) from exc
-                broken = InstanceBrokenError(
-                    f"`{self.env_name}` at {self.base_url} dropped the connection during "
-                    f"{method} {path} ({exc}); the instance probably crashed. "
-                    "Release it and create a new one",
-                    **self._context(),
-                )
-                pause = min(0.05 * 2**retries, 1.0)
-                left = started + timeout - time.monotonic() - pause
-                if not (
-                    method in _IDEMPOTENT
-                    and is_retryable(broken)
-                    and retries < max_retries
-                    and left > 0
-                ):
-                    raise broken from exc
-                retries += 1
-                await asyncio.sleep(pause)
-                timeout, started = left, time.monotonic()
-            except ResponseTooLarge as exc:
-                raise ResponseTooLargeError(
-                    f"{method} {self.base_url}{path} answered with {exc}: stopped reading it. "
-                    "An aenv-ray runtime never sends one (a result that large becomes an error "
-                    "result); is something else answering, or a proxy in between?",
-                    **self._context(),
+            else:
+                status, raw = await attempt()
+        except ConnectFailed as exc:
+            raise self._unreachable(exc) from exc
+        except Disconnected as exc:
+            if self._closed:
+                raise InstanceClosedError(
+                    f"`{self.env_name}` was released during {method} {path}", **self._context()
                 ) from exc
-            except BadResponse as exc:
-                raise ProtocolError(
-                    f"{method} {self.base_url}{path} answered something that is not HTTP/1.x "
-                    f"({exc}); is this an aenv-ray runtime?",
-                    **self._context(),
-                ) from exc
-            except TimeoutError as exc:
-                raise CallTimeoutError(
-                    f"`{self.env_name}` at {self.base_url} did not answer {method} {path} within "
-                    f"{timeout:g} s ({exc}); pass a larger timeout= or check the instance",
-                    timeout=timeout,
-                    **self._context(),
-                ) from exc
+            raise self._broken(exc, method, path) from exc
+        except ResponseTooLarge as exc:
+            raise ResponseTooLargeError(
+                f"{method} {self.base_url}{path} answered with {exc}: stopped reading it. "
+                "An aenv-ray runtime never sends one (a result that large becomes an error "
+                "result); is something else answering, or a proxy in between?",
+                **self._context(),
+            ) from exc
+        except BadResponse as exc:
+            raise ProtocolError(
+                f"{method} {self.base_url}{path} answered something that is not HTTP/1.x "
+                f"({exc}); is this an aenv-ray runtime?",
+                **self._context(),
+            ) from exc
+        except TimeoutError as exc:
+            raise CallTimeoutError(
+                f"`{self.env_name}` at {self.base_url} did not answer {method} {path} within "
+                f"{timeout:g} s ({exc}); pass a larger timeout= or check the instance",
+                timeout=timeout,
+                **self._context(),
+            ) from exc
         self._answered = True
         try:
             data = orjson.loads(raw) if raw else None
@@ -168,6 +164,23 @@ class InstanceClient:
                 **self._context(),
             ) from exc
         return status, data
+
+    def _resend(self, exc: Exception) -> bool:
+        """Whether a read that failed with ``exc`` may be sent again: its connection dropped
+        (the error it becomes is retryable) and nobody released the instance meanwhile."""
+        return (
+            isinstance(exc, Disconnected)
+            and not self._closed
+            and is_retryable(self._broken(exc, "GET", ""))
+        )
+
+    def _broken(self, exc: Exception, method: str, path: str) -> InstanceBrokenError:
+        return InstanceBrokenError(
+            f"`{self.env_name}` at {self.base_url} dropped the connection during "
+            f"{method} {path} ({exc}); the instance probably crashed. "
+            "Release it and create a new one",
+            **self._context(),
+        )
 
     def _unreachable(self, exc: Exception) -> Exception:
         if self._answered:

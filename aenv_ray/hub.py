@@ -10,7 +10,11 @@ in remote mode (``AENV_SYSTEM_URL`` or ``aenv_url=``).
         info = await hub.create_instance("mini-terminal@1.0.0", ttl="10m")
         await hub.delete_instance(info["id"])
 
-Nothing is pooled across event loops: a client belongs to the loop that first uses it.
+It speaks HTTP with httpx (a pooled, keep-alive ``AsyncClient``): the control plane makes a
+few calls per instance, where a standard, well-understood client is worth more than CPU. Calls
+to the instances themselves, many per second, go over :mod:`aenv_ray._wire` instead
+(docs/performance.md, "The client's HTTP"). Nothing is pooled across event loops: a client
+belongs to the loop that first uses it.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlparse
 
-import aiohttp
+import httpx
 import orjson
 
 from aenv_ray.bundle import digest_of
@@ -64,7 +68,7 @@ class HubClient:
         self.url = url.rstrip("/")
         self.api_key = api_key
         self.timeout = timeout
-        self._session: aiohttp.ClientSession | None = None
+        self._http: httpx.AsyncClient | None = None
         self._closed = False
 
     async def __aenter__(self) -> HubClient:
@@ -82,24 +86,29 @@ class HubClient:
         """Close the connections. Idempotent; requests after it raise
         :class:`~aenv_ray.errors.ClosedError`."""
         self._closed = True
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
+        http, self._http = self._http, None
+        if http is not None:
+            await http.aclose()
 
     @property
     def headers(self) -> dict[str, str]:
         """The headers every request carries (the key, when there is one)."""
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    def _get_session(self) -> aiohttp.ClientSession:
+    def _get_http(self) -> httpx.AsyncClient:
         if self._closed:
             raise ClosedError(f"the hub client of {self.url} is closed; create a new HubClient")
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
+        if self._http is None or self._http.is_closed:
+            self._http = httpx.AsyncClient(
                 headers=self.headers,
-                timeout=aiohttp.ClientTimeout(total=self.timeout, sock_connect=10),
+                # connect within 10 s; each read or write within the request's whole timeout,
+                # which :meth:`request` also bounds as a total
+                timeout=httpx.Timeout(self.timeout, connect=min(10.0, self.timeout)),
+                limits=httpx.Limits(max_connections=100, max_keepalive_connections=20),
+                follow_redirects=False,
+                trust_env=False,  # the hub's URL is the address: no proxy from the environment
             )
-        return self._session
+        return self._http
 
     async def request(
         self,
@@ -116,31 +125,40 @@ class HubClient:
         """One request; the parsed JSON answer (``raw``: ``(bytes, headers)``), or the error
         the hub raised, re-raised as its :mod:`aenv_ray.errors` class. A status in ``answers``
         is an answer, not an error."""
-        session = self._get_session()
-        url = self.url + path
+        http = self._get_http()
         body = orjson.dumps(json) if json is not None else data
         send_headers = dict(headers or {})
         if json is not None:
             send_headers["Content-Type"] = "application/json"
         try:
-            async with session.request(
-                method, url, data=body, headers=send_headers, params=_params(params)
-            ) as reply:
-                payload = await reply.read()
-                if reply.status < 400 or reply.status in answers:
-                    if raw:
-                        return payload, dict(reply.headers)
-                    return orjson.loads(payload) if payload else None
-                raise self._error(reply.status, payload, method, path)
-        except aiohttp.ClientConnectionError as exc:
+            async with asyncio.timeout(self.timeout):
+                reply = await http.request(
+                    method,
+                    self.url + path,
+                    content=body,
+                    headers=send_headers,
+                    params=_params(params),
+                )
+        except (httpx.TimeoutException, TimeoutError) as exc:
+            raise HubUnreachableError(
+                f"{self.url} did not answer {method} {path} within {self.timeout:g} s"
+            ) from exc
+        except httpx.DecodingError as exc:
+            raise ProtocolError(
+                f"{method} {self.url}{path} answered a body that does not decode as its "
+                f"Content-Encoding says ({exc}); is this an EnvHub (`aenv serve`)?"
+            ) from exc
+        except httpx.TransportError as exc:  # refused, reset, not HTTP, a proxy that failed
             raise HubUnreachableError(
                 f"nothing answers at {self.url} ({type(exc).__name__}: {exc}); start the hub "
                 "with `aenv serve`, or fix AENV_SYSTEM_URL / `aenv config set url URL`"
             ) from exc
-        except TimeoutError as exc:
-            raise HubUnreachableError(
-                f"{self.url} did not answer {method} {path} within {self.timeout:g} s"
-            ) from exc
+        payload = reply.content
+        if reply.status_code < 400 or reply.status_code in answers:
+            if raw:
+                return payload, dict(reply.headers)
+            return orjson.loads(payload) if payload else None
+        raise self._error(reply.status_code, payload, method, path)
 
     def _error(self, status: int, payload: bytes, method: str, path: str) -> AEnvError:
         try:
@@ -350,17 +368,17 @@ class HubClient:
         return result
 
 
-def _params(params: Mapping[str, Any] | None) -> list[tuple[str, str]] | None:
+def _params(params: Mapping[str, Any] | None) -> httpx.QueryParams | None:
     if params is None:
         return None
-    out = []
+    out: list[tuple[str, str | int | float | bool | None]] = []
     for key, value in params.items():
         values = value if isinstance(value, list) else [value]
         for item in values:
             if item is None or item == "":
                 continue
             out.append((key, str(item).lower() if isinstance(item, bool) else str(item)))
-    return out
+    return httpx.QueryParams(out)
 
 
 class RemoteEngine:

@@ -12,7 +12,10 @@ Every server runs in its own child process on loopback, so its CPU time is read 
   ``async_echo``), called through the SDK (``Environment.attach(url).call_tool``), through a raw
   aiohttp POST to its fast path (to split client from server cost), and through standard MCP with
   the official ``fastmcp.Client`` (``call_tool_mcp``), both as one client (one session) shared by
-  all callers and as one client per caller; the MCP target is checked against the faster of the two.
+  all callers and as one client per caller; the MCP target is checked against the faster of the two;
+- **httpx**: the same fast-path POST through one pooled ``httpx.AsyncClient``, the client the
+  SDK's control plane (the hub) uses: its client CPU per call against the SDK's is why calls to
+  instances go over :mod:`aenv_ray._wire` instead (docs/performance.md).
 
 Each scenario runs with 1 and 16 concurrent callers, for a fixed number of calls and under a time
 cap, after a warm-up. Scenarios are interleaved over ``--rounds`` rounds so that a noisy spell on
@@ -272,6 +275,30 @@ class Clients:
 
         return [call] * callers
 
+    def _httpx_post(self, url: str, callers: int) -> list[Call]:
+        """The fast path's request body POSTed with one pooled httpx.AsyncClient."""
+        import httpx
+
+        client = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+            timeout=TOOL_TIMEOUT,
+        )
+        self._closers.append(client.aclose)
+        body = orjson.dumps({"name": "echo", "arguments": ARGS, "timeout": TOOL_TIMEOUT})
+        headers = {"content-type": "application/json"}
+
+        async def call() -> Any:
+            response = await client.post(url, content=body, headers=headers)
+            data = orjson.loads(response.content)
+            if response.status_code != 200:
+                raise RuntimeError(f"{url} answered HTTP {response.status_code}: {data}")
+            return data
+
+        return [call] * callers
+
+    async def fast_httpx(self, callers: int) -> list[Call]:
+        return self._httpx_post(self.runtime.url + "/aenv/v1/call", callers)
+
     async def floor(self, callers: int) -> list[Call]:
         return self._raw_post(self.floor_url + "/echo", callers)
 
@@ -336,6 +363,7 @@ def build_scenarios(args: argparse.Namespace) -> list[Scenario]:
     kinds: list[tuple[str, str, str, Any, int]] = [
         ("floor", "floor: aiohttp POST -> starlette", "floor", Clients.floor, args.calls),
         ("fast", "runtime fast path, raw aiohttp", "runtime", Clients.fast_raw, args.calls),
+        ("httpx", "runtime fast path, httpx", "runtime", Clients.fast_httpx, args.calls),
         ("sdk", "SDK call_tool, sync echo", "runtime", Clients.sdk, args.calls),
         ("sdk_async", "SDK call_tool, async_echo", "runtime", Clients.sdk_async, args.calls),
         ("mcp", "MCP: fastmcp.Client, 1 session", "runtime", Clients.mcp, args.mcp_calls),
@@ -440,6 +468,15 @@ def render(scenarios: list[Scenario], args: argparse.Namespace) -> dict[str, Any
         (
             "SDK async_echo p50 / floor p50, 1 caller",
             get("sdk_async", 1, "p50_ms") / get("floor", 1, "p50_ms"),
+        ),
+        *(
+            (
+                f"{name} client CPU per call / SDK client CPU per call, {callers} caller(s)",
+                get(key, callers, "client_cpu_ms_per_call")
+                / get("sdk", callers, "client_cpu_ms_per_call"),
+            )
+            for key, name in (("httpx", "httpx"), ("fast", "aiohttp"))
+            for callers in (1, 16)
         ),
     ]
     ratios = Table(title="Against the baseline measured in this run")

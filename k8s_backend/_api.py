@@ -7,7 +7,8 @@ watch) pay for no model round trip. The client still does what only it should: r
 kubeconfig or the in-cluster service account, TLS, and credentials (token refresh included).
 
 Every call goes through :meth:`Kube.request`, which retries 429 (honouring ``Retry-After``), 5xx
-and dropped connections with backoff, and :func:`translate` turns what is left into one error:
+and dropped connections with backoff (:func:`aenv_ray.retry.retry`), and :func:`translate`
+turns what is left into one error:
 
 ======  ======================================================================
 401     :class:`~aenv_ray.errors.AuthenticationError`
@@ -33,10 +34,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import random
 import re
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +58,7 @@ from aenv_ray.errors import (
     ConfigurationError,
     PermissionDeniedError,
 )
+from aenv_ray.retry import Backoff, retry
 
 __all__ = ["ROLE", "Kube", "WatchEvent", "WatchExpired", "connect", "translate"]
 
@@ -183,9 +183,12 @@ def _forbidden_hint(message: str) -> str:
     )
 
 
-def _retry_after(headers: Any) -> float | None:
+def _retry_after(exc: Exception) -> float | None:
+    """The pause a 429 asks for (``Retry-After``, at most 30 s)."""
+    if not isinstance(exc, ApiException) or exc.status != 429 or exc.headers is None:
+        return None
     with contextlib.suppress(TypeError, ValueError, AttributeError):
-        value = headers.get("Retry-After")
+        value = exc.headers.get("Retry-After")
         if value is not None:
             return min(max(float(value), 0.0), 30.0)
     return None
@@ -228,33 +231,38 @@ class Kube:
         (``text``: as text, for a pod's log). 429, 5xx and dropped connections are retried with
         backoff (and 409 when ``retry_conflicts``); any other failure raises
         :func:`translate`'s error."""
-        attempt = 0
-        while True:
-            try:
-                return self._once(method, path, query, body, content_type, text)
-            except ApiException as exc:
+
+        def transient(exc: Exception) -> bool:
+            if self._closed.is_set():
+                return False
+            if isinstance(exc, ApiException):
                 status = int(exc.status or 0)
-                decoded = _decode(exc.body)
-                transient = status == 429 or status >= 500 or (status == 409 and retry_conflicts)
-                if not transient or attempt >= self.retries or self._closed.is_set():
-                    raise translate(status, decoded, what=what, not_found=not_found) from None
-                delay = _retry_after(exc.headers) if status == 429 else None
-            except (urllib3.exceptions.HTTPError, OSError) as exc:
-                if attempt >= self.retries or self._closed.is_set():
-                    raise ClusterUnreachableError(
-                        f"{what}: the Kubernetes API server at {self.server} does not answer "
-                        f"({type(exc).__name__}: {exc}); check the kubeconfig's server and that "
-                        "the cluster runs"
-                    ) from None
-                delay = None
-            attempt += 1
-            pause = delay if delay is not None else min(0.05 * 2**attempt, 2.0)
-            pause *= random.uniform(0.8, 1.2)
+                return status == 429 or status >= 500 or (status == 409 and retry_conflicts)
+            return isinstance(exc, urllib3.exceptions.HTTPError | OSError)
+
+        def on_retry(exc: Exception, attempt: int, pause: float) -> None:
             log.info(
                 "retrying a Kubernetes API call",
                 extra={"what": what, "attempt": attempt, "pause": round(pause, 3)},
             )
-            time.sleep(pause)
+
+        try:
+            return retry(
+                lambda: self._once(method, path, query, body, content_type, text),
+                Backoff(first=0.1, most=2.0, jitter=0.2, tries=1 + self.retries),
+                retryable=transient,
+                wait_hint=_retry_after,
+                on_retry=on_retry,
+            )
+        except ApiException as exc:
+            status = int(exc.status or 0)
+            raise translate(status, _decode(exc.body), what=what, not_found=not_found) from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ClusterUnreachableError(
+                f"{what}: the Kubernetes API server at {self.server} does not answer "
+                f"({type(exc).__name__}: {exc}); check the kubeconfig's server and that "
+                "the cluster runs"
+            ) from None
 
     def _headers(self, content_type: str | None) -> dict[str, str]:
         headers = {"Accept": "application/json"}

@@ -17,7 +17,7 @@ environment: ``python -m sandbox_runtime --bundle URL --digest sha256:HEX`` (see
    lacks is a :class:`~aenv_ray.errors.ConfigurationError` listing them (build the
    environment's own image instead); one installed at another version is logged, not refused.
 
-May import: the standard library, ``aenv_ray`` (the bundle format, errors).
+May import: the standard library, ``aenv_ray`` (the bundle format, errors, the retry loop).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import logging
 import re
 import shutil
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from aenv_ray.errors import (
     HubUnreachableError,
     decode_error,
 )
+from aenv_ray.retry import Backoff, retry
 
 __all__ = ["DEFAULT_ATTEMPTS", "DEFAULT_MAX_BUNDLE", "Fetched", "fetch_bundle", "parse_digest"]
 
@@ -53,7 +53,7 @@ log = logging.getLogger("sandbox_runtime.fetch")
 DEFAULT_MAX_BUNDLE = 64 * 1024 * 1024
 """Bytes a fetched bundle may have: EnvHub's own default limit (``aenv serve --max-bundle``)."""
 DEFAULT_ATTEMPTS = 6
-"""Tries of an unreachable hub: waits of 0.5, 1, 2, 4, 8 s between them (about 15 s)."""
+"""Tries of an unreachable hub: waits of about 0.5, 1, 2, 4, 8 s between them (about 15 s)."""
 _TIMEOUT = 30.0  # seconds one connect or read may take
 _CHUNK = 1 << 16
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -163,24 +163,25 @@ class _Transient(Exception):
 
 
 def _with_retries(url: str, key: str | None, max_size: int, attempts: int) -> bytes:
-    pause = 0.5
-    for attempt in range(1, attempts + 1):
-        try:
-            return _download(url, key, max_size)
-        except _Transient as exc:
-            if attempt == attempts:
-                raise HubUnreachableError(
-                    f"cannot fetch the bundle {url}: {exc} (tried {attempts} times); check "
-                    "that the hub runs and that this pod may reach it (its URL, the "
-                    "namespace's NetworkPolicy)"
-                ) from None
-            log.warning(
-                "fetching the bundle failed; retrying",
-                extra={"url": url, "attempt": attempt, "problem": str(exc), "pause": pause},
-            )
-            time.sleep(pause)
-            pause = min(pause * 2, 8.0)
-    raise AssertionError("unreachable")  # attempts >= 1
+    def on_retry(exc: Exception, attempt: int, pause: float) -> None:
+        log.warning(
+            "fetching the bundle failed; retrying",
+            extra={"url": url, "attempt": attempt, "problem": str(exc), "pause": pause},
+        )
+
+    try:
+        return retry(
+            lambda: _download(url, key, max_size),
+            Backoff(first=0.5, most=8.0, jitter=0.1, tries=attempts),
+            retryable=lambda exc: isinstance(exc, _Transient),
+            on_retry=on_retry,
+        )
+    except _Transient as exc:
+        raise HubUnreachableError(
+            f"cannot fetch the bundle {url}: {exc} (tried {attempts} times); check "
+            "that the hub runs and that this pod may reach it (its URL, the "
+            "namespace's NetworkPolicy)"
+        ) from None
 
 
 def missing_requirements(lock: str) -> tuple[list[str], list[str]]:
