@@ -27,7 +27,7 @@ all episode (module globals, patched builtins, a planted ``os.environ``). Instea
 What the judge did comes back with the value (:class:`aenv_ray.protocol.JudgeReport`). A judge
 that cannot run raises :class:`aenv_ray.errors.JudgeUnavailableError`, never a reward.
 
-May import: the standard library, orjson, pydantic_core, ``aenv_ray`` and
+May import: the standard library, orjson, pydantic and pydantic_core, ``aenv_ray`` and
 :mod:`sandbox_runtime.contain`.
 """
 

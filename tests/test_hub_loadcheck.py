@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from aenv_ray.bundle import Bundle, build_bundle
 from aenv_cli._scaffold import module_name, write_project
+from aenv_ray.bundle import Bundle, build_bundle
 from aenv_ray.engine import named_engine
 from aenv_ray.errors import DefinitionError
 from aenv_ray.loadcheck import checker_fingerprint

@@ -14,7 +14,6 @@ from builtin_envs.demos import tau2 as demo
 from builtin_envs.tau2 import get_domain
 from builtin_envs.tau2.data import data_dir
 from builtin_envs.tau2.errors import Tau2DataError
-from local_backend import LocalEngine
 from tests._cli import aenv as run_cli
 from tests._demo_solutions import assert_holds_no_solution
 
