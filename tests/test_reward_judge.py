@@ -119,7 +119,8 @@ async def test_the_honest_answer_gets_full_reward_with_and_without_the_judge(
 
 
 # -- a process left running rewrites files while the reward grades ------------------------------
-REWRITER = 'while :; do cp "$HOME/expected.txt" answer.txt 2>/dev/null; done'
+# cp into a temporary file, then rename: a reader sees the old answer or the new, never half
+REWRITER = 'while :; do cp "$HOME/expected.txt" .next 2>/dev/null && mv .next answer.txt; done'
 
 
 @in_instance
