@@ -374,11 +374,15 @@ async def test_a_judge_that_dies_without_an_answer_is_no_reward(
         "def grade() -> float:\n"
         "    os._exit(3)\n"
     )
-    with RuntimeProcess(project, env={"AENV_WORKSPACE": str(tmp_path)}) as runtime:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    variables = {"AENV_WORKSPACE": str(project), "TMPDIR": str(tmp)}
+    with RuntimeProcess(project, env=variables) as runtime:
         async with runtime.environment() as env:
             ended = r"ended \(status 3\) without an answer"
             with pytest.raises(JudgeUnavailableError, match=ended):
                 await env.call_reward({})
+            assert list(tmp.iterdir()) == [], "the judge's directory outlived it"
 
 
 # -- declaring it ------------------------------------------------------------------------------
