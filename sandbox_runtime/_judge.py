@@ -21,8 +21,8 @@ all episode (module globals, patched builtins, a planted ``os.environ``). Instea
    nodes are left out (``removed``), links whose target resolves outside the copy are removed
    (``links_out``), absolute links into the workspace point into the copy.
 4. the reward runs there, validated against its own signature, and its value comes back as JSON
-   on a pipe only the judge writes; the scratch directory is removed, and what the judge
-   started ends with the call.
+   on a pipe only the judge writes; the seed removes the judge's directory once it ended, and
+   what the judge started ends with the call.
 
 What the judge did comes back with the value (:class:`aenv_ray.protocol.JudgeReport`). A judge
 that cannot run raises :class:`aenv_ray.errors.JudgeUnavailableError`, never a reward.
@@ -50,7 +50,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -286,15 +286,18 @@ def _seed_loop(state: _SeedState, channel: socket.socket) -> NoReturn:
             if request is None or len(fds) != 1:
                 break
             result = fds[0]
+            scratch = _make_scratch(state)
             pid = os.fork()
             if pid == 0:
                 channel.close()
-                _judge_main(state, request, result)
+                _judge_main(state, request, result, scratch)
             os.close(result)
             _send(channel, {"pid": pid})
             _, status = os.waitpid(pid, 0)
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)  # what it left in its session
+            if isinstance(scratch, str):  # here, not in the judge: a judge killed leaves none
+                shutil.rmtree(scratch, ignore_errors=True)
             _send(channel, {"exit": os.waitstatus_to_exitcode(status)})
     except BaseException:
         code = 1
@@ -317,11 +320,40 @@ def _become_seed(state: _SeedState, channel: socket.socket) -> NoReturn:
     _seed_loop(state, channel)
 
 
+def _make_scratch(state: _SeedState) -> str | OSError:
+    """A new directory for one judge (its home, temporary directory and copy), in the
+    judge's temporary directory or, where the workspace does not fit there, in the workspace;
+    or why it could not be made."""
+    with _environment(state.environment):
+        base = _scratch_base(state.workspace)
+        try:
+            return tempfile.mkdtemp(prefix=".aenv-judge-" if base else "aenv-judge-", dir=base)
+        except OSError as exc:
+            return exc
+
+
+@contextlib.contextmanager
+def _environment(variables: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` (and so ``tempfile``'s choice of directory) as ``variables`` inside."""
+    before = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(variables)
+    tempfile.tempdir = None
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
+        tempfile.tempdir = None
+
+
 # -- one judge ---------------------------------------------------------------------------------
-def _judge_main(state: _SeedState, request: dict[str, Any], result: int) -> NoReturn:
-    """In the judge process: its context, then the reward; the answer goes to ``result``."""
+def _judge_main(
+    state: _SeedState, request: dict[str, Any], result: int, scratch: str | OSError
+) -> NoReturn:
+    """In the judge process: its context, then the reward; the answer goes to ``result``.
+    ``scratch``: its directory (the seed made it, and removes it), or why there is none."""
     answer: dict[str, Any]
-    scratch: str | None = None
     try:
         os.setsid()
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -333,8 +365,11 @@ def _judge_main(state: _SeedState, request: dict[str, Any], result: int) -> NoRe
         os.environ.clear()
         os.environ.update(state.environment)
         tempfile.tempdir = None
-        base = _scratch_base(workspace)
-        scratch = tempfile.mkdtemp(prefix=".aenv-judge-" if base else "aenv-judge-", dir=base)
+        if isinstance(scratch, OSError):
+            raise _Unavailable(
+                f"the judge could not make its directory: {scratch}; give the instance more "
+                "room in its temporary directory"
+            )
         home, tmp = os.path.join(scratch, "home"), os.path.join(scratch, "tmp")
         os.mkdir(home, 0o700)
         os.mkdir(tmp, 0o700)
@@ -362,10 +397,6 @@ def _judge_main(state: _SeedState, request: dict[str, Any], result: int) -> NoRe
     except BaseException as exc:
         name = getattr(exc, "original_type", type(exc).__name__)
         answer = {"ok": False, "type": name, "message": f"{type(exc).__name__}: {exc}"}
-    finally:
-        if scratch is not None:
-            with contextlib.suppress(Exception):
-                shutil.rmtree(scratch, ignore_errors=True)
     try:
         data = orjson.dumps(answer)
     except TypeError as exc:

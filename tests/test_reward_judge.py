@@ -119,7 +119,8 @@ async def test_the_honest_answer_gets_full_reward_with_and_without_the_judge(
 
 
 # -- a process left running rewrites files while the reward grades ------------------------------
-REWRITER = 'while :; do cp "$HOME/expected.txt" answer.txt 2>/dev/null; done'
+# cp into a temporary file, then rename: a reader sees the old answer or the new, never half
+REWRITER = 'while :; do cp "$HOME/expected.txt" .next 2>/dev/null && mv .next answer.txt; done'
 
 
 @in_instance
@@ -373,11 +374,15 @@ async def test_a_judge_that_dies_without_an_answer_is_no_reward(
         "def grade() -> float:\n"
         "    os._exit(3)\n"
     )
-    with RuntimeProcess(project, env={"AENV_WORKSPACE": str(tmp_path)}) as runtime:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    variables = {"AENV_WORKSPACE": str(project), "TMPDIR": str(tmp)}
+    with RuntimeProcess(project, env=variables) as runtime:
         async with runtime.environment() as env:
             ended = r"ended \(status 3\) without an answer"
             with pytest.raises(JudgeUnavailableError, match=ended):
                 await env.call_reward({})
+            assert list(tmp.iterdir()) == [], "the judge's directory outlived it"
 
 
 # -- declaring it ------------------------------------------------------------------------------
