@@ -15,8 +15,8 @@ Each failure is a :class:`~aenv_ray.errors.ConfigurationError` (or
 :class:`~aenv_ray.errors.EnvironmentNotFoundError`) whose message is the one line the CLI
 prints.
 
-May import: ``aenv_ray``, ``rollout.synthesis`` (policies, tasks); lazily: ``local_backend``
-(through :func:`aenv_ray.engine.new_engine`), ``aenv_ray.hub``.
+May import: ``aenv_ray``, ``rollout.synthesis`` (policies, tasks); lazily: ``aenv_ray.engine``
+(the local engine, by name), ``aenv_ray.hub``.
 """
 
 from __future__ import annotations

@@ -397,7 +397,9 @@ def test_rules_are_readable(scope: str) -> None:
         f"{scope}'s docstring names no module in {rules.unreadable}: write modules, "
         "`the standard library`, or put the words in a note (parentheses)"
     )
-    assert not (rules.may | rules.lazy) & rules.must_not, "allowed and forbidden at once"
+    forbidden = {item for outer in _scopes_of(scope) for item in outer.must_not}
+    both = {i for i in rules.may | rules.lazy if any(_covers(f, i) for f in forbidden)}
+    assert not both, f"{scope} allows what it or a scope holding it forbids: {sorted(both)}"
     ours = [item for item in rules.may | rules.lazy if _root(item) in PACKAGES]
     unknown = [item for item in ours if not any(_covers(item, m) for m in MODULES)]
     assert not unknown, f"{scope} allows modules that do not exist: {unknown}"

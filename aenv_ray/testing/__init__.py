@@ -10,7 +10,8 @@ tool, inside a sandbox?).
         async with runtime.environment() as env:
             result = await env.call_tool("echo", {"text": "hi"})
 
-May import: ``aenv_ray``, ``sandbox_runtime`` (the runtime it starts).
+May import: ``aenv_ray`` (it starts the runtime as a process, ``python -m sandbox_runtime``,
+and imports none of it).
 """
 
 from aenv_ray.testing.engines import (
