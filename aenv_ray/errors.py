@@ -15,6 +15,7 @@ The tree, by what the caller should do::
     ├── FunctionError                            a function, reward or health check failed
     │   └── FunctionNotFoundError (LookupError)
     ├── ClosedError                              you closed that engine, pool or client; new one
+    ├── MissingExtraError (ImportError)          an optional part is not installed: the extra to add
     ├── InstanceError                            the instance itself is the problem
     │   ├── InstanceClosedError (+ ClosedError)  you released it; create a new one
     │   ├── InstanceBrokenError                  it died under you (cause in __cause__); retryable
@@ -113,6 +114,7 @@ __all__ = [
     "InstanceUnreachableError",
     "JudgeUnavailableError",
     "LeaseLostError",
+    "MissingExtraError",
     "NotSupportedError",
     "PermissionDeniedError",
     "PodTemplateRefusedError",
@@ -301,6 +303,16 @@ class FunctionNotFoundError(FunctionError, LookupError):
 class ClosedError(AEnvError):
     """You closed this object (an engine, a pool, a hub client, a run directory) and then used
     it; create a new one. ``except ClosedError`` also catches :class:`InstanceClosedError`."""
+
+
+class MissingExtraError(AEnvError, ImportError):
+    """A part of aenv-ray was used whose optional dependencies are not installed; ``extra``
+    names what brings them: ``pip install 'aenv-ray[EXTRA]'`` (see :mod:`aenv_ray.extras`).
+    The message is that one line."""
+
+    def __init__(self, message: str = "", *, extra: str | None = None, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.extra = extra
 
 
 class InstanceError(AEnvError):

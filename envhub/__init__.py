@@ -13,6 +13,11 @@ May import: ``aenv_ray``, fastapi, starlette, pydantic, uvicorn, aiohttp (the pr
 redis (the Redis store), cryptography (the sealed tokens); lazily, inside functions:
 platformdirs (the default store's place).
 Must not import: ray, kubernetes (engines are injected).
+Needs the ``hub`` extra (fastapi, cryptography; ``redis`` for the Redis store): checked here.
 """
+
+from aenv_ray.extras import require_extra
+
+require_extra("hub", "envhub (the hub, `aenv serve`)")
 
 __all__: list[str] = []

@@ -12,7 +12,8 @@ Durability is the server's (``appendonly yes`` keeps writes across restarts). Ev
 exception leaves as a :class:`~aenv_ray.errors.StoreError` naming the server (never its
 password) and saying what to do.
 
-May import: redis, ``aenv_ray.errors``, ``envhub.document``.
+May import: redis (the ``redis`` extra, checked here), ``aenv_ray.errors`` and ``aenv_ray.extras``,
+``envhub.document``.
 """
 
 from __future__ import annotations
@@ -23,13 +24,17 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialWithJitterBackoff
-from redis.exceptions import RedisError
-
 from aenv_ray.errors import StoreError
-from envhub.document import Document
+from aenv_ray.extras import require_extra
+
+require_extra("redis", "the hub's Redis store (redis://)")
+
+import redis.asyncio as aioredis  # noqa: E402
+from redis.asyncio.retry import Retry  # noqa: E402
+from redis.backoff import ExponentialWithJitterBackoff  # noqa: E402
+from redis.exceptions import RedisError  # noqa: E402
+
+from envhub.document import Document  # noqa: E402
 
 __all__ = ["RedisStore"]
 

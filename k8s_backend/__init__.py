@@ -17,10 +17,14 @@ transport; both in one module only, ``k8s_backend._api``); lazily, inside functi
 platformdirs (where the exec helper's build is cached). Must not import: ray, gymnasium.
 """
 
-from k8s_backend.delivery import Delivery, HostProcess, HubBundle, OwnImage
-from k8s_backend.engine import KubernetesEngine, RateLimiter
-from k8s_backend.manifests import PodRecipe, deny_egress_policy, instance_pod
-from k8s_backend.service_controller import KubernetesServices
+from aenv_ray.extras import require_extra
+
+require_extra("kubernetes", "k8s_backend (the Kubernetes engine)")
+
+from k8s_backend.delivery import Delivery, HostProcess, HubBundle, OwnImage  # noqa: E402
+from k8s_backend.engine import KubernetesEngine, RateLimiter  # noqa: E402
+from k8s_backend.manifests import PodRecipe, deny_egress_policy, instance_pod  # noqa: E402
+from k8s_backend.service_controller import KubernetesServices  # noqa: E402
 
 __all__ = [
     "Delivery",

@@ -20,6 +20,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from aenv_ray.extras import require_extra
+
+require_extra("ray", "rollout")
+
 if TYPE_CHECKING:
     from rollout._ray import get, init_local
     from rollout.failures import (

@@ -31,6 +31,7 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
+from aenv_ray.extras import require_extra
 from rollout.gym import ToolEnv, make_env
 
 __all__ = ["ByteCodec", "Codec", "NumericToolEnv", "TokenCodec", "register", "rllib_name"]
@@ -176,6 +177,7 @@ def register(
     RLlib calls the creator with its ``env_config`` (an ``EnvContext``, a dict): those keys
     override ``make_env_options`` (``tasks``, ``max_steps``, ...).
     """
+    require_extra("rllib", "rollout.rllib.register")
     from ray.tune.registry import register_env
 
     registered = name or rllib_name(env_name)

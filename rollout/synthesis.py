@@ -63,6 +63,7 @@ from aenv_ray.errors import (
     FunctionErrorKind,
     FunctionNotFoundError,
 )
+from aenv_ray.extras import missing_modules, require_extra
 from aenv_ray.openai_tools import to_openai_tools
 from aenv_ray.settings import get_settings
 from rollout.failures import (
@@ -547,7 +548,9 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
 
 def write_parquet(jsonl: Path, target: Path) -> None:
     """Rewrite ``target`` from every row of ``jsonl``: the same rows, the scalar fields as typed
-    columns, the nested ones (:data:`~rollout.trajectories.NESTED_FIELDS`) as JSON text."""
+    columns, the nested ones (:data:`~rollout.trajectories.NESTED_FIELDS`) as JSON text.
+    Needs the ``parquet`` extra (pyarrow)."""
+    require_extra("parquet", "writing trajectories.parquet")
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -573,6 +576,7 @@ def read_trajectories(path: str | Path) -> list[dict[str, Any]]:
         path = path / JSONL
     if path.suffix != ".parquet":
         return list(read_records(path)[0].values())
+    require_extra("parquet", "reading trajectories.parquet")
     import pyarrow.parquet as pq
 
     rows: list[dict[str, Any]] = pq.read_table(path).to_pylist()
@@ -1007,17 +1011,27 @@ async def _synthesize(
         if on_episode is not None:
             on_episode(trajectory)
 
+    # trajectories.jsonl is the record; its Parquet copy needs pyarrow (the `parquet` extra)
+    with_parquet = not missing_modules("parquet")
+    if not with_parquet:
+        log.warning(
+            "trajectories.parquet is not written: pyarrow is not installed "
+            "(pip install 'aenv-ray[parquet]'); trajectories.jsonl holds every record",
+            extra={"run": str(run.path)},
+        )
     started = time.perf_counter()
     try:
         await _play_all(todo, one)
     except Exception:
-        with contextlib.suppress(Exception):  # the run's own error is the one to tell
-            write_parquet(run.jsonl, run.path / PARQUET)
+        if with_parquet:
+            with contextlib.suppress(Exception):  # the run's own error is the one to tell
+                write_parquet(run.jsonl, run.path / PARQUET)
         raise
     seconds = time.perf_counter() - started  # the episodes' time, not the Parquet file's
     run.compact()  # an episode run again leaves one line, as it leaves one Parquet row
     parquet = run.path / PARQUET
-    if todo or not parquet.is_file() or parquet.stat().st_mtime_ns < run.jsonl.stat().st_mtime_ns:
+    stale = not parquet.is_file() or parquet.stat().st_mtime_ns < run.jsonl.stat().st_mtime_ns
+    if with_parquet and (todo or stale):
         write_parquet(run.jsonl, parquet)  # (nothing new: the file already says it all)
     return tally.summary(run, episodes=episodes, skipped=skipped, seconds=seconds)
 

@@ -34,6 +34,7 @@ import sys
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -859,17 +860,52 @@ def _requirement_names(requirements: list[str]) -> set[str]:
     return {re.split(r"[\[<>=!~; ]", r, maxsplit=1)[0].strip().lower() for r in requirements}
 
 
-def _declared() -> tuple[set[str], set[str]]:
-    """(import names of the runtime dependencies, of the optional/dev ones)."""
+def _project() -> dict[str, Any]:
     import tomllib
 
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    project: dict[str, Any] = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))[
+        "project"
+    ]
+    return project
+
+
+def _import_names(requirements: list[str]) -> set[str]:
+    names = _requirement_names(requirements) - {"aenv-ray"}  # an extra naming another
+    return {_IMPORT_NAMES.get(n, n.replace("-", "_")) for n in names}
+
+
+def _declared() -> tuple[set[str], set[str]]:
+    """(import names of the base dependencies, of the extras' and dev ones)."""
+    project = _project()
     extras = [r for reqs in project.get("optional-dependencies", {}).values() for r in reqs]
+    return _import_names(project["dependencies"]), _import_names(extras)
 
-    def imports(names: set[str]) -> set[str]:
-        return {_IMPORT_NAMES.get(n, n.replace("-", "_")) for n in names}
 
-    return imports(_requirement_names(project["dependencies"])), imports(_requirement_names(extras))
+def _checked_extras(path: Path) -> set[str]:
+    """The extras a file checks at import time: its module-level ``require_extra("X", ...)``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {
+        node.value.args[0].value
+        for node in tree.body
+        if isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Call)
+        and isinstance(node.value.func, ast.Name)
+        and node.value.func.id == "require_extra"
+        and node.value.args
+        and isinstance(node.value.args[0], ast.Constant)
+        and isinstance(node.value.args[0].value, str)
+    }
+
+
+def _guarding(path: Path) -> set[str]:
+    """The extras checked before ``path`` runs: by it, or by a package ``__init__`` above it."""
+    found = _checked_extras(path)
+    here = path.parent
+    while here != ROOT and (here / "__init__.py").is_file():
+        if here / "__init__.py" != path:
+            found |= _checked_extras(here / "__init__.py")
+        here = here.parent
+    return found
 
 
 def test_dependencies_match_imports() -> None:
@@ -888,9 +924,44 @@ def test_dependencies_match_imports() -> None:
     assert not unused, f"required, imported by no source (move to dev or drop): {sorted(unused)}"
     stale = {name for name in _DECLARED_UNUSED if name in used or name not in required}
     assert not stale, f"remove from _DECLARED_UNUSED: {sorted(stale)}"
-    # an optional dependency is imported lazily only: the package works without it
-    eager = [i for i in IMPORTS if i.root in optional - required and i.top_level]
-    assert not eager, _violations("optional dependencies are imported inside functions", eager)
+
+
+def test_what_an_extra_brings_is_imported_behind_its_check() -> None:
+    """A bare install (``pip install aenv-ray``) has only the base dependencies. A module that
+    imports one of an extra's at import time runs only after ``require_extra`` of that extra
+    (its own, or its package's, at module level: the one line naming the extra); any other
+    optional import sits inside a function, so the module works without it."""
+    from aenv_ray.extras import EXTRAS
+
+    required, optional = _declared()
+    bad = []
+    for imp in IMPORTS:
+        if imp.root not in optional - required or not imp.top_level:
+            continue
+        if "demo_tasks" in imp.path.parts:  # a task's own tests, run by pytest in its box
+            continue
+        extras = {name for name, modules in EXTRAS.items() if imp.root in modules}
+        if not extras & _guarding(imp.path):
+            bad.append(imp)
+    assert not bad, _violations(
+        "imported at import time without require_extra of an extra that brings it", bad
+    )
+
+
+def test_the_extras_named_in_code_are_the_ones_pyproject_declares() -> None:
+    from aenv_ray.extras import EXTRAS
+
+    declared = _project()["optional-dependencies"]
+    assert set(EXTRAS) == set(declared) - {"all", "dev"}
+    assert set(_requirement_names(declared["all"])) == {"aenv-ray"}
+    assert f"aenv-ray[{','.join(sorted(EXTRAS, key=list(declared).index))}]" in declared["all"]
+    for extra, modules in EXTRAS.items():
+        # what an extra installs itself (an extra it names, e.g. [hub], is checked on its own)
+        assert _import_names(declared[extra]) <= set(modules), extra
+    # every extra's check is used somewhere, at import time or in a function
+    sources = "\n".join(p.read_text(encoding="utf-8") for pkg in PACKAGES for p in _files(pkg))
+    for extra in EXTRAS:
+        assert f'require_extra("{extra}"' in sources, f"no code checks the `{extra}` extra"
 
 
 # -- what mypy checks -------------------------------------------------------------------------

@@ -53,6 +53,7 @@ SAMPLES: dict[str, object] = {
     "field": "customPodTemplate.spec.nodeName",
     "allow": "spec.nodeName",
     "retry_after": 30.0,
+    "extra": "ray",
 }
 
 COPIERS: dict[str, Callable[[Any], Any]] = {

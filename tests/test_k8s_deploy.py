@@ -215,6 +215,8 @@ def test_the_dockerfile_builds_every_package_into_the_named_image() -> None:
         assert f"!{package}" in ignore, package
     assert "!README.md" in ignore
     assert "!pyproject.toml" in ignore
+    # the hub's image runs EnvHub (hub), its Kubernetes engine and the Redis store: their extras
+    assert re.search(r"pip install .*/wheels/\*\.whl\)\[hub,kubernetes,redis", dockerfile)
     # the DualContainer exec helper, static, where the pods' init containers copy it from
     assert "COPY k8s_backend/aenv_exec.c" in dockerfile
     assert " -static " in dockerfile

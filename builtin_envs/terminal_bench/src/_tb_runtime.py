@@ -39,6 +39,7 @@ from typing import Any
 
 import builtin_envs.terminal_bench as terminal_bench_library
 from aenv_ray import keep_processes
+from aenv_ray.extras import require_extra
 from aenv_ray.processes import unconfined
 from builtin_envs.terminal_bench import (
     BoxUnavailableError,
@@ -552,6 +553,7 @@ class WarmPytest:
     agent works; each test run gets a socket to it (:meth:`socket_for_box`)."""
 
     def __init__(self) -> None:
+        require_extra("builtins", "terminal-bench's graded tests (pytest)")
         ours, theirs = socket.socketpair()
         self._log = _log_file("pytest.log")
         try:
