@@ -234,6 +234,17 @@ async def defences_now(proc: HubProcess, key: str) -> dict[str, Any]:
     return stats
 
 
+def test_the_hub_runs_with_the_allocator_whose_memory_goes_back(
+    hub: tuple[HubProcess, str],
+) -> None:
+    # aenv serve ran itself again with PYTHONMALLOC=malloc (envhub.allocator): the block the
+    # exec gave it says so (the tests' own environment does not set it)
+    proc, _ = hub
+    assert "PYTHONMALLOC" not in proc.env
+    block = Path(f"/proc/{pid_of(proc)}/environ").read_bytes().split(b"\0")
+    assert b"PYTHONMALLOC=malloc" in block
+
+
 def test_the_failure_throttle_forgets_clients_once_their_window_passed() -> None:
     now = [0.0]
     throttle = FailureThrottle(per_minute=3, clock=lambda: now[0])
