@@ -158,6 +158,9 @@ def serve(
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error")] = "info",
 ) -> None:
     """Serve EnvHub: the registry and the control plane, with its OpenAPI document at /docs."""
+    from envhub.allocator import use_system_allocator
+
+    use_system_allocator()  # memory back to its level after an attack (re-exec, once)
     from aenv_ray.logs import configure_logging
     from envhub.app import HubOptions
     from envhub.defences import Defences

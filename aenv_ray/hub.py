@@ -23,6 +23,7 @@ import asyncio
 import builtins
 import contextlib
 import logging
+import secrets
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
@@ -43,9 +44,20 @@ from aenv_ray.errors import (
     decode_error,
 )
 
-__all__ = ["DIGEST_HEADER", "HubClient", "RemoteEngine", "reachable"]
+__all__ = [
+    "CREATE_ATTEMPTS",
+    "DIGEST_HEADER",
+    "IDEMPOTENCY_HEADER",
+    "HubClient",
+    "RemoteEngine",
+    "reachable",
+]
 
 DIGEST_HEADER = "X-Aenv-Digest"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+"""The header naming a create, so that the hub answers its retries with the same instance."""
+CREATE_ATTEMPTS = 4
+"""How many times :meth:`RemoteEngine.create` sends a create whose answer was lost."""
 
 log = logging.getLogger("aenv_ray.hub")
 
@@ -261,8 +273,12 @@ class HubClient:
         datasource: str | None = None,
         owner: str | None = None,
         labels: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
     ) -> dict[str, Any]:
-        """Start an instance; its record once it serves calls."""
+        """Start an instance; its record once it serves calls. ``idempotency_key`` (8 to 128
+        letters, digits, ``-_.:``): the hub answers a create of this tenant with a key it saw
+        before with the instance that one started, so sending it again after a lost reply
+        neither leaks nor duplicates an instance (:class:`RemoteEngine` does so)."""
         body = {
             "env": env,
             "ttl": ttl,
@@ -272,7 +288,10 @@ class HubClient:
             "owner": owner,
             "labels": dict(labels or {}),
         }
-        result: dict[str, Any] = await self.request("POST", "/v1/instances", json=body)
+        headers = {IDEMPOTENCY_HEADER: idempotency_key} if idempotency_key else None
+        result: dict[str, Any] = await self.request(
+            "POST", "/v1/instances", json=body, headers=headers
+        )
         return result
 
     async def list_instances(
@@ -407,17 +426,34 @@ class RemoteEngine:
         return info_from_json(doc)
 
     async def create(self, spec: InstanceSpec, *, timeout: float = 60.0) -> InstanceInfo:
-        """Ask the hub for an instance of ``spec.env_ref``."""
-        doc = await self.client.create_instance(
-            spec.env_ref,
-            ttl=spec.ttl,
-            environment_variables=spec.environment_variables,
-            arguments=list(spec.arguments),
-            datasource=spec.datasource,
-            owner=spec.owner,
-            labels=spec.labels,
-        )
-        return self._info(doc)
+        """Ask the hub for an instance of ``spec.env_ref``. A create whose answer is lost (the
+        connection dropped, the hub did not answer in time, it restarted) is sent again, up
+        to :data:`CREATE_ATTEMPTS` times in all, with the same idempotency key: the hub
+        answers the instance the first one started, never a second one."""
+        key = secrets.token_hex(16)
+        for attempt in range(1, CREATE_ATTEMPTS + 1):
+            try:
+                doc = await self.client.create_instance(
+                    spec.env_ref,
+                    ttl=spec.ttl,
+                    environment_variables=spec.environment_variables,
+                    arguments=list(spec.arguments),
+                    datasource=spec.datasource,
+                    owner=spec.owner,
+                    labels=spec.labels,
+                    idempotency_key=key,
+                )
+            except HubUnreachableError as exc:
+                if attempt == CREATE_ATTEMPTS:
+                    raise
+                log.warning(
+                    "create sent again with its idempotency key after a lost answer",
+                    extra={"env": spec.env_ref, "attempt": attempt, "error": str(exc)},
+                )
+                await asyncio.sleep(0.5 * 2 ** (attempt - 1))
+                continue
+            return self._info(doc)
+        raise AssertionError("not reached")  # pragma: no cover
 
     async def get(self, instance_id: str) -> InstanceInfo:
         """The instance's state, as the hub knows it."""

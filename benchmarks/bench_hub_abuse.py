@@ -2,12 +2,14 @@
 
     .venv/bin/python benchmarks/bench_hub_abuse.py                     # 16,000 connections
     .venv/bin/python benchmarks/bench_hub_abuse.py --connections 4000  # quicker
+    .venv/bin/python benchmarks/bench_hub_abuse.py --allocator pymalloc  # Python's allocator
 
 A real ``aenv serve`` (in-process engine, its default defences) on loopback; the attacker
 opens ``--connections`` connections from as many loopback addresses as it takes to stay under
 the hub's per-client cap, each sending an unfinished request line and headers, and holds them.
-Measured: the hub's RSS and open descriptors before (after a warm-up call), at the attack's
-height, and once the header timeout has closed the attack's connections; the latency of keyed
+Measured: the hub's RSS (and its ratio to the RSS before) and open descriptors before (after a
+warm-up call), at the attack's height, and once the header timeout has closed the attack's
+connections and the hub has trimmed its heap; the latency of keyed
 calls from another address during the attack. This process needs a descriptor per connection:
 its soft open files limit is raised to the hard one. Exit status is 0 either way: this is a
 measurement, not a test.
@@ -30,6 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
+from envhub.allocator import ALLOCATOR_ENV  # noqa: E402
+from envhub.connections import TRIM_DELAY  # noqa: E402
 from tests._hub import HubProcess, new_key  # noqa: E402
 from tests.test_hub_abuse import PARTIAL, keyed, open_fds, rss_mib  # noqa: E402
 
@@ -57,11 +61,12 @@ async def attack(port: int, count: int) -> list[asyncio.StreamWriter]:
     return writers
 
 
-async def main(count: int, calls: int, rounds: int) -> None:
+async def main(count: int, calls: int, rounds: int, allocator: str | None) -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    with HubProcess(Path(tempfile.mkdtemp(prefix="bench-abuse-"))) as hub:
+    env = {ALLOCATOR_ENV: allocator} if allocator else {}
+    with HubProcess(Path(tempfile.mkdtemp(prefix="bench-abuse-")), env=env) as hub:
         assert hub.proc is not None
         pid = hub.proc.pid
         key = new_key("bench", hub.store)
@@ -88,14 +93,15 @@ async def main(count: int, calls: int, rounds: int) -> None:
                 if open_fds(pid) <= before[1] + 4:
                     break
                 await asyncio.sleep(0.5)
-            await asyncio.sleep(1)
+            await asyncio.sleep(TRIM_DELAY + 1)  # the gate trims the heap TRIM_DELAY later
             rows.append((f"after {round_}", rss_mib(pid), open_fds(pid)))
             for writer in writers:
                 writer.close()
-    print(f"attack: {rounds} x {count} slow connections ({opened} opened)")
-    print(f"{'':>14} {'RSS MiB':>8} {'fds':>6}")
+    shown = allocator or "malloc (aenv serve's own choice)"
+    print(f"attack: {rounds} x {count} slow connections ({opened} opened); allocator {shown}")
+    print(f"{'':>14} {'RSS MiB':>8} {'/before':>8} {'fds':>6}")
     for label, rss, fds in rows:
-        print(f"{label:>14} {rss:8.1f} {fds:6d}")
+        print(f"{label:>14} {rss:8.1f} {rss / before[0]:8.2f} {fds:6d}")
     ordered = sorted(latencies)
     p95 = ordered[int(0.95 * (len(ordered) - 1))]
     print(
@@ -110,6 +116,11 @@ if __name__ == "__main__":
     parser.add_argument("--connections", type=int, default=16000)
     parser.add_argument("--calls", type=int, default=50, help="keyed calls per round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--allocator",
+        help="PYTHONMALLOC for the hub (pymalloc: Python's own, what the hub ran with before)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    asyncio.run(main(args.connections, args.calls, args.rounds))
+    os.environ.pop(ALLOCATOR_ENV, None)
+    asyncio.run(main(args.connections, args.calls, args.rounds, args.allocator))

@@ -30,6 +30,7 @@ connection caps are :mod:`envhub.connections`'.
 ``GET    /v1/instances/{id}/proxy/aenv/v1/preview/{p}``  a preview, for a browser: no key
 ``POST   /v1/services`` ...                              create, list, get, update, delete
 ``/v1/services/{id}/proxy/{path}``                       a running replica, round-robin
+``GET    /v1/defences``                                  what the defences against abuse hold
 =======================================================  =========================================
 
 This module assembles the app: the routers (:mod:`envhub.routes`, one per concern, sharing one

@@ -24,7 +24,8 @@ waits. Refused connections are closed at once: no descriptor stays with them.
 connections the event loop may accept at once (each a descriptor before the gate sees it).
 When three quarters of a peak of at least :data:`TRIM_AFTER` connections have closed, the hub
 gives freed heap back to the system (``malloc_trim`` on glibc), so its memory returns to its
-level after an attack.
+level after an attack: ``aenv serve`` runs with glibc's allocator for small objects too
+(:func:`envhub.allocator.use_system_allocator`), whose freed memory the trim reaches.
 
 May import: the standard library, ``aenv_ray.errors``, ``envhub.defences``, uvicorn, httptools.
 """
@@ -178,9 +179,29 @@ class ConnectionGate:
 
     def _give_back(self) -> None:
         self._trimming = None
+        # dicts never shrink their tables by themselves: copies sized for what is left
+        self.per_client = dict(self.per_client)
+        self.waiting = OrderedDict(self.waiting)
         gc.collect()  # the closed connections' cycles, before the heap is trimmed
         if self._trim is not None:
             self._trim(0)  # give the heap an attack grew back to the system
+
+    def stats(self) -> dict[str, int]:
+        """What the gate holds now and has done: ``open`` connections, ``clients`` holding
+        them, connections ``waiting`` for a request's headers, and since the start
+        connections ``refused`` and ``evicted``.
+
+            >>> from envhub.defences import Defences
+            >>> ConnectionGate(Defences(), 16).stats()
+            {'open': 0, 'clients': 0, 'waiting': 0, 'refused': 0, 'evicted': 0}
+        """
+        return {
+            "open": self.open,
+            "clients": len(self.per_client),
+            "waiting": len(self.waiting),
+            "refused": self.refused,
+            "evicted": self.evicted,
+        }
 
     def busy(self, conn: GuardedBase) -> None:
         """``conn``'s request has its headers: it is no longer evictable."""

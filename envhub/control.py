@@ -88,6 +88,7 @@ from aenv_ray.errors import (
     InstanceNotFoundError,
     ServiceNotFoundError,
 )
+from aenv_ray.hub import IDEMPOTENCY_HEADER
 from envhub import keys
 from envhub.keys import Caller
 from envhub.limits import (
@@ -103,7 +104,7 @@ from envhub.registry import VersionRegistry
 from envhub.resolve import Definition, resolve
 from envhub.store import Document, Store
 
-__all__ = ["LOAD_CHECKS", "ControlPlane", "load_check_key"]
+__all__ = ["LOAD_CHECKS", "ControlPlane", "check_idempotency_key", "load_check_key"]
 
 log = logging.getLogger("envhub.control")
 
@@ -141,6 +142,25 @@ def load_check_key(digest: str, checker: str) -> str:
     return f"{digest}|{checker}"
 
 
+_KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
+
+
+def check_idempotency_key(key: str) -> None:
+    """Refuse an idempotency key that is not 8 to 128 letters, digits, ``-_.:``.
+
+    >>> check_idempotency_key("3f2a9c1e5b7d4a60")
+    >>> check_idempotency_key("short")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    aenv_ray.errors.ConfigurationError: Idempotency-Key `short`: send 8 to 128 letters, ...
+    """
+    if not (8 <= len(key) <= 128 and set(key) <= _KEY_CHARS):
+        raise ConfigurationError(
+            f"{IDEMPOTENCY_HEADER} `{key[:40]}`: send 8 to 128 letters, digits, -, _, . or : "
+            "(a random one per create, the same for its retries)"
+        )
+
+
 @dataclass
 class ControlPlane:
     """Instances and services over ``engine``, recorded in ``store``."""
@@ -164,6 +184,10 @@ class ControlPlane:
     hub_id: str = field(default="", init=False)
     store_id: str = field(default="", init=False)
     _intents: set[str] = field(default_factory=set, repr=False)  # this hub's, in flight
+    # (tenant, idempotency key) -> the create in flight with it, which a retry awaits
+    _creating: dict[tuple[str, str], asyncio.Task[Document]] = field(
+        default_factory=dict, repr=False
+    )
     _id_lock: IO[str] | None = field(default=None, repr=False)
     _started_at: float = field(default_factory=time.time, repr=False)
     _beat_at: float = field(default=0.0, repr=False)  # monotonic time of the last heartbeat
@@ -286,12 +310,95 @@ class ControlPlane:
         labels: Mapping[str, str] | None = None,
         service: str | None = None,
         storage: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Document:
         """Start an instance of ``env`` for ``caller``; return its record once it answers.
 
         The definition must fit the tenant's caps, and (unless it is a service's replica, whose
         lifetime the hub manages) its TTL too, and a new instance its ``instances`` quota.
+
+        ``idempotency_key`` (the ``Idempotency-Key`` header; :func:`check_idempotency_key`):
+        a create of the same tenant with a key seen before starts nothing and answers the
+        instance that one started: the create still in flight on this hub (it runs to its end
+        even when the request that began it is gone), or the record in the store (kept with
+        the key). So a client whose reply was lost retries without leaking or duplicating an
+        instance. A create that failed left no record: its retry creates.
         """
+        if idempotency_key is None:
+            return await self._create_instance(
+                caller,
+                env,
+                ttl=ttl,
+                environment_variables=environment_variables,
+                arguments=arguments,
+                datasource=datasource,
+                owner=owner,
+                labels=labels,
+                service=service,
+                storage=storage,
+            )
+        check_idempotency_key(idempotency_key)
+        slot = (caller.tenant, idempotency_key)
+        running = self._creating.get(slot)
+        if running is None:
+            earlier = await self._created_with(caller.tenant, idempotency_key)
+            if earlier is not None:
+                log.info(
+                    "create retried: the instance its key started",
+                    extra={"instance": earlier["id"], "tenant": caller.tenant},
+                )
+                return earlier
+            running = self._creating.get(slot)  # one may have begun while the store answered
+        if running is None:
+            running = asyncio.create_task(
+                self._create_instance(
+                    caller,
+                    env,
+                    ttl=ttl,
+                    environment_variables=environment_variables,
+                    arguments=arguments,
+                    datasource=datasource,
+                    owner=owner,
+                    labels=labels,
+                    service=service,
+                    storage=storage,
+                    idempotency_key=idempotency_key,
+                )
+            )
+            self._creating[slot] = running
+
+            def done(task: asyncio.Task[Document]) -> None:
+                self._creating.pop(slot, None)
+                if not task.cancelled():
+                    task.exception()  # its requests raised it; none may be left to
+
+            running.add_done_callback(done)
+        # shielded: a request that goes away (its client's connection dropped) leaves the
+        # create to finish and be found by the retry
+        return dict(await asyncio.shield(running))
+
+    async def _created_with(self, tenant: str, key: str) -> Document | None:
+        """``tenant``'s instance record started with idempotency key ``key``, if any."""
+        for doc in (await self.store.list(INSTANCES)).values():
+            if doc.get("tenant") == tenant and doc.get("idempotency_key") == key:
+                return doc
+        return None
+
+    async def _create_instance(
+        self,
+        caller: Caller,
+        env: str,
+        *,
+        ttl: float | None = None,
+        environment_variables: Mapping[str, str] | None = None,
+        arguments: list[str] | None = None,
+        datasource: str | None = None,
+        owner: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        service: str | None = None,
+        storage: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Document:
         limits = self.limits.for_tenant(caller.tenant)
         found = await self.resolve(caller, env)
         deploy = found.config.deploy_config
@@ -333,6 +440,8 @@ class ControlPlane:
                 key_id=caller.key_id,
                 deploy=_deploy_snapshot(deploy),
             )
+            if idempotency_key is not None:
+                doc["idempotency_key"] = idempotency_key
             await self.store.put(INSTANCES, info.id, doc)  # before the intent goes
         log.info(
             "instance created",

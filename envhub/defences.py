@@ -146,6 +146,35 @@ class FailureThrottle:
         # client -> (tokens left, when counted, whether this episode was logged); a client is
         # forgotten once its bucket is full again, which ends its episode
         self._buckets: OrderedDict[str, tuple[float, float, bool]] = OrderedDict()
+        self._peak = 0  # the most clients counted since the table was last renewed
+
+    @property
+    def window(self) -> float:
+        """Seconds after its last failure by which any client's bucket is full again (a
+        failure is counted only while a token is left, so a bucket never drops below 0)."""
+        return self.capacity / self.rate if self.rate > 0 else 0.0
+
+    def prune(self, now: float | None = None) -> int:
+        """Forget every client whose last failure is :attr:`window` old (its bucket is full:
+        it is as if it never failed); how many are still counted. Clients are kept in the
+        order of their last failure, so this costs one step per client forgotten; every
+        :meth:`failed` and :meth:`refusal` prunes, so the bookkeeping of an attack that
+        ended is gone once the hub answers anything a window later."""
+        now = self.clock() if now is None else now
+        buckets = self._buckets
+        while buckets:
+            client, (_, then, _) = next(iter(buckets.items()))
+            if now - then < self.window:
+                break
+            del buckets[client]
+        if not buckets and self._peak > self.clients // 64:
+            self._buckets = OrderedDict()  # a dict never shrinks its table by itself
+            self._peak = 0
+        return len(self._buckets)
+
+    def stats(self) -> dict[str, int]:
+        """``{"clients": ...}``: how many clients' failures are counted (after :meth:`prune`)."""
+        return {"clients": self.prune()}
 
     def _tokens(self, client: str, now: float) -> tuple[float, bool]:
         found = self._buckets.get(client)
@@ -158,7 +187,10 @@ class FailureThrottle:
         """Seconds until ``client`` may try a key again; None when it may now."""
         if self.rate <= 0:
             return None
-        tokens, _ = self._tokens(client, self.clock())
+        now = self.clock()
+        if self._buckets:
+            self.prune(now)
+        tokens, _ = self._tokens(client, now)
         if tokens >= self.capacity:  # all forgiven: forget it
             self._buckets.pop(client, None)
         return None if tokens >= 1 else (1 - tokens) / self.rate
@@ -169,6 +201,7 @@ class FailureThrottle:
         if self.rate <= 0:
             return
         now = self.clock()
+        self.prune(now)
         tokens, warned = self._tokens(client, now)
         tokens -= 1
         if tokens < 1 and not warned:
@@ -183,6 +216,7 @@ class FailureThrottle:
         self._buckets.move_to_end(client)
         while len(self._buckets) > self.clients:
             self._buckets.popitem(last=False)
+        self._peak = max(self._peak, len(self._buckets))
 
     def refusal(self, client: str) -> RateLimitedError | None:
         """The error to answer ``client`` with instead of looking at its key, if any."""

@@ -90,6 +90,7 @@ async def serve(
     defences = options.defences
     fd_limit = raise_fd_limit()
     gate = ConnectionGate(defences, connection_cap(defences, fd_limit))
+    app.state.gate = gate  # for /v1/defences
     config = uvicorn.Config(
         app,
         http=guarded_protocol(gate),

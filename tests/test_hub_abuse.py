@@ -25,6 +25,7 @@ import pytest
 
 from aenv_ray.errors import RateLimitedError, decode_error
 from aenv_ray.hub import HubClient
+from envhub.defences import FailureThrottle
 from tests._hub import HubProcess, eventually, new_key
 
 NOFILE = 512
@@ -225,6 +226,75 @@ async def test_websocket_upgrades_do_not_leak_places(hub: tuple[HubProcess, str]
     await eventually(served, "127.0.0.7 served again after its connections closed")
 
 
+async def defences_now(proc: HubProcess, key: str) -> dict[str, Any]:
+    """``GET /v1/defences`` from 127.0.0.9 (an address no attack in this module uses)."""
+    status, body = await keyed(proc.url, key, "127.0.0.9", "/v1/defences")
+    assert status == 200, body
+    stats: dict[str, Any] = json.loads(body)
+    return stats
+
+
+def test_the_hub_runs_with_the_allocator_whose_memory_goes_back(
+    hub: tuple[HubProcess, str],
+) -> None:
+    # aenv serve ran itself again with PYTHONMALLOC=malloc (envhub.allocator): the block the
+    # exec gave it says so (the tests' own environment does not set it)
+    proc, _ = hub
+    assert "PYTHONMALLOC" not in proc.env
+    block = Path(f"/proc/{pid_of(proc)}/environ").read_bytes().split(b"\0")
+    assert b"PYTHONMALLOC=malloc" in block
+
+
+def test_the_failure_throttle_forgets_clients_once_their_window_passed() -> None:
+    now = [0.0]
+    throttle = FailureThrottle(per_minute=3, clock=lambda: now[0])
+    for i in range(2000):  # an attack from 2,000 addresses, a failure each second
+        now[0] = i / 1000
+        throttle.failed(f"10.1.{i // 250}.{i % 250}")
+    assert throttle.stats() == {"clients": 2000}
+    now[0] = 2 + throttle.window  # the attack ended a window ago: all forgiven, all forgotten
+    assert throttle.refusal("10.1.0.0") is None
+    assert throttle.stats() == {"clients": 0}
+    # forgotten in the order they failed: half a window after the last, the earlier go first
+    for i in range(4):
+        now[0] = 100 + i * throttle.window / 2
+        throttle.failed(f"10.2.0.{i}")
+    assert throttle.stats() == {"clients": 2}  # 10.2.0.0 and .1 are a window old
+    assert throttle.retry_after("10.2.0.3") is None
+
+
+async def test_the_bookkeeping_of_an_attack_is_pruned_once_it_ends(
+    hub: tuple[HubProcess, str],
+) -> None:
+    # what the hub counts per client and per connection goes back to what honest clients
+    # hold, not only its descriptors: slow connections from 10 addresses and keys guessed
+    # from 5 others, then the attack stops
+    proc, key = hub
+    before = await defences_now(proc, key)
+    assert before["connections"]["clients"] == 1  # the request asking
+    slow = [await hold(proc.port, f"127.0.4.{i}") for i in range(1, 11) for _ in range(3)]
+    guessed = "aenv_0123456789ab_" + "y" * 32
+    for i in range(1, 6):
+        for _ in range(FAILURES + 2):
+            status, _ = await keyed(proc.url, guessed, f"127.0.5.{i}")
+            assert status in (401, 429)
+    during = await defences_now(proc, key)
+    assert during["connections"]["clients"] >= 11, during
+    assert during["connections"]["waiting"] >= 30, during
+    assert during["auth_failures"]["clients"] >= 5, during
+    for _, writer in slow:
+        writer.close()
+
+    async def pruned() -> dict[str, Any] | None:
+        now = await defences_now(proc, key)
+        held = now["connections"]
+        settled = held["clients"] == 1 and held["open"] == 1 and held["waiting"] == 0
+        return now if settled and now["auth_failures"]["clients"] == 0 else None
+
+    # failures are forgiven a minute after the last one (--auth-failures is per minute)
+    await eventually(pruned, "the attack's bookkeeping pruned", deadline=180)
+
+
 # last: it leaves 127.0.0.1 refused for a minute
 async def test_guessing_keys_gets_429_and_valid_keys_elsewhere_still_work(
     hub: tuple[HubProcess, str],
@@ -263,4 +333,4 @@ async def test_guessing_keys_gets_429_and_valid_keys_elsewhere_still_work(
                 assert reply.status == 401
     # one warning for the episode, not one line per guess
     log = proc.tail()
-    assert log.count("failed to authenticate") == 1, log
+    assert log.count("client 127.0.0.1 failed to authenticate") == 1, log

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Request
 
 from aenv_ray.config import parse_duration
 from aenv_ray.errors import ConfigurationError
+from aenv_ray.hub import IDEMPOTENCY_HEADER
 from envhub.routes.context import HubDep, Who
 from envhub.routes.models import CreateInstance, Fork, Instance, Renew
 
@@ -56,7 +57,10 @@ def instance_out(request: Request, doc: dict[str, Any]) -> dict[str, Any]:
 async def create_instance(
     body: CreateInstance, request: Request, who: Who, hub: HubDep
 ) -> dict[str, Any]:
-    """Start an instance; answers once it serves calls."""
+    """Start an instance; answers once it serves calls. With an ``Idempotency-Key`` header
+    (8 to 128 letters, digits, ``-_.:``; a random one per create), a create of the same
+    tenant with the same key answers the instance the first one started (still starting, or
+    started) instead of starting another: send it again after a lost reply."""
     doc = await hub.control.create_instance(
         who,
         body.env,
@@ -66,6 +70,7 @@ async def create_instance(
         datasource=datasource_path(body.datasource, hub.options.datasource_root),
         owner=body.owner,
         labels=body.labels,
+        idempotency_key=request.headers.get(IDEMPOTENCY_HEADER),
     )
     return instance_out(request, doc)
 

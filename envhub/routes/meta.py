@@ -1,4 +1,5 @@
-"""``/v1/health`` (liveness and the store's state, without auth) and ``/v1/whoami``."""
+"""``/v1/health`` (liveness and the store's state, without auth), ``/v1/whoami`` and
+``/v1/defences`` (what the hub's defences against abuse hold now)."""
 
 from __future__ import annotations
 
@@ -58,3 +59,18 @@ async def health(request: Request, hub: HubDep) -> JSONResponse:
 async def whoami(who: Who) -> dict[str, Any]:
     """The tenant and key id of the caller."""
     return {"tenant": who.tenant, "key_id": who.key_id}
+
+
+@router.get("/v1/defences")
+async def defences(request: Request, hub: HubDep, who: Who) -> dict[str, Any]:
+    """What the hub's defences against abuse (:mod:`envhub.defences`) hold now, as counts:
+    ``connections`` (:meth:`envhub.connections.ConnectionGate.stats`: open, the clients
+    holding them, waiting for headers, refused and evicted so far; ``null`` when the app is
+    not served by :func:`envhub.server.serve`) and ``auth_failures`` (the clients whose
+    failed authentications are counted). Any key may read it: it names no client. After an
+    attack everything but the totals goes back to what honest clients hold."""
+    gate = getattr(request.app.state, "gate", None)
+    return {
+        "connections": gate.stats() if gate is not None else None,
+        "auth_failures": hub.throttle.stats(),
+    }
