@@ -16,7 +16,6 @@ import json
 import os
 import secrets
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,8 @@ from aenv_ray.engine import default_engine
 from aenv_ray.hub import HubClient
 from aenv_ray.testing import free_port
 from tests._chat_server import AgentModel, ChatServer
+from tests._cli import aenv as run_cli
+from tests._cli import aenv_async
 from tests._hub import HubProcess, eventually, new_key, run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -327,14 +328,7 @@ async def test_model_failures_are_clear_results_and_the_key_never_shows(
             seen.append(json.dumps(await client.list_instances(include_terminated=True)))
         env = {k: v for k, v in os.environ.items() if not k.startswith("AENV_")}
         env.update(AENV_SYSTEM_URL=hub[0].url, AENV_API_KEY=hub[1])
-        listed = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, "-m", "aenv_cli", "instance", "list", "--json"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        listed = await aenv_async("instance", "list", "--json", environ=env)
         assert listed.returncode == 0, listed.stderr
         assert "agent@1.0.0" in listed.stdout
         seen.append(listed.stdout + listed.stderr)
@@ -360,12 +354,10 @@ def test_aenv_rollout_of_the_agent_demo(
         AENV_API_KEY=hub[1],
         OPENAI_API_KEY=MODEL_KEY,
     )
-    command = [sys.executable, "-m", "aenv_cli", "rollout", "agent@1.0.0", "--no-ray"]
 
     def rollout(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*command, *args], env=env, capture_output=True, text=True, timeout=300
-        )
+        """``aenv rollout agent@1.0.0 --no-ray ARGS`` in this process (tests/_cli.py)."""
+        return run_cli("rollout", "agent@1.0.0", "--no-ray", *args, environ=env)
 
     bare = rollout("--out", str(tmp_path / "bare"))
     assert bare.returncode == 2, bare.stderr

@@ -67,6 +67,7 @@ import pytest
 
 from aenv_ray.testing import RuntimeProcess
 from tests._chat_server import AgentModel, ChatServer
+from tests._cli import aenv as run_cli
 from tests._hub import HubProcess, new_key
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -258,15 +259,8 @@ class Context:
     pytest: bool = False
 
     def run(self, *args: str, cwd: Path | None = None) -> str:
-        done = subprocess.run(
-            [sys.executable, "-m", "aenv_cli", *args],
-            cwd=cwd or self.tmp,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        """``aenv ARGS`` in this process (tests/_cli.py), with the session's environment."""
+        done = run_cli(*args, cwd=cwd or self.tmp, environ=self.env)
         assert done.returncode == 0, f"aenv {' '.join(args)}: {done.stdout}{done.stderr}"
         return done.stdout
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from aenv_ray import Environment, FunctionError
 from aenv_ray.engine import SandboxEngine
 from builtin_envs.demos import terminal_bench as demo
 from local_backend._sandbox import namespaces_available
+from tests._cli import aenv_async
 from tests._demo_solutions import assert_holds_no_solution
 
 if (why := namespaces_available()) is not None:
@@ -493,29 +493,10 @@ async def test_as_an_unprivileged_user(unprivileged: tuple[list[str], dict[str, 
 
 @needs_tmux
 async def test_aenv_rollout_runs_the_demo_solutions_to_reward_one(tmp_path: Path) -> None:
-    done = await asyncio.to_thread(
-        subprocess.run,
-        [
-            sys.executable,
-            "-m",
-            "aenv_cli",
-            "rollout",
-            "terminal-bench@1.0.0",
-            "--episodes",
-            "4",
-            "--concurrency",
-            "4",
-            "--no-ray",
-            "--out",
-            str(tmp_path / "out"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "COLUMNS": "120"},
-        check=False,
-    )
+    done = await aenv_async(
+        "rollout", "terminal-bench@1.0.0", "--episodes", "4", "--concurrency", "4", "--no-ray",
+        "--out", str(tmp_path / "out"), cwd=ROOT, env={"COLUMNS": "120"},
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     lines = (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
