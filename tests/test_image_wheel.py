@@ -160,7 +160,9 @@ def test_the_wheel_installs_into_a_fresh_venv_and_serves_the_context(
     where = run(
         python,
         "-c",
-        "import aenv_ray, sandbox_runtime, envhub, rollout, builtin_envs; "
+        # the packages of the bare wheel (the image's): the hub, rollout and Kubernetes are
+        # extras (tests/test_install.py checks that they say so)
+        "import aenv_ray, aenv_cli, sandbox_runtime, local_backend, builtin_envs; "
         "print(sandbox_runtime.__file__); print(aenv_ray.__file__)",
         cwd=tmp_path,
         env=env,
