@@ -628,9 +628,17 @@ class Calls:
         """The pids of ``table`` that are neither ``exempt`` nor started inside a window of
         :meth:`spared` (nor descend from one that did)."""
 
-        def own(start: int) -> bool:
+        def own(pid: int, start: int) -> bool:
             return any(s <= start and (e is None or start <= e + 1) for s, e in windows)
 
+        verdict = self._lineage(table, own)
+        return [pid for pid in table if not verdict[pid] and pid not in exempt]
+
+    def _lineage(
+        self, table: dict[int, tuple[int, int, bytes]], mark: Callable[[int, int], bool]
+    ) -> dict[int, bool]:
+        """pid -> whether ``mark(pid, start)`` holds for it or one of its ancestors in
+        ``table`` (below pid 1 and the runtime); each chain of parents is walked once."""
         verdict: dict[int, bool] = {}
         for first in table:
             chain: list[int] = []
@@ -639,7 +647,7 @@ class Calls:
             while pid is not None and pid not in verdict and len(chain) < 4096:
                 chain.append(pid)
                 ppid, start, _ = table[pid]
-                if own(start):
+                if mark(pid, start):
                     result = True
                     break
                 pid = ppid if ppid in table and ppid not in (1, self.me) else None
@@ -648,7 +656,7 @@ class Calls:
                     result = verdict[pid]
             for member in chain:
                 verdict[member] = result
-        return [pid for pid in table if not verdict[pid] and pid not in exempt]
+        return verdict
 
     def _table(self) -> dict[int, tuple[int, int, bytes]]:
         table: dict[int, tuple[int, int, bytes]] = {}
@@ -685,23 +693,9 @@ class Calls:
         table = self._table()
         with self._lock:
             kept = set(self._kept_pids)
-        verdict: dict[int, bool] = {}
-        for first in table:
-            chain: list[int] = []
-            pid: int | None = first
-            result = False
-            while pid is not None and pid not in verdict and len(chain) < 4096:
-                chain.append(pid)
-                ppid, start, _ = table[pid]
-                if (pid, start) in kept or self._spared(start, since, others):
-                    result = True
-                    break
-                pid = ppid if ppid in table and ppid not in (1, self.me) else None
-            else:
-                if pid is not None and pid in verdict:
-                    result = verdict[pid]
-            for member in chain:
-                verdict[member] = result
+        verdict = self._lineage(
+            table, lambda pid, start: (pid, start) in kept or self._spared(start, since, others)
+        )
         return {
             pid: ppid
             for pid, (ppid, _, state) in table.items()
