@@ -55,7 +55,7 @@ import aenv_ray.config
 import aenv_ray.engine
 from aenv_cli import main as _main  # the CLI's entry point: the one import of it in tests
 
-__all__ = ["ARGV0", "CHILD", "aenv", "aenv_async", "environment"]
+__all__ = ["ARGV0", "CHILD", "aenv", "aenv_async", "environment", "imported_by"]
 
 ARGV0 = "aenv"
 """``args[0]`` of the results: what a child would have run."""
@@ -311,3 +311,19 @@ def _run(
     ):
         code, out, err = _call(argv, input, fds)
     return subprocess.CompletedProcess([ARGV0, *argv], code, out, err)
+
+
+def imported_by(*args: str, **env: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    """``python -X importtime -m aenv_cli ARGS`` in a child process (what a fresh process
+    imports is the subject, so never in this one): its result and every module it imported (a
+    sandbox that loads a project is another process, not counted)."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "aenv_cli", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    lines = [line for line in result.stderr.splitlines() if line.startswith("import time:")]
+    return result, {line.rsplit("|", 1)[1].strip() for line in lines}

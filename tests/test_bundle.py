@@ -37,6 +37,7 @@ from aenv_ray.bundle import (
 )
 from aenv_ray.errors import ArtifactError, ArtifactTooLargeError, ConfigurationError
 from tests._cli import aenv as run_cli
+from tests._cli import imported_by as _imported_by
 
 CONFIG = json.dumps({"name": "hostile", "version": "1.0.0"}).encode()
 LOCK = b"# lock\norjson==3.10.0\n"
@@ -693,22 +694,6 @@ def test_build_writes_the_outputs_and_says_when_no_builder_exists(
     assert aenv("build", str(project), PATH=empty_path).returncode == 0
     assert (dist / "demo-1.0.0.aenv.tgz").read_bytes() == data
     assert next((context / "wheels").iterdir()).read_bytes() == wheel
-
-
-def _imported_by(*args: str, **env: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
-    """Run ``python -m aenv_cli ARGS`` under ``-X importtime``: its result, and every module
-    the CLI's process imported (the sandbox that loads the project is another process).
-    A subprocess: what a fresh process imports is the subject."""
-    result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "aenv_cli", *args],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    lines = [line for line in result.stderr.splitlines() if line.startswith("import time:")]
-    return result, {line.rsplit("|", 1)[1].strip() for line in lines}
 
 
 def test_build_and_push_import_neither_the_hub_nor_the_runtime(

@@ -23,6 +23,7 @@ from aenv_ray import Environment
 from aenv_ray.testing import free_port
 
 from ._cli import aenv as run_cli
+from ._cli import imported_by as _imported_by
 from .conftest import PROBE
 
 AENV = str(Path(sys.executable).with_name("aenv"))
@@ -103,20 +104,6 @@ def test_version() -> None:
     result = aenv("--version")
     assert result.returncode == 0
     assert result.stdout.strip() == f"aenv-ray {__version__}"
-
-
-def _imported_by(*args: str, **env: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
-    """``python -X importtime -m aenv_cli ARGS``: its result and the modules it imported."""
-    result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "aenv_cli", *args],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    lines = [line for line in result.stderr.splitlines() if line.startswith("import time:")]
-    return result, {line.rsplit("|", 1)[1].strip() for line in lines}
 
 
 def test_version_is_answered_without_typer() -> None:
