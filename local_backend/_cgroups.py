@@ -276,8 +276,12 @@ class Cgroups:
         if limits.cpu is not None and "cpu" in enabled:
             _write(fd, f"{name}/cpu.max", f"{int(limits.cpu * _CPU_PERIOD)} {_CPU_PERIOD}")
 
-    def kill_all(self, *, seconds: float = 10.0) -> None:
-        """SIGKILL every process in every group of this zygote, then remove the groups."""
+    def kill_all(self, *, seconds: float = 60.0) -> None:
+        """SIGKILL every process in every group of this zygote, then remove the groups.
+
+        Gives up after ``seconds``: a thousand instances' groups on a loaded machine take the
+        kernel well over ten seconds to empty, and nobody waits for a zygote that ends its
+        instances because its engine is gone."""
         deadline = time.monotonic() + seconds
         while self.dir_fds:
             alive = False

@@ -3,9 +3,10 @@ leaves instances its engine started and it never recorded; the restarted hub fin
 them, and the tenant's quota is whole again (issue 22, point 6). The Kubernetes case is in
 ``test_k8s_pools.py``.
 
-The crash is made deterministic: the hub is frozen (SIGSTOP) the moment its engine daemon
-holds the first instance of the burst, while the others are still being started; the daemon
-(another process) finishes them, and the frozen hub can record none of them; then SIGKILL.
+The crash is made deterministic: the hub is frozen (SIGSTOP) the moment the store holds the
+intents of the whole burst, while its engine daemon is still loading the environment's template
+for the first of them; the daemon (another process) finishes them, and the frozen hub can record
+none of them; then SIGKILL.
 """
 
 from __future__ import annotations
@@ -74,45 +75,59 @@ async def test_a_hub_killed_mid_create_reclaims_what_it_never_recorded(
     hub: tuple[HubProcess, str],
 ) -> None:
     process, key = hub
-    daemon = DaemonEngine(process.data_dir / "engine")
-    async with HubClient(process.url, api_key=key) as client:
-        await client.list_instances()  # the hub serves; its daemon is up
-        burst = [
-            asyncio.create_task(client.create_instance("mini-terminal@1.0.0", ttl="1h"))
-            for _ in range(BURST)
-        ]
-        await eventually(lambda: _live(daemon), "the daemon started a first instance")
-        assert process.proc is not None
-        os.kill(process.proc.pid, signal.SIGSTOP)  # no record is written from here on
-        in_flight = await eventually(
-            lambda: _settled(daemon), "the daemon finished what it was asked", deadline=120
-        )
-        process.kill()
-        await asyncio.gather(*burst, return_exceptions=True)  # the hub died under them
-    records = await _records(process.store)
-    orphans = set(in_flight) - set(records)
-    assert orphans, "control: the crash must leave instances the hub never recorded"
-    assert await _records(process.store, INTENTS), "control: their intents are stored"
+    async with DaemonEngine(process.data_dir / "engine") as daemon:
+        async with HubClient(process.url, api_key=key) as client:
+            await client.list_instances()  # the hub serves; its daemon is up
+            burst = [
+                asyncio.create_task(client.create_instance("mini-terminal@1.0.0", ttl="1h"))
+                for _ in range(BURST)
+            ]
+            await _all_intents(process.store)  # every create is under way, none recorded yet
+            assert process.proc is not None
+            os.kill(process.proc.pid, signal.SIGSTOP)  # no record is written from here on
+            in_flight = await eventually(
+                lambda: _settled(daemon), "the daemon finished what it was asked", deadline=120
+            )
+            process.kill()
+            await asyncio.gather(*burst, return_exceptions=True)  # the hub died under them
+        records = await _records(process.store)
+        orphans = set(in_flight) - set(records)
+        assert orphans, "control: the crash must leave instances the hub never recorded"
+        assert await _records(process.store, INTENTS), "control: their intents are stored"
 
-    process.start()  # the restarted hub reclaims them (before it serves, or in its upkeep
-    # for one the daemon finished after the restart)
+        process.start()  # the restarted hub reclaims them (before it serves, or in its upkeep
+        # for one the daemon finished after the restart)
 
-    async def only_recorded() -> bool:
-        return set(await _live(daemon)) <= set(records)
+        async def only_recorded() -> bool:
+            return set(await _live(daemon)) <= set(records)
 
-    await eventually(only_recorded, "no instance without a record runs", deadline=60)
-    assert not await _records(process.store, INTENTS)
+        await eventually(only_recorded, "no instance without a record runs", deadline=60)
+        assert not await _records(process.store, INTENTS)
 
-    async with HubClient(process.url, api_key=key) as client:  # the quota is whole again
-        for doc in await client.list_instances():  # what the tenant sees is all it holds
-            await client.delete_instance(doc["id"])
-        made = await asyncio.gather(
-            *(client.create_instance("mini-terminal@1.0.0", ttl=600) for _ in range(BURST))
-        )
-        assert set(await _live(daemon)) == {d["id"] for d in made}
-        for doc in made:
-            await client.delete_instance(doc["id"])
-    await daemon.aclose()
+        async with HubClient(process.url, api_key=key) as client:  # the quota is whole again
+            for doc in await client.list_instances():  # what the tenant sees is all it holds
+                await client.delete_instance(doc["id"])
+            made = await asyncio.gather(
+                *(client.create_instance("mini-terminal@1.0.0", ttl=600) for _ in range(BURST))
+            )
+            assert set(await _live(daemon)) == {d["id"] for d in made}
+            for doc in made:
+                await client.delete_instance(doc["id"])
+
+
+async def _all_intents(store_url: str) -> None:
+    """Return once the store holds the intents of the whole burst at once: each create has
+    passed its quota and told the daemon (the intent is stored just before), and the first
+    instance, a cold template's, is not started yet, so none of them is recorded. Polled
+    often: the window lasts as long as that template takes to load."""
+    store = await open_store(store_url)
+    try:
+        end = time.monotonic() + 120
+        while len(await store.list(INTENTS)) < BURST:
+            assert time.monotonic() < end, "the hub never had its whole burst under way"
+            await asyncio.sleep(0.01)
+    finally:
+        await store.aclose()
 
 
 async def _running(daemon: DaemonEngine, instance_id: str) -> bool:
