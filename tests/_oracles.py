@@ -118,7 +118,8 @@ def _install(oracle: Oracle, target: Path) -> None:
     interpreter = _interpreter(oracle.python)
     if uv:
         _run([uv, "venv", "--quiet", "--python", interpreter, str(target)])
-        pip = [uv, "pip", "install", "--quiet", "--python", str(python)]
+        # compiled now: where PYTHONDONTWRITEBYTECODE is set, each run would compile again
+        pip = [uv, "pip", "install", "--quiet", "--compile-bytecode", "--python", str(python)]
     else:
         if interpreter.startswith(">="):
             raise RuntimeError(f"{oracle.name} needs Python {interpreter}, and there is no uv")
@@ -141,12 +142,37 @@ def ensure_oracle(oracle: Oracle) -> Path:
     python = target / "bin" / "python"
     done = target / ".installed"
     if done.exists():
+        _compiled(target)
         return python
     with _locked(oracles_dir() / f"{oracle.key}.lock"):
         if not done.exists():
             _install(oracle, target)
             done.touch()
+            (target / ".compiled").touch()
     return python
+
+
+def _compiled(target: Path) -> None:
+    """Compile the bytecode of a virtual environment installed before installs did (once)."""
+    stamp = target / ".compiled"
+    if stamp.exists():
+        return
+    with _locked(target.parent / f"{target.name}.lock"):
+        if not stamp.exists():
+            subprocess.run(
+                [
+                    str(target / "bin" / "python"),
+                    "-m",
+                    "compileall",
+                    "-q",
+                    "-j0",
+                    str(target / "lib"),
+                ],
+                capture_output=True,
+                timeout=900,
+                check=False,  # a file a package ships that no Python can compile is no matter
+            )
+            stamp.touch()
 
 
 def oracle_python(oracle: Oracle) -> Path:
