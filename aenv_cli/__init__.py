@@ -57,8 +57,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(error_line(conflict), file=sys.stderr)
         return EXIT_USAGE
     args = list(sys.argv[1:] if argv is None else argv)
+    if argv is None and args[:1] == ["serve"]:
+        _hub_allocator()
     code = answer(args, _run)  # --version and the help, without importing typer when it can
     return _run(args) if code is None else code
+
+
+def _hub_allocator() -> None:
+    """``aenv serve`` runs with glibc's allocator (:func:`envhub.allocator.use_system_allocator`
+    execs this program again with it): done here, before the app's imports, which a re-exec
+    would pay twice. Without the hub's extra, nothing: the command says what is missing."""
+    try:
+        from envhub.allocator import use_system_allocator
+    except Exception:  # MissingExtraError and its like: `aenv serve` says what is missing
+        return
+    use_system_allocator()
 
 
 def _run(args: list[str]) -> int:

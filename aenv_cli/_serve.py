@@ -158,9 +158,8 @@ def serve(
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error")] = "info",
 ) -> None:
     """Serve EnvHub: the registry and the control plane, with its OpenAPI document at /docs."""
-    from envhub.allocator import use_system_allocator
-
-    use_system_allocator()  # memory back to its level after an attack (re-exec, once)
+    # glibc's allocator (memory back to its level after an attack) was chosen before the app
+    # was imported: aenv_cli.main re-runs the program with it once
     from aenv_ray.logs import configure_logging
     from envhub.app import HubOptions
     from envhub.defences import Defences
