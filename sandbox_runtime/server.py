@@ -235,14 +235,19 @@ class RuntimeServer:
         try:
             self.runner.run_forever()
         finally:
-            self._shutdown_http()
-            if self.dispatcher.judge is not None:
-                self.dispatcher.judge.close()
-            tracker = contain.calls()
-            # the episode ends: so does every process its calls left (a local instance, pid 2,
-            # ends with its pid namespace, and its forks, in namespaces below, live on)
-            if tracker is not None and os.getpid() != 2:
-                tracker.end_all()
+            self._finish()
+
+    def _finish(self) -> None:
+        """What a stopping runtime does once its runner returned: the HTTP server stops, the
+        judge's seed goes, and so does every process its calls left."""
+        self._shutdown_http()
+        if self.dispatcher.judge is not None:
+            self.dispatcher.judge.close()
+        tracker = contain.calls()
+        # the episode ends: so does every process its calls left (a local instance, pid 2,
+        # ends with its pid namespace, and its forks, in namespaces below, live on)
+        if tracker is not None and os.getpid() != 2:
+            tracker.end_all()
 
     def _start_judge(self) -> None:
         """The judge's seed, when the reward asks for the judge (once per server)."""
@@ -274,6 +279,19 @@ class RuntimeServer:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         log.info("runtime stopping", extra={"signal": signal.Signals(signum).name})
+        stuck = self.runner.stuck_in
+        if stuck is not None and not self._stopped.is_set():
+            # a sync job that ignored its interruption holds the main thread, where this
+            # handler runs: :meth:`run` would never return to end the process, and its engine
+            # would wait out its grace for a kill. End here, as run() and end_process() would.
+            # (the runner's alarms would interrupt this handler too, and the job swallows that)
+            signal.pthread_sigmask(signal.SIG_BLOCK, _MAIN_THREAD_SIGNALS)
+            log.warning("runtime stopping with a stuck job", extra={"function": stuck})
+            self._stopped.set()
+            try:
+                self._finish()
+            finally:
+                end_process(0)
         self.stop()
 
     def _serve(self) -> None:

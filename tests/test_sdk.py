@@ -242,6 +242,13 @@ async def test_a_tool_that_ignores_interruption_breaks_the_instance(
         assert health["status"] == "unhealthy"
         # async tools still run on the event loop: the server itself is alive
         assert (await env.call_tool("async_echo", {"text": "y"})).text == "y"
+    # SIGTERM ends it (exit 0), though its main thread never comes back from the stuck tool:
+    # no SIGKILL needed, so an engine does not wait out a grace period for it
+    process = fresh_probe.process
+    assert process is not None
+    await asyncio.to_thread(fresh_probe.stop)
+    assert fresh_probe.unstopped is None
+    assert process.returncode == 0
 
 
 async def test_call_timeout_when_the_server_does_not_answer(fresh_probe: RuntimeProcess) -> None:
