@@ -276,7 +276,7 @@ class Cgroups:
         if limits.cpu is not None and "cpu" in enabled:
             _write(fd, f"{name}/cpu.max", f"{int(limits.cpu * _CPU_PERIOD)} {_CPU_PERIOD}")
 
-    def kill_all(self, *, seconds: float = 60.0) -> None:
+    def kill_all(self, *, seconds: float = 120.0) -> None:
         """SIGKILL every process in every group of this zygote, then remove the groups.
 
         Gives up after ``seconds``: a thousand instances' groups on a loaded machine take the
