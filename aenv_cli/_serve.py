@@ -151,10 +151,17 @@ def serve(
     auth_failures: Annotated[
         int,
         typer.Option(
-            help="failed authentications one client address may have per minute; then 429 "
-            "with Retry-After (0: no limit)"
+            help="failed authentications one client address may have per --auth-window; then "
+            "429 with Retry-After (0: no limit)"
         ),
     ] = 30,
+    auth_window: Annotated[
+        float,
+        typer.Option(
+            help="seconds over which a client's --auth-failures refill; it is forgotten this "
+            "long after its last failure"
+        ),
+    ] = 60.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error")] = "info",
 ) -> None:
     """Serve EnvHub: the registry and the control plane, with its OpenAPI document at /docs."""
@@ -179,6 +186,7 @@ def serve(
         client_connections=client_connections,
         max_connections=max_connections,
         auth_failures=auth_failures,
+        auth_window=auth_window,
     )
     check_exposure(host, auth, tenant_limits)
     configure_logging(log_level.upper())

@@ -252,7 +252,7 @@ def create_app(store: Store, engine: SandboxEngine, options: HubOptions | None =
         lifespan=_lifespan,
         responses=_ERRORS,
     )
-    throttle = FailureThrottle(options.defences.auth_failures)
+    throttle = FailureThrottle(options.defences.auth_failures, window=options.defences.auth_window)
     app.state.hub = Hub(options, store, versions, control, Forwarder(), throttle)
     app.state.hidden_paths = hub_paths(options, store)
     app.add_middleware(RequestGuard, auth=options.auth)

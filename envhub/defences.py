@@ -18,14 +18,17 @@ knob                      default     what
                                       instances), at most 8192. At the cap a new connection takes
                                       the place of the oldest one still waiting for its headers;
                                       with none waiting it is answered 503
-``auth_failures``         30          keys that fail (401) one client may send per minute;
-                                      past them its requests that need a key get 429 with
-                                      ``Retry-After`` until one more is allowed (0: no limit)
+``auth_failures``         30          keys that fail (401) one client may send per
+                                      ``auth_window``; past them its requests that need a key
+                                      get 429 with ``Retry-After`` until one more is allowed
+                                      (0: no limit)
+``auth_window``           60.0        the seconds over which ``auth_failures`` refill: a client
+                                      is forgotten this long after its last failure
 ========================  ==========  ==============================================================
 
 A failed authentication (a key sent that is malformed, unknown or revoked; a request without
 a key is answered 401 at no cost and not counted) is counted for the client
-(:class:`FailureThrottle`, a token bucket of ``auth_failures`` refilled over a minute): a
+(:class:`FailureThrottle`, a token bucket of ``auth_failures`` refilled over ``auth_window``): a
 success does not refill it (a tenant's own valid key must not let it guess others' faster).
 While a client is refused, its keys are not looked at, so guessing costs the hub neither a
 store read nor a log line: one warning per episode.
@@ -34,7 +37,7 @@ A client is its address (:func:`client_key`); behind a reverse proxy every clien
 proxy's address, so raise ``client_connections`` and ``auth_failures`` (or set them to 0 for
 no limit) and let the proxy limit per client.
 
-    >>> throttle = FailureThrottle(per_minute=2, clock=lambda: 0.0)
+    >>> throttle = FailureThrottle(2, clock=lambda: 0.0)
     >>> throttle.failed("10.0.0.1"); throttle.failed("10.0.0.1")
     >>> throttle.retry_after("10.0.0.1"), throttle.retry_after("10.0.0.2")
     (30.0, None)
@@ -78,9 +81,10 @@ class Defences:
     client_connections: int = 256
     max_connections: int | None = None
     auth_failures: int = 30
+    auth_window: float = 60.0
 
     def __post_init__(self) -> None:
-        for name in ("header_timeout", "body_timeout"):
+        for name in ("header_timeout", "body_timeout", "auth_window"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and 0 < value < math.inf):
                 raise ConfigurationError(
@@ -127,20 +131,21 @@ def peer_of(scope: Mapping[str, Any]) -> str:
 
 
 class FailureThrottle:
-    """Failed authentications per client: a token bucket of ``per_minute`` failures, refilled
-    at ``per_minute`` a minute; ``per_minute=0`` limits nothing. Holds at most ``clients``
-    clients (the least recently seen go first), so a flood from many addresses costs bounded
-    memory."""
+    """Failed authentications per client: a token bucket of ``allowed`` failures, refilled at
+    ``allowed`` per ``window`` seconds (a minute by default); ``allowed=0`` limits nothing.
+    Holds at most ``clients`` clients (the least recently seen go first), so a flood from many
+    addresses costs bounded memory."""
 
     def __init__(
         self,
-        per_minute: int,
+        allowed: int,
         *,
+        window: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
         clients: int = 65536,
     ) -> None:
-        self.capacity = float(per_minute)
-        self.rate = per_minute / 60.0
+        self.capacity = float(allowed)
+        self.rate = allowed / window
         self.clock = clock
         self.clients = clients
         # client -> (tokens left, when counted, whether this episode was logged); a client is

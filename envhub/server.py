@@ -103,12 +103,13 @@ async def serve(
     )
     log.info(
         "connections: at most %s, %s per client; headers within %g s, body pauses %g s; "
-        "%s failed authentications a minute per client",
+        "%s failed authentications per %g s per client",
         gate.max_connections or "no limit",
         defences.client_connections or "any",
         defences.header_timeout,
         defences.body_timeout,
         defences.auth_failures or "any number of",
+        defences.auth_window,
     )
     server = uvicorn.Server(config)
     shown = f"[{host}]" if ":" in host else host

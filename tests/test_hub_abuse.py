@@ -7,7 +7,8 @@ the attacker let go); every address is a loopback one (127.0.0.0/8 is all loopba
 
 The hub's knobs here: headers within :data:`HEADER_TIMEOUT` s, body pauses of
 :data:`BODY_TIMEOUT` s, :data:`PER_CLIENT` connections per address, :data:`FAILURES` failed
-authentications a minute; ``max_connections`` is picked from the open files limit: 128.
+authentications a minute (per :data:`AUTH_WINDOW` s for the test of their forgetting);
+``max_connections`` is picked from the open files limit: 128.
 """
 
 from __future__ import annotations
@@ -33,13 +34,14 @@ HEADER_TIMEOUT = 3
 BODY_TIMEOUT = 2
 PER_CLIENT = 40
 FAILURES = 5
+AUTH_WINDOW = 4.0  # seconds: forgetful_hub's --auth-window
 PARTIAL = b"GET /v1/envs HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: slow"
 
 
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[HubProcess, str]]:
+def abused_hub(data_dir: Path, *, auth_window: float = 60.0) -> tuple[HubProcess, str]:
+    """The hub with this module's knobs (not started), and alice's key."""
     proc = HubProcess(
-        tmp_path_factory.mktemp("abused"),
+        data_dir,
         nofile=NOFILE,
         extra=[
             "--header-timeout",
@@ -50,9 +52,25 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[HubProcess, 
             str(PER_CLIENT),
             "--auth-failures",
             str(FAILURES),
+            "--auth-window",
+            str(auth_window),
         ],
     )
-    key = new_key("alice", proc.store)
+    return proc, new_key("alice", proc.store)
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[HubProcess, str]]:
+    proc, key = abused_hub(tmp_path_factory.mktemp("abused"))
+    with proc:
+        yield proc, key
+
+
+@pytest.fixture
+def forgetful_hub(tmp_path: Path) -> Iterator[tuple[HubProcess, str]]:
+    """The same hub, whose clients' failures are forgiven (and forgotten) within
+    :data:`AUTH_WINDOW` s of their last one, not a minute."""
+    proc, key = abused_hub(tmp_path, auth_window=AUTH_WINDOW)
     with proc:
         yield proc, key
 
@@ -247,7 +265,7 @@ def test_the_hub_runs_with_the_allocator_whose_memory_goes_back(
 
 def test_the_failure_throttle_forgets_clients_once_their_window_passed() -> None:
     now = [0.0]
-    throttle = FailureThrottle(per_minute=3, clock=lambda: now[0])
+    throttle = FailureThrottle(3, clock=lambda: now[0])
     for i in range(2000):  # an attack from 2,000 addresses, a failure each second
         now[0] = i / 1000
         throttle.failed(f"10.1.{i // 250}.{i % 250}")
@@ -264,12 +282,12 @@ def test_the_failure_throttle_forgets_clients_once_their_window_passed() -> None
 
 
 async def test_the_bookkeeping_of_an_attack_is_pruned_once_it_ends(
-    hub: tuple[HubProcess, str],
+    forgetful_hub: tuple[HubProcess, str],
 ) -> None:
     # what the hub counts per client and per connection goes back to what honest clients
     # hold, not only its descriptors: slow connections from 10 addresses and keys guessed
     # from 5 others, then the attack stops
-    proc, key = hub
+    proc, key = forgetful_hub
     before = await defences_now(proc, key)
     assert before["connections"]["clients"] == 1  # the request asking
     slow = [await hold(proc.port, f"127.0.4.{i}") for i in range(1, 11) for _ in range(3)]
@@ -291,7 +309,7 @@ async def test_the_bookkeeping_of_an_attack_is_pruned_once_it_ends(
         settled = held["clients"] == 1 and held["open"] == 1 and held["waiting"] == 0
         return now if settled and now["auth_failures"]["clients"] == 0 else None
 
-    # failures are forgiven a minute after the last one (--auth-failures is per minute)
+    # failures are forgiven --auth-window (AUTH_WINDOW s) after the last one
     await eventually(pruned, "the attack's bookkeeping pruned", deadline=180)
 
 
