@@ -174,9 +174,16 @@ def check_workspace_free(workspace: str, binds: Iterable[Path]) -> None:
 
 
 def enter_template_root(
-    binds: Iterable[Path], *, init: Path | None = None, workspace: str = "/workspace"
+    binds: Iterable[Path],
+    *,
+    init: Path | None = None,
+    workspace: str = "/workspace",
+    owner: str = "",
 ) -> str | None:
     """Step 1: pivot this process (root of its user namespace) into a new template root.
+
+    Its mount point on the host, ``/tmp/aenv-root-OWNER-*`` for the engine ``owner``, lives
+    until the pivot: what names no engine would be nobody's to clean up.
 
     ``init``, the compiled pid 1 of instances, is copied in; returns its path inside (or None).
     ``workspace`` (:func:`check_workspace_free`) gets an empty directory, where instances mount
@@ -184,7 +191,8 @@ def enter_template_root(
     """
     L.unshare(L.CLONE_NEWNS)
     L.mount(None, "/", None, L.MS_REC | L.MS_PRIVATE)
-    root = tempfile.mkdtemp(prefix="aenv-root-", dir="/tmp")  # a mount point on the host, no more
+    prefix = f"aenv-root-{owner}-" if owner else "aenv-root-"
+    root = tempfile.mkdtemp(prefix=prefix, dir="/tmp")  # a mount point on the host, no more
     L.mount("tmpfs", root, "tmpfs", L.MS_NOSUID | L.MS_NODEV, "mode=755,size=4m")
     for path in binds:
         if path.is_dir():

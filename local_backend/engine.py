@@ -280,7 +280,7 @@ class LocalEngine:
         }
         workspace = None
         if not zygote.isolated:
-            workspace = tempfile.mkdtemp(prefix=f"aenv-instance-{iid}-")
+            workspace = tempfile.mkdtemp(prefix=f"aenv-instance-{self.owner}-{iid}-")
             message["workspace"] = workspace
             # no mounts without namespaces: say where the directories are
             if message["datasource"]:

@@ -169,7 +169,7 @@ class Zygote:
             if init is None:
                 log.info("instances get a Python pid 1", extra={"reason": why_not})
             self.init_path = _sandbox.enter_template_root(
-                paths, init=init, workspace=self.workspace
+                paths, init=init, workspace=self.workspace, owner=self.owner
             )
             _linux.set_child_subreaper()
         wake_read, wake_write = os.pipe()
@@ -668,7 +668,11 @@ class Zygote:
         tokens = message.get("tokens") or {}
         items, sockets, children = [], [], []
         for child_id in [str(i) for i in message["new_ids"]]:
-            workspace = None if self.isolated else tempfile.mkdtemp(prefix=f"aenv-fork-{child_id}-")
+            workspace = (
+                None
+                if self.isolated
+                else tempfile.mkdtemp(prefix=f"aenv-fork-{self.owner}-{child_id}-")
+            )
             child, handed = self._new_instance(
                 child_id, parent.template, message, ns_parent=parent.id, workspace=workspace
             )

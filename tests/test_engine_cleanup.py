@@ -40,7 +40,8 @@ def leftovers(owner: str) -> dict[str, list[str]]:
     scratch = Path(tempfile.gettempdir())
     temp = [
         str(p)
-        for pattern in ("aenv-root-*", "aenv-instance-*", "aenv-fork-*")
+        # each names its engine: other engines (other pytest workers') may have theirs now
+        for pattern in (f"aenv-root-{owner}-*", f"aenv-instance-{owner}-*", f"aenv-fork-{owner}-*")
         for p in scratch.glob(pattern)
         if _modified_since(p, STARTED - 1)
     ]

@@ -245,12 +245,10 @@ def leftovers(tracker: Tracker, tmp_before: set[str]) -> list[str]:
         found.append(f"cgroup {group} (holding {', '.join(inside) or 'no groups'})")
     instances = tracker.instance_ids()
     for name in sorted(_tmp_entries() - tmp_before):
-        # other engineers' engines share /tmp: only what names one of ours counts (a template
-        # root names nothing, and lives a few milliseconds unless its zygote died setting up)
-        if (
-            name.startswith("aenv-root-")
-            or any(owner in name for owner in owners)
-            or any(part in instances for part in name.split("-"))
+        # other engines share /tmp (other pytest workers'): only what names one of ours counts
+        # (a template root, an instance's or a fork's workspace each name their engine)
+        if any(owner in name for owner in owners) or any(
+            part in instances for part in name.split("-")
         ):
             found.append(f"/tmp/{name}")
     return found
