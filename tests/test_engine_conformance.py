@@ -1,7 +1,7 @@
 """The engine conformance kit (``aenv_ray.testing.check_sandbox_engine``) over every engine:
-the local engine, the engine daemon's client, a real hub's ``RemoteEngine`` and the Kubernetes
-engine on a real API server; and the kit
-itself catching an engine that breaks the contract.
+the engine daemon's client, a real hub's ``RemoteEngine`` and the Kubernetes engine on a real
+API server (the local engine's run is docs/testing.md's example, run by the docs' tests); and
+the kit itself catching an engine that breaks the contract.
 
 Each (engine, check) pair is one test, so a failure names both.
 """
@@ -43,12 +43,13 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubProcess]:
         yield process
 
 
-@pytest.fixture(params=["local", "daemon", "hub", pytest.param("kubernetes", marks=_K8S)])
+# The local engine's run of the kit is docs/testing.md's example, which the docs' tests run as
+# it is written (a pytest module, every check): test_the_docs_run_the_kit_over_the_local_engine
+# keeps it there.
+@pytest.fixture(params=["daemon", "hub", pytest.param("kubernetes", marks=_K8S)])
 def factory(
     request: pytest.FixtureRequest,
 ) -> Callable[[], SandboxEngine]:
-    if request.param == "local":
-        return LocalEngine
     if request.param == "daemon":
         state = request.getfixturevalue("daemon_dir")
         return lambda: DaemonEngine(state)
@@ -63,6 +64,22 @@ def factory(
 @pytest.mark.parametrize("check", ENGINE_CHECKS)
 async def test_engine_keeps_the_contract(factory: Callable[[], SandboxEngine], check: str) -> None:
     assert await check_sandbox_engine(factory, only=[check]) == [check]
+
+
+def test_the_docs_run_the_kit_over_the_local_engine() -> None:
+    """docs/testing.md's example is the local engine's conformance run (tests/
+    test_docs_examples.py runs it, a pytest module): every check, the engine itself."""
+    from tests.test_docs_examples import RUNNING
+
+    runs = [
+        block
+        for block in RUNNING
+        if block.page == "docs/testing.md"
+        and "pytest" in block.setups
+        and "check_sandbox_engine(LocalEngine, only=[check])" in block.code
+        and '@pytest.mark.parametrize("check", ENGINE_CHECKS)' in block.code
+    ]
+    assert len(runs) == 1, [block.id for block in RUNNING if block.page == "docs/testing.md"]
 
 
 # -- the kit catches what it should -------------------------------------------------------------
