@@ -11,6 +11,15 @@ command that starts the sandbox runtime in it.
   host (the test cluster of ``../shared/tools/k8s-real``): this host's Python serves the project
   where it lies. Images are ignored there; never use it on a real cluster.
 
+**Built-in environments need no image of their own and no hub.** The generic runtime image
+(``deploy/Dockerfile``) installs aenv-ray with its built-ins (:mod:`builtin_envs`), so a pod of
+a built-in runs that image and serves the image's own copy by name: ``python -m
+sandbox_runtime --builtin NAME@VERSION`` (:func:`builtin_of` says whether a project is one).
+:class:`OwnImage` does so for a built-in whose ``config.json`` names no image, whatever its
+``image_prefix`` (nothing builds ``PREFIX/mini-terminal:1.0.0``), and :class:`HubBundle` for
+every built-in (a built-in cannot be pushed, so it has no bundle to fetch). What runs is the
+image's aenv-ray: build the runtime image from the checkout or wheel your engines run.
+
 A delivery gives the runtime container's image and command (:meth:`Delivery.runtime`) and the
 variables aenv-ray adds to it (:meth:`Delivery.env`: the hub key of :class:`HubBundle`). Each
 also says where a ``DualContainer`` pod's init container finds the exec helper
@@ -25,6 +34,11 @@ host-process cluster this host's build of it.
     >>> image, command = HubBundle("http://envhub.aenv.svc:8080").runtime(pushed, None)
     >>> image == RUNTIME_IMAGE, command[3:5], command[-2:] == ["--digest", digest]
     (True, ['--bundle', 'http://envhub.aenv.svc:8080/v1/envs/demo/1.0.0/bundle'], True)
+    >>> from aenv_ray.resolve import builtin_environments
+    >>> terminal = builtin_environments()["mini-terminal@1.0.0"]
+    >>> image, command = OwnImage("reg.example/aenv").runtime(EnvConfig.load(terminal), terminal)
+    >>> image == RUNTIME_IMAGE, command
+    (True, ['python', '-m', 'sandbox_runtime', '--builtin', 'mini-terminal@1.0.0'])
 """
 
 from __future__ import annotations
@@ -41,6 +55,7 @@ from aenv_ray.bundle import DIGEST_MARKER
 from aenv_ray.config import EnvConfig
 from aenv_ray.errors import ConfigurationError
 from aenv_ray.protocol import BUNDLE_KEY_ENV
+from aenv_ray.resolve import builtin_environments
 from k8s_backend.exec_helper import RUNTIME_IMAGE, ExecHelper, helper_binary
 
 __all__ = [
@@ -49,6 +64,8 @@ __all__ = [
     "HostProcess",
     "HubBundle",
     "OwnImage",
+    "builtin_command",
+    "builtin_of",
     "bundle_digest",
     "exec_helper_of",
 ]
@@ -98,6 +115,36 @@ def bundle_digest(config: EnvConfig, project: Path | None) -> str | None:
     return None
 
 
+def builtin_of(config: EnvConfig, project: Path | None) -> str | None:
+    """``name@version`` when ``project`` is the directory of an installed built-in environment
+    (:func:`aenv_ray.resolve.builtin_environments`) and ``config`` is its definition, else
+    None: a project elsewhere (on ``AENV_ENV_PATH``, a hub's unpacked bundle) is never taken
+    for a built-in, whatever its name.
+
+        >>> builtin_of(EnvConfig(name="mini-terminal"), Path("/tmp/mini-terminal")) is None
+        True
+    """
+    if project is None:
+        return None
+    installed = builtin_environments().get(config.ref)
+    if installed is None:
+        return None
+    try:
+        same = Path(project).resolve() == installed.resolve()
+    except OSError:
+        return None
+    return config.ref if same else None
+
+
+def builtin_command(ref: str, python: str = "python") -> list[str]:
+    """The runtime's command serving built-in ``ref`` from the image's installed packages.
+
+    >>> builtin_command("mini-terminal@1.0.0")
+    ['python', '-m', 'sandbox_runtime', '--builtin', 'mini-terminal@1.0.0']
+    """
+    return [python, "-m", "sandbox_runtime", "--builtin", ref]
+
+
 def exec_helper_of(delivery: Delivery) -> ExecHelper:
     """Where ``delivery`` has a ``DualContainer`` pod find the exec helper: its own
     ``exec_helper()`` when it has one (a delivery may leave it out), else the generic aenv-ray
@@ -110,7 +157,8 @@ class OwnImage:
     """The environment's own image (see the module docstring). ``image_prefix`` is the
     registry path for projects whose ``deployConfig.imagePrefix`` is empty; ``runtime_image``
     is the generic aenv-ray image whose exec helper ``DualContainer`` pods copy (default: the
-    published image of this version)."""
+    published image of this version, ``AENV_K8S_RUNTIME_IMAGE``), and the image that serves a
+    built-in whose ``config.json`` names no image of its own (:func:`builtin_command`)."""
 
     def __init__(self, image_prefix: str = "", *, runtime_image: str = RUNTIME_IMAGE) -> None:
         self.image_prefix = image_prefix.strip()
@@ -121,6 +169,9 @@ class OwnImage:
         return ExecHelper(image=self.runtime_image)
 
     def runtime(self, config: EnvConfig, project: Path | None) -> tuple[str, list[str]]:
+        builtin = builtin_of(config, project) if config.image is None else None
+        if builtin is not None:
+            return self.runtime_image, builtin_command(builtin)
         image = config.image_below(self.image_prefix)
         if image is None:
             raise ConfigurationError(
@@ -143,6 +194,7 @@ class HubBundle:
     from the hub at ``hub_url`` (as the pod reaches it, e.g. ``http://envhub.aenv.svc:8080``),
     checks its digest and serves it (see :mod:`sandbox_runtime._fetch`). Only versions pushed
     to that hub can run: the digest comes from the version's record or its unpacked bundle.
+    A built-in needs no bundle: the same image serves its own copy (:func:`builtin_command`).
 
     Args:
         hub_url: the hub, as seen from inside the pods.
@@ -199,6 +251,9 @@ class HubBundle:
     def runtime(self, config: EnvConfig, project: Path | None) -> tuple[str, list[str]]:
         digest = bundle_digest(config, project)
         if digest is None:
+            builtin = builtin_of(config, project)
+            if builtin is not None:
+                return self.image, builtin_command(builtin, self.python)
             raise ConfigurationError(
                 f"{config.ref} has no bundle digest, so a pod cannot fetch it from the hub: "
                 f"publish it first (`aenv push` to {self.hub_url}) and create instances of "
