@@ -14,7 +14,9 @@ command that starts the sandbox runtime in it.
 **Built-in environments need no image of their own and no hub.** The generic runtime image
 (``deploy/Dockerfile``) installs aenv-ray with its built-ins (:mod:`builtin_envs`), so a pod of
 a built-in runs that image and serves the image's own copy by name: ``python -m
-sandbox_runtime --builtin NAME@VERSION`` (:func:`builtin_of` says whether a project is one).
+sandbox_runtime --builtin NAME@VERSION --definition sha256:HEX`` (:func:`builtin_of` says whether
+a project is one), the digest being the engine's copy's definition, which the image's copy must
+match (:func:`builtin_command`).
 :class:`OwnImage` does so for a built-in whose ``config.json`` names no image, whatever its
 ``image_prefix`` (nothing builds ``PREFIX/mini-terminal:1.0.0``), and :class:`HubBundle` for
 every built-in (a built-in cannot be pushed, so it has no bundle to fetch). What runs is the
@@ -37,8 +39,8 @@ host-process cluster this host's build of it.
     >>> from aenv_ray.resolve import builtin_environments
     >>> terminal = builtin_environments()["mini-terminal@1.0.0"]
     >>> image, command = OwnImage("reg.example/aenv").runtime(EnvConfig.load(terminal), terminal)
-    >>> image == RUNTIME_IMAGE, command
-    (True, ['python', '-m', 'sandbox_runtime', '--builtin', 'mini-terminal@1.0.0'])
+    >>> image == RUNTIME_IMAGE, command[3:5]
+    (True, ['--builtin', 'mini-terminal@1.0.0'])
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any, Protocol
 
-from aenv_ray.bundle import DIGEST_MARKER
+from aenv_ray.bundle import DIGEST_MARKER, definition_digest
 from aenv_ray.config import EnvConfig
 from aenv_ray.errors import ConfigurationError
 from aenv_ray.protocol import BUNDLE_KEY_ENV
@@ -136,13 +138,20 @@ def builtin_of(config: EnvConfig, project: Path | None) -> str | None:
     return config.ref if same else None
 
 
-def builtin_command(ref: str, python: str = "python") -> list[str]:
-    """The runtime's command serving built-in ``ref`` from the image's installed packages.
+def builtin_command(ref: str, project: Path, python: str = "python") -> list[str]:
+    """The runtime's command serving built-in ``ref`` from the image's installed packages, if
+    the image's copy is the definition at ``project`` (its
+    :func:`~aenv_ray.bundle.definition_digest`): an image of another aenv-ray fails the pod at
+    once, saying so, instead of serving other tools.
 
-    >>> builtin_command("mini-terminal@1.0.0")
-    ['python', '-m', 'sandbox_runtime', '--builtin', 'mini-terminal@1.0.0']
+    >>> from aenv_ray.resolve import builtin_environments
+    >>> terminal = builtin_environments()["mini-terminal@1.0.0"]
+    >>> command = builtin_command("mini-terminal@1.0.0", terminal)
+    >>> command[3:6], command[6].startswith("sha256:")
+    (['--builtin', 'mini-terminal@1.0.0', '--definition'], True)
     """
-    return [python, "-m", "sandbox_runtime", "--builtin", ref]
+    definition = definition_digest(project)
+    return [python, "-m", "sandbox_runtime", "--builtin", ref, "--definition", definition]
 
 
 def exec_helper_of(delivery: Delivery) -> ExecHelper:
@@ -170,8 +179,8 @@ class OwnImage:
 
     def runtime(self, config: EnvConfig, project: Path | None) -> tuple[str, list[str]]:
         builtin = builtin_of(config, project) if config.image is None else None
-        if builtin is not None:
-            return self.runtime_image, builtin_command(builtin)
+        if builtin is not None and project is not None:
+            return self.runtime_image, builtin_command(builtin, project)
         image = config.image_below(self.image_prefix)
         if image is None:
             raise ConfigurationError(
@@ -252,8 +261,8 @@ class HubBundle:
         digest = bundle_digest(config, project)
         if digest is None:
             builtin = builtin_of(config, project)
-            if builtin is not None:
-                return self.image, builtin_command(builtin, self.python)
+            if builtin is not None and project is not None:
+                return self.image, builtin_command(builtin, project, self.python)
             raise ConfigurationError(
                 f"{config.ref} has no bundle digest, so a pod cannot fetch it from the hub: "
                 f"publish it first (`aenv push` to {self.hub_url}) and create instances of "

@@ -22,7 +22,7 @@ import pytest
 
 from aenv_cli._scaffold import write_project
 from aenv_ray import ConfigurationError, Environment, InstanceSpec, StartupTimeoutError
-from aenv_ray.bundle import build_bundle, extract_bundle
+from aenv_ray.bundle import build_bundle, definition_digest, extract_bundle
 from aenv_ray.config import EnvConfig
 from aenv_ray.engine import new_engine
 from aenv_ray.hub import HubClient
@@ -206,7 +206,11 @@ async def test_the_settings_choose_bundle_delivery(
 # -- built-ins: the runtime image serves its own copy, no image per environment, no hub ----------
 
 TERMINAL = builtin_environments()["mini-terminal@1.0.0"]
-SERVED = ["python", "-m", "sandbox_runtime", "--builtin", "mini-terminal@1.0.0"]
+DEFINITION = definition_digest(TERMINAL)
+SERVED = [
+    *("python", "-m", "sandbox_runtime"),
+    *("--builtin", "mini-terminal@1.0.0", "--definition", DEFINITION),
+]
 
 
 def test_a_builtin_runs_the_runtime_image_serving_its_own_copy() -> None:
@@ -256,6 +260,27 @@ def test_the_runtime_serves_a_builtin_by_name_or_says_which_it_has(
         runtime_main([str(TERMINAL), "--builtin", "mini-terminal@1.0.0"])
     assert exited.value.code == 2
     assert "give one of a PROJECT directory" in capsys.readouterr().err
+
+
+def test_a_builtin_whose_definition_is_not_the_engines_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """An image of another aenv-ray than the engine's: its copy of the built-in is another."""
+    assert builtin_project("mini-terminal@1.0.0", DEFINITION) == TERMINAL
+    changed = tmp_path / "mini_terminal"
+    shutil.copytree(TERMINAL, changed, ignore=shutil.ignore_patterns("__pycache__"))
+    assert definition_digest(changed) == DEFINITION  # a copy is the same definition
+    (changed / "src" / "mini_terminal.py").write_text("# another tool set\n")
+    other = definition_digest(changed)
+    assert other != DEFINITION
+    assert runtime_main(["--builtin", "mini-terminal@1.0.0", "--definition", other]) == 2
+    said = capsys.readouterr().err
+    assert f"its config.json and src/ have digest {DEFINITION}, {other} was asked" in said
+    assert "build the runtime image from the checkout or wheel the engine runs" in said
+    with pytest.raises(SystemExit) as exited:
+        runtime_main([str(TERMINAL), "--definition", DEFINITION])
+    assert exited.value.code == 2
+    assert "--definition goes with --builtin" in capsys.readouterr().err
 
 
 # -- on the real API server ----------------------------------------------------------------------
