@@ -278,6 +278,11 @@ class HubBundle:
         return self.image, command
 
     def env(self, config: EnvConfig) -> list[dict[str, Any]]:
+        """The hub key, for the pods that fetch a bundle: none for a built-in's, which fetches
+        nothing (a hub refuses to publish a built-in's name, so a version of that name with no
+        bundle digest is the built-in)."""
+        if bundle_digest(config, None) is None and config.ref in builtin_environments():
+            return []
         if self.api_key_secret is not None:
             secret, key = self.api_key_secret
             ref = {"secretKeyRef": {"name": secret, "key": key}}

@@ -222,7 +222,11 @@ def test_a_builtin_runs_the_runtime_image_serving_its_own_copy() -> None:
     own = OwnImage("reg.example/aenv", runtime_image="reg.example/aenv/aenv-ray:7")
     assert own.runtime(config, TERMINAL) == ("reg.example/aenv/aenv-ray:7", SERVED)
     # bundle delivery: a built-in cannot be pushed, so its pods serve the image's copy too
-    bundle = HubBundle("http://hub:8080", image="reg.example/aenv/aenv-ray:7", python="/v/python")
+    bundle = HubBundle(
+        "http://hub:8080", "aenv_pods_key", image="reg.example/aenv/aenv-ray:7", python="/v/python"
+    )
+    assert bundle.env(config) == []  # it fetches nothing: no hub key in its pod
+    assert bundle.env(PUSHED) == [{"name": BUNDLE_KEY_ENV, "value": "aenv_pods_key"}]
     assert bundle.runtime(config, TERMINAL) == (
         "reg.example/aenv/aenv-ray:7",
         ["/v/python", *SERVED[1:]],
