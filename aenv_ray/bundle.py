@@ -64,6 +64,7 @@ __all__ = [
     "Bundle",
     "BundleInfo",
     "build_bundle",
+    "definition_digest",
     "digest_of",
     "extract_bundle",
     "inspect_bundle",
@@ -218,6 +219,34 @@ def _tar_gz(files: dict[str, tuple[bytes, int]]) -> bytes:
                 info.size = len(content)
                 tar.addfile(info, io.BytesIO(content))
     return buffer.getvalue()
+
+
+def definition_digest(project: str | Path) -> str:
+    """``"sha256:<hex>"`` of a project's definition: the names and bytes of the files a bundle of
+    it holds (``config.json``, ``src/``, ``requirements.txt``, ``README.md``), without the
+    ``aenv.lock`` (which depends on the interpreter), the modes or the archive. Two copies of
+    one definition (a checkout's, a wheel's installed in an image) have the same digest; a
+    built-in served from an image is checked with it (``sandbox_runtime --builtin``).
+
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     _ = Path(tmp, "src").mkdir()
+        ...     _ = Path(tmp, "src", "demo.py").write_text("X = 1")
+        ...     _ = Path(tmp, "config.json").write_text('{"name": "demo"}')
+        ...     before = definition_digest(tmp)
+        ...     _ = Path(tmp, "src", "__pycache__").mkdir()  # not part of it
+        ...     same = definition_digest(tmp) == before
+        ...     _ = Path(tmp, "src", "demo.py").write_text("X = 2")
+        ...     changed = definition_digest(tmp) != before
+        >>> same, changed
+        (True, True)
+    """
+    digest = hashlib.sha256()
+    for name, path in sorted(_collect(Path(project), set()).items()):
+        content = path.read_bytes()
+        digest.update(f"{name}\0{len(content)}\0".encode())
+        digest.update(content)
+    return "sha256:" + digest.hexdigest()
 
 
 def build_bundle(project: str | Path, *, exclude: Iterable[str | Path] = ()) -> Bundle:

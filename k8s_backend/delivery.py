@@ -11,6 +11,17 @@ command that starts the sandbox runtime in it.
   host (the test cluster of ``../shared/tools/k8s-real``): this host's Python serves the project
   where it lies. Images are ignored there; never use it on a real cluster.
 
+**Built-in environments need no image of their own and no hub.** The generic runtime image
+(``deploy/Dockerfile``) installs aenv-ray with its built-ins (:mod:`builtin_envs`), so a pod of
+a built-in runs that image and serves the image's own copy by name: ``python -m
+sandbox_runtime --builtin NAME@VERSION --definition sha256:HEX`` (:func:`builtin_of` says whether
+a project is one), the digest being the engine's copy's definition, which the image's copy must
+match (:func:`builtin_command`).
+:class:`OwnImage` does so for a built-in whose ``config.json`` names no image, whatever its
+``image_prefix`` (nothing builds ``PREFIX/mini-terminal:1.0.0``), and :class:`HubBundle` for
+every built-in (a built-in cannot be pushed, so it has no bundle to fetch). What runs is the
+image's aenv-ray: build the runtime image from the checkout or wheel your engines run.
+
 A delivery gives the runtime container's image and command (:meth:`Delivery.runtime`) and the
 variables aenv-ray adds to it (:meth:`Delivery.env`: the hub key of :class:`HubBundle`). Each
 also says where a ``DualContainer`` pod's init container finds the exec helper
@@ -25,6 +36,11 @@ host-process cluster this host's build of it.
     >>> image, command = HubBundle("http://envhub.aenv.svc:8080").runtime(pushed, None)
     >>> image == RUNTIME_IMAGE, command[3:5], command[-2:] == ["--digest", digest]
     (True, ['--bundle', 'http://envhub.aenv.svc:8080/v1/envs/demo/1.0.0/bundle'], True)
+    >>> from aenv_ray.resolve import builtin_environments
+    >>> terminal = builtin_environments()["mini-terminal@1.0.0"]
+    >>> image, command = OwnImage("reg.example/aenv").runtime(EnvConfig.load(terminal), terminal)
+    >>> image == RUNTIME_IMAGE, command[3:5]
+    (True, ['--builtin', 'mini-terminal@1.0.0'])
 """
 
 from __future__ import annotations
@@ -37,10 +53,11 @@ import urllib.parse
 from pathlib import Path
 from typing import Any, Protocol
 
-from aenv_ray.bundle import DIGEST_MARKER
+from aenv_ray.bundle import DIGEST_MARKER, definition_digest
 from aenv_ray.config import EnvConfig
 from aenv_ray.errors import ConfigurationError
 from aenv_ray.protocol import BUNDLE_KEY_ENV
+from aenv_ray.resolve import builtin_environments
 from k8s_backend.exec_helper import RUNTIME_IMAGE, ExecHelper, helper_binary
 
 __all__ = [
@@ -49,6 +66,8 @@ __all__ = [
     "HostProcess",
     "HubBundle",
     "OwnImage",
+    "builtin_command",
+    "builtin_of",
     "bundle_digest",
     "exec_helper_of",
 ]
@@ -98,6 +117,43 @@ def bundle_digest(config: EnvConfig, project: Path | None) -> str | None:
     return None
 
 
+def builtin_of(config: EnvConfig, project: Path | None) -> str | None:
+    """``name@version`` when ``project`` is the directory of an installed built-in environment
+    (:func:`aenv_ray.resolve.builtin_environments`) and ``config`` is its definition, else
+    None: a project elsewhere (on ``AENV_ENV_PATH``, a hub's unpacked bundle) is never taken
+    for a built-in, whatever its name.
+
+        >>> builtin_of(EnvConfig(name="mini-terminal"), Path("/tmp/mini-terminal")) is None
+        True
+    """
+    if project is None:
+        return None
+    installed = builtin_environments().get(config.ref)
+    if installed is None:
+        return None
+    try:
+        same = Path(project).resolve() == installed.resolve()
+    except OSError:
+        return None
+    return config.ref if same else None
+
+
+def builtin_command(ref: str, project: Path, python: str = "python") -> list[str]:
+    """The runtime's command serving built-in ``ref`` from the image's installed packages, if
+    the image's copy is the definition at ``project`` (its
+    :func:`~aenv_ray.bundle.definition_digest`): an image of another aenv-ray fails the pod at
+    once, saying so, instead of serving other tools.
+
+    >>> from aenv_ray.resolve import builtin_environments
+    >>> terminal = builtin_environments()["mini-terminal@1.0.0"]
+    >>> command = builtin_command("mini-terminal@1.0.0", terminal)
+    >>> command[3:6], command[6].startswith("sha256:")
+    (['--builtin', 'mini-terminal@1.0.0', '--definition'], True)
+    """
+    definition = definition_digest(project)
+    return [python, "-m", "sandbox_runtime", "--builtin", ref, "--definition", definition]
+
+
 def exec_helper_of(delivery: Delivery) -> ExecHelper:
     """Where ``delivery`` has a ``DualContainer`` pod find the exec helper: its own
     ``exec_helper()`` when it has one (a delivery may leave it out), else the generic aenv-ray
@@ -110,7 +166,8 @@ class OwnImage:
     """The environment's own image (see the module docstring). ``image_prefix`` is the
     registry path for projects whose ``deployConfig.imagePrefix`` is empty; ``runtime_image``
     is the generic aenv-ray image whose exec helper ``DualContainer`` pods copy (default: the
-    published image of this version)."""
+    published image of this version, ``AENV_K8S_RUNTIME_IMAGE``), and the image that serves a
+    built-in whose ``config.json`` names no image of its own (:func:`builtin_command`)."""
 
     def __init__(self, image_prefix: str = "", *, runtime_image: str = RUNTIME_IMAGE) -> None:
         self.image_prefix = image_prefix.strip()
@@ -121,6 +178,9 @@ class OwnImage:
         return ExecHelper(image=self.runtime_image)
 
     def runtime(self, config: EnvConfig, project: Path | None) -> tuple[str, list[str]]:
+        builtin = builtin_of(config, project) if config.image is None else None
+        if builtin is not None and project is not None:
+            return self.runtime_image, builtin_command(builtin, project)
         image = config.image_below(self.image_prefix)
         if image is None:
             raise ConfigurationError(
@@ -143,6 +203,7 @@ class HubBundle:
     from the hub at ``hub_url`` (as the pod reaches it, e.g. ``http://envhub.aenv.svc:8080``),
     checks its digest and serves it (see :mod:`sandbox_runtime._fetch`). Only versions pushed
     to that hub can run: the digest comes from the version's record or its unpacked bundle.
+    A built-in needs no bundle: the same image serves its own copy (:func:`builtin_command`).
 
     Args:
         hub_url: the hub, as seen from inside the pods.
@@ -199,6 +260,9 @@ class HubBundle:
     def runtime(self, config: EnvConfig, project: Path | None) -> tuple[str, list[str]]:
         digest = bundle_digest(config, project)
         if digest is None:
+            builtin = builtin_of(config, project)
+            if builtin is not None and project is not None:
+                return self.image, builtin_command(builtin, project, self.python)
             raise ConfigurationError(
                 f"{config.ref} has no bundle digest, so a pod cannot fetch it from the hub: "
                 f"publish it first (`aenv push` to {self.hub_url}) and create instances of "
@@ -214,6 +278,11 @@ class HubBundle:
         return self.image, command
 
     def env(self, config: EnvConfig) -> list[dict[str, Any]]:
+        """The hub key, for the pods that fetch a bundle: none for a built-in's, which fetches
+        nothing (a hub refuses to publish a built-in's name, so a version of that name with no
+        bundle digest is the built-in)."""
+        if bundle_digest(config, None) is None and config.ref in builtin_environments():
+            return []
         if self.api_key_secret is not None:
             secret, key = self.api_key_secret
             ref = {"secretKeyRef": {"name": secret, "key": key}}

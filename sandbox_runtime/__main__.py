@@ -14,6 +14,13 @@ checks under ``DIR`` (default: the temporary directory), then this program runs 
 (``exec``) as ``python -m sandbox_runtime UNPACKED [options]`` with the key gone from its
 environment and its memory: the environment's code never sees it.
 
+A built-in environment of the packages installed beside the runtime (a generic runtime image
+carries aenv-ray's, :mod:`builtin_envs`): ``python -m sandbox_runtime --builtin NAME@VERSION
+[--definition sha256:HEX] [options]`` serves that built-in's project from the installed package,
+with no project directory named and nothing fetched. A name the installed packages do not ship,
+or a copy whose :func:`~aenv_ray.bundle.definition_digest` is not the one given (the engine's
+copy's: an image of another aenv-ray), is an error (exit 2) saying which and what to do.
+
 Limits (:mod:`sandbox_runtime._limits`): ``--cgroup`` finds this process's own cgroup and its
 limits (a container's); or name them: ``--memory-limit 512M --pids-limit 128`` with the cgroup's
 event files opened by the caller and passed as ``--memory-events-fd``/``--pids-events-fd``;
@@ -43,9 +50,10 @@ import json
 import math
 import os
 import sys
+from pathlib import Path
 
 from aenv_ray.config import parse_memory
-from aenv_ray.errors import AEnvError, HubUnreachableError
+from aenv_ray.errors import AEnvError, ConfigurationError, HubUnreachableError
 from aenv_ray.logs import configure_logging
 from aenv_ray.protocol import (
     BUNDLE_KEY_ENV,
@@ -183,6 +191,45 @@ def _bundle_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def builtin_project(ref: str, definition: str | None = None) -> Path:
+    """The project directory of built-in ``ref`` (exactly ``name@version``) among the packages
+    installed beside this runtime (:func:`aenv_ray.resolve.builtin_environments`), whose
+    definition is ``definition`` when one is given (:func:`aenv_ray.bundle.definition_digest`).
+
+    Raises :class:`~aenv_ray.errors.ConfigurationError` naming the built-ins there are when it
+    is not one of them, or both digests when its definition is another (an image of another
+    aenv-ray than the engine's, say).
+
+        >>> builtin_project("mini-terminal@1.0.0").name
+        'mini_terminal'
+    """
+    import aenv_ray
+    from aenv_ray.resolve import builtin_environments
+
+    found = builtin_environments()
+    project = found.get(ref)
+    if project is None:
+        raise ConfigurationError(
+            f"no built-in environment {ref} here (aenv-ray {aenv_ray.__version__}, built-ins: "
+            f"{', '.join(sorted(found)) or 'none'}): run a runtime image of the aenv-ray that "
+            "ships it (deploy/Dockerfile, from the checkout your engine runs), or deliver the "
+            "environment as a bundle (`aenv push`) or in its own image (`aenv build`)"
+        )
+    if definition is not None:
+        from aenv_ray.bundle import definition_digest
+
+        here = definition_digest(project)
+        if here != definition:
+            raise ConfigurationError(
+                f"the built-in {ref} here (aenv-ray {aenv_ray.__version__}, {project}) is not "
+                f"the definition asked for: its config.json and src/ have digest {here}, "
+                f"{definition} was asked; this image was built from another aenv-ray than the "
+                "engine's: build the runtime image from the checkout or wheel the engine runs "
+                "(deploy/Dockerfile)"
+            )
+    return project
+
+
 def _serve_bundle(
     args: argparse.Namespace, argv: list[str], own: list[str], secrets: dict[str, str]
 ) -> int:
@@ -268,10 +315,25 @@ def main(argv: list[str] | None = None) -> int:
     limits.add_argument(
         "--rlimits-only", action="store_true", help="no cgroup enforces the limits: use rlimits"
     )
+    parser.add_argument(
+        "--builtin",
+        metavar="NAME@VERSION",
+        help="serve this built-in environment of the installed packages (instead of PROJECT)",
+    )
+    parser.add_argument(
+        "--definition",
+        metavar="sha256:HEX",
+        help="with --builtin: the digest its definition must have (else exit 2)",
+    )
     _bundle_options(parser)
     args = parser.parse_args(argv)
-    if (args.project is None) == (args.bundle is None):
-        parser.error("give a PROJECT directory or --bundle URL (with --digest), not both")
+    if [args.project, args.bundle, args.builtin].count(None) != 2:
+        parser.error(
+            "give one of a PROJECT directory, --bundle URL (with --digest) or --builtin "
+            "NAME@VERSION"
+        )
+    if args.definition is not None and args.builtin is None:
+        parser.error("--definition goes with --builtin")
     if args.bundle is not None and not args.digest:
         parser.error("--bundle needs --digest sha256:HEX: a bundle is served only once checked")
     if args.bundle is None and any(
@@ -291,6 +353,12 @@ def main(argv: list[str] | None = None) -> int:
         return _serve_bundle(args, argv, own, secrets)
     token = _token(args, parser, secrets)
     secrets.clear()
+    if args.builtin is not None:
+        try:
+            args.project = builtin_project(args.builtin, args.definition)
+        except AEnvError as exc:
+            print(f"sandbox_runtime: error: {exc}", file=sys.stderr, flush=True)
+            return 2
     sys.argv = ["sandbox_runtime", *own]  # before the project's import, which may read them
     try:
         project = load_project(args.project)

@@ -15,6 +15,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator, Mapping
@@ -128,6 +129,9 @@ class KubeCluster:
         tokens = {user: secrets.token_hex(16) for user in users or {}}
         env = {
             **os.environ,
+            # `python` in a pod's command is this venv's (as an image's `python` is the image's):
+            # the fake kubelet runs commands on this host with its PATH
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
             "APISERVER_PORT": str(free_port()),
             "ETCD_PORT": str(free_port()),
             "ETCD_PEER_PORT": str(free_port()),

@@ -2,14 +2,17 @@
 version's bundle from EnvHub (HubBundle), next to the environment's own image (OwnImage).
 
 Without a cluster: the command and variables each delivery gives, where a version's digest comes
-from, what is refused, the settings that choose a delivery. On the real API server (mark k8s):
-a pod of a version pushed to a real hub fetches, checks and serves it; a digest mismatch fails
-the create with the runtime's own words.
+from, what is refused, the settings that choose a delivery, and a built-in served by name from
+the runtime image's own copy. On the real API server (mark k8s): a pod of a version pushed to a
+real hub fetches, checks and serves it; a digest mismatch fails the create with the runtime's own
+words; a built-in runs with a new user's settings (no image of its own, no hub), from the engine
+and from a hub on Kubernetes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,18 +22,21 @@ import pytest
 
 from aenv_cli._scaffold import write_project
 from aenv_ray import ConfigurationError, Environment, InstanceSpec, StartupTimeoutError
-from aenv_ray.bundle import build_bundle, extract_bundle
+from aenv_ray.bundle import build_bundle, definition_digest, extract_bundle
 from aenv_ray.config import EnvConfig
 from aenv_ray.engine import new_engine
 from aenv_ray.hub import HubClient
 from aenv_ray.protocol import BUNDLE_KEY_ENV
+from aenv_ray.resolve import builtin_environments
 from envhub.keys import create_key
 from envhub.store import open_store
 from k8s_backend import HostProcess, HubBundle, KubernetesEngine, OwnImage
-from k8s_backend.delivery import RUNTIME_IMAGE, bundle_digest
+from k8s_backend.delivery import RUNTIME_IMAGE, builtin_of, bundle_digest
 from k8s_backend.manifests import PodRecipe, instance_pod
 from k8s_backend.state import pod_info, runtime_message
-from tests._hub import HubProcess
+from sandbox_runtime.__main__ import builtin_project
+from sandbox_runtime.__main__ import main as runtime_main
+from tests._hub import HubProcess, new_key
 from tests._k8s import KubeCluster
 
 DIGEST = "sha256:" + "ab" * 32
@@ -197,6 +203,90 @@ async def test_the_settings_choose_bundle_delivery(
         await engine.aclose()
 
 
+# -- built-ins: the runtime image serves its own copy, no image per environment, no hub ----------
+
+TERMINAL = builtin_environments()["mini-terminal@1.0.0"]
+DEFINITION = definition_digest(TERMINAL)
+SERVED = [
+    *("python", "-m", "sandbox_runtime"),
+    *("--builtin", "mini-terminal@1.0.0", "--definition", DEFINITION),
+]
+
+
+def test_a_builtin_runs_the_runtime_image_serving_its_own_copy() -> None:
+    config = EnvConfig.load(TERMINAL)
+    assert builtin_of(config, TERMINAL) == "mini-terminal@1.0.0"
+    # a new user's default: no prefix; the generic image of this version serves it
+    assert OwnImage().runtime(config, TERMINAL) == (RUNTIME_IMAGE, SERVED)
+    # an engine's prefix is for projects that name no image: nothing builds PREFIX/mini-terminal
+    own = OwnImage("reg.example/aenv", runtime_image="reg.example/aenv/aenv-ray:7")
+    assert own.runtime(config, TERMINAL) == ("reg.example/aenv/aenv-ray:7", SERVED)
+    # bundle delivery: a built-in cannot be pushed, so its pods serve the image's copy too
+    bundle = HubBundle(
+        "http://hub:8080", "aenv_pods_key", image="reg.example/aenv/aenv-ray:7", python="/v/python"
+    )
+    assert bundle.env(config) == []  # it fetches nothing: no hub key in its pod
+    assert bundle.env(PUSHED) == [{"name": BUNDLE_KEY_ENV, "value": "aenv_pods_key"}]
+    assert bundle.runtime(config, TERMINAL) == (
+        "reg.example/aenv/aenv-ray:7",
+        ["/v/python", *SERVED[1:]],
+    )
+    # a built-in whose config.json names an image of its own runs that image
+    named = config.model_copy(update={"artifacts": [{"type": "image", "content": "r.io/t:1"}]})
+    assert OwnImage().runtime(named, TERMINAL) == (
+        "r.io/t:1",
+        ["python", "-m", "sandbox_runtime", "/env"],
+    )
+
+
+def test_a_copy_of_a_builtin_elsewhere_is_not_one(tmp_path: Path) -> None:
+    copy = tmp_path / "mini_terminal"
+    shutil.copytree(TERMINAL, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    config = EnvConfig.load(copy)
+    assert config.ref == "mini-terminal@1.0.0"
+    assert builtin_of(config, copy) is None  # its name alone does not make it the image's
+    with pytest.raises(ConfigurationError, match="names no image"):
+        OwnImage().runtime(config, copy)
+    with pytest.raises(ConfigurationError, match="aenv push"):
+        HubBundle("http://hub:8080").runtime(config, copy)
+
+
+def test_the_runtime_serves_a_builtin_by_name_or_says_which_it_has(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert builtin_project("mini-terminal@1.0.0") == TERMINAL
+    assert runtime_main(["--builtin", "mini-terminal@9.9.9"]) == 2
+    said = capsys.readouterr().err
+    assert "no built-in environment mini-terminal@9.9.9 here" in said
+    assert "mini-terminal@1.0.0" in said  # what it has
+    assert "deploy/Dockerfile" in said  # what to do
+    with pytest.raises(SystemExit) as exited:
+        runtime_main([str(TERMINAL), "--builtin", "mini-terminal@1.0.0"])
+    assert exited.value.code == 2
+    assert "give one of a PROJECT directory" in capsys.readouterr().err
+
+
+def test_a_builtin_whose_definition_is_not_the_engines_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """An image of another aenv-ray than the engine's: its copy of the built-in is another."""
+    assert builtin_project("mini-terminal@1.0.0", DEFINITION) == TERMINAL
+    changed = tmp_path / "mini_terminal"
+    shutil.copytree(TERMINAL, changed, ignore=shutil.ignore_patterns("__pycache__"))
+    assert definition_digest(changed) == DEFINITION  # a copy is the same definition
+    (changed / "src" / "mini_terminal.py").write_text("# another tool set\n")
+    other = definition_digest(changed)
+    assert other != DEFINITION
+    assert runtime_main(["--builtin", "mini-terminal@1.0.0", "--definition", other]) == 2
+    said = capsys.readouterr().err
+    assert f"its config.json and src/ have digest {DEFINITION}, {other} was asked" in said
+    assert "build the runtime image from the checkout or wheel the engine runs" in said
+    with pytest.raises(SystemExit) as exited:
+        runtime_main([str(TERMINAL), "--definition", DEFINITION])
+    assert exited.value.code == 2
+    assert "--definition goes with --builtin" in capsys.readouterr().err
+
+
 # -- on the real API server ----------------------------------------------------------------------
 
 
@@ -296,3 +386,80 @@ async def test_a_digest_mismatch_fails_the_create_with_the_runtimes_words(
             assert _unpacked(tmp_path / "unpack") == []
         finally:
             await engine.aclose()
+
+
+_K8S_SETTINGS = (
+    "AENV_K8S_DELIVERY",
+    "AENV_K8S_IMAGE_PREFIX",
+    "AENV_K8S_RUNTIME_IMAGE",
+    "AENV_K8S_HUB_URL",
+    "AENV_K8S_HUB_KEY",
+)
+
+
+async def _terminal_works(env: Environment) -> None:
+    """A tool call and a reward of mini-terminal, in its instance."""
+    done = await env.call_tool(
+        "execute_command", {"command": "echo built-in > out.txt; cat out.txt"}
+    )
+    assert not done.is_error, done.text
+    assert done.structured == {"output": "built-in\n", "returncode": 0}
+    assert await env.call_reward({"path": "out.txt", "expected": "built-in"}) == 1.0
+    assert await env.call_reward({"path": "out.txt", "expected": "other"}) == 0.0
+
+
+def _runtime_container(api: object, namespace: str, instance_id: str) -> object:
+    from kubernetes import client
+
+    pods = client.CoreV1Api(api).list_namespaced_pod(
+        namespace, label_selector=f"aenv-ray.io/instance={instance_id}"
+    )
+    (pod,) = pods.items
+    return next(c for c in pod.spec.containers if c.name == "runtime")
+
+
+@pytest.mark.k8s
+@pytest.mark.timeout(2400)
+async def test_a_builtin_runs_on_the_cluster_with_a_new_users_settings(
+    cluster: KubeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in _K8S_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+    with cluster.scratch_namespace("builtin") as (api, namespace):
+        # as a new user makes it: by name, nothing but the cluster and the namespace (the port:
+        # two test clusters on one host hand out the same pod IPs)
+        engine = new_engine("kubernetes", namespace=namespace, port=cluster.pod_port)
+        try:
+            assert isinstance(engine, KubernetesEngine)
+            assert isinstance(engine.delivery, OwnImage)
+            async with Environment("mini-terminal@1.0.0", engine=engine, ttl=600) as env:
+                await _terminal_works(env)
+                assert env.instance_id is not None
+                runtime = _runtime_container(api, namespace, env.instance_id)
+            assert runtime.image == RUNTIME_IMAGE  # type: ignore[attr-defined]
+            assert runtime.command == SERVED  # type: ignore[attr-defined]
+        finally:
+            await engine.aclose()
+
+
+@pytest.mark.k8s
+@pytest.mark.timeout(2400)
+async def test_a_hub_on_kubernetes_serves_a_builtin_with_default_settings(
+    cluster: KubeCluster, tmp_path: Path
+) -> None:
+    with cluster.scratch_namespace("builtin-hub") as (api, namespace):
+        defaults = dict.fromkeys(_K8S_SETTINGS, "")  # empty: each setting's default
+        defaults["AENV_K8S_DELIVERY"] = "image"
+        env = {**defaults, "KUBECONFIG": str(cluster.kubeconfig), "AENV_K8S_NAMESPACE": namespace}
+        hub = HubProcess(tmp_path, engine="kubernetes", env=env)
+        key = new_key("alice", hub.store)
+        with hub:
+            async with Environment(
+                "mini-terminal@1.0.0", aenv_url=hub.url, api_key=key, ttl=600
+            ) as instance:
+                await _terminal_works(instance)
+                assert instance.instance_id is not None
+                runtime = _runtime_container(api, namespace, instance.instance_id)
+            assert runtime.image == RUNTIME_IMAGE  # type: ignore[attr-defined]
+            assert runtime.command == SERVED  # type: ignore[attr-defined]

@@ -189,8 +189,11 @@ def test_the_hub_serves_with_auth_on_the_kubernetes_engine_and_the_redis_store()
     assert env["AENV_K8S_NAMESPACE"]["valueFrom"] == {
         "fieldRef": {"fieldPath": "metadata.namespace"}
     }
-    # the README's overlay patches the image prefix at this index
+    # the README's overlay patches the image prefix and the runtime image at these indices
     assert container["env"][2]["name"] == "AENV_K8S_IMAGE_PREFIX"
+    assert container["env"][3]["name"] == "AENV_K8S_RUNTIME_IMAGE"
+    # the built-ins' pods run the hub's own image, which serves them (no image of their own)
+    assert env["AENV_K8S_RUNTIME_IMAGE"]["value"] == IMAGE
     assert container["readinessProbe"]["httpGet"]["path"] == "/v1/health"
     hub_service = find(objects, "Service", "aenv-hub")
     assert hub_service["spec"]["selector"] == {"app.kubernetes.io/name": "aenv-hub"}
@@ -241,6 +244,11 @@ def test_the_readme_overlay_renders(tmp_path: Path) -> None:
     overlay = yaml.safe_load(_readme_overlay())
     assert overlay["resources"] == ["../deploy"]
     assert overlay["images"][0]["name"] == IMAGE.split(":")[0]
+    # the instance pods of built-ins run the image the hub runs: the overlay names it twice
+    ops = {op["path"]: op["value"] for op in yaml.safe_load(overlay["patches"][0]["patch"])}
+    image = overlay["images"][0]
+    runtime = "/spec/template/spec/containers/0/env/3/value"
+    assert ops[runtime] == f"{image['newName']}:{image['newTag']}"
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl is not on PATH: the overlay is not rendered")
@@ -263,6 +271,7 @@ def test_the_readme_overlay_renders(tmp_path: Path) -> None:
     assert hub["image"] == f"registry.example.com/aenv/aenv-ray:{__version__}"
     env = {e["name"]: e.get("value") for e in hub["env"]}
     assert env["AENV_K8S_IMAGE_PREFIX"] == "registry.example.com/aenv"
+    assert env["AENV_K8S_RUNTIME_IMAGE"] == hub["image"]
 
 
 # -- on a real API server with RBAC ------------------------------------------------------------
