@@ -326,7 +326,14 @@ def load_tasks(path: str | Path | None, env_name: str) -> list[dict[str, Any]]:
     if path is None:
         tasks = list(_demo_module(env_name, _TASKS_OPTION).TASKS)
     else:
-        text = Path(path).read_text()
+        try:
+            text = Path(path).read_text()
+        except (OSError, UnicodeError) as exc:  # a directory, unreadable, not text
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise ConfigurationError(
+                f"cannot read the tasks file {path}: {reason}; --tasks takes a file of JSON "
+                "lines (or a JSON list)"
+            ) from None
         try:
             if text.lstrip().startswith("["):
                 tasks = json.loads(text)

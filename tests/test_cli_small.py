@@ -219,6 +219,25 @@ def test_rollout_of_a_project_names_only_what_is_missing(
         assert not_asked not in line.split("pass ", 1)[1]
 
 
+def test_rollout_tasks_that_are_a_directory_are_one_line(
+    tmp_path: Path, user: dict[str, str]
+) -> None:
+    line = one_error(
+        aenv(
+            "rollout",
+            "mini-terminal",
+            "--tasks",
+            tmp_path,
+            "--no-ray",
+            "-o",
+            "out",
+            cwd=tmp_path,
+            **user,
+        )
+    )
+    assert f"cannot read the tasks file {tmp_path}: Is a directory" in line
+
+
 # -- paths in errors: one slash ------------------------------------------------------------------
 
 
