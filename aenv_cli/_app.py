@@ -6,8 +6,10 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 import typer
@@ -19,12 +21,14 @@ from aenv_ray.errors import AEnvError, ConfigurationError, EnvironmentNotFoundEr
 
 __all__ = ["app", "run"]
 
+HELP_OPTIONS = ["-h", "--help"]
+
 app = typer.Typer(
     name="aenv",
     help="aenv-ray: environments as code for agentic RL. Create, test and serve environments.",
     add_completion=False,
     pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
+    context_settings={"help_option_names": HELP_OPTIONS},
 )
 
 
@@ -82,7 +86,9 @@ _build.register(app)
 _serve.register(app)
 _hub.register(app)
 app.add_typer(_instance.app, name="instance")
-app.command("instances")(_instance.instances)
+# AEnvironment's spelling of `aenv instance list`, kept for the scripts of those who migrate
+# (docs/migrating.md), hidden so that the help shows one command for instances: `instance`
+app.command("instances", hidden=True)(_instance.instances)
 app.add_typer(_service.app, name="service")
 app.add_typer(_tau2.app, name="tau2")
 
@@ -108,9 +114,51 @@ def _usage_line(exc: Any) -> str:
     return f"{error_line(message)}; see '{command} --help'"
 
 
+def _commands(command: Any) -> Iterator[Any]:
+    """``command`` and every command under it (click commands, as typer made them)."""
+    yield command
+    for sub in getattr(command, "commands", {}).values():
+        yield from _commands(sub)
+
+
+def _first_paragraph(text: str) -> str:
+    return " ".join(inspect.cleandoc(text).split("\n\n")[0].split())
+
+
+def _for_output(command: Any, terminal: bool) -> None:
+    """Lay the help of ``command`` (and of every command under it) out for where it goes.
+
+    - On a terminal, typer's rich panels, as wide as the terminal. Brackets in help texts are
+      text (``NAME[@VERSION]``), not rich markup, and a flag shows no ``<bool>``: it takes no
+      value.
+    - Elsewhere (a pipe, a file: what a program or a reader of a log gets), click's plain help,
+      wrapped at 80 columns (fewer when ``COLUMNS`` says so), where nothing is cut: rich would
+      lay its panels out for 80 columns and end a cell that does not fit with an ellipsis
+      (``OpenAI-compatib…``), and click would cut a command's summary in a group's list
+      (``...``), which is given whole here (the first paragraph of its help) and wrapped.
+    """
+    from rich.markup import escape
+
+    for each in _commands(command):
+        each.rich_markup_mode = "rich" if terminal else None
+        if each.short_help is None and each.help:
+            each.short_help = _first_paragraph(each.help)
+        help_option = each.get_help_option(typer.Context(each, help_option_names=HELP_OPTIONS))
+        for param in [*each.params, help_option]:
+            if isinstance(param, typer.core.TyperOption) and param.is_flag:
+                param.metavar = ""  # rich shows a type, `<bool>`, for what has no value
+            if terminal and getattr(param, "help", None):
+                param.help = escape(param.help)
+        if terminal:
+            each.help = escape(each.help) if each.help else each.help
+            each.short_help = escape(each.short_help) if each.short_help else each.short_help
+
+
 def run(args: list[str]) -> int:
-    """Run ``aenv ARGS`` through the app; return the exit code."""
+    """Run ``aenv ARGS`` through the app; return the exit code. Help goes out as
+    :func:`_for_output` lays it out for stdout (a terminal or not)."""
     command = typer.main.get_command(app)
+    _for_output(command, terminal=sys.stdout.isatty())
     try:
         result = command.main(args=args or ["--help"], prog_name="aenv", standalone_mode=False)
     except (ConfigurationError, EnvironmentNotFoundError) as exc:  # fix the name or the project

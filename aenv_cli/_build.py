@@ -10,8 +10,11 @@
   this aenv-ray, :mod:`._wheel`: the image never installs aenv-ray from an index by name).
 
 Then, unless ``--no-image``, it checks that the context holds what the Dockerfile copies and
-builds the image there with the first of docker, podman, buildah on PATH; with none, it says so
-in one line and stops there (exit 0: the bundle is what EnvHub needs).
+builds the image there with the first of docker, podman, buildah on PATH that can build here
+(docker and podman need their daemon or service: ``docker info`` answers; buildah needs none).
+With none that can, the bundle and the context are written and it exits 1 with one line naming
+what to install, or ``--no-image``: a command that was asked for an image and made none has
+failed.
 
 May import: typer, ``aenv_ray`` (its bundle format and the CLI's image module inside the
 command). Not ``envhub`` nor the runtime: the load check runs in a sandbox (``_loadcheck``).
@@ -216,7 +219,8 @@ def build(
 
     The image's context is DIR/image: the project's Dockerfile (or one written for the bundle),
     env/ (the bundle's files), wheels/ (this aenv-ray). The image is built there with the first
-    of docker, podman, buildah on PATH; without one, build it elsewhere with
+    of docker, podman, buildah on PATH that can build here; with none, exit 1 (the bundle and
+    the context written): install one, or pass --no-image and build the context elsewhere with
     `docker build -t NAME:VERSION DIR/image`.
     """
     from aenv_cli._loadcheck import check_loads, describe
@@ -232,7 +236,7 @@ def build(
     if not no_image:
         _check_context(context)
         image = tag or default_tag(bundle.config)
-        _build_image_if_possible(context, image, timeout, _sayer(as_json))
+        _build_image_with_a_builder(context, image, timeout, _sayer(as_json))
 
 
 def _check_tag(tag: str | None) -> None:
@@ -311,49 +315,27 @@ def _check_context(context: Context) -> None:
     )
 
 
-def _build_image_if_possible(
+def _build_image_with_a_builder(
     context: Context, tag: str, timeout: float, say: Callable[[str], None]
 ) -> None:
-    """Build the image ``tag`` in ``context`` with the first container builder on PATH; with
-    none, or one that cannot build here, say so in one line and stop (the bundle is what EnvHub
-    needs)."""
+    """Build the image ``tag`` in ``context`` with the first container builder on PATH that can
+    build here; with none, exit 1 in one line naming what to install, or ``--no-image`` (the
+    bundle and the context are written already)."""
     from aenv_cli._image import find_image_builder
 
-    by_hand = f"`docker build -t {tag} {_shown(context.path)}`"
-    builder = find_image_builder()
-    if builder is None:
-        say(
-            "no container builder (docker, podman, buildah) on PATH: the image's context is "
-            f"{_shown(context.path)}; build it where one exists ({by_hand}), or push the "
-            "bundle with `aenv push`"
-        )
+    builder, problems = find_image_builder()
+    if builder is not None:
+        _build_image(context, builder, tag, timeout, say)
         return
-    problem = _unusable(builder)
-    if problem is not None:
-        say(
-            f"{Path(builder).name} is on PATH but cannot build images here ({problem}): the "
-            f"image's context is {_shown(context.path)}; build it where a builder works "
-            f"({by_hand}), or push the bundle with `aenv push`"
-        )
-        return
-    _build_image(context, builder, tag, timeout, say)
-
-
-def _unusable(builder: str) -> str | None:
-    """Why ``builder`` cannot build here (docker/podman without a daemon), or None."""
-    if Path(builder).name == "buildah":  # daemonless
-        return None
-    try:
-        done = subprocess.run(
-            [builder, "info"], capture_output=True, text=True, errors="replace", timeout=30
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return str(exc)
-    if done.returncode == 0:
-        return None
-    said = done.stderr if done.stderr.strip() else done.stdout
-    lines = [line.strip() for line in said.splitlines() if line.strip()]
-    return lines[-1] if lines else f"`{Path(builder).name} info` exited {done.returncode}"
+    found = f"none of them can build here ({'; '.join(problems)})" if problems else "none on PATH"
+    die(
+        f"no image built: it takes docker, podman or buildah, and {found}; install buildah "
+        "(it needs no daemon), or podman or docker with its daemon running, or pass "
+        f"--no-image for the bundle and the image's context alone (written: "
+        f"{_shown(context.path)}; `docker build -t {tag} {_shown(context.path)}` builds it "
+        "where docker runs)",
+        EXIT_FAILURE,
+    )
 
 
 def register(app: typer.Typer) -> None:

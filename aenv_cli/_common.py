@@ -1,13 +1,17 @@
-"""What every command shares: exit codes, the one-line error format, `--work-dir`."""
+"""What every command shares: exit codes, the one-line error format, `--work-dir`, the console
+tables are printed on."""
 
 from __future__ import annotations
 
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = [
     "EXIT_FAILURE",
@@ -15,12 +19,44 @@ __all__ = [
     "EXIT_USAGE",
     "WorkDir",
     "aenvironment_conflict",
+    "console",
     "die",
     "error_line",
     "one_directory",
 ]
 
 from aenv_cli._fast import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, aenvironment_conflict, error_line
+
+UNCUT_WIDTH = 10_000
+"""The width a console has when it writes to no terminal: wider than any line it prints, so that
+a table takes the width its cells need (a pipe or a file has no width to cut them to)."""
+
+
+def console(*, stderr: bool = False) -> Console:
+    """A rich console on stdout (``stderr``: stderr) for a command's tables: as wide as the
+    terminal when it writes to one, else :data:`UNCUT_WIDTH` wide, so that output read by a
+    program or kept in a file is never cut (rich would lay it out for 80 columns, ending long
+    cells with an ellipsis).
+
+    >>> import io, sys
+    >>> from rich.table import Table
+    >>> table = Table(box=None)
+    >>> table.add_column("URL")
+    >>> table.add_row("http://" + "x" * 100)
+    >>> saved, sys.stdout = sys.stdout, io.StringIO()  # no terminal
+    >>> try:
+    ...     console().print(table)
+    ...     printed = sys.stdout.getvalue()
+    ... finally:
+    ...     sys.stdout = saved
+    >>> "x" * 100 in printed
+    True
+    """
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    terminal = stream.isatty()
+    return Console(stderr=stderr, width=None if terminal else UNCUT_WIDTH)
 
 
 def die(message: str, code: int = EXIT_FAILURE) -> NoReturn:

@@ -22,7 +22,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from aenv_cli._common import EXIT_USAGE, die, json_format, one_directory
+from aenv_cli._common import EXIT_USAGE, console, die, json_format, one_directory
 from aenv_ray.envref import LATEST, EnvRef
 from aenv_ray.errors import ConfigurationError, VersionConflictError
 
@@ -220,7 +220,6 @@ def list_envs(
     if as_json:
         print(json.dumps(found, indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(box=None)
@@ -232,9 +231,9 @@ def list_envs(
             env["latest"],
             str(len(env["versions"])),
             ",".join(env["tags"]),
-            env["description"][:60],
+            env["description"],
         )
-    Console().print(table)
+    console().print(table)
 
 
 def _list_local(search: str, tags: list[str], as_json: bool, window: slice = slice(None)) -> None:
@@ -283,7 +282,6 @@ def _list_local(search: str, tags: list[str], as_json: bool, window: slice = sli
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(box=None, title="no hub configured: the environments on this machine")
@@ -293,8 +291,8 @@ def _list_local(search: str, tags: list[str], as_json: bool, window: slice = sli
         if row["error"]:
             table.add_row("[red]broken[/red]", "-", row["project"], row["error"], style="red")
         else:
-            table.add_row(row["name"], row["version"], row["project"], row["description"][:60])
-    Console().print(table)
+            table.add_row(row["name"], row["version"], row["project"], row["description"])
+    console().print(table)
 
 
 def get(
@@ -434,7 +432,7 @@ def config_set(
     key: Annotated[str, typer.Argument(metavar="KEY", help="url or api-key")],
     value: Annotated[str, typer.Argument(metavar="VALUE")],
 ) -> None:
-    """Set the hub URL (``url``) or API key (``api-key``) in the settings file."""
+    """Set the hub URL (`url`) or API key (`api-key`) in the settings file."""
     from aenv_ray.settings import config_file
 
     field = _key_name(key)

@@ -10,8 +10,8 @@ A bundle (:mod:`aenv_ray.bundle`) is what the hub needs; an image is an optional
 
 Every Dockerfile installs that wheel and the locked requirements, copies ``env/`` to ``/env``
 and starts the runtime: aenv-ray never comes from a package index by name. The image is built
-there with the first of docker, podman, buildah on PATH, or by hand with
-``docker build -t NAME:VERSION DIR/image``.
+there with the first of docker, podman, buildah on PATH that can build here
+(:func:`find_image_builder`), or by hand with ``docker build -t NAME:VERSION DIR/image``.
 
 May import: the standard library, ``aenv_ray`` (bundle, config, errors, protocol ports).
 """
@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -234,9 +235,34 @@ def missing_sources(dockerfile: str, context: str | Path) -> list[tuple[int, str
     return missing
 
 
-def find_image_builder() -> str | None:
-    """The path of the first of docker, podman, buildah on PATH, or None."""
+def find_image_builder() -> tuple[str | None, list[str]]:
+    """The path of the first of docker, podman, buildah on PATH that can build here (None: no
+    such one), and why each one found before it cannot (``docker: Cannot connect to ...``):
+    docker and podman need their daemon or service (``NAME info`` answers), buildah none."""
+    problems: list[str] = []
     for name in IMAGE_BUILDERS:
-        if found := shutil.which(name):
-            return found
-    return None
+        path = shutil.which(name)
+        if path is None:
+            continue
+        problem = _unusable(path)
+        if problem is None:
+            return path, problems
+        problems.append(f"{name}: {problem}")
+    return None, problems
+
+
+def _unusable(builder: str) -> str | None:
+    """Why ``builder`` cannot build here (docker/podman without a daemon), or None."""
+    if Path(builder).name == "buildah":  # daemonless
+        return None
+    try:
+        done = subprocess.run(
+            [builder, "info"], capture_output=True, text=True, errors="replace", timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    if done.returncode == 0:
+        return None
+    said = done.stderr if done.stderr.strip() else done.stdout
+    lines = [line.strip() for line in said.splitlines() if line.strip()]
+    return lines[-1] if lines else f"`{Path(builder).name} info` exited {done.returncode}"

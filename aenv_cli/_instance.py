@@ -21,7 +21,7 @@ from typing import Annotated, Any
 
 import typer
 
-from aenv_cli._common import EXIT_USAGE, die, json_format, pairs
+from aenv_cli._common import EXIT_USAGE, console, die, json_format, pairs
 
 __all__ = ["app", "instances", "pairs"]
 
@@ -209,7 +209,6 @@ def list_instances(
     as_json: JsonOption = False,
 ) -> None:
     """List instances, newest first."""
-    from rich.console import Console
     from rich.table import Table
 
     infos = _call("list", env)
@@ -226,7 +225,7 @@ def list_instances(
         table.add_row(
             info["id"], info["env_ref"], state, info.get("url") or "-", _when(info["expires_at"])
         )
-    Console().print(table)
+    console().print(table)
 
 
 @app.command()
@@ -265,7 +264,8 @@ def instances(
         str | None, typer.Option("--system-url", help="the hub (default: AENV_SYSTEM_URL)")
     ] = None,
 ) -> None:
-    """AEnvironment's `aenv instances`: the running instances (`aenv instance list`)."""
+    """AEnvironment's `aenv instances`: the running instances, as `aenv instance list` shows
+    them (hidden from `aenv --help`: kept for scripts written for AEnvironment)."""
     json_format(output)
     if version is not None and name is None:
         raise typer.BadParameter("--version needs --name", param_hint="--version")

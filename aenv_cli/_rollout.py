@@ -134,8 +134,12 @@ def rollout_command(
             demo_dialogue,
             load_tasks,
             pending_episodes,
+            require_demo,
             synthesize,
         )
+
+        # what is not given comes from a built-in's demo: say which options else (exit 2)
+        require_demo(env, tasks=tasks is None, policy=policy is None and base_url is None)
 
         # what can be checked is checked before Ray or any instance starts (one line, exit 2)
         chosen: Any = policy

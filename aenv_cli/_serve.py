@@ -22,6 +22,8 @@ from typing import Annotated, Any
 
 import typer
 
+from aenv_cli._common import console
+
 __all__ = ["keys_app", "register"]
 
 keys_app = typer.Typer(
@@ -358,7 +360,6 @@ def keys_list(
     if as_json:
         print(json.dumps([k.public() for k in keys], indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(box=None)
@@ -367,7 +368,7 @@ def keys_list(
     for key in keys:
         created = datetime.fromtimestamp(key.created_at).strftime("%Y-%m-%d %H:%M")
         table.add_row(key.id, key.tenant, key.name, created, "active" if key.active else "revoked")
-    Console().print(table)
+    console().print(table)
 
 
 @keys_app.command("revoke")

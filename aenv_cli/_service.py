@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from aenv_cli._common import EXIT_USAGE, die, pairs
+from aenv_cli._common import EXIT_USAGE, console, die, pairs
 from aenv_cli._hub import hub_call
 
 if TYPE_CHECKING:
@@ -138,7 +138,6 @@ def list_services(as_json: JsonOption = False) -> None:
     if as_json:
         print(json.dumps(services, indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(box=None)
@@ -154,7 +153,7 @@ def list_services(as_json: JsonOption = False) -> None:
             "yes" if svc.get("storage") else "-",
             created,
         )
-    Console().print(table)
+    console().print(table)
 
 
 @app.command()

@@ -43,6 +43,7 @@ __all__ = [
     "parse_cpu",
     "parse_duration",
     "parse_memory",
+    "quiet_notes",
 ]
 
 log = logging.getLogger("aenv_ray.config")
@@ -198,12 +199,22 @@ class TestConfig(_Camel):
 
 
 _NOTED: set[tuple[str, str]] = set()
+_quiet = False  # quiet_notes() was called in this process
+
+
+def quiet_notes() -> None:
+    """Log none of the notes on ``config.json`` keys read but not used in this process: for a
+    process whose parent read the same ``config.json`` and told them already, where its user
+    sees them (a local engine's zygote shares the stderr of the command that started it, which
+    would print each note twice)."""
+    global _quiet
+    _quiet = True
 
 
 def _note_once(key: str, value: Any, why: str) -> None:
     """Log once per process that ``key`` (set to ``value``) is read but not used, and why."""
     shown = json.dumps(value, sort_keys=True, default=str)
-    if (key, shown) in _NOTED:
+    if (key, shown) in _NOTED or _quiet:
         return
     _NOTED.add((key, shown))
     log.warning(

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from aenv_ray.errors import ConfigurationError
 
-__all__ = ["LATEST", "EnvRef", "closest", "did_you_mean", "version_key"]
+__all__ = ["LATEST", "EnvRef", "closest", "closest_ref", "did_you_mean", "version_key"]
 
 LATEST = "latest"
 """The version word that means "the highest version", as no version at all does."""
@@ -171,6 +171,32 @@ def closest(word: str, choices: Iterable[str], *, cutoff: float = 0.6) -> str | 
     """
     found = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)
     return found[0] if found else None
+
+
+def closest_ref(wanted: str, refs: Iterable[str], *, cutoff: float = 0.6) -> str | None:
+    """The reference among ``refs`` most like ``wanted``, or None when no name is close.
+
+    Names are compared, not whole references: the version every reference carries
+    (``@1.0.0``) would make any name look close to any other (``notes@1.0.0`` to
+    ``swe@1.0.0``). Of the closest name, the version asked for when there is one, else the
+    highest.
+
+    >>> refs = ["agent@1.0.0", "swe@1.0.0", "mini-terminal@1.0.0", "mini-terminal@2.0.0"]
+    >>> closest_ref("mini-termnal", refs)
+    'mini-terminal@2.0.0'
+    >>> closest_ref("mini-termnal@1.0.0", refs)
+    'mini-terminal@1.0.0'
+    >>> closest_ref("notes@1.0.0", refs) is None
+    True
+    """
+    want = EnvRef.parse(wanted)
+    parsed = [EnvRef.parse(ref) for ref in refs]
+    name = closest(want.name, sorted({ref.name for ref in parsed}), cutoff=cutoff)
+    if name is None:
+        return None
+    named = [ref for ref in parsed if ref.name == name]
+    asked = [ref for ref in named if (ref.tenant, ref.version) == (want.tenant, want.version)]
+    return str(asked[0] if asked else max(named, key=EnvRef.sort_key))
 
 
 def did_you_mean(word: str, choices: Iterable[str], *, cutoff: float = 0.6) -> str:

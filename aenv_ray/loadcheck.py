@@ -45,6 +45,11 @@ def scrub_paths(text: str, roots: Mapping[str, str]) -> str:
     'at src/a.py:3'
     >>> scrub_paths("in /srv/hub and /srv/hub2/y", {"/srv/hub": "<hub>"})
     'in <hub> and /srv/hub2/y'
+
+    A value that ends in ``/`` (a directory as the user wrote it) is joined with one ``/``:
+
+    >>> scrub_paths("at /tmp/x/src/a.py:3", {"/tmp/x": "./proj/"})
+    'at ./proj/src/a.py:3'
     """
     labels = {root.rstrip("/"): label for root, label in roots.items()}
     labels = {root: label for root, label in labels.items() if len(Path(root).parts) >= 2}
@@ -57,7 +62,7 @@ def scrub_paths(text: str, roots: Mapping[str, str]) -> str:
     def put(match: re.Match[str]) -> str:
         label = labels[match.group(1)]
         if match.group(2) == "/":
-            return label + "/" if label else ""
+            return label.rstrip("/") + "/" if label else ""
         return label or "."
 
     return pattern.sub(put, text)

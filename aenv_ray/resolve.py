@@ -20,7 +20,7 @@ import json
 import os
 from pathlib import Path
 
-from aenv_ray.envref import EnvRef, closest
+from aenv_ray.envref import EnvRef, closest_ref
 from aenv_ray.errors import ConfigurationError, EnvironmentNotFoundError
 
 __all__ = [
@@ -168,7 +168,7 @@ def resolve_environment(ref: str, env_path: str | None = "") -> tuple[str, Path]
     # a broken project in a directory of the name asked for is the likely culprit: first
     broken = dict(sorted(broken.items(), key=lambda item: item[0].parent.name != wanted.name))
     names = sorted(known)
-    close = closest(ref, names, cutoff=0.5)
+    close = closest_ref(ref, names)
     hint = f"; did you mean `{close}`?" if close else "."
     where = "the built-in environments" + (f" and AENV_ENV_PATH={env_path}" if env_path else "")
     listing = ", ".join(f"`{n}`" for n in names) or "none"

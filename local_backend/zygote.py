@@ -894,6 +894,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
+    from aenv_ray.config import quiet_notes
+
+    quiet_notes()  # the engine that started this read the project's config.json and told them
     isolated = args.isolation == "namespaces"
     privileged = os.geteuid() == 0  # before any user namespace: inside one, everyone is root
     if isolated and not privileged:

@@ -105,6 +105,7 @@ __all__ = [
     "pending_episodes",
     "play_episode",
     "read_trajectories",
+    "require_demo",
     "run_synthesis",
     "synthesize",
 ]
@@ -250,7 +251,13 @@ def load_policy(spec: str) -> Policy:
     return policy  # type: ignore[no-any-return]
 
 
-def _demo_module(env_name: str) -> Any:
+_POLICY_OPTIONS = "--policy MODULE:CALLABLE (or --base-url/--model)"
+_TASKS_OPTION = "--tasks FILE"
+
+
+def _demo_module(env_name: str, missing: str = f"{_POLICY_OPTIONS} and {_TASKS_OPTION}") -> Any:
+    """The demo module of the built-in ``env_name``; for any other environment a
+    :class:`ConfigurationError` that says to pass ``missing`` instead (what the run lacks)."""
     from builtin_envs import builtin_path
 
     project = "/" in env_name or env_name.startswith(".")  # a project's directory
@@ -262,7 +269,7 @@ def _demo_module(env_name: str) -> Any:
             resolve_environment(env_name, None)  # an unknown name: say so, with the closest
         raise ConfigurationError(
             f"{env_name} is not a built-in environment, so it has no demo policy or tasks: "
-            "pass --policy MODULE:CALLABLE (or --base-url/--model) and --tasks FILE"
+            f"pass {missing}"
         )
     try:
         return importlib.import_module(f"builtin_envs.demos.{path.name}")
@@ -272,7 +279,27 @@ def _demo_module(env_name: str) -> Any:
 
 def demo_policy(env_name: str) -> Policy:
     """The scripted demo policy a built-in environment ships (``builtin_envs.demos``)."""
-    return _demo_module(env_name).policy  # type: ignore[no-any-return]
+    return _demo_module(env_name, _POLICY_OPTIONS).policy  # type: ignore[no-any-return]
+
+
+def require_demo(env_name: str, *, tasks: bool, policy: bool) -> None:
+    """A run that takes its ``tasks`` and/or its ``policy`` from ``env_name``'s demo can: the
+    environment is a built-in. Else a :class:`ConfigurationError` names the options to pass
+    instead, those of what is missing only (``--tasks`` given: ``--policy`` alone).
+
+    >>> require_demo("mini-terminal", tasks=True, policy=True)  # a built-in: both are there
+    >>> require_demo("./my-project", tasks=False, policy=False)  # given both: nothing needed
+    >>> try:
+    ...     require_demo("./my-project", tasks=False, policy=True)
+    ... except ConfigurationError as exc:
+    ...     print(str(exc).split(": ", 1)[1])
+    pass --policy MODULE:CALLABLE (or --base-url/--model)
+    """
+    wanted = [
+        option for option, needed in ((_POLICY_OPTIONS, policy), (_TASKS_OPTION, tasks)) if needed
+    ]
+    if wanted:
+        _demo_module(env_name, " and ".join(wanted))
 
 
 def demo_dialogue(env_name: str) -> Dialogue | None:
@@ -289,7 +316,7 @@ def check_demo(env_name: str, environment_variables: Mapping[str, str]) -> None:
     """The built-in environment's demo can run with these instance variables: a demo module
     that needs some (``builtin_envs.demos.agent``: a model, a hub) says which are missing, as a
     :class:`~aenv_ray.errors.ConfigurationError`."""
-    check = getattr(_demo_module(env_name), "check", None)
+    check = getattr(_demo_module(env_name, _POLICY_OPTIONS), "check", None)
     if check is not None:
         check(dict(environment_variables))
 
@@ -297,9 +324,16 @@ def check_demo(env_name: str, environment_variables: Mapping[str, str]) -> None:
 def load_tasks(path: str | Path | None, env_name: str) -> list[dict[str, Any]]:
     """Tasks from a JSON-lines (or JSON list) file, else the built-in environment's demo tasks."""
     if path is None:
-        tasks = list(_demo_module(env_name).TASKS)
+        tasks = list(_demo_module(env_name, _TASKS_OPTION).TASKS)
     else:
-        text = Path(path).read_text()
+        try:
+            text = Path(path).read_text()
+        except (OSError, UnicodeError) as exc:  # a directory, unreadable, not text
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise ConfigurationError(
+                f"cannot read the tasks file {path}: {reason}; --tasks takes a file of JSON "
+                "lines (or a JSON list)"
+            ) from None
         try:
             if text.lstrip().startswith("["):
                 tasks = json.loads(text)

@@ -13,8 +13,9 @@ working directory (``cwd``), ``sys.stdin`` (empty, or ``input``), ``sys.stdout``
 ``aenv test`` configure logging; a warning with no handler goes to stderr as in a child, not to
 pytest's log capture), the engine set with ``set_default_engine``, the config notes logged
 "once per process", ``sys.path``, the test's own modules the command imported, and the handlers
-of SIGINT, SIGTERM, SIGHUP, SIGCHLD and SIGALRM. Rich and typer see a terminal ``COLUMNS`` wide
-(80, what a child writing to a pipe sees) unless ``env`` sets ``COLUMNS``. An exception the CLI
+of SIGINT, SIGTERM, SIGHUP, SIGCHLD and SIGALRM. Its stdout and stderr are no terminal, as a
+child's pipe: the help is click's plain text, tables are as wide as their cells; ``COLUMNS`` is
+80 (what a child writing to a pipe sees) unless ``env`` sets it. An exception the CLI
 does not turn into an exit code ends the call as it ends a child: its traceback on stderr, exit
 code 1. Warnings stay errors (the suite's ``filterwarnings``), stricter than a child.
 

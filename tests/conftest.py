@@ -208,6 +208,7 @@ FILE_LANES: dict[str, str] = {
     # in this process only: parsing, validation, rendering, registries, doctests
     **dict.fromkeys(
         (
+            "test_cli_small.py",
             "test_doctests.py",
             "test_envref.py",
             "test_errors.py",

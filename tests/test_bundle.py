@@ -553,17 +553,30 @@ def executable(path: Path, text: str) -> Path:
     return path
 
 
-def test_find_image_builder_takes_the_first_of_docker_podman_buildah(
+def test_find_image_builder_takes_the_first_of_docker_podman_buildah_that_works(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
-    assert find_image_builder() is None
+    assert find_image_builder() == (None, [])
     buildah = executable(tmp_path / "bin" / "buildah", "#!/bin/sh\n")
-    assert find_image_builder() == str(buildah)
-    podman = executable(tmp_path / "bin" / "podman", "#!/bin/sh\n")
-    assert find_image_builder() == str(podman)
+    assert find_image_builder() == (str(buildah), [])
+    podman = executable(tmp_path / "bin" / "podman", "#!/bin/sh\n")  # `podman info` answers
+    assert find_image_builder() == (str(podman), [])
     docker = executable(tmp_path / "bin" / "docker", "#!/bin/sh\n")
-    assert find_image_builder() == str(docker)
+    assert find_image_builder() == (str(docker), [])
+    # a docker and a podman without their daemon: buildah (daemonless) builds, as docs say
+    down = "#!/bin/sh\necho 'Cannot connect to the {} daemon' >&2\nexit 1\n"
+    executable(docker, down.format("Docker"))
+    executable(podman, down.format("Podman"))
+    assert find_image_builder() == (
+        str(buildah),
+        [
+            "docker: Cannot connect to the Docker daemon",
+            "podman: Cannot connect to the Podman daemon",
+        ],
+    )
+    buildah.unlink()
+    assert find_image_builder()[0] is None
 
 
 # -- aenv build ----------------------------------------------------------------------------------
@@ -626,16 +639,20 @@ def fake_builder(
     return executable(bin_dir / "docker", text)
 
 
-def test_build_says_when_the_builder_cannot_build_here(project: Path, tmp_path: Path) -> None:
+def test_build_exits_1_when_the_builder_cannot_build_here(project: Path, tmp_path: Path) -> None:
     # docker on PATH without a daemon (this machine): the bundle and Dockerfile, and one line
     record = tmp_path / "argv.json"
     daemonless = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock"
     fake_builder(tmp_path / "bin", record, info=daemonless, info_code=1)
     result = aenv("build", str(project), PATH=f"{tmp_path / 'bin'}:/usr/bin:/bin")
-    assert result.returncode == 0, result.stderr
-    assert "docker is on PATH but cannot build images here" in result.stdout
-    assert daemonless in result.stdout
-    assert "`docker build -t demo:1.0.0 " in result.stdout  # how to build it elsewhere
+    assert result.returncode == 1, result.stderr
+    [line] = error_lines(result)
+    assert line.startswith(
+        "aenv: error: no image built: it takes docker, podman or buildah, and none of them can "
+        f"build here (docker: {daemonless}); install buildah (it needs no daemon)"
+    )
+    assert "or pass --no-image" in line
+    assert "`docker build -t demo:1.0.0 " in line  # how to build it elsewhere
     assert (project / "dist" / "image" / "Dockerfile").is_file()
     assert not record.exists()  # no build was attempted
 
@@ -645,7 +662,7 @@ def test_build_writes_the_outputs_and_says_when_no_builder_exists(
 ) -> None:
     empty_path = str(tmp_path / "nothing-here")
     result = aenv("build", str(project), PATH=empty_path, AENV_K8S_IMAGE_PREFIX="")
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1, result.stderr  # asked for an image, made none
     dist = project / "dist"
     assert sorted(p.name for p in dist.iterdir()) == [
         "aenv.lock",
@@ -681,17 +698,18 @@ def test_build_writes_the_outputs_and_says_when_no_builder_exists(
     assert (
         f"  Dockerfile  {(context / 'Dockerfile').as_posix()} (the project's ./Dockerfile)" in out
     )
-    no_builder = [line for line in out.splitlines() if line.startswith("no container builder")]
-    assert no_builder == [
-        "no container builder (docker, podman, buildah) on PATH: the image's context is "
-        f"{context.as_posix()}; build it where one exists (`docker build -t demo:1.0.0 "
-        f"{context.as_posix()}`), or push the bundle with `aenv push`"
+    assert error_lines(result) == [
+        "aenv: error: no image built: it takes docker, podman or buildah, and none on PATH; "
+        "install buildah (it needs no daemon), or podman or docker with its daemon running, or "
+        "pass --no-image for the bundle and the image's context alone (written: "
+        f"{context.as_posix()}; `docker build -t demo:1.0.0 {context.as_posix()}` builds it "
+        "where docker runs)"
     ]
     # the image the Kubernetes engine expects for this version: no registry named yet
     assert "  image       demo:1.0.0 has no registry: the Kubernetes engine needs " in out
     # building again (the outputs now inside the project) gives the same bundle and wheel
     wheel = next((context / "wheels").iterdir()).read_bytes()
-    assert aenv("build", str(project), PATH=empty_path).returncode == 0
+    assert aenv("build", str(project), "--no-image", PATH=empty_path).returncode == 0
     assert (dist / "demo-1.0.0.aenv.tgz").read_bytes() == data
     assert next((context / "wheels").iterdir()).read_bytes() == wheel
 
@@ -718,11 +736,11 @@ def test_build_and_push_import_neither_the_hub_nor_the_runtime(
 def test_build_json_prints_the_manifest_alone(project: Path, tmp_path: Path) -> None:
     out = tmp_path / "elsewhere"
     result = aenv("build", str(project), "--out", str(out), "--json", PATH=str(tmp_path / "none"))
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1, result.stderr  # no builder: the manifest, then the error
     manifest = json.loads(result.stdout)
     assert manifest == json.loads((out / "demo-1.0.0.json").read_text())
     assert manifest["digest"] == build_bundle(project).digest
-    assert "no container builder" in result.stderr
+    assert "aenv: error: no image built" in result.stderr
     assert not (project / "dist").exists()
 
 

@@ -131,10 +131,10 @@ def test_help_is_rendered_once_then_answered_without_typer(tmp_path: Path) -> No
     # the same text for -h and a bare aenv, as the app prints it
     assert aenv("-h", **env).stdout == aenv(**env).stdout == first.stdout
     # another width is another rendering: the app renders it again, at that width
-    wide = aenv("--help", **{**env, "COLUMNS": "120"})
-    assert {len(line) for line in wide.stdout.splitlines()} == {0, 120}  # and blank lines
-    assert {len(line) for line in first.stdout.splitlines()} == {0, 80}
-    assert len(list(kept.glob("*.txt"))) == 4  # --help, -h, bare, and --help at 120
+    narrow = aenv("--help", **{**env, "COLUMNS": "60"})
+    assert max(len(line) for line in narrow.stdout.splitlines()) <= 60
+    assert max(len(line) for line in first.stdout.splitlines()) > 60
+    assert len(list(kept.glob("*.txt"))) == 4  # --help, -h, bare, and --help at 60
 
 
 def test_help_without_a_writable_cache_is_rendered_each_time(tmp_path: Path) -> None:
