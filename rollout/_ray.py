@@ -20,6 +20,7 @@ import ray
 import ray.exceptions as rex
 
 from aenv_ray.errors import AEnvError, AEnvTimeoutError, LeaseLostError
+from rollout.failures import RayStartError
 
 __all__ = [
     "DEFAULT_GET_TIMEOUT",
@@ -49,7 +50,9 @@ def init_local(num_cpus: int | None = None, **kwargs: Any) -> None:
     A new local Ray is started even when another runs on this machine (Ray's own ``ray.init()``
     would join the last one started there). ``num_cpus`` and further keyword arguments go to
     :func:`ray.init`; ``include_dashboard`` can be turned back on. Does nothing if Ray is
-    already initialized.
+    already initialized. A Ray that does not start, or cannot be joined, is
+    :class:`~rollout.failures.RayStartError` (one line: what failed and Ray's own first line;
+    the whole of Ray's exception in ``__cause__``).
     """
     if ray.is_initialized():
         return
@@ -62,7 +65,13 @@ def init_local(num_cpus: int | None = None, **kwargs: Any) -> None:
     kwargs.setdefault("_node_ip_address", "127.0.0.1")
     kwargs.setdefault("log_to_driver", False)
     kwargs.setdefault("configure_logging", False)
-    ray.init(num_cpus=num_cpus, **kwargs)
+    try:
+        ray.init(num_cpus=num_cpus, **kwargs)
+    except Exception as exc:  # Ray raises plain exceptions (ConnectionError, Exception, ...)
+        address = kwargs.get("address") or os.environ.get("RAY_ADDRESS")
+        what = "Ray did not start" if address == "local" else f"could not join the Ray at {address}"
+        cause = next((line for line in str(exc).splitlines() if line.strip()), "")
+        raise RayStartError(f"{what}: {type(exc).__name__}: {cause[:300]}") from exc
     log.info("local ray started", extra={"num_cpus": num_cpus, "address": "127.0.0.1"})
 
 
