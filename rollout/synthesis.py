@@ -26,8 +26,9 @@ through ``env`` (recorded) and may return a final answer. Without one, the envir
 demo policy is used (built-in environments ship one: ``builtin_envs.demos.<env>``), or an
 :class:`OpenAIPolicy` talks to any OpenAI-compatible chat-completions endpoint.
 
-May import: ``aenv_ray``, ``rollout``, aiohttp (the OpenAI-compatible policy), pyarrow (Parquet
-output); lazily, inside functions: ``builtin_envs`` (demo tasks and policies). Must not import:
+May import: ``aenv_ray``, ``rollout``, aiohttp (the OpenAI-compatible policy), httpx (lazily:
+the errors of an httpx client the policy is given), pyarrow (Parquet output); lazily, inside
+functions: ``builtin_envs`` (demo tasks and policies). Must not import:
 kubernetes (engines are injected).
 
 A **task** is a dict: ``id`` (default: its position), ``prompt`` (what an agent is told),
@@ -513,7 +514,7 @@ class OpenAIPolicy:
             return isinstance(exc, no_answer)
 
         def on_retry(exc: Exception, retry: int, pause: float) -> None:
-            log.warning(
+            log.info(  # the run's line, if it comes to that, is the error that stops it
                 "model endpoint request retried",
                 extra={
                     "endpoint": self.base_url,
@@ -1140,9 +1141,10 @@ class _EndpointWatch:
         self.failures[failure.signature] += 1
         count = self.failures[failure.signature]
         if self.limit and count >= self.limit:
+            said = str(failure).removeprefix(f"the model endpoint {failure.endpoint} ")
             raise ModelEndpointDownError(
                 f"the model endpoint {failure.endpoint} failed {count} episodes in a row, each "
-                f"after its retries ({failure}); the run stopped, its records are kept (these "
+                f"after its retries (it {said}); the run stopped, its records are kept (these "
                 "episodes as infrastructure_error, none as the agent's): check the endpoint "
                 "(the URL, the server, its key), then run again into the same directory with "
                 "--retry-failed (retry_failed=True) to play them again",

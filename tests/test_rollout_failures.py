@@ -100,12 +100,20 @@ def test_a_model_endpoint_answering_5xx_is_retried_and_one_that_keeps_failing_st
 
     with ChatServer(lambda body: (500, {"error": "boom"})) as server:
         broken = model_rollout(
-            server.url, tmp_path / "broken", tasks, "-n", "3", "--model-retries", "1"
+            server.url,
+            tmp_path / "broken",
+            tasks,
+            "-n",
+            "3",
+            "--model-retries",
+            "1",
+            "--endpoint-failures",
+            "2",
         )
-        assert len(server.requests) == 3 * 2  # 3 episodes (the default limit), 2 tries each
+        assert len(server.requests) == 2 * 2  # 2 episodes (the limit), 2 tries each
     assert broken.returncode == 1
     (line,) = error_lines(broken.stderr)
-    assert f"the model endpoint {server.url} failed 3 episodes in a row" in line
+    assert f"the model endpoint {server.url} failed 2 episodes in a row" in line
     assert "answered 500 (2 tries)" in line
     assert {r["outcome"] for r in read_trajectories(tmp_path / "broken")} == {
         "infrastructure_error"
@@ -153,26 +161,26 @@ def test_a_turn_cap_marks_the_record_truncated_and_the_summary_counts_failures_a
     said = " ".join(done.stderr.split())
     assert "of them truncated (--max-turns) │ 1" in said
 
-    # 2 of 3 episodes ok with reward 1, one the agent's failure: both means, each saying how
+    # an episode ok with reward 1, one the agent's failure: both means, each saying how
     failing = tmp_path / "failing.jsonl"
     failing.write_text(
         "".join(
             json.dumps({**task, "reward_arguments": {"path": "x", "expected": "y"}}) + "\n"
-            for task in [{"id": "a", "pause": 0}, {"id": "b", "fail": True}, {"id": "c"}]
+            for task in [{"id": "a"}, {"id": "b", "fail": True}]
         )
     )
     summary = run_cli(
         "rollout",
         TERMINAL,
         *("--policy", "tests.test_rollout_failures:scripted", "--tasks", str(failing)),
-        *("-n", "3", "--no-ray", "--out", str(tmp_path / "mixed")),
+        *("-n", "2", "-c", "2", "--no-ray", "--out", str(tmp_path / "mixed")),
         cwd=ROOT,
     )
     assert summary.returncode == 1  # an episode did not end ok
     said = " ".join(summary.stderr.split())
     assert "agent_error │ 1" in said
-    assert "mean reward (2 of 3 scored) │ 1.000" in said
-    assert "mean reward, failed as 0 (3 of 3) │ 0.667" in said
+    assert "mean reward (1 of 2 scored) │ 1.000" in said
+    assert "mean reward, failed as 0 (2 of 2) │ 0.500" in said
     wall = float(re.search(r"wall time \(the whole command\) │ ([\d.]+) s", said)[1])  # type: ignore[index]
     running = float(re.search(r"of it running episodes │ ([\d.]+) s", said)[1])  # type: ignore[index]
     assert wall >= running
@@ -222,9 +230,9 @@ def test_ctrl_c_exits_130_writes_what_is_done_and_says_how_to_resume(tmp_path: P
     try:
         jsonl = out / "trajectories.jsonl"
         deadline = time.monotonic() + 120
-        while not (jsonl.is_file() and jsonl.read_bytes().count(b"\n") >= 2):
+        while not (jsonl.is_file() and jsonl.read_bytes().count(b"\n") >= 1):
             assert child.poll() is None, child.communicate()[1]
-            assert time.monotonic() < deadline, "no two episodes recorded in 120 s"
+            assert time.monotonic() < deadline, "no episode recorded in 120 s"
             time.sleep(0.2)
         child.send_signal(signal.SIGINT)
         _, stderr = child.communicate(timeout=60)
@@ -234,7 +242,7 @@ def test_ctrl_c_exits_130_writes_what_is_done_and_says_how_to_resume(tmp_path: P
             child.wait()
     assert child.returncode == 130, stderr
     recorded = read_trajectories(out)
-    assert 2 <= len(recorded) < 8
+    assert 1 <= len(recorded) < 8
     assert {r["outcome"] for r in recorded} == {"ok"}
     assert len(read_trajectories(out / "trajectories.parquet")) == len(recorded)
     (line,) = [line for line in stderr.splitlines() if line.startswith("aenv: interrupted:")]
