@@ -203,11 +203,12 @@ def test_a_ray_that_cannot_start_is_one_line_with_the_alternatives(tmp_path: Pat
         text=True,
         timeout=120,
         cwd=ROOT,
-        env={**os.environ, "RAY_ADDRESS": "not-a-ray-address"},
+        env={**os.environ, "RAY_ADDRESS": "127.0.0.1:1"},  # nothing there
     )
     assert done.returncode == 1, done.stderr
     (line,) = error_lines(done.stderr)
-    assert "could not join the Ray at not-a-ray-address" in line
+    assert "could not join the Ray at 127.0.0.1:1: nothing answers there" in line
+    assert "ConnectionRefusedError" in line
     assert "--no-ray" in line
     assert "RAY_ADDRESS=HOST:PORT" in line
     assert "Traceback" not in done.stderr
