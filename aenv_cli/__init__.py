@@ -14,7 +14,8 @@ Exit codes, one rule for every command:
   argument, a bad value, an unknown environment (:class:`~aenv_ray.errors.EnvironmentNotFoundError`,
   in every command), and :class:`~aenv_ray.errors.ConfigurationError` (with its subclass
   :class:`~aenv_ray.errors.DefinitionError`: a bad ``config.json``, a decorator misuse);
-- ``130``: interrupted before serving; ``aenv test`` exits with its script's code.
+- ``130``: interrupted before serving, or ``aenv rollout`` interrupted (it says how to resume);
+  ``aenv test`` exits with its script's code.
 
 Every error is one line on stderr, ``aenv: error: WHAT``; usage errors end with
 ``; see 'aenv COMMAND --help'``. ``--help`` works on the app and on every command; a bare

@@ -57,7 +57,26 @@ def rollout_command(
     api_key: Annotated[
         str | None, typer.Option("--api-key", envvar="OPENAI_API_KEY", help="key for --base-url")
     ] = None,
-    max_turns: Annotated[int, typer.Option(min=1, help="model turns per episode")] = 20,
+    max_turns: Annotated[
+        int,
+        typer.Option(min=1, help="model turns per episode; an episode cut there is `truncated`"),
+    ] = 20,
+    model_retries: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="retries of a --base-url request that got no answer, 5xx or 429 (0.5 s, 1 s, "
+            "2 s, ... apart)",
+        ),
+    ] = 5,
+    endpoint_failures: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="stop the run after this many episodes in a row lost to the same failure of "
+            "the model endpoint (0: never)",
+        ),
+    ] = 3,
     system_prompt: Annotated[
         str | None,
         typer.Option(
@@ -113,6 +132,109 @@ def rollout_command(
     ] = True,
 ) -> int:
     """Run ENV's episodes in parallel and write every trajectory to OUT (resumable)."""
+    started = time.perf_counter()  # the summary's wall time: the whole command
+    try:
+        return _rollout(
+            started,
+            env,
+            episodes=episodes,
+            concurrency=concurrency,
+            out=out,
+            tasks=tasks,
+            policy=policy,
+            base_url=base_url,
+            model=model,
+            api_key=api_key,
+            max_turns=max_turns,
+            model_retries=model_retries,
+            endpoint_failures=endpoint_failures,
+            system_prompt=system_prompt,
+            temperature=temperature,
+            logprobs=logprobs,
+            retries=retries,
+            episode_timeout=episode_timeout,
+            retry_failed=retry_failed,
+            env_var=env_var,
+            engine=engine,
+            force=force,
+            use_ray=use_ray,
+        )
+    except KeyboardInterrupt:
+        _interrupted(out, episodes)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+EXIT_INTERRUPTED = 130
+
+
+def _interrupted(out: Path, episodes: int) -> None:
+    """The line a Ctrl-C leaves: what is written, and the command that goes on from there."""
+    from rollout.run_directory import JSONL, read_records
+
+    jsonl = out / JSONL
+    try:
+        records = read_records(jsonl)[0] if jsonl.is_file() else {}
+    except Exception:  # a torn line: the rerun deals with it, and says so
+        records = {}
+    ok = sum(1 for r in records.values() if r.get("outcome") == "ok")
+    failed = len(records) - ok
+    parquet = " and trajectories.parquet" if (out / "trajectories.parquet").is_file() else ""
+    also = f"; --retry-failed reruns the {failed} failed too" if failed else ""
+    print(
+        f"aenv: interrupted: {len(records)} of {episodes} episodes are recorded in "
+        f"{jsonl}{parquet}; to resume, run the same command again (recorded episodes are "
+        f"skipped{also}): {_same_command()}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _same_command() -> str:
+    """This ``aenv rollout`` command line as typed (an ``--api-key`` value hidden)."""
+    import shlex
+
+    args = sys.argv[1:]
+    if args[:1] != ["rollout"]:
+        return "aenv rollout ... (the same options)"
+    shown: list[str] = []
+    hide = False
+    for arg in args:
+        if hide:
+            shown.append("$OPENAI_API_KEY")
+        elif arg.startswith("--api-key="):
+            shown.append("--api-key=$OPENAI_API_KEY")
+        else:
+            shown.append(shlex.quote(arg))
+        hide = arg == "--api-key"
+    return " ".join(["aenv", *shown])
+
+
+def _rollout(
+    started: float,
+    env: str,
+    *,
+    episodes: int,
+    concurrency: int,
+    out: Path,
+    tasks: Path | None,
+    policy: str | None,
+    base_url: str | None,
+    model: str | None,
+    api_key: str | None,
+    max_turns: int,
+    model_retries: int,
+    endpoint_failures: int,
+    system_prompt: str | None,
+    temperature: float | None,
+    logprobs: bool,
+    retries: int,
+    episode_timeout: float,
+    retry_failed: bool,
+    env_var: list[str] | None,
+    engine: str | None,
+    force: bool,
+    use_ray: bool,
+) -> int:
     from rollout.run_directory import RunDirectory  # light: the lock comes before Ray's import
 
     if policy is not None and base_url is not None:
@@ -154,6 +276,7 @@ def rollout_command(
                 system_prompt=system_prompt,
                 logprobs=logprobs,
                 dialogue=demo_dialogue(env),  # a built-in whose user is simulated (tau2)
+                retries=model_retries,
             )
         elif policy is not None:
             from rollout.precheck import import_policy
@@ -194,9 +317,10 @@ def rollout_command(
                     on_episode=display.episode_done,
                     on_skip=display.skipped,
                     system_prompt=system_prompt,
+                    endpoint_failures=endpoint_failures,
                 )
             )
-    console.print(_summary_table(summary, env))
+    console.print(_summary_table(summary, env, time.perf_counter() - started))
     console.print(f"trajectories: {summary.out / 'trajectories.jsonl'} and .parquet")
     return EXIT_OK if summary.ok else EXIT_FAILURE
 
@@ -276,9 +400,18 @@ def _ray_source(
 ) -> Any:
     """A warm :class:`rollout.RolloutPool` of ``size`` instances on ``engine`` (None: the
     ``AENV_ENGINE`` setting) with ``variables`` in their environment, closed with ``stack``."""
-    from rollout import RolloutPool
+    from rollout import RolloutPool, init_local
+    from rollout.failures import RayStartError
     from rollout.sources import PoolSource
 
+    try:
+        with console.status("starting Ray"):
+            init_local()
+    except RayStartError as exc:
+        die(
+            f"{exc}; run without Ray: --no-ray (one instance per episode in this process), or "
+            "join a Ray that runs: RAY_ADDRESS=HOST:PORT (`ray start --head` starts one)"
+        )
     with console.status(f"starting a Ray pool of {size} warm {env} instances"):
         where: dict[str, Any] = {"project": env} if "/" in env else {"env_name": env}
         pool = RolloutPool(size=size, engine=engine, environment_variables=variables, **where)
@@ -320,7 +453,8 @@ class _Display:
         self.progress.update(self.task, advance=1, rate=rate, failed=failed)
 
 
-def _summary_table(summary: Any, env: str) -> Table:
+def _summary_table(summary: Any, env: str, wall: float) -> Table:
+    """The end of a run in a table; ``wall``: the whole command's seconds."""
     table = Table(title=f"aenv rollout {env}: {summary.out}")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -331,12 +465,22 @@ def _summary_table(summary: Any, env: str) -> Table:
         table.add_row("torn last line dropped (rerun)", torn)
     for outcome, count in sorted(summary.outcomes.items()):
         table.add_row(f"  {outcome}", str(count))
+    if summary.truncated:
+        table.add_row("  of them truncated (--max-turns)", str(summary.truncated))
     table.add_row("retried on a fresh instance", str(summary.retries))
     table.add_row("tool calls", str(summary.tool_calls))
-    mean = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
-    table.add_row("mean reward", mean)
+    table.add_row(f"mean reward ({summary.scored} of {run} scored)", _number(summary.mean_reward))
+    table.add_row(
+        f"mean reward, failed as 0 ({summary.counted} of {run})",
+        _number(summary.mean_reward_with_failures),
+    )
     seconds = max(summary.seconds, 1e-9)
-    table.add_row("wall time", f"{summary.seconds:.1f} s")
-    table.add_row("episodes/s", f"{run / seconds:.2f}")
-    table.add_row("tool calls/s", f"{summary.tool_calls / seconds:.1f}")
+    table.add_row("wall time (the whole command)", f"{wall:.1f} s")
+    table.add_row("  of it running episodes", f"{summary.seconds:.1f} s")
+    table.add_row("episodes/s (running)", f"{run / seconds:.2f}")
+    table.add_row("tool calls/s (running)", f"{summary.tool_calls / seconds:.1f}")
     return table
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"

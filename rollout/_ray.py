@@ -20,6 +20,7 @@ import ray
 import ray.exceptions as rex
 
 from aenv_ray.errors import AEnvError, AEnvTimeoutError, LeaseLostError
+from rollout.failures import RayStartError
 
 __all__ = [
     "DEFAULT_GET_TIMEOUT",
@@ -49,7 +50,10 @@ def init_local(num_cpus: int | None = None, **kwargs: Any) -> None:
     A new local Ray is started even when another runs on this machine (Ray's own ``ray.init()``
     would join the last one started there). ``num_cpus`` and further keyword arguments go to
     :func:`ray.init`; ``include_dashboard`` can be turned back on. Does nothing if Ray is
-    already initialized.
+    already initialized. A Ray that does not start, or cannot be joined, is
+    :class:`~rollout.failures.RayStartError` (one line: what failed and Ray's own first line;
+    the whole of Ray's exception in ``__cause__``); an ``address`` (or ``RAY_ADDRESS``) where
+    nothing answers is one at once, not after Ray's minutes of retries.
     """
     if ray.is_initialized():
         return
@@ -62,8 +66,32 @@ def init_local(num_cpus: int | None = None, **kwargs: Any) -> None:
     kwargs.setdefault("_node_ip_address", "127.0.0.1")
     kwargs.setdefault("log_to_driver", False)
     kwargs.setdefault("configure_logging", False)
-    ray.init(num_cpus=num_cpus, **kwargs)
+    address = kwargs.get("address") or os.environ.get("RAY_ADDRESS")
+    what = "Ray did not start" if address == "local" else f"could not join the Ray at {address}"
+    _check_answers(address, what)
+    try:
+        ray.init(num_cpus=num_cpus, **kwargs)
+    except Exception as exc:  # Ray raises plain exceptions (ConnectionError, Exception, ...)
+        cause = next((line for line in str(exc).splitlines() if line.strip()), "")
+        raise RayStartError(f"{what}: {type(exc).__name__}: {cause[:300]}") from exc
     log.info("local ray started", extra={"num_cpus": num_cpus, "address": "127.0.0.1"})
+
+
+def _check_answers(address: str | None, what: str, timeout: float = 5.0) -> None:
+    """Something answers at ``address`` (``HOST:PORT`` or ``ray://HOST:PORT``), else
+    :class:`~rollout.failures.RayStartError` at once: Ray itself would try to reach a GCS
+    that is not there for minutes, printing a warning every few seconds. ``local``, ``auto``
+    and what is not ``HOST:PORT`` are left to Ray."""
+    import socket
+
+    where = (address or "").removeprefix("ray://")
+    host, sep, port = where.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise RayStartError(f"{what}: nothing answers there ({type(exc).__name__}: {exc})") from exc
 
 
 _reaper: tuple[int, int] | None = None  # the reaper's pid, our end of its pipe

@@ -11,6 +11,12 @@ policy are its code's mistakes (a ``TypeError``, ``NameError``, ``AttributeError
 aenv-ray error), and a synthesis run stops on the first with :class:`PolicyCodeError`; a task
 whose reward or setup call the environment rejects stops it with :class:`TaskCallError`.
 
+Failures that are not the agent's are never recorded as its: a model endpoint that does not
+answer, or answers 5xx, 429, 401, 403 or 404 (after the request's retries) is
+:class:`ModelEndpointError`, an ``infrastructure_error``; a run whose episodes keep losing
+their endpoint the same way stops with :class:`ModelEndpointDownError`. A Ray that does not
+start is :class:`RayStartError`.
+
     >>> from aenv_ray.errors import InstanceBrokenError, ToolArgumentError
     >>> classify(InstanceBrokenError("gone")).value
     'infrastructure_error'
@@ -51,7 +57,10 @@ __all__ = [
     "PROGRAMMING_ERRORS",
     "EpisodeOutcome",
     "EpisodeResult",
+    "ModelEndpointDownError",
+    "ModelEndpointError",
     "PolicyCodeError",
+    "RayStartError",
     "TaskCallError",
     "classify",
     "is_programming_error",
@@ -131,7 +140,7 @@ def _classify_one(exc: BaseException, seen: set[int]) -> EpisodeOutcome:
         return EpisodeOutcome.AGENT_ERROR  # the episode used an instance after releasing it
     if isinstance(exc, AEnvError) and (exc.retryable or isinstance(exc, InstanceError)):
         return EpisodeOutcome.INFRASTRUCTURE_ERROR
-    if isinstance(exc, ProtocolError):
+    if isinstance(exc, ProtocolError | ModelEndpointError):
         return EpisodeOutcome.INFRASTRUCTURE_ERROR  # not the agent's; not retried either
     if isinstance(exc, (AEnvTimeoutError, TimeoutError)):  # Ray's GetTimeoutError is one
         return EpisodeOutcome.TIMEOUT
@@ -295,6 +304,56 @@ class TaskCallError(ConfigurationError):
         super().__init__(message, **kw)
         self.function = function
         self.task_id = task_id
+
+
+class ModelEndpointError(AEnvError):
+    """The model endpoint of an episode failed, not the agent: it did not answer (connection
+    refused, reset, timed out) or answered 5xx or 429 after every retry of the request, or
+    refused the request as a whole (401, 403, 404: a wrong key, URL or model). The episode is
+    an ``infrastructure_error``; it is not run again on a fresh instance (the request was
+    retried already). ``endpoint`` is the URL, ``status`` the HTTP status (``None``: no
+    answer), ``kind`` what went wrong in a few words (``"HTTP 500"``, ``"no answer"``):
+    ``(endpoint, kind)`` is what makes two failures the same one.
+
+        >>> classify(ModelEndpointError("down", endpoint="http://x/v1", kind="no answer")).value
+        'infrastructure_error'
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        endpoint: str = "",
+        status: int | None = None,
+        kind: str = "",
+        **kw: Any,
+    ) -> None:
+        super().__init__(message, **kw)
+        self.endpoint = endpoint
+        self.status = status
+        self.kind = kind
+
+    @property
+    def signature(self) -> tuple[str, str]:
+        """What two identical failures share: the endpoint and the kind of failure."""
+        return self.endpoint, self.kind
+
+
+class ModelEndpointDownError(ModelEndpointError):
+    """A synthesis run stopped: ``count`` episodes in a row lost their model endpoint the same
+    way (:class:`ModelEndpointError`, with no model reply in any episode between them). The
+    run's records so far are kept; fix the endpoint and run the same command again (the
+    episodes recorded as ``infrastructure_error`` run again with ``--retry-failed``)."""
+
+    def __init__(self, message: str = "", *, count: int = 0, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.count = count
+
+
+class RayStartError(AEnvError):
+    """Ray did not start (or a running Ray could not be joined): its cause in ``__cause__``.
+    Run without Ray (``aenv rollout --no-ray``, :class:`rollout.sources.SDKSource`) or start
+    Ray yourself and join it (``RAY_ADDRESS=HOST:PORT``)."""
 
 
 def _innermost(exc: BaseException) -> BaseException:

@@ -26,8 +26,9 @@ through ``env`` (recorded) and may return a final answer. Without one, the envir
 demo policy is used (built-in environments ship one: ``builtin_envs.demos.<env>``), or an
 :class:`OpenAIPolicy` talks to any OpenAI-compatible chat-completions endpoint.
 
-May import: ``aenv_ray``, ``rollout``, aiohttp (the OpenAI-compatible policy), pyarrow (Parquet
-output); lazily, inside functions: ``builtin_envs`` (demo tasks and policies). Must not import:
+May import: ``aenv_ray``, ``rollout``, aiohttp (the OpenAI-compatible policy), httpx (lazily:
+the errors of an httpx client the policy is given), pyarrow (Parquet output); lazily, inside
+functions: ``builtin_envs`` (demo tasks and policies). Must not import:
 kubernetes (engines are injected).
 
 A **task** is a dict: ``id`` (default: its position), ``prompt`` (what an agent is told),
@@ -65,9 +66,12 @@ from aenv_ray.errors import (
 )
 from aenv_ray.extras import missing_modules, require_extra
 from aenv_ray.openai_tools import to_openai_tools
+from aenv_ray.retry import Backoff, aretry
 from aenv_ray.settings import get_settings
 from rollout.failures import (
     EpisodeOutcome,
+    ModelEndpointDownError,
+    ModelEndpointError,
     PolicyCodeError,
     TaskCallError,
     classify,
@@ -123,6 +127,9 @@ class AgentEnv:
     the messages it sends, :meth:`add_turn` for each reply of the model (with its usage and
     log-probabilities); tool names as the model saw them (the record names the real ones). A
     policy that keeps none gets a conversation built from its tool calls.
+
+    A policy that stops at a cap of its own (turns, tokens) before the agent finished sets
+    :attr:`truncated`: the record says so (``truncated``, gymnasium's sense: cut, not ended).
     """
 
     def __init__(
@@ -141,6 +148,7 @@ class AgentEnv:
         self.turns: list[Turn] = []
         self._tools = tools
         self.naming = ToolNaming(tools or [])
+        self.truncated = False
         self._started = time.perf_counter()
 
     def elapsed(self) -> float:
@@ -377,7 +385,15 @@ class OpenAIPolicy:
     user, whose reply continues it, until the dialogue says the episode is over (or
     ``max_turns``); ``system_prompt`` then replaces the opening's system message.
     ``logprobs=True`` asks the endpoint for the log-probabilities of each reply's tokens. Every
-    message and each reply's ``usage`` and ``logprobs`` go into the episode's record.
+    message and each reply's ``usage`` and ``logprobs`` go into the episode's record. An
+    episode cut at ``max_turns`` is marked truncated (:attr:`AgentEnv.truncated`).
+
+    The endpoint's failures are not the agent's: a request that gets no answer, or 5xx or 429,
+    is sent again up to ``retries`` times (:mod:`aenv_ray.retry`: 0.5 s, 1 s, 2 s, ... at most
+    8 s apart; a ``Retry-After`` is honoured), then the episode ends with
+    :class:`~rollout.failures.ModelEndpointError` (an ``infrastructure_error``), as it does at
+    once on 401, 403 or 404. Any other refusal (400: the conversation is too long, say) is the
+    agent's.
     """
 
     def __init__(
@@ -392,8 +408,13 @@ class OpenAIPolicy:
         logprobs: bool = False,
         http_client: Any = None,
         dialogue: Dialogue | None = None,
+        retries: int = 5,
     ) -> None:
+        if retries < 0:
+            raise ConfigurationError(f"retries must be >= 0, got {retries}")
         self.base_url = base_url.rstrip("/")
+        self.retries = retries
+        self.backoff = Backoff(first=0.5, factor=2.0, most=8.0, tries=retries + 1)
         self.dialogue = dialogue
         self.http_client = http_client  # an httpx.AsyncClient to use (AReaL passes one)
         self.model = model
@@ -477,24 +498,26 @@ class OpenAIPolicy:
                         )
                         content = result.text
                     say({"role": "tool", "tool_call_id": call.get("id", ""), "content": content})
+        env.truncated = True  # the turn cap, not the agent, ended it
         return None
 
     async def _poster(
         self, stack: contextlib.AsyncExitStack, headers: dict[str, str]
     ) -> Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]:
-        """A ``post(url, body) -> reply`` over the given httpx client, or a new aiohttp one."""
+        """A ``post(url, body) -> reply`` over the given httpx client, or a new aiohttp one,
+        retried and its failures told apart (:meth:`_retried`)."""
         if self.http_client is not None:
+            import httpx
+
             client = self.http_client
 
             async def post_httpx(url: str, body: dict[str, Any]) -> dict[str, Any]:
                 response = await client.post(url, json=body, headers=headers)
                 if response.status_code != 200:
-                    raise PolicyError(
-                        f"model endpoint answered {response.status_code}: {response.text}"
-                    )
+                    raise _Answered(response.status_code, response.text, response.headers)
                 return response.json()  # type: ignore[no-any-return]
 
-            return post_httpx
+            return self._retried(post_httpx, (httpx.TransportError,))
         import aiohttp
 
         session = await stack.enter_async_context(aiohttp.ClientSession(headers=headers))
@@ -503,10 +526,93 @@ class OpenAIPolicy:
             async with session.post(url, json=body) as response:
                 if response.status != 200:
                     text = await response.text()
-                    raise PolicyError(f"model endpoint answered {response.status}: {text}")
+                    raise _Answered(response.status, text, response.headers)
                 return await response.json()  # type: ignore[no-any-return]
 
-        return post_aiohttp
+        return self._retried(post_aiohttp, (aiohttp.ClientConnectionError,))
+
+    def _retried(
+        self,
+        post: Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]],
+        unanswered: tuple[type[BaseException], ...],
+    ) -> Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]:
+        """``post`` sent again while the endpoint does not answer (``unanswered``, a refused or
+        lost connection, a timeout) or answers 5xx or 429; then :class:`ModelEndpointError`.
+        401, 403 and 404 are that error at once; another status is the agent's
+        (:class:`PolicyError`)."""
+        no_answer: tuple[type[BaseException], ...] = (*unanswered, OSError, TimeoutError)
+
+        def transient(exc: Exception) -> bool:
+            if isinstance(exc, _Answered):
+                return exc.status >= 500 or exc.status == 429
+            return isinstance(exc, no_answer)
+
+        def on_retry(exc: Exception, retry: int, pause: float) -> None:
+            log.info(  # the run's line, if it comes to that, is the error that stops it
+                "model endpoint request retried",
+                extra={
+                    "endpoint": self.base_url,
+                    "retry": retry,
+                    "pause": round(pause, 3),
+                    "error": _said(exc),
+                },
+            )
+
+        async def post_retried(url: str, body: dict[str, Any]) -> dict[str, Any]:
+            tries = f"{self.retries + 1} tries" if self.retries else "1 try"
+            try:
+                return await aretry(
+                    lambda: post(url, body),
+                    self.backoff,
+                    retryable=transient,
+                    wait_hint=_retry_after,
+                    on_retry=on_retry,
+                )
+            except _Answered as exc:
+                if transient(exc) or exc.status in (401, 403, 404):
+                    after = f" ({tries})" if transient(exc) else ""
+                    raise ModelEndpointError(
+                        f"the model endpoint {self.base_url} answered {exc.status}{after}: "
+                        f"{exc.text[:200]}",
+                        endpoint=self.base_url,
+                        status=exc.status,
+                        kind=f"HTTP {exc.status}",
+                    ) from exc
+                raise PolicyError(
+                    f"model endpoint answered {exc.status}: {exc.text[:500]}"
+                ) from exc
+            except no_answer as exc:
+                raise ModelEndpointError(
+                    f"the model endpoint {self.base_url} did not answer ({tries}): {_said(exc)}",
+                    endpoint=self.base_url,
+                    kind="no answer",
+                ) from exc
+
+        return post_retried
+
+
+class _Answered(Exception):
+    """The model endpoint answered with another status than 200."""
+
+    def __init__(self, status: int, text: str, headers: Mapping[str, str]) -> None:
+        super().__init__(f"HTTP {status}: {text[:200]}")
+        self.status = status
+        self.text = text
+        self.headers = headers
+
+
+def _retry_after(exc: Exception) -> float | None:
+    """The pause a 429 or 503's ``Retry-After: SECONDS`` asks for (at most a minute)."""
+    if not isinstance(exc, _Answered):
+        return None
+    try:
+        return min(60.0, max(0.0, float(exc.headers.get("Retry-After", ""))))
+    except ValueError:
+        return None
+
+
+def _said(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _read_reply(
@@ -544,7 +650,13 @@ class _InfrastructureFailure(CapacityError):
 # -- the job -----------------------------------------------------------------------------------
 @dataclass
 class SynthesisSummary:
-    """What a synthesis run did."""
+    """What a synthesis run did.
+
+    Two means, since failures count one way or the other: ``mean_reward`` over the ``scored``
+    episodes (those with a reward: a failed episode has none), ``mean_reward_with_failures``
+    over the ``counted`` ones, where each failed episode whose task asks for a reward counts
+    as 0. An episode the environment does not score (``"reward": null``) is in neither.
+    """
 
     out: Path
     episodes: int  # asked for
@@ -553,8 +665,12 @@ class SynthesisSummary:
     retries: int
     tool_calls: int
     seconds: float  # from the first episode started to the last ended
-    mean_reward: float | None
+    mean_reward: float | None  # over the ``scored`` episodes: the ones that have a reward
     torn: TornRecord | None = None  # a torn last line an earlier, killed driver left (dropped)
+    scored: int = 0  # episodes of this run with a reward
+    mean_reward_with_failures: float | None = None  # over ``counted``: a failed episode is 0
+    counted: int = 0  # the scored episodes and the failed ones whose task asks for a reward
+    truncated: int = 0  # episodes a cap (``max_turns``) cut (``ok`` among the outcomes)
 
     @property
     def ok(self) -> bool:
@@ -570,6 +686,7 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
     ("instance_id", "string"),
     ("outcome", "string"),
     ("reason", "string"),
+    ("truncated", "bool_"),
     ("reward", "float64"),
     ("answer", "string"),
     ("attempts", "int32"),
@@ -660,12 +777,39 @@ async def play_episode(
     (the task's reward or setup call was refused), a :class:`ConfigurationError`, an unknown
     environment. ``system_prompt`` opens the conversation built for a policy that keeps none;
     ``policy_info`` is the record's ``policy`` (default: :func:`describe_policy`)."""
+    trajectory, _ = await _play_episode(
+        source,
+        env_name,
+        episode_id,
+        task,
+        policy,
+        max_retries=max_retries,
+        episode_timeout=episode_timeout,
+        system_prompt=system_prompt,
+        policy_info=policy_info,
+    )
+    return trajectory
+
+
+async def _play_episode(
+    source: InstanceSource,
+    env_name: str,
+    episode_id: str,
+    task: dict[str, Any],
+    policy: Policy,
+    *,
+    max_retries: int,
+    episode_timeout: float | None,
+    system_prompt: str | None = None,
+    policy_info: dict[str, Any] | None = None,
+) -> tuple[Trajectory, BaseException | None]:
+    """:func:`play_episode`, and the error its last attempt failed with (``None``: none)."""
     info = policy_info or describe_policy(policy, system_prompt=system_prompt)
     attempts = 0
     retried: list[str] = []
     while True:
         attempts += 1
-        trajectory, retryable = await _attempt(
+        trajectory, retryable, error = await _attempt(
             source,
             env_name,
             episode_id,
@@ -679,7 +823,7 @@ async def play_episode(
         trajectory.retried = list(retried)
         trajectory.policy = dict(info)
         if not retryable or attempts > max_retries:
-            return trajectory
+            return trajectory, error
         retried.append(trajectory.reason or "")
         log.warning(
             "episode retried on a fresh instance",
@@ -697,10 +841,11 @@ async def _attempt(
     episode_timeout: float | None,
     system_prompt: str | None,
     policy_name: str,
-) -> tuple[Trajectory, bool]:
-    """One attempt: its trajectory, and whether its failure is retryable."""
+) -> tuple[Trajectory, bool, BaseException | None]:
+    """One attempt: its trajectory, whether its failure is retryable, and the failure."""
     started = time.perf_counter()
     retryable = False
+    error: BaseException | None = None
     trajectory = Trajectory(
         episode_id, str(task["id"]), env_name, EpisodeOutcome.OK.value, task=task
     )
@@ -753,6 +898,7 @@ async def _attempt(
     except (ConfigurationError, EnvironmentNotFoundError):
         raise  # the environment, the task or the policy cannot work at all: no episode can
     except Exception as exc:
+        error = exc
         outcome = EpisodeOutcome.AGENT_ERROR if isinstance(exc, PolicyError) else classify(exc)
         retryable = not isinstance(exc, PolicyError) and is_retryable(exc)
         broken = outcome is EpisodeOutcome.INFRASTRUCTURE_ERROR
@@ -765,7 +911,7 @@ async def _attempt(
             with contextlib.suppress(Exception):
                 await source.release(instance, broken=broken)
         trajectory.seconds = round(time.perf_counter() - started, 6)
-    return trajectory, retryable
+    return trajectory, retryable, error
 
 
 class _Clock:
@@ -786,6 +932,7 @@ def _record_conversation(
 ) -> None:
     """The agent's steps, turns, tools and conversation (real tool names) into the record."""
     naming = agent.naming
+    trajectory.truncated = agent.truncated
     trajectory.steps = agent.steps
     trajectory.turns = agent.turns
     trajectory.tools = naming.openai_specs()
@@ -902,6 +1049,7 @@ async def synthesize(
     on_episode: ProgressCallback | None = None,
     on_skip: Callable[[int], None] | None = None,
     system_prompt: str | None = None,
+    endpoint_failures: int = 3,
 ) -> SynthesisSummary:
     """Run ``episodes`` episodes (tasks cycled in order), ``concurrency`` at a time, into ``out``.
 
@@ -909,13 +1057,19 @@ async def synthesize(
     ``system_prompt`` opens the conversation recorded for a policy that keeps none (an
     :class:`OpenAIPolicy` takes its own). The first :class:`~rollout.failures.PolicyCodeError` or
     :class:`~rollout.failures.TaskCallError` stops the run and is raised (the records written so
-    far stay, and the Parquet file is rewritten from them).
+    far stay, and the Parquet file is rewritten from them), as does the
+    :class:`~rollout.failures.ModelEndpointDownError` of ``endpoint_failures`` episodes in a
+    row lost to the same failure of the model endpoint (0: never stop for it; each such
+    episode is recorded as ``infrastructure_error``). A run cancelled (Ctrl-C) writes the
+    Parquet file of what it recorded too.
     ``out`` is a directory, whose lock is taken first (:class:`~rollout.run_directory.
     RunDirectoryLockedError` if another driver holds it) and released at the end, or a
     :class:`~rollout.run_directory.RunDirectory` already open (left open).
     """
-    if episodes < 0 or concurrency < 1:
-        raise ConfigurationError("episodes must be >= 0 and concurrency >= 1")
+    if episodes < 0 or concurrency < 1 or endpoint_failures < 0:
+        raise ConfigurationError(
+            "episodes must be >= 0, concurrency >= 1 and endpoint_failures >= 0"
+        )
     job = functools.partial(
         _synthesize,
         env_name,
@@ -930,6 +1084,7 @@ async def synthesize(
         on_episode=on_episode,
         on_skip=on_skip,
         system_prompt=system_prompt,
+        endpoint_failures=endpoint_failures,
     )
     if isinstance(out, RunDirectory):
         return await job(out)
@@ -956,16 +1111,25 @@ class _Tally:
 
     outcomes: Counter[str] = field(default_factory=Counter)
     rewards: list[float] = field(default_factory=list)
+    with_failures: list[float] = field(default_factory=list)
     retries: int = 0
     tool_calls: int = 0
+    truncated: int = 0
 
     def add(self, trajectory: Trajectory) -> None:
         """Count one recorded episode."""
         self.outcomes[trajectory.outcome] += 1
         self.retries += trajectory.attempts - 1
         self.tool_calls += len(trajectory.steps)
+        self.truncated += trajectory.truncated
         if trajectory.reward is not None:
             self.rewards.append(trajectory.reward)
+            self.with_failures.append(trajectory.reward)
+        elif (
+            trajectory.outcome != EpisodeOutcome.OK.value
+            and trajectory.task.get("reward_arguments") is not None
+        ):
+            self.with_failures.append(0.0)  # it failed before its reward: counts as 0
 
     def summary(
         self, run: RunDirectory, *, episodes: int, skipped: int, seconds: float
@@ -979,9 +1143,65 @@ class _Tally:
             retries=self.retries,
             tool_calls=self.tool_calls,
             seconds=seconds,
-            mean_reward=sum(self.rewards) / len(self.rewards) if self.rewards else None,
+            mean_reward=_mean(self.rewards),
             torn=run.torn,
+            scored=len(self.rewards),
+            mean_reward_with_failures=_mean(self.with_failures),
+            counted=len(self.with_failures),
+            truncated=self.truncated,
         )
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+@dataclass
+class _EndpointWatch:
+    """Stops a run whose episodes keep losing their model endpoint the same way: ``limit``
+    episodes in a row (0: never) failed with the same :class:`ModelEndpointError` signature,
+    no episode between them having had a model reply."""
+
+    limit: int
+    failures: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+    def saw(self, trajectory: Trajectory, error: BaseException | None) -> None:
+        """Count an episode's end; raise :class:`ModelEndpointDownError` at the limit."""
+        failure = _endpoint_failure(error, set())
+        if failure is None:
+            if trajectory.turns:  # the model answered: the endpoint works
+                self.failures.clear()
+            return
+        self.failures[failure.signature] += 1
+        count = self.failures[failure.signature]
+        if self.limit and count >= self.limit:
+            said = str(failure).removeprefix(f"the model endpoint {failure.endpoint} ")
+            raise ModelEndpointDownError(
+                f"the model endpoint {failure.endpoint} failed {count} episodes in a row, each "
+                f"after its retries (it {said}); the run stopped, its records are kept (these "
+                "episodes as infrastructure_error, none as the agent's): check the endpoint "
+                "(the URL, the server, its key), then run again into the same directory with "
+                "--retry-failed (retry_failed=True) to play them again",
+                endpoint=failure.endpoint,
+                status=failure.status,
+                kind=failure.kind,
+                count=count,
+            ) from error
+
+
+def _endpoint_failure(exc: BaseException | None, seen: set[int]) -> ModelEndpointError | None:
+    """The :class:`ModelEndpointError` ``exc`` is, was raised from, or holds (a group)."""
+    if exc is None or id(exc) in seen:
+        return None
+    seen.add(id(exc))
+    if isinstance(exc, ModelEndpointError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _endpoint_failure(inner, seen)
+            if found is not None:
+                return found
+    return _endpoint_failure(exc.__cause__, seen)
 
 
 async def _play_all(
@@ -1013,6 +1233,7 @@ async def _synthesize(
     on_episode: ProgressCallback | None,
     on_skip: Callable[[int], None] | None,
     system_prompt: str | None,
+    endpoint_failures: int,
 ) -> SynthesisSummary:
     task_list = _task_list(tasks, env_name)
     chosen = _chosen_policy(policy, env_name)
@@ -1026,10 +1247,11 @@ async def _synthesize(
     instances = source or SDKSource(env_name)
     limit = asyncio.Semaphore(concurrency)
     tally = _Tally()
+    watch = _EndpointWatch(endpoint_failures)
 
     async def one(episode_id: str, task: dict[str, Any]) -> None:
         async with limit:
-            trajectory = await play_episode(
+            trajectory, error = await _play_episode(
                 instances,
                 env_name,
                 episode_id,
@@ -1044,6 +1266,7 @@ async def _synthesize(
         tally.add(trajectory)
         if on_episode is not None:
             on_episode(trajectory)
+        watch.saw(trajectory, error)
 
     # trajectories.jsonl is the record; its Parquet copy needs pyarrow (the `parquet` extra)
     with_parquet = not missing_modules("parquet")
@@ -1056,7 +1279,7 @@ async def _synthesize(
     started = time.perf_counter()
     try:
         await _play_all(todo, one)
-    except Exception:
+    except BaseException:  # an error that stops the run, or Ctrl-C: what is done is written
         if with_parquet:
             with contextlib.suppress(Exception):  # the run's own error is the one to tell
                 write_parquet(run.jsonl, run.path / PARQUET)

@@ -36,8 +36,9 @@ __all__ = [
     "sum_usage",
 ]
 
-FORMAT = 2
-"""The record format's version (``format`` in every record). 1: before conversations."""
+FORMAT = 3
+"""The record format's version (``format`` in every record). 1: before conversations; 2:
+before ``truncated``."""
 
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
@@ -77,6 +78,7 @@ class Trajectory:
     env: str  # as asked: ``name``, ``name@version`` or a project's path
     outcome: str  # an EpisodeOutcome value
     reason: str | None = None
+    truncated: bool = False  # a cap (--max-turns), not the agent, ended it (gymnasium's sense)
     reward: float | None = None
     answer: str | None = None
     steps: list[Step] = field(default_factory=list)

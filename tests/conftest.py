@@ -239,6 +239,7 @@ FILE_LANES: dict[str, str] = {
     **dict.fromkeys(
         (
             "test_rollout_errors.py",
+            "test_rollout_failures.py",
             "test_rollout_faults.py",
             "test_rollout_hub.py",
             "test_rollout_pool.py",

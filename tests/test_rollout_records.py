@@ -49,7 +49,8 @@ def check_model_record(row: dict[str, Any], url: str) -> None:
     assert row["instance_id"]
     assert row["reward"] == 1.0
     assert row["answer"] == "done"
-    assert row["format"] == 2
+    assert row["format"] == 3
+    assert row["truncated"] is False  # the model answered: the episode ended, not cut
     messages = row["messages"]
     assert [m["role"] for m in messages] == [
         "system",
