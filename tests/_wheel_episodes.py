@@ -10,7 +10,8 @@ and a hub) and ``tau2`` (whether tau2's data is there: its demo tasks are read o
 Each built-in runs as ``aenv rollout REF --no-ray`` does (:func:`rollout.synthesis.synthesize`,
 the built-in's own demo policy, its instances on the local engine), all at once in this one
 process. Prints one JSON object: the files the packages were imported from, the built-ins'
-project directories, and each built-in's records (outcome, reward, reason, tools called).
+project directories, and each built-in's records (outcome, reward, reason, tools called) and
+wall time.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import asyncio
 import importlib
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +61,9 @@ async def episodes(request: dict[str, Any]) -> dict[str, Any]:
         plan["tau2@1.0.0"] = ("tau2", {})
     out = Path(request["out"])
 
-    async def one(ref: str, module: str, variables: dict[str, str]) -> list[dict[str, Any]]:
+    async def one(ref: str, module: str, variables: dict[str, str]) -> dict[str, Any]:
         tasks = demo_tasks(module)
+        started = time.perf_counter()
         await synthesize(
             ref,
             episodes=len(tasks),
@@ -69,7 +72,7 @@ async def episodes(request: dict[str, Any]) -> dict[str, Any]:
             tasks=tasks,
             source=SDKSource(ref, environment_variables=variables),
         )
-        return [
+        records = [
             {
                 "task_id": record["task_id"],
                 "outcome": record["outcome"],
@@ -79,6 +82,7 @@ async def episodes(request: dict[str, Any]) -> dict[str, Any]:
             }
             for record in read_trajectories(out / module)
         ]
+        return {"records": records, "seconds": round(time.perf_counter() - started, 1)}
 
     done = await asyncio.gather(*(one(ref, *how) for ref, how in plan.items()))
     return dict(zip(plan, done, strict=True))
