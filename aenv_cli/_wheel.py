@@ -7,10 +7,13 @@ what is installed, with no build backend and no network:
 - a regular install (from a wheel): the files its ``RECORD`` lists, less the scripts and byte
   code an installer makes;
 - an editable install of a source checkout (what ``scripts/setup`` makes): the packages and
-  package data that the checkout's ``pyproject.toml`` names in ``[tool.setuptools]``.
+  package data that the checkout's ``pyproject.toml`` names in ``[tool.setuptools]``, found as
+  setuptools finds them (its globs, hidden files skipped, ``exclude-package-data``), so that
+  this wheel holds what ``uv build`` would put in one (tests/test_wheel.py compares them).
 
-The same files give the same bytes (sorted members, fixed times and modes), so a context
-prepared again does not invalidate an image builder's cached layers. Writing it costs tens of
+The same files give the same bytes (sorted members, fixed times, modes 644 or 755: an
+executable stays one, as terminal-bench's offline tools must), so a context prepared again
+does not invalidate an image builder's cached layers. Writing it costs tens of
 milliseconds; nothing is cached between builds.
 
 May import: the standard library, packaging, ``aenv_ray`` (errors).
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import fnmatch
+import glob
 import hashlib
 import importlib.metadata
 import io
@@ -41,7 +45,9 @@ __all__ = ["DISTRIBUTION", "Wheel", "build_wheel"]
 
 DISTRIBUTION = "aenv-ray"
 _DATE = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip member can carry
-_MODE = 0o100644 << 16  # a regular file, rw-r--r--
+_MODE = 0o100644  # a regular file, rw-r--r--
+_EXECUTABLE = 0o100755  # a regular file anyone may run, rwxr-xr-x
+_IMPLICIT_DATA = ("*.pyi", "py.typed")  # what setuptools adds to every package's data
 _DIST_INFO_FILES = ("METADATA", "entry_points.txt", "top_level.txt")
 
 
@@ -70,6 +76,7 @@ def build_wheel(dist: importlib.metadata.Distribution | None = None) -> Wheel:
     info = f"{name}-{version}.dist-info"
     tag = _tag(dist)
     members = {member: path.read_bytes() for member, path in sorted(files.items())}
+    executables = {member for member, path in files.items() if os.access(path, os.X_OK)}
     for filename in _DIST_INFO_FILES:
         text = dist.read_text(filename)
         if text is not None:
@@ -79,7 +86,7 @@ def build_wheel(dist: importlib.metadata.Distribution | None = None) -> Wheel:
         f"Root-Is-Purelib: {'true' if tag.endswith('-none-any') else 'false'}\nTag: {tag}\n"
     ).encode()
     members[f"{info}/RECORD"] = _record(members, f"{info}/RECORD")
-    return Wheel(f"{name}-{version}-{tag}.whl", _zip(members))
+    return Wheel(f"{name}-{version}-{tag}.whl", _zip(members, executables))
 
 
 def _installed() -> importlib.metadata.Distribution:
@@ -134,6 +141,7 @@ def _source_files(root: Path) -> dict[str, Path]:
     include = find.get("include", ["*"])
     exclude = find.get("exclude", [])
     data: dict[str, list[str]] = config.get("package-data", {})
+    excluded: dict[str, list[str]] = config.get("exclude-package-data", {})
     files: dict[str, Path] = {}
     for where in find.get("where", ["."]):
         base = root / where
@@ -150,13 +158,28 @@ def _source_files(root: Path) -> dict[str, Path]:
             for filename in filenames:
                 if filename.endswith(".py"):
                     files[(here / filename).relative_to(base).as_posix()] = here / filename
-            # package data: globs relative to the package, which may reach into directories
-            # that are no packages (``demo_tasks/hello-world/tests/*``), as setuptools does
-            for pattern in [*data.get("*", []), *data.get(package, [])]:
-                for path in here.glob(pattern):
-                    if path.is_file() and "__pycache__" not in path.parts:
-                        files[path.relative_to(base).as_posix()] = path
+            for path in _package_data(
+                here,
+                [*data.get("*", []), *data.get(package, [])],
+                [*excluded.get("*", []), *excluded.get(package, [])],
+            ):
+                files[path.relative_to(base).as_posix()] = path
     return files
+
+
+def _package_data(here: Path, patterns: list[str], excluded: list[str]) -> list[Path]:
+    """The package data of the package at ``here``, as setuptools' ``build_py`` finds it: its
+    globs (``**`` recursive, hidden files skipped) relative to the package, which may reach
+    into directories that are no packages (``demo_tasks/hello-world/tests/*``), less what an
+    ``exclude-package-data`` pattern matches (``*`` matching ``/`` too, as ``fnmatch`` does)."""
+    found = [
+        match
+        for pattern in [*_IMPLICIT_DATA, *patterns]
+        for match in glob.glob(os.path.join(here, pattern), recursive=True)
+        if os.path.isfile(match)
+    ]
+    bad = {m for pattern in excluded for m in fnmatch.filter(found, os.path.join(here, pattern))}
+    return [Path(match) for match in dict.fromkeys(found) if match not in bad]
 
 
 def _may_hold(top: str, include: list[str]) -> bool:
@@ -199,12 +222,12 @@ def _record(members: dict[str, bytes], record: str) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def _zip(members: dict[str, bytes]) -> bytes:
+def _zip(members: dict[str, bytes], executables: set[str]) -> bytes:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         for name, content in members.items():
             info = zipfile.ZipInfo(name, date_time=_DATE)
-            info.external_attr = _MODE
+            info.external_attr = (_EXECUTABLE if name in executables else _MODE) << 16
             info.compress_type = zipfile.ZIP_DEFLATED
             archive.writestr(info, content)
     return buffer.getvalue()

@@ -67,6 +67,8 @@ class HubProcess:
 
     ``engine="daemon"`` runs instances in a local engine daemon under ``data_dir/engine`` that
     outlives the hub (what a restart test needs); :meth:`close` stops that daemon too.
+    ``aenv`` is the command that runs aenv (default: this checkout's, ``python -m aenv_cli``;
+    another installation's ``bin/aenv``), run in ``cwd`` (default: this process's).
     """
 
     def __init__(
@@ -79,6 +81,8 @@ class HubProcess:
         extra: list[str] | None = None,
         env: dict[str, str] | None = None,
         nofile: int | None = None,
+        aenv: list[str] | None = None,
+        cwd: Path | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.nofile = nofile  # the hub's RLIMIT_NOFILE, soft and hard (None: inherited)
@@ -92,12 +96,12 @@ class HubProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = data_dir / "hub.log"
+        self.aenv = aenv or [sys.executable, "-m", "aenv_cli"]
+        self.cwd = cwd
 
     def command(self) -> list[str]:
         return [
-            sys.executable,
-            "-m",
-            "aenv_cli",
+            *self.aenv,
             "serve",
             "--port",
             str(self.port),
@@ -120,6 +124,7 @@ class HubProcess:
                 stderr=log,
                 stdin=subprocess.DEVNULL,
                 env=self.env,
+                cwd=self.cwd,
                 preexec_fn=self._limit if self.nofile is not None else None,
             )
         deadline = time.monotonic() + timeout

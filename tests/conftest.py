@@ -20,6 +20,7 @@ from tests._k8s import KubeCluster, tools_dir
 from tests._nobody import unprivileged_python
 from tests._oracles import TAU2, Tau2Oracle, oracle_python
 from tests._redis import RedisServer
+from tests._wheel import build_wheel
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -128,6 +129,13 @@ def tau2_oracle() -> Iterator[Tau2Oracle]:
     oracle = Tau2Oracle(oracle_python(TAU2))
     yield oracle
     oracle.close()
+
+
+@pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This checkout's wheel, built once for the session with ``uv build`` (tests/_wheel.py):
+    what ``pip install`` of a release, deploy/Dockerfile and a user's own build install."""
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
 
 
 @pytest.fixture(scope="session")

@@ -19,26 +19,15 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from packaging.utils import canonicalize_name
 
 import aenv_ray
 from aenv_cli._scaffold import write_project
 from aenv_cli._wheel import Wheel, build_wheel
 from aenv_ray import __version__
 from aenv_ray.testing import RuntimeProcess
+from tests._wheel import PACKAGES, constraints
 
 CHECKOUT = Path(aenv_ray.__file__).resolve().parent.parent
-PACKAGES = [
-    "aenv",
-    "aenv_cli",
-    "aenv_ray",
-    "builtin_envs",
-    "envhub",
-    "k8s_backend",
-    "local_backend",
-    "rollout",
-    "sandbox_runtime",
-]
 UV = Path(sys.executable).with_name("uv")
 WHEEL_NAME = f"aenv_ray-{__version__}-py3-none-any.whl"
 
@@ -107,16 +96,6 @@ def test_an_installed_wheel_gives_the_same_wheel_again(wheel: Wheel, tmp_path: P
     again = build_wheel(installed)
     assert again.filename == wheel.filename
     assert again.data == wheel.data
-
-
-def constraints() -> str:
-    """This environment's distributions pinned, aenv-ray left out."""
-    pins: dict[str, str] = {}
-    for dist in importlib.metadata.distributions():
-        name = canonicalize_name(dist.metadata["Name"] or "")
-        if name and name != "aenv-ray":
-            pins.setdefault(name, dist.version)
-    return "".join(f"{name}=={version}\n" for name, version in sorted(pins.items()))
 
 
 def run(*command: str | Path, cwd: Path, env: dict[str, str]) -> str:

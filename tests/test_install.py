@@ -1,13 +1,14 @@
 """``pip install aenv-ray``, bare, in a fresh virtual environment: what it brings works, and what
 it leaves out says which extra brings it.
 
-One test (about a minute: it builds the wheel with ``uv build``, installs it with ``uv pip
-install`` from the configured index into a new virtual environment under a temporary directory,
-and starts a local-engine instance there). It runs README.md's SDK example, as README says:
-``aenv init notes``, README's ``notes/src/notes.py``, ``AENV_ENV_PATH=. python agent.py`` on
-the embedded local engine. Then, in that environment: importing ``rollout``, ``envhub`` and
-``k8s_backend`` fails with the one line naming their extra, as does ``aenv rollout`` (exit
-status 1), and pytest is not installed (it is no dependency of the SDK).
+One test (about a minute: it installs the session's wheel (``uv build``, the ``built_wheel``
+fixture) with ``uv pip install`` from the configured index into a new virtual environment under
+a temporary directory, and starts a local-engine instance there). It runs README.md's SDK
+example, as README says: ``aenv init notes``, README's ``notes/src/notes.py``,
+``AENV_ENV_PATH=. python agent.py`` on the embedded local engine. Then, in that environment:
+importing ``rollout``, ``envhub`` and ``k8s_backend`` fails with the one line naming their
+extra, as does ``aenv rollout`` (exit status 1), and pytest is not installed (it is no
+dependency of the SDK).
 """
 
 from __future__ import annotations
@@ -15,14 +16,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests._wheel import ROOT, clean_env, new_venv, run, uv
+
 README = ROOT / "README.md"
 
 # run in the bare environment: each optional package, imported; what it raised, as JSON
@@ -39,14 +39,6 @@ print(json.dumps(out))
 """
 
 
-def _uv() -> str:
-    local = Path(sys.executable).with_name("uv")
-    found = str(local) if local.is_file() else shutil.which("uv")
-    if found is None:
-        pytest.fail("uv is not installed: run scripts/setup")
-    return found
-
-
 def _readme_block(marker: str) -> str:
     """The fenced block that follows the HTML comment ``marker`` in README.md."""
     text = README.read_text(encoding="utf-8")
@@ -55,48 +47,28 @@ def _readme_block(marker: str) -> str:
     return found.group(1) + "\n"
 
 
-def _run(args: list[str], *, env: dict[str, str], cwd: Path, timeout: float = 300) -> str:
-    done = subprocess.run(
-        args, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
-    )
-    assert done.returncode == 0, f"{args} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
-    return done.stdout
-
-
 @pytest.mark.timeout(900)
 def test_the_bare_wheel_runs_the_readme_sdk_example_and_names_each_missing_extra(
-    tmp_path: Path,
+    built_wheel: Path, tmp_path: Path
 ) -> None:
-    uv = _uv()
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("AENV_", "VIRTUAL_ENV", "PYTHON", "UV_PROJECT"))
-        and k not in {"DUMMY_INSTANCE_IP", "PYTEST_CURRENT_TEST"}
-    }
-    env["AENV_CONFIG_FILE"] = str(tmp_path / "no-aenv-config.json")
+    env = clean_env(tmp_path)
 
-    # the wheel, by the build backend pyproject.toml names (isolated: setuptools from the index)
-    dist = tmp_path / "dist"
-    _run([uv, "build", "--wheel", "--quiet", "--out-dir", str(dist), str(ROOT)], env=env, cwd=ROOT)
-    (wheel,) = dist.glob("aenv_ray-*.whl")
-
-    # installed bare (no extra) into a new virtual environment of this Python
+    # the wheel (pyproject.toml's build backend), installed bare (no extra) into a new virtual
+    # environment of this Python
     venv = tmp_path / "venv"
-    _run([uv, "venv", "--quiet", "--python", sys.executable, str(venv)], env=env, cwd=tmp_path)
-    python = venv / "bin" / "python"
-    install = [uv, "pip", "install", "--quiet", "--python", str(python), str(wheel)]
-    _run(install, env=env, cwd=tmp_path)
+    python = new_venv(venv, env)
+    install = [uv(), "pip", "install", "--quiet", "--python", str(python), str(built_wheel)]
+    run(install, env=env, cwd=tmp_path)
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
 
     # README's SDK example, as README says to run it
     work = tmp_path / "work"
     work.mkdir()
-    _run([str(venv / "bin" / "aenv"), "init", "notes"], env=env, cwd=work)
+    run([str(venv / "bin" / "aenv"), "init", "notes"], env=env, cwd=work)
     notes = _readme_block("<!-- file: notes/src/notes.py -->")
     (work / "notes" / "src" / "notes.py").write_text(notes, encoding="utf-8")
     (work / "agent.py").write_text(_readme_block("<!-- setup: notes-project -->"), "utf-8")
-    output = _run([str(python), "agent.py"], env={**env, "AENV_ENV_PATH": "."}, cwd=work)
+    output = run([str(python), "agent.py"], env={**env, "AENV_ENV_PATH": "."}, cwd=work)
     lines = output.splitlines()
     assert len(lines) == 4, output
     assert "'notes@1.0.0/add_note'" in lines[0]
@@ -107,7 +79,7 @@ def test_the_bare_wheel_runs_the_readme_sdk_example_and_names_each_missing_extra
     assert "add_note" in lines[3]
 
     # what the bare install leaves out: one line each, naming the extra
-    probe = json.loads(_run([str(python), "-c", PROBE], env=env, cwd=work))
+    probe = json.loads(run([str(python), "-c", PROBE], env=env, cwd=work))
     assert probe["pytest"] is False, "pytest must not come with the SDK"
     for module, extra in (("rollout", "ray"), ("envhub", "hub"), ("k8s_backend", "kubernetes")):
         kind, message, named = probe[module]

@@ -754,7 +754,11 @@ class Episode:
                     f"swe: cannot set the judge's checkout in place of {repo}: {apply_log}"
                 )
             else:
-                under_tmp = any(os.path.realpath(path).startswith("/tmp/") for path in (repo, home))
+                # a fresh /tmp would hide what lies under /tmp: the repository, the judge's
+                # home, or the Python the tests run with (aenv-ray installed in a virtual
+                # environment there: `python: command not found`)
+                kept = (repo, home, sys.prefix, sys.base_prefix)
+                under_tmp = any(os.path.realpath(path).startswith("/tmp/") for path in kept)
                 if under_tmp:
                     self._sh('mkdir -m 700 "$1"', os.path.join(home, "tmp"))
                 result = self._run_eval(Judge(home=home, hide=(aside,), fresh_tmp=not under_tmp))

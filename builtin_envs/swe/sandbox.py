@@ -82,8 +82,8 @@ class Judge:
     hide: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     fresh_tmp: bool = True
-    """A fresh ``/tmp`` (False where the repository or the home lies under ``/tmp``, which it
-    would hide: ``TMPDIR`` is then a fresh directory in the home)."""
+    """A fresh ``/tmp`` (False where the repository, the home or the runtime's Python lies
+    under ``/tmp``, which it would hide: ``TMPDIR`` is then a fresh directory in the home)."""
 
 
 class Sandbox(Protocol):
