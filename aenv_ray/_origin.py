@@ -21,7 +21,15 @@ from aenv_ray import protocol as p
 from aenv_ray.engine import InstanceInfo, InstanceSpec, InstanceState, Route, SandboxEngine
 from aenv_ray.errors import AEnvError, ConfigurationError
 
-__all__ = ["RUN_SERVER_INSTANCE_ID", "Attached", "Engined", "Origin", "RunServer", "with_port"]
+__all__ = [
+    "RUN_SERVER_INSTANCE_ID",
+    "Attached",
+    "Engined",
+    "Origin",
+    "RunServer",
+    "base_url",
+    "with_port",
+]
 
 RUN_SERVER_INSTANCE_ID = "local"
 """``instance_id`` in the aenv run mode (``DUMMY_INSTANCE_IP``): the seeds' value, kept because
@@ -86,15 +94,32 @@ class _Unforkable:
         return None
 
 
+def base_url(url: str) -> str:
+    """``url`` as a runtime's base URL: ``http://`` when it names no scheme; its path kept (a
+    hub's proxy of an instance or a service serves the runtime below one), its query, fragment
+    and trailing slash dropped.
+
+    >>> base_url("localhost:8080"), base_url("https://hub/v1/services/svc-1/proxy/?x#y")
+    ('http://localhost:8080', 'https://hub/v1/services/svc-1/proxy')
+    """
+    if "://" not in url:
+        url = f"http://{url}"
+    parsed = urlparse(url)
+    return urlunparse(
+        parsed._replace(path=parsed.path.rstrip("/"), params="", query="", fragment="")
+    )
+
+
 class Attached(_Unforkable):
-    """A runtime already serving at ``url``; closing leaves it running."""
+    """A runtime already serving at ``url`` (its path kept: a hub's instance or service
+    address, ``.../proxy``); closing leaves it running."""
 
     instance_id: str | None = None
     startup_wait: float | None = 10.0  # a server is there or not
     why = "attach"
 
     def __init__(self, url: str, headers: dict[str, str]) -> None:
-        self.url = with_port(url, None)
+        self.url = base_url(url)
         self.headers = headers
 
     async def open(self, timeout: float) -> Route:

@@ -189,7 +189,13 @@ class Environment:
         """An Environment for the runtime already serving at ``url`` (not owned: release()
         disconnects without stopping it). ``env_name`` defaults to what the runtime serves;
         ``token`` is the instance's (:attr:`~aenv_ray.engine.InstanceInfo.token`) when an
-        engine created it."""
+        engine created it, or your hub key when ``url`` is a hub's address of an instance or a
+        service (its path is kept: ``https://hub/v1/services/ID/proxy``, the service's stable
+        ``address``, reaches one running replica per call).
+
+        >>> Environment.attach("http://hub:8080/v1/services/svc-1/proxy", token="KEY")
+        Environment('unknown', state=new, url=None)
+        """
         env = cls(env_name or "unknown", **kwargs)
         env._origin = Attached(url, {"Authorization": f"Bearer {token}"} if token else {})
         env._served_ref = None if env_name else ""
@@ -396,11 +402,18 @@ class Environment:
                         instance_id=self.instance_id,
                     )
                 last = f"HTTP {status}: {data}"
+                if status == 404 and isinstance(self._origin, Attached):
+                    last += (
+                        f"; is {self._client.base_url} a runtime's base URL? (a hub's instance "
+                        "or service is attached at its `address`, .../proxy)"
+                    )
             except InstanceUnreachableError as exc:
                 last = str(exc)
             if time.monotonic() + delay > deadline:
+                # attach() without a name has none yet: the runtime is its URL
+                what = "the runtime" if self._served_ref == "" else f"`{self.env_name}`"
                 raise StartupTimeoutError(
-                    f"`{self.env_name}` at {self._client.base_url} did not become healthy within "
+                    f"{what} at {self._client.base_url} did not become healthy within "
                     f"{limit:g} s (last: {last})",
                     timeout=limit,
                     env_name=self.env_name,

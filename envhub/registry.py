@@ -198,6 +198,19 @@ class VersionRegistry:
                 env_name=name,
             )
 
+    async def check_name(self, caller: Caller, name: str) -> None:
+        """Raise what publishing ``name`` as ``caller`` would meet for its name alone, claiming
+        nothing: :class:`~aenv_ray.errors.PermissionDeniedError` for a built-in's name, a name
+        another tenant owns or a lookalike of either,
+        :class:`~aenv_ray.errors.ConfigurationError` for a lookalike of the caller's own name.
+        The hub asks this first: who owns a name comes before whether its version is taken, so
+        another tenant's ``notes@1.0.0`` is "belongs to tenant `alice`", never "already
+        published" (nor "bump the version", which would not help)."""
+        self.check_reserved(name)
+        holder = await self.store.get(NAME_KEYS, name_key(name))
+        if holder is not None:
+            self._check_holder(caller, name, holder)
+
     async def _claim_name(self, caller: Caller, name: str) -> None:
         """Make ``name`` (and its lookalikes) the caller's, or refuse: a built-in's name, a
         name another tenant owns, or one that looks like either."""
@@ -205,7 +218,10 @@ class VersionRegistry:
         claim = {"tenant": caller.tenant, "name": name, "at": time.time()}
         if await self.store.create(NAME_KEYS, name_key(name), claim):
             return
-        holder = await self.store.get(NAME_KEYS, name_key(name)) or {}
+        self._check_holder(caller, name, await self.store.get(NAME_KEYS, name_key(name)) or {})
+
+    @staticmethod
+    def _check_holder(caller: Caller, name: str, holder: Document) -> None:
         owner, owned = holder.get("tenant"), holder.get("name", name)
         if owner != caller.tenant:
             same = (

@@ -267,6 +267,11 @@ class InstancePool:
             self.phases[Phase.ACQUIRE].observe(time.perf_counter() - started)
             return Grant(lease, self._idle_count())
 
+    async def count_retry(self) -> None:
+        """Count a retry (``counters["retried"]``) that a prefetching driver served from a
+        lease this actor granted earlier: its :meth:`acquire` did not know the attempt."""
+        self.counters["retried"] += 1
+
     def _lease(self, slot: _Slot, owner: Owner) -> LeaseInfo:
         lease_id = uuid.uuid4().hex[:16]
         slot.lease_id, slot.owner = lease_id, owner

@@ -235,6 +235,8 @@ class RolloutPool:
         stashed = self._from_stash()
         if stashed is not None:
             self._acquired += 1
+            if attempt:  # its actor granted it before it knew this would be a retry
+                self._count_retry(stashed)
             return stashed
         owner = current_owner()
         deadline = time.monotonic() + timeout
@@ -295,6 +297,16 @@ class RolloutPool:
             if self._actors[index] is actor:
                 actor.release.remote(info.lease_id)  # unused too long: give it back
         return None
+
+    def _count_retry(self, lease: Lease) -> None:
+        """Count a retry served from the stash on the lease's actor (awaited: the next
+        :meth:`stats` sees it). A dead actor counts nothing: the lease is lost with it."""
+        try:
+            ray.get(lease.actor.count_retry.remote(), timeout=_CONTROL_TIMEOUT)
+        except (rex.RayActorError, rex.GetTimeoutError) as exc:
+            log.warning(
+                "a retry went uncounted", extra={"pool": self.name, "error": type(exc).__name__}
+            )
 
     def _try(self, index: int, owner: Any, wait: float, attempt: int) -> Lease | None:
         actor = self._actors[index]

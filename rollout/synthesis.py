@@ -975,9 +975,16 @@ def _split_reward(value: Any, task: dict[str, Any]) -> tuple[float | None, dict[
     """``(reward, components)`` of what the environment's reward returned: a number, or an
     object with a number under ``"reward"`` and its components beside it; ``"reward": null``
     is an episode the environment does not score (an invalid task): no reward, its components
-    kept."""
+    kept. AEnvironment's template form, a number under ``"score"`` (no ``"reward"``), is that
+    number as the reward."""
     if isinstance(value, int | float):
         return float(value), None
+    if (
+        isinstance(value, dict)
+        and "reward" not in value
+        and isinstance(value.get("score"), int | float)
+    ):
+        value = {"reward": value["score"], **{k: v for k, v in value.items() if k != "score"}}
     if isinstance(value, dict) and (
         isinstance(value.get("reward"), int | float)
         or ("reward" in value and value["reward"] is None)
@@ -987,8 +994,8 @@ def _split_reward(value: Any, task: dict[str, Any]) -> tuple[float | None, dict[
         return (None if number is None else float(number)), components
     raise TaskCallError(
         f"task {task['id']}: the environment's reward returned {str(value)[:120]!r}, not a "
-        'number or an object with a number under "reward" (and its components beside it); '
-        "fix the reward",
+        'number or an object with a number under "reward" (or "score", AEnvironment\'s '
+        "template) and its components beside it; fix the reward",
         function="reward",
         task_id=str(task["id"]),
     )

@@ -74,11 +74,15 @@ def _tool(entry: Registered, dispatcher: Dispatcher) -> _DispatchedTool:
     return tool
 
 
-def build_mcp_app(dispatcher: Dispatcher, *, name: str) -> Any:
-    """The ASGI app serving ``/mcp`` for the dispatcher's tools (run its lifespan)."""
+def build_mcp_app(dispatcher: Dispatcher, *, name: str, version: str) -> Any:
+    """The ASGI app serving ``/mcp`` for the dispatcher's tools (run its lifespan).
+
+    ``name`` and ``version`` are the environment's: what a client's ``initialize`` reads as
+    ``serverInfo`` (not FastMCP's own version).
+    """
     # One schema for every client: the fast path and MCP list the same JSON schema, so FastMCP
     # must not inline `$defs` on its side only.
-    server = FastMCP(name=name, dereference_schemas=False)
+    server = FastMCP(name=name, version=version, dereference_schemas=False)
     server.add_middleware(_UnknownTools(dispatcher))
     for entry in dispatcher.registry.tools.values():
         server.add_tool(_tool(entry, dispatcher))

@@ -153,7 +153,8 @@ class RuntimeServer:
         if enable_mcp:
             from sandbox_runtime._mcp import build_mcp_app
 
-            mcp_app = build_mcp_app(self.dispatcher, name=project.config.ref)
+            env = project.config
+            mcp_app = build_mcp_app(self.dispatcher, name=env.name, version=env.version)
         self.app = RuntimeApp(self.dispatcher, mcp_app=mcp_app, token=token)
         self.ready = threading.Event()  # set once the HTTP server serves
         # ``sockets=[]``: built now, given its sockets later (:meth:`listen_on`); a template

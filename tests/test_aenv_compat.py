@@ -21,6 +21,8 @@ import aenv_ray
 from aenv_ray.config import EnvConfig
 from aenv_ray.errors import DefinitionError
 from aenv_ray.testing import RuntimeProcess
+from rollout.synthesis import read_trajectories
+from tests._cli import aenv as run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 ENVS = ROOT / "tests" / "aenvironment"
@@ -134,6 +136,30 @@ async def test_release_then_initialize_makes_a_new_instance() -> None:
     async with env:  # AEnvironment's context manager: initialize, then release on the way out
         assert env.native is not None
     assert env.native is None
+
+
+def test_the_templates_score_reward_rolls_out(tmp_path: Path) -> None:
+    # the demo's reward is `aenv init`'s form, {"score": ..., ...}: `aenv rollout` takes the
+    # score as the reward and the rest as its components (it stopped with TaskCallError)
+    (tmp_path / "pol.py").write_text(
+        "async def agent(task, env):\n"
+        "    await env.call_tool('echo', {'content': 'hi'})\n"
+        "    return 'done'\n"
+    )
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "t", "prompt": "p", "reward_arguments": {"expected": "e"}}))
+    out = tmp_path / "run"
+    done = run_cli(
+        "rollout", NAME, "-n", "1", "-c", "1", "--no-ray", "--policy", "pol:agent",
+        "--tasks", str(tasks), "--out", str(out), cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (row,) = read_trajectories(out)
+    assert (row["outcome"], row["reward"], row["reward_components"]) == (
+        "ok",
+        1.0,
+        {"expected": "e"},
+    )
 
 
 async def test_where_aenvironment_raises_so_does_aenv() -> None:

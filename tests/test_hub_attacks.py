@@ -47,6 +47,7 @@ from aenv_ray.hub import HubClient
 from aenv_ray.settings import Settings
 from envhub.keys import create_key, revoke_key
 from envhub.store import open_store
+from tests._cli import aenv
 from tests._hub import HubProcess, call_tool, eventually, raw, refused, run
 
 MINI = "mini-terminal@1.0.0"
@@ -274,6 +275,27 @@ async def test_nobody_publishes_another_tenants_name_or_a_lookalike(
         await push(alice, project(tmp_path, name.upper(), "2.0.0"))
     assert (await push(alice, project(tmp_path, name, "2.0.0")))["publisher"] == "alice"
     assert [v["version"] for v in await bob.versions(name)] == ["1.0.0", "2.0.0"]
+
+
+async def test_another_tenants_version_is_refused_for_its_name_not_its_version(
+    hub: Hub, alice: HubClient, bob: HubClient, tmp_path: Path
+) -> None:
+    # bob pushes alice's name at her version: her very bundle, then another one. The answer is
+    # the refusal (the name is hers), never "already published; nothing to do" (exit 0: bob
+    # thinks he published) nor "bump the version" (which would only meet the refusal after)
+    name = unique("owned")
+    mine = build_bundle(project(tmp_path, name))
+    await alice.push(mine.data)
+    for data in (mine.data, build_bundle(project(tmp_path, name, owner="bob")).data):
+        with pytest.raises(PermissionDeniedError, match="belongs to tenant `alice`") as denied:
+            await bob.push(data)
+        assert "already published" not in str(denied.value)
+    env = {"AENV_SYSTEM_URL": hub.url, "AENV_API_KEY": hub.keys["bob"]}
+    pushed = aenv("push", str(project(tmp_path, name)), env=env)
+    assert pushed.returncode != 0
+    assert "belongs to tenant `alice`" in pushed.stderr
+    assert "already published" not in pushed.stdout + pushed.stderr
+    assert [v["publisher"] for v in await bob.versions(name)] == ["alice"]
 
 
 # -- 2. resolution never crosses tenants unasked ------------------------------------------------

@@ -25,6 +25,7 @@ from aenv_ray.errors import (
     InstanceExpiredError,
     InstanceNotFoundError,
     ServiceNotFoundError,
+    StartupTimeoutError,
 )
 from aenv_ray.hub import HubClient
 from aenv_ray.settings import Settings
@@ -440,6 +441,20 @@ async def test_service_lifecycle(hub: Hub, alice: HubClient) -> None:
         status, headers, _ = await raw("GET", svc["address"] + "/health")
         assert status == 401
         assert headers["WWW-Authenticate"] == "Bearer"
+        # the SDK attaches the address as it is (its path kept), with the hub key
+        async with Environment.attach(svc["address"] + "/", token=hub.alice) as env:
+            assert (env.env_name, env.instance_id, env.url) == (MINI, None, svc["address"])
+            outputs = set()
+            for _ in range(4):
+                done = await env.call_tool("execute_command", {"command": WHO})
+                outputs.add(str(done.structured["output"]).strip())
+            assert outputs == {first["id"], second["id"]}
+        # an address that is not a runtime's fails naming it, not `unknown`, with what to attach
+        wrong = f"{hub.url}/v1/services/svc-none/proxy"
+        with pytest.raises(StartupTimeoutError, match="HTTP 404") as missed:
+            await Environment.attach(wrong, token=hub.alice, startup_timeout=0.2).initialize()
+        assert str(missed.value).startswith(f"the runtime at {wrong} did not become healthy")
+        assert "service is attached at its `address`" in str(missed.value)
 
         # a replica that dies is replaced by the hub's upkeep; the storage stays
         await alice.delete_instance(first["id"])

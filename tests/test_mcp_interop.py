@@ -88,6 +88,12 @@ async def test_lists_tools_with_the_fast_paths_schemas(probe_runtime: RuntimePro
     assert echo.input_schema["required"] == ["text"]
 
 
+def probe_version() -> str:
+    """The version in probe_runtime's config.json: what MCP's ``serverInfo`` reports."""
+    config = Path(__file__).resolve().parent / "envs" / "probe" / "config.json"
+    return str(json.loads(config.read_text())["version"])
+
+
 @pytest.mark.parametrize("port", ["fast path port", "MCP port"])
 async def test_every_port_serves_mcp(probe_runtime: RuntimeProcess, port: str) -> None:
     url = probe_runtime.mcp_url if port == "MCP port" else f"{probe_runtime.url}/mcp"
@@ -98,7 +104,8 @@ async def test_every_port_serves_mcp(probe_runtime: RuntimeProcess, port: str) -
         init = await session.initialize()
         names = [t.name for t in (await session.list_tools()).tools]
         result = await session.call_tool("echo", {"text": port})
-    assert init.server_info.name.startswith("probe@")
+    # the environment's name and version (its config.json), not FastMCP's
+    assert (init.server_info.name, init.server_info.version) == ("probe", probe_version())
     assert init.capabilities.tools is not None
     assert "echo" in names
     assert texts(result) == [port]
@@ -337,7 +344,7 @@ def test_typescript_sdk_lists_and_calls(probe_runtime: RuntimeProcess) -> None:
     ]
     out = run_node_client(probe_runtime.mcp_url, calls)
 
-    assert out["server"]["name"].startswith("probe@")
+    assert (out["server"]["name"], out["server"]["version"]) == ("probe", probe_version())
     with httpx.Client() as http:
         fast = http.get(f"{probe_runtime.url}/aenv/v1/tools").json()["tools"]
     assert {t["name"]: t["inputSchema"] for t in out["tools"]} == {

@@ -63,3 +63,30 @@ def test_aenv_rollout_replays_gold_actions_to_reward_one(tmp_path: Path) -> None
         assert row["reward_components"]["components"] == {"DB": 1.0, "COMMUNICATE": 1.0}
         # the task the policy got and the record keeps: no gold actions, nothing to say
         assert_holds_no_solution("tau2", row["task"], "record's task")
+
+    # `aenv tau2 grade` reads the run's own records: its directory, JSONL and Parquet alike
+    run = tmp_path / "out"
+    for given in (run, run / "trajectories.jsonl", run / "trajectories.parquet"):
+        graded = run_cli("tau2", "grade", str(given))
+        assert graded.returncode == 0, graded.stderr
+        assert graded.stderr == "graded 4, failed 0, mean reward 1.0000\n"
+        results = [json.loads(line) for line in graded.stdout.splitlines()]
+        assert sorted((r["domain"], r["task_id"], r["reward"]) for r in results) == sorted(
+            (t.split("-")[0], t.split("-")[1], 1.0) for t in picked
+        )
+        assert all(r["recorded_reward"] == r["reward"] for r in results)
+        assert {r["episode_id"] for r in results} == {r["episode_id"] for r in rows}
+    # graded again, not read back: the same trajectory cut by the step limit scores 0; an
+    # episode that failed before tau2 graded it is named, not skipped
+    cut, failed = dict(rows[0]), dict(rows[1])
+    cut["reward_components"] = {**cut["reward_components"], "termination_reason": "max_steps"}
+    failed.update(outcome="agent_error", reason="PolicyError: boom", reward_components=None)
+    edited = tmp_path / "edited.jsonl"
+    edited.write_text(json.dumps(cut) + "\n" + json.dumps(failed) + "\n")
+    graded = run_cli("tau2", "grade", str(edited))
+    assert graded.returncode == 1
+    first, second = (json.loads(line) for line in graded.stdout.splitlines())
+    assert (first["reward"], first["recorded_reward"]) == (0.0, 1.0)
+    assert first["info"]["note"].endswith("Termination reason: max_steps")
+    assert second["error_type"] == "NoTrajectory"
+    assert "ended `agent_error` (PolicyError: boom) before tau2 graded it" in second["error"]

@@ -78,9 +78,10 @@ async def publish(request: Request, who: Who, hub: HubDep) -> dict[str, Any]:
     checked = inspect_bundle(
         data, max_size=hub.options.max_bundle, expected_digest=request.headers.get(DIGEST_HEADER)
     )
-    # before a sandbox is spent: a built-in's name or a lookalike, a version taken
-    hub.registry.check_reserved(checked.config.name)
-    await hub.registry.check_new(checked.config.ref, checked.digest)  # before a sandbox is spent
+    # before a sandbox is spent, in this order: whose the name is (a built-in's, another
+    # tenant's, a lookalike of either), then whether the version is taken
+    await hub.registry.check_name(who, checked.config.name)
+    await hub.registry.check_new(checked.config.ref, checked.digest)
     hub.registry.check_template(who, checked.config)
     # in a sandbox: never in the hub
     manifest = await hub.control.check_loads(data, checked.digest)

@@ -479,8 +479,19 @@ class Episode:
         return out
 
     def reward(self) -> dict[str, Any]:
-        """The original evaluator's reward of this trajectory, with its components."""
+        """The original evaluator's reward of this trajectory, with its components, and what
+        grades it again offline (``aenv tau2 grade`` reads a rollout's records): ``domain``,
+        ``task_id``, ``solo_mode`` and the ``trajectory`` (:meth:`trajectory`)."""
         self.open()
+        graded = {
+            "domain": self.domain.name,
+            "task_id": self.task.id,
+            "solo_mode": self.settings.solo_mode,
+            "trajectory": self.trajectory(),
+        }
+        return {**self._reward(), **graded}
+
+    def _reward(self) -> dict[str, Any]:
         reason = self.termination_reason
         if not self.done or reason is None:
             return {
