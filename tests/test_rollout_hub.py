@@ -6,7 +6,9 @@ instances through the hub on both paths, a Ray pool's actors as the ``--no-ray``
 No leaked instances (issue 25, point 7): after either run the hub holds no live instance of the
 tenant (a pool's refill under way as it closed once left one, counted against the quota until its
 TTL); and a pool that closes while its creations are under way at the hub waits for them and
-deletes what they made. (A direct run's instances: tests/test_rollout_datasource.py.)
+deletes what they made, and an SDK instance whose creation is cancelled (an episode's timeout,
+the ``--no-ray`` path) has what the hub made deleted. (A direct run's instances:
+tests/test_rollout_datasource.py.)
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from aenv_ray import Environment
 from aenv_ray.hub import HubClient
 from envhub.control import INTENTS
 from envhub.store import open_store
@@ -78,11 +81,7 @@ async def test_a_pool_closing_while_its_creations_are_under_way_leaves_none(
     pool = InstancePool(spec, size)
     try:
         await pool.start()  # no wait: the maintenance task starts the creations
-        end = time.monotonic() + 60
-        # polled often: the window lasts as long as the hub's cold template takes to load
-        while await _intents(process.store) < size:
-            assert time.monotonic() < end, "the pool's creates never reached the hub"
-            await asyncio.sleep(0.01)
+        await _under_way(process, size)
         async with HubClient(process.url, api_key=key) as client:  # control: under way
             assert not [d for d in await client.list_instances() if d["owner"] == spec.owner]
     finally:
@@ -91,6 +90,32 @@ async def test_a_pool_closing_while_its_creations_are_under_way_leaves_none(
     assert len(mine) == size  # every create the pool began made its instance at the hub
     assert {d["state"] for d in mine} == {"terminated"}  # and the close deleted each
     assert deleted == size
+
+
+async def _under_way(process: HubProcess, count: int) -> None:
+    """Return once ``count`` creates are under way at the hub. Polled often: the window lasts as
+    long as the hub's cold template of the environment takes to load."""
+    end = time.monotonic() + 60
+    while await _intents(process.store) < count:
+        assert time.monotonic() < end, "the creates never reached the hub"
+        await asyncio.sleep(0.01)
+
+
+# second: mini-program's template at the hub is cold too (no other test uses it)
+async def test_an_instance_whose_creation_is_cancelled_is_deleted_at_the_hub(
+    hub: tuple[HubProcess, str],
+) -> None:
+    process, key = hub
+    owner = f"cancelled-{uuid.uuid4().hex[:6]}"
+    env = Environment("mini-program@1.0.0", aenv_url=process.url, api_key=key, owner=owner)
+    starting = asyncio.ensure_future(env.initialize())
+    await _under_way(process, 1)
+    starting.cancel()  # as an episode's timeout does
+    with pytest.raises(asyncio.CancelledError):
+        await starting  # its cleanup (the engine's close) waits for the deletion
+    mine = [d for d in await _settled_instances(process, key) if d["owner"] == owner]
+    assert len(mine) == 1  # the hub finished the create its caller gave up
+    assert mine[0]["state"] == "terminated"
 
 
 def test_both_paths_create_their_instances_through_the_configured_hub_and_leave_none(
