@@ -133,7 +133,8 @@ def rollout_command(
     if engine is not None:
         check_engine_name(engine)  # a ConfigurationError: exit 2
     variables = pairs(env_var or [], "--env", from_environment=True)
-    host_data, mounted = _datasource(datasource, engine)
+    site = _site(engine)
+    host_data, mounted = _datasource(datasource, site)
     console = Console(stderr=True)
     with contextlib.ExitStack() as stack:
         # first of all: a second driver on OUT exits 2 here, before anything starts
@@ -167,8 +168,9 @@ def rollout_command(
 
             import_policy(policy)  # synthesize finds it imported
         task_list = load_tasks(tasks, env, datasource=host_data)
-        # the data is where the instances look: a directory they cannot see stops it here
-        check_data(env, task_list, variables, host_data, given=mounted or None)
+        if site != "kubernetes":  # (a pod's image may hold what a variable names)
+            # the data is where the instances look: a directory they cannot see stops it here
+            check_data(env, task_list, variables, host_data, given=mounted or None)
         if policy is None and base_url is None:
             check_demo(env, variables)  # a demo that needs settings (a model) says which
         identity = _identity(env, tasks, policy, base_url, model, variables, mounted)
@@ -213,18 +215,24 @@ def rollout_command(
     return EXIT_OK if summary.ok else EXIT_FAILURE
 
 
-def _datasource(given: str | None, engine: str | None) -> tuple[Path | None, str]:
+def _site(engine: str | None) -> str:
+    """Where the instances run: ``"hub"`` (the configured hub, unless ``--engine`` names an
+    engine), ``"kubernetes"``, or ``"here"`` (an engine of this machine)."""
+    from aenv_ray.settings import get_settings
+
+    settings = get_settings()
+    chosen = engine or (None if settings.system_url else settings.engine)
+    return "hub" if chosen is None else "kubernetes" if chosen == "kubernetes" else "here"
+
+
+def _datasource(given: str | None, site: str) -> tuple[Path | None, str]:
     """``(the directory on this machine, what the instances mount)`` of ``--datasource``: an
     existing directory, made absolute, for an engine of this machine; as given for a hub (a
     directory under its root, which this machine cannot look at: ``(None, given)``) and for
     Kubernetes (the datasource container's image)."""
-    from aenv_ray.settings import get_settings
-
     if not given:
         return None, ""
-    settings = get_settings()
-    chosen = engine or (None if settings.system_url else settings.engine)
-    if chosen is None or chosen == "kubernetes":
+    if site != "here":
         return None, given
     path = Path(given).expanduser().resolve()
     if not path.is_dir():

@@ -371,29 +371,47 @@ def check_data_paths(
     instances cannot see: ... pass --datasource /srv/tb and drop -e TB_DATASET_DIR ...
     """
     for name in names:
-        value = variables.get(name)
-        if not value:
-            continue
-        inside = os.path.normpath(value)
-        if inside != DATA_MOUNT and not inside.startswith(DATA_MOUNT + "/"):
-            raise ConfigurationError(
-                f"-e {name}={value} names {inside}, which the instances cannot see: they see "
-                f"none of this machine's directories, only the datasource, mounted at "
-                f"{DATA_MOUNT}; pass --datasource {inside} and drop -e {name} (the instances "
-                f"then read it at {DATA_MOUNT}), or name a path under {DATA_MOUNT}"
-            )
-        if datasource is None and given is None:
-            raise ConfigurationError(
-                f"-e {name}={value} names {inside} in the instance, the datasource's mount, "
-                "but no --datasource was given: pass --datasource DIR (mounted at "
-                f"{DATA_MOUNT})"
-            )
-        if datasource is None:
-            continue  # a hub's directory: the hub checks it
-        host = datasource / os.path.relpath(inside, DATA_MOUNT)
-        if not host.exists():
-            raise ConfigurationError(
-                f"-e {name}={value}: the instances will not find {inside}: there is no "
-                f"{os.path.normpath(host)} on this machine (--datasource {datasource} is "
-                f"mounted at {DATA_MOUNT})"
-            )
+        value = variables.get(name) or ""
+        parts = value.split(os.pathsep)  # SWE_REPOS: a list
+        for part in parts:
+            if part:
+                _check_data_path(name, value, part, datasource, given, listed=len(parts) > 1)
+
+
+def _check_data_path(
+    name: str,
+    value: str,
+    part: str,
+    datasource: Path | None,
+    given: str | None,
+    *,
+    listed: bool,
+) -> None:
+    inside = os.path.normpath(part)
+    if inside != DATA_MOUNT and not inside.startswith(DATA_MOUNT + "/"):
+        fix = (
+            f"write {DATA_MOUNT} for it in {name}"
+            if listed
+            else f"drop -e {name} (the instances then read it at {DATA_MOUNT})"
+        )
+        raise ConfigurationError(
+            f"-e {name}={value} names {inside}, which the instances cannot see: they see "
+            f"none of this machine's directories, only the datasource, mounted at "
+            f"{DATA_MOUNT}; pass --datasource {inside} and {fix}, or name a path under "
+            f"{DATA_MOUNT}"
+        )
+    if datasource is None and given is None:
+        raise ConfigurationError(
+            f"-e {name}={value} names {inside} in the instance, the datasource's mount, "
+            "but no --datasource was given: pass --datasource DIR (mounted at "
+            f"{DATA_MOUNT})"
+        )
+    if datasource is None:
+        return  # a hub's directory: the hub checks it
+    host = datasource / os.path.relpath(inside, DATA_MOUNT)
+    if not host.exists():
+        raise ConfigurationError(
+            f"-e {name}={value}: the instances will not find {inside}: there is no "
+            f"{os.path.normpath(host)} on this machine (--datasource {datasource} is "
+            f"mounted at {DATA_MOUNT})"
+        )

@@ -122,6 +122,25 @@ def test_a_task_missing_from_the_datasource_is_refused_before_the_run(
     assert "--datasource" in line
 
 
+def test_swe_data_paths_are_checked_against_the_datasource(tmp_path: Path) -> None:
+    data = tmp_path / "swe-data"
+    data.mkdir()
+    (data / "rows.jsonl").write_text("")
+    done = aenv(
+        "rollout", "swe@1.0.0", "--no-ray", "-o", str(tmp_path / "out"), "--datasource",
+        str(data), "-e", "SWE_DATASET=/data/rows.jsonl", "-e", f"SWE_REPOS=/data:{data}",
+        cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert f"SWE_REPOS=/data:{data} names {data}, which the instances cannot see" in done.stderr
+    done = aenv(
+        "rollout", "swe@1.0.0", "--no-ray", "-o", str(tmp_path / "out2"), "--datasource",
+        str(data), "-e", "SWE_DATASET=/data/row.jsonl", cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert f"there is no {data / 'row.jsonl'} on this machine" in done.stderr
+
+
 def test_a_datasource_that_is_not_a_directory_is_refused(tmp_path: Path) -> None:
     line = _refused("--datasource", str(tmp_path / "nowhere"), out=tmp_path / "out")
     assert str(tmp_path / "nowhere") in line
