@@ -111,6 +111,15 @@ def rollout_command(
             "from this environment (keys stay off the command line)",
         ),
     ] = None,
+    datasource: Annotated[
+        str | None,
+        typer.Option(
+            "--datasource",
+            help="a directory mounted read-only at /data in every instance: your own "
+            "Terminal-Bench or SWE dataset (a built-in then reads its tasks from it unless "
+            "--tasks is given); on a hub, a directory under its --datasource-root",
+        ),
+    ] = None,
     engine: Annotated[
         str | None,
         typer.Option(
@@ -246,12 +255,15 @@ def _rollout(
     if engine is not None:
         check_engine_name(engine)  # a ConfigurationError: exit 2
     variables = pairs(env_var or [], "--env", from_environment=True)
+    site = _site(engine)
+    host_data, mounted = _datasource(datasource, site)
     console = Console(stderr=True)
     with contextlib.ExitStack() as stack:
         # first of all: a second driver on OUT exits 2 here, before anything starts
         run = stack.enter_context(RunDirectory.open(out))
         from rollout.synthesis import (
             OpenAIPolicy,
+            check_data,
             check_demo,
             demo_dialogue,
             load_tasks,
@@ -282,10 +294,14 @@ def _rollout(
             from rollout.precheck import import_policy
 
             import_policy(policy)  # synthesize finds it imported
-        task_list = load_tasks(tasks, env)
+        task_list = load_tasks(tasks, env, datasource=host_data)
+        if site != "kubernetes":  # (a pod's image may hold what a variable names)
+            # the data is where the instances look: a directory they cannot see stops it here
+            check_data(env, task_list, variables, host_data, given=mounted or None)
         if policy is None and base_url is None:
             check_demo(env, variables)  # a demo that needs settings (a model) says which
-        run.check_identity(_identity(env, tasks, policy, base_url, model, variables), force=force)
+        identity = _identity(env, tasks, policy, base_url, model, variables, mounted)
+        run.check_identity(identity, force=force)
         todo = pending_episodes(task_list, episodes, run.records, retry_failed=retry_failed)
         if run.torn is not None:
             console.print(f"[yellow]{run.torn.describe()}")
@@ -295,11 +311,13 @@ def _rollout(
         size = min(concurrency, len(todo))
         source: Any = None
         if use_ray and size:
-            source = _ray_source(stack, console, env, size, engine, variables)
-        elif (engine is not None or variables) and size:
+            source = _ray_source(stack, console, env, size, engine, variables, mounted)
+        elif (engine is not None or variables or mounted) and size:
             from rollout.sources import SDKSource
 
-            source = SDKSource(env, engine=engine, environment_variables=variables)
+            source = SDKSource(
+                env, engine=engine, environment_variables=variables, datasource=mounted
+            )
         display = _Display(console, env, episodes)
         with _policy_traceback(), display.progress:
             summary = asyncio.run(
@@ -323,6 +341,32 @@ def _rollout(
     console.print(_summary_table(summary, env, time.perf_counter() - started))
     console.print(f"trajectories: {summary.out / 'trajectories.jsonl'} and .parquet")
     return EXIT_OK if summary.ok else EXIT_FAILURE
+
+
+def _site(engine: str | None) -> str:
+    """Where the instances run: ``"hub"`` (the configured hub, unless ``--engine`` names an
+    engine), ``"kubernetes"``, or ``"here"`` (an engine of this machine)."""
+    from aenv_ray.settings import get_settings
+
+    settings = get_settings()
+    chosen = engine or (None if settings.system_url else settings.engine)
+    return "hub" if chosen is None else "kubernetes" if chosen == "kubernetes" else "here"
+
+
+def _datasource(given: str | None, site: str) -> tuple[Path | None, str]:
+    """``(the directory on this machine, what the instances mount)`` of ``--datasource``: an
+    existing directory, made absolute, for an engine of this machine; as given for a hub (a
+    directory under its root, which this machine cannot look at: ``(None, given)``) and for
+    Kubernetes (the datasource container's image)."""
+    if not given:
+        return None, ""
+    if site != "here":
+        return None, given
+    path = Path(given).expanduser().resolve()
+    if not path.is_dir():
+        what = "not a directory" if path.exists() else "no such directory"
+        die(f"--datasource {given}: {what} on this machine ({path})", EXIT_USAGE)
+    return path, str(path)
 
 
 def _check_environment(
@@ -358,9 +402,11 @@ def _identity(
     base_url: str | None,
     model: str | None,
     variables: dict[str, str],
+    datasource: str = "",
 ) -> dict[str, str]:
     """What makes a run this run: its environment and the instances' variables (by digest:
-    they may hold keys), tasks (the file's content, wherever it lies) and policy."""
+    they may hold keys), tasks (the file's content, wherever it lies), policy and datasource
+    (only when given: runs recorded before ``--datasource`` keep their identity)."""
     import hashlib
 
     def digest(data: bytes) -> str:
@@ -369,12 +415,15 @@ def _identity(
     content = digest(tasks.read_bytes()) if tasks else "demo"
     who = f"{base_url} model {model}" if base_url is not None else policy or "the demo policy"
     given = "\0".join(f"{k}={v}" for k, v in sorted(variables.items()))
-    return {
+    identity = {
         "env": env,
         "variables": digest(given.encode()) if variables else "none",
         "tasks": content,
         "policy": who,
     }
+    if datasource:
+        identity["datasource"] = datasource
+    return identity
 
 
 @contextlib.contextmanager
@@ -397,9 +446,11 @@ def _ray_source(
     size: int,
     engine: str | None,
     variables: dict[str, str],
+    datasource: str,
 ) -> Any:
     """A warm :class:`rollout.RolloutPool` of ``size`` instances on ``engine`` (None: the
-    ``AENV_ENGINE`` setting) with ``variables`` in their environment, closed with ``stack``."""
+    ``AENV_ENGINE`` setting) with ``variables`` in their environment and ``datasource`` at
+    ``/data``, closed with ``stack``."""
     from rollout import RolloutPool, init_local
     from rollout.failures import RayStartError
     from rollout.sources import PoolSource
@@ -414,7 +465,13 @@ def _ray_source(
         )
     with console.status(f"starting a Ray pool of {size} warm {env} instances"):
         where: dict[str, Any] = {"project": env} if "/" in env else {"env_name": env}
-        pool = RolloutPool(size=size, engine=engine, environment_variables=variables, **where)
+        pool = RolloutPool(
+            size=size,
+            engine=engine,
+            environment_variables=variables,
+            datasource=datasource,
+            **where,
+        )
     stack.callback(pool.close)
     return PoolSource(pool)
 

@@ -58,6 +58,7 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 """The header naming a create, so that the hub answers its retries with the same instance."""
 CREATE_ATTEMPTS = 4
 """How many times :meth:`RemoteEngine.create` sends a create whose answer was lost."""
+_ABANDONED_WAIT = 60.0  # seconds aclose waits for the deletions of cancelled creates' instances
 
 log = logging.getLogger("aenv_ray.hub")
 
@@ -419,6 +420,7 @@ class RemoteEngine:
         self.routing = route  # AENV_HUB_ROUTE: how calls reach the instances
         self.connect_timeout = connect_timeout
         self.proxy_urls: dict[str, str] = {}  # instance id -> the hub's proxy for it
+        self._abandoned: set[asyncio.Task[None]] = set()  # deletions of given-up creates
 
     def _info(self, doc: Mapping[str, Any]) -> InstanceInfo:
         if doc.get("proxy_url"):
@@ -429,20 +431,22 @@ class RemoteEngine:
         """Ask the hub for an instance of ``spec.env_ref``. A create whose answer is lost (the
         connection dropped, the hub did not answer in time, it restarted) is sent again, up
         to :data:`CREATE_ATTEMPTS` times in all, with the same idempotency key: the hub
-        answers the instance the first one started, never a second one."""
+        answers the instance the first one started, never a second one. A create cancelled
+        while under way (the hub finishes it all the same) has its instance deleted in the
+        background, found by that key; :meth:`aclose` waits for those deletions."""
         key = secrets.token_hex(16)
+        try:
+            return await self._create(spec, key)
+        except asyncio.CancelledError:
+            task = asyncio.get_running_loop().create_task(self._delete_abandoned(spec, key))
+            self._abandoned.add(task)
+            task.add_done_callback(self._abandoned.discard)
+            raise
+
+    async def _create(self, spec: InstanceSpec, key: str) -> InstanceInfo:
         for attempt in range(1, CREATE_ATTEMPTS + 1):
             try:
-                doc = await self.client.create_instance(
-                    spec.env_ref,
-                    ttl=spec.ttl,
-                    environment_variables=spec.environment_variables,
-                    arguments=list(spec.arguments),
-                    datasource=spec.datasource,
-                    owner=spec.owner,
-                    labels=spec.labels,
-                    idempotency_key=key,
-                )
+                doc = await self._send_create(spec, key)
             except HubUnreachableError as exc:
                 if attempt == CREATE_ATTEMPTS:
                     raise
@@ -454,6 +458,31 @@ class RemoteEngine:
                 continue
             return self._info(doc)
         raise AssertionError("not reached")  # pragma: no cover
+
+    async def _send_create(self, spec: InstanceSpec, key: str) -> dict[str, Any]:
+        return await self.client.create_instance(
+            spec.env_ref,
+            ttl=spec.ttl,
+            environment_variables=spec.environment_variables,
+            arguments=list(spec.arguments),
+            datasource=spec.datasource,
+            owner=spec.owner,
+            labels=spec.labels,
+            idempotency_key=key,
+        )
+
+    async def _delete_abandoned(self, spec: InstanceSpec, key: str) -> None:
+        """Delete the instance a cancelled create with idempotency key ``key`` made: the same
+        create sent again answers that instance (or, if the first never reached the hub,
+        makes one, deleted as well)."""
+        try:
+            doc = await self._send_create(spec, key)
+            await self.client.delete_instance(str(doc["id"]))
+        except AEnvError as exc:
+            log.warning(
+                "the instance of a cancelled create could not be deleted; it ends at its TTL",
+                extra={"env": spec.env_ref, "error": str(exc)},
+            )
 
     async def get(self, instance_id: str) -> InstanceInfo:
         """The instance's state, as the hub knows it."""
@@ -496,7 +525,10 @@ class RemoteEngine:
         return [self._info(d) for d in await self.client.fork_instance(instance_id, n)]
 
     async def aclose(self) -> None:
-        """Close the client (instances live on at the hub until released or expired)."""
+        """Close the client (instances live on at the hub until released or expired), once the
+        deletions of cancelled creates' instances are done (at most a create's time)."""
+        if self._abandoned:
+            await asyncio.wait(set(self._abandoned), timeout=_ABANDONED_WAIT)
         await self.client.aclose()
 
 

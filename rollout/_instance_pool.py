@@ -64,6 +64,7 @@ DeadOwners = Callable[[list[Owner]], Awaitable[dict[Owner, str]]]
 _TICK = 0.25  # seconds between maintenance rounds (sooner when something changed)
 _OWNER_CHECK = 2.0  # seconds between looks at the owners (job and actor tables, processes)
 _FORGET_AFTER = 10_000  # ended leases remembered, for precise errors
+_CLOSE_WAIT = 20.0  # seconds a close waits for creations under way (their instances it deletes)
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,9 @@ class InstancePool:
         self._waiters: deque[asyncio.Future[_Slot]] = deque()
         self._creating = 0
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._in_create: set[asyncio.Task[Any]] = set()  # tasks awaiting the engine's create
+        self._releasing: set[asyncio.Task[Any]] = set()  # deletions under way
+        self._deleted_on_close = 0  # instances whose creation ended after the close began
         self._wake: asyncio.Event | None = None
         self._changed = asyncio.Event()  # an instance became idle
         self._maintainer: asyncio.Task[None] | None = None
@@ -162,14 +166,29 @@ class InstancePool:
     async def close(self) -> int:
         """Delete every instance, stop every task, close the engine. Idempotent.
 
-        Returns how many instances were deleted.
+        A creation under way is not cut off but waited for (up to :data:`_CLOSE_WAIT` s) and
+        its instance deleted: an engine that goes on with a create its caller gave up (a hub
+        does) would keep the instance, unowned, until its TTL. A deletion under way is waited
+        for too, before the engine closes under it. Returns how many instances were deleted.
         """
         if self._closed:
             return 0
         self._closed = True
+        creating = set(self._in_create)
         tasks = [t for t in (self._maintainer, *self._tasks) if t is not None]
         for task in tasks:
-            task.cancel()
+            if task not in creating:
+                task.cancel()
+        if creating:  # each deletes its instance when it sees the pool closed
+            _, late = await asyncio.wait(
+                creating, timeout=min(_CLOSE_WAIT, self.spec.startup_timeout)
+            )
+            for task in late:
+                log.warning(
+                    "an instance creation outlasted the pool's close; cut off",
+                    extra={"pool": self.spec.name},
+                )
+                task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         for waiter in self._waiters:
             waiter.cancel()
@@ -181,11 +200,13 @@ class InstancePool:
         self._slots.clear()
         self._idle.clear()
         await asyncio.gather(*(s.env.release() for s in slots), return_exceptions=True)
+        await asyncio.gather(*self._releasing, return_exceptions=True)
         if self._engine is not None:
             with contextlib.suppress(AEnvError):
                 await self._engine.aclose()
-        log.info("pool actor closed", extra={"pool": self.spec.name, "deleted": len(slots)})
-        return len(slots)
+        deleted = len(slots) + self._deleted_on_close
+        log.info("pool actor closed", extra={"pool": self.spec.name, "deleted": deleted})
+        return deleted
 
     def ping(self) -> int:
         """Liveness check for the driver; returns the idle count."""
@@ -564,8 +585,21 @@ class InstancePool:
         self._slots.pop(slot.instance_id, None)
         slot.dead = True
         self._kick()
+        await self._release(slot.env)
+
+    async def _release(self, env: Environment) -> None:
+        """Delete ``env``'s instance; a caller cancelled meanwhile (the maintenance task, at
+        close) does not cut the deletion off: :meth:`close` waits for it."""
+        task = asyncio.get_running_loop().create_task(env.release())
+        self._releasing.add(task)
+        task.add_done_callback(self._released)
         with contextlib.suppress(AEnvError):
-            await slot.env.release()
+            await asyncio.shield(task)
+
+    def _released(self, task: asyncio.Task[None]) -> None:
+        self._releasing.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: its awaiter may have been cancelled meanwhile
 
     async def _refill(self) -> None:
         if self._shared is not None:
@@ -632,6 +666,9 @@ class InstancePool:
 
     async def _create_one(self) -> None:
         started = time.perf_counter()
+        task = asyncio.current_task()
+        assert task is not None
+        self._in_create.add(task)  # close waits for it rather than cut it off
         try:
             env = self.spec.environment(self._engine)
             try:
@@ -641,14 +678,19 @@ class InstancePool:
                     await env.release()
                 raise
         except AEnvError as exc:
-            await self._back_off("instance creation failed", exc)
+            self._in_create.discard(task)
+            if not self._closed:
+                await self._back_off("instance creation failed", exc)
             return
         finally:
+            self._in_create.discard(task)
             self._creating -= 1
         self._create_failures = 0
         assert env.instance_id is not None
-        if self._closed:
-            await env.release()
+        if self._closed:  # made as the pool closed: nobody will lease it
+            with contextlib.suppress(AEnvError):
+                await env.release()
+            self._deleted_on_close += 1
             return
         self.phases[Phase.CREATE].observe(time.perf_counter() - started)
         self.counters["created"] += 1

@@ -10,6 +10,9 @@ second and one line, not a pool's start-up and a run of failed episodes.
   (never in this process: environment code is untrusted).
 - :func:`check_tasks`: every task's reward arguments and setup calls are ones the environment
   takes.
+- :func:`check_data_paths`: the instance variables that name the environment's data (a
+  Terminal-Bench dataset, a task) name what the instances see: the datasource, mounted at
+  ``/data``, not a directory of this machine.
 
 Each failure is a :class:`~aenv_ray.errors.ConfigurationError` (or
 :class:`~aenv_ray.errors.EnvironmentNotFoundError`) whose message is the one line the CLI
@@ -34,8 +37,10 @@ from typing import Any
 from aenv_ray.errors import ConfigurationError, DefinitionError
 
 __all__ = [
+    "DATA_MOUNT",
     "CallShape",
     "EnvironmentCalls",
+    "check_data_paths",
     "check_policy",
     "check_tasks",
     "environment_calls",
@@ -43,6 +48,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("rollout.precheck")
+
+DATA_MOUNT = "/data"
+"""Where an instance of the local engine sees its datasource (read-only)."""
 
 
 @contextlib.contextmanager
@@ -338,3 +346,72 @@ async def _loaded_calls(ref: str, project: Path) -> EnvironmentCalls | None:
     finally:
         await engine.aclose()
     return EnvironmentCalls.from_manifest(ref, manifest) if manifest is not None else None
+
+
+def check_data_paths(
+    names: Sequence[str],
+    variables: Mapping[str, str],
+    datasource: Path | None,
+    *,
+    given: str | None = None,
+) -> None:
+    """Raise :class:`ConfigurationError` when one of the instance variables ``names`` (those
+    that name the environment's data in the instance, such as ``TB_DATASET_DIR``) names a
+    path the instances cannot see: anything outside the datasource's mount (``/data``; an
+    instance sees none of this machine's directories), ``/data`` without a datasource, or, with
+    ``datasource`` (its directory on this machine; None on a hub, whose directories this
+    machine cannot look at), a path under ``/data`` that is not in it. The message names the
+    path on this machine and in the instance. ``given`` is the datasource as given (a hub's).
+
+    >>> check_data_paths(["TB_DATASET_DIR"], {"TB_DATASET_DIR": "/srv/tb"}, None)
+    ... # doctest: +ELLIPSIS, +NORMALIZE_WHITESPACE
+    Traceback (most recent call last):
+    ...
+    aenv_ray.errors.ConfigurationError: -e TB_DATASET_DIR=/srv/tb names /srv/tb, which the
+    instances cannot see: ... pass --datasource /srv/tb and drop -e TB_DATASET_DIR ...
+    """
+    for name in names:
+        value = variables.get(name) or ""
+        parts = value.split(os.pathsep)  # SWE_REPOS: a list
+        for part in parts:
+            if part:
+                _check_data_path(name, value, part, datasource, given, listed=len(parts) > 1)
+
+
+def _check_data_path(
+    name: str,
+    value: str,
+    part: str,
+    datasource: Path | None,
+    given: str | None,
+    *,
+    listed: bool,
+) -> None:
+    inside = os.path.normpath(part)
+    if inside != DATA_MOUNT and not inside.startswith(DATA_MOUNT + "/"):
+        fix = (
+            f"write {DATA_MOUNT} for it in {name}"
+            if listed
+            else f"drop -e {name} (the instances then read it at {DATA_MOUNT})"
+        )
+        raise ConfigurationError(
+            f"-e {name}={value} names {inside}, which the instances cannot see: they see "
+            f"none of this machine's directories, only the datasource, mounted at "
+            f"{DATA_MOUNT}; pass --datasource {inside} and {fix}, or name a path under "
+            f"{DATA_MOUNT}"
+        )
+    if datasource is None and given is None:
+        raise ConfigurationError(
+            f"-e {name}={value} names {inside} in the instance, the datasource's mount, "
+            "but no --datasource was given: pass --datasource DIR (mounted at "
+            f"{DATA_MOUNT})"
+        )
+    if datasource is None:
+        return  # a hub's directory: the hub checks it
+    host = datasource / os.path.relpath(inside, DATA_MOUNT)
+    if not host.exists():
+        raise ConfigurationError(
+            f"-e {name}={value}: the instances will not find {inside}: there is no "
+            f"{os.path.normpath(host)} on this machine (--datasource {datasource} is "
+            f"mounted at {DATA_MOUNT})"
+        )

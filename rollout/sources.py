@@ -80,6 +80,7 @@ class SDKSource:
     environment_variables: Mapping[str, str] | None = None
     engine: SandboxEngine | str | None = None  # an engine, or its name (None: the default)
     owner: str = "rollout"
+    datasource: str = ""  # mounted at /data (a directory; a hub's: under its datasource root)
 
     @property
     def label(self) -> str:
@@ -97,6 +98,7 @@ class SDKSource:
             "startup_timeout": self.startup_timeout,
             "owner": self.owner,
             "engine": self.engine,
+            "datasource": self.datasource,
         }
         if self.is_project:
             env = Environment.from_project(Path(self.env_name), **kwargs)

@@ -48,7 +48,7 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -100,6 +100,7 @@ __all__ = [
     "SynthesisSummary",
     "Trajectory",
     "Turn",
+    "check_data",
     "check_demo",
     "demo_dialogue",
     "demo_policy",
@@ -329,10 +330,45 @@ def check_demo(env_name: str, environment_variables: Mapping[str, str]) -> None:
         check(dict(environment_variables))
 
 
-def load_tasks(path: str | Path | None, env_name: str) -> list[dict[str, Any]]:
-    """Tasks from a JSON-lines (or JSON list) file, else the built-in environment's demo tasks."""
+def check_data(
+    env_name: str,
+    tasks: Sequence[Mapping[str, Any]],
+    environment_variables: Mapping[str, str],
+    datasource: Path | None,
+    *,
+    given: str | None = None,
+) -> None:
+    """The data the tasks need is where the instances will look (before any instance starts):
+    the variables a built-in names its data with (its demo module's ``DATA_VARIABLES``) name
+    paths under the datasource's mount (:func:`rollout.precheck.check_data_paths`), and, with
+    the datasource on this machine (``datasource``; None on a hub, ``given`` then), every task
+    the tasks start is in it (the demo module's ``check_dataset``). A
+    :class:`~aenv_ray.errors.ConfigurationError` names the paths on this machine and in the
+    instance."""
+    from builtin_envs import builtin_path
+
+    if "/" in env_name or env_name.startswith(".") or builtin_path(env_name) is None:
+        return
+    from rollout.precheck import check_data_paths
+
+    module = _demo_module(env_name)
+    names = getattr(module, "DATA_VARIABLES", ())
+    check_data_paths(names, environment_variables, datasource, given=given)
+    check = getattr(module, "check_dataset", None)
+    if check is not None and (datasource is not None or given is None):
+        check([dict(t) for t in tasks], datasource, dict(environment_variables))
+
+
+def load_tasks(
+    path: str | Path | None, env_name: str, *, datasource: Path | None = None
+) -> list[dict[str, Any]]:
+    """Tasks from a JSON-lines (or JSON list) file, else the tasks of ``datasource`` (a
+    built-in's dataset on this machine, when its demo module reads one: ``dataset_tasks``),
+    else the built-in environment's demo tasks."""
     if path is None:
-        tasks = list(_demo_module(env_name, _TASKS_OPTION).TASKS)
+        module = _demo_module(env_name, _TASKS_OPTION)
+        read = getattr(module, "dataset_tasks", None) if datasource is not None else None
+        tasks = read(datasource) if read is not None else list(module.TASKS)
     else:
         try:
             text = Path(path).read_text()

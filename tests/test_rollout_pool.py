@@ -383,11 +383,18 @@ def test_batched_stepping_hands_out_the_first_k_and_stragglers_later() -> None:
 
 
 @pytest.mark.usefixtures("local_ray")
-def test_fork_copies_the_leased_instance() -> None:
-    pool = RolloutPool("mini-terminal@1.0.0", size=1)
+def test_fork_copies_the_leased_instance_and_the_datasource_is_at_data(tmp_path: Path) -> None:
+    data = tmp_path / "dataset"
+    data.mkdir()
+    (data / "rows.txt").write_text("row-1\n")
+    for path in (data, data / "rows.txt"):  # an instance's root is `nobody` on the host
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    pool = RolloutPool("mini-terminal@1.0.0", size=1, datasource=str(data))
     pids = actor_pids(pool)
     try:
         lease = pool.acquire(timeout=T)
+        ref = lease.call_tool("execute_command", {"command": "cat /data/rows.txt"})
+        assert rollout.get(ref, timeout=T).structured["output"] == "row-1\n"
         command = {"command": "echo 7 > state.txt"}
         rollout.get(lease.call_tool("execute_command", command), timeout=T)
         forks = pool.fork(lease, 2)

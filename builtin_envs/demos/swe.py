@@ -15,7 +15,12 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["TASKS", "gold_patch", "policy", "task_for"]
+__all__ = ["DATA_VARIABLES", "TASKS", "gold_patch", "policy", "task_for"]
+
+DATA_VARIABLES = ("SWE_DATASET", "SWE_REPOS")
+"""The instance variables that name the dataset's rows file and repository directories in the
+instance: with ``aenv rollout --datasource DIR`` paths under ``/data``; a path of this machine
+is one the instance cannot see, refused before the run."""
 
 
 def task_for(row: Any) -> dict[str, Any]:

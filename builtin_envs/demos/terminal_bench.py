@@ -12,6 +12,11 @@ task's own (``tb_run_solution``: the script never leaves the instance).
 
     aenv rollout terminal-bench@1.0.0                         # these tasks, this policy
     aenv rollout terminal-bench@1.0.0 --tasks my_tasks.jsonl  # the same task format
+    aenv rollout terminal-bench@1.0.0 --datasource ./my-tb    # your dataset's tasks, at /data
+
+With ``--datasource DIR`` (a Terminal-Bench dataset: one directory per task, each with its
+``task.yaml``) and no ``--tasks``, the tasks are the dataset's (:func:`dataset_tasks`);
+:func:`check_dataset` refuses, before the run, a task the instances will not find.
 """
 
 from __future__ import annotations
@@ -19,9 +24,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TASKS", "policy", "reference_solution", "task_for"]
+__all__ = [
+    "DATA_VARIABLES",
+    "TASKS",
+    "check_dataset",
+    "dataset_tasks",
+    "policy",
+    "reference_solution",
+    "task_for",
+]
 
 _DEMO_TASKS = Path(__file__).resolve().parent.parent / "terminal_bench" / "demo_tasks"
+
+DATA_VARIABLES = ("TB_DATASET_DIR", "TB_TASK_DIR")
+"""The instance variables that name directories in the instance (the dataset, a task): a path
+of this machine there is one the instance cannot see (:func:`rollout.precheck.check_data_paths`)."""
 
 
 def task_for(path: Path, name: str | None = None) -> dict[str, Any]:
@@ -36,6 +53,59 @@ def task_for(path: Path, name: str | None = None) -> dict[str, Any]:
         "setup": [{"function": "tb_reset", "arguments": {"task": task.name}}],
         "reward_arguments": {},
     }
+
+
+def dataset_tasks(root: Path) -> list[dict[str, Any]]:
+    """The tasks (``aenv rollout`` form) of the Terminal-Bench dataset ``root``, the directory
+    given as the instances' datasource (``/data`` in them): one per task directory.
+
+    Raises :class:`~aenv_ray.errors.ConfigurationError` when ``root`` holds no task."""
+    from aenv_ray.errors import ConfigurationError
+    from builtin_envs.terminal_bench import task_names
+
+    names = task_names(root)
+    if not names:
+        raise ConfigurationError(
+            f"--datasource {root}: no Terminal-Bench task there (a task is a directory holding "
+            "a task.yaml); give the dataset's directory, or --tasks FILE"
+        )
+    return [task_for(root / name, name) for name in names]
+
+
+def check_dataset(
+    tasks: list[dict[str, Any]], datasource: Path | None, variables: dict[str, str]
+) -> None:
+    """Every task's ``tb_reset(task=NAME)`` finds its task in the instance: in the dataset
+    (``TB_DATASET_DIR``, default ``/data``: the datasource, ``datasource`` on this machine) or
+    among the bundled demo tasks. Raises :class:`~aenv_ray.errors.ConfigurationError` naming
+    both paths otherwise."""
+    from aenv_ray.errors import ConfigurationError
+    from builtin_envs.terminal_bench import task_names
+
+    demo = set(task_names(_DEMO_TASKS))
+    inside = (variables.get("TB_DATASET_DIR") or "/data").rstrip("/") or "/"
+    if datasource is not None and inside.startswith("/data"):
+        datasource = datasource / inside.removeprefix("/data").lstrip("/")
+    found = set(task_names(datasource)) if datasource is not None else set()
+    for task in tasks:
+        for step in task.get("setup") or []:
+            if not isinstance(step, dict) or step.get("function") != "tb_reset":
+                continue
+            name = (step.get("arguments") or {}).get("task")
+            if not isinstance(name, str) or name in found or name in demo:
+                continue
+            if datasource is None:
+                raise ConfigurationError(
+                    f"task `{task.get('id')}` resets to task `{name}`, which is not a bundled "
+                    "demo task, and no --datasource was given: the instances look for it in "
+                    f"{inside}/{name}; pass --datasource DIR (the dataset holding "
+                    f"{name}/task.yaml)"
+                )
+            raise ConfigurationError(
+                f"task `{task.get('id')}` resets to task `{name}`, which the instances will not "
+                f"find: no {datasource / name}/task.yaml on this machine ({inside}/{name} in "
+                "the instance) and no bundled demo task of that name"
+            )
 
 
 def reference_solution(task_id: str) -> str | None:
