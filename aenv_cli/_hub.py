@@ -5,8 +5,9 @@ The hub is ``AENV_SYSTEM_URL`` (``aenv config set url URL``) and the key ``AENV_
 (``aenv config set api-key KEY``); the variables win over the file. Every hub error comes back
 as its :mod:`aenv_ray.errors` class and leaves through ``aenv``'s one-line error rule.
 
-May import: typer, rich, ``aenv_ray`` (its bundle format inside commands). Not ``envhub`` nor
-the runtime: the load check before a push runs in a sandbox (``_loadcheck``).
+May import: typer, rich, ``aenv_ray`` (its bundle format inside commands); lazily, inside
+``list``: ``builtin_envs`` (which built-in lacks its data). Not ``envhub`` nor the runtime: the
+load check before a push runs in a sandbox (``_loadcheck``).
 """
 
 from __future__ import annotations
@@ -238,9 +239,12 @@ def list_envs(
 
 def _list_local(search: str, tags: list[str], as_json: bool, window: slice = slice(None)) -> None:
     """``aenv list`` without a hub: what ``aenv instance create NAME`` and ``Environment(NAME)``
-    find here, one line per version, and each broken project with what is wrong in it."""
+    find here, one line per version, and each broken project with what is wrong in it; a
+    built-in that lacks its data (tau2 without its package) says so, and how to install it."""
     from aenv_ray.resolve import available_environments, broken_environments
+    from builtin_envs import missing
 
+    lacking = missing()
     rows: list[dict[str, Any]] = []
     for ref, project in sorted(available_environments().items()):
         parsed = EnvRef.parse(ref)
@@ -257,6 +261,7 @@ def _list_local(search: str, tags: list[str], as_json: bool, window: slice = sli
                 "tags": [str(t) for t in config.get("tags") or []],
                 "description": str(config.get("description") or ""),
                 "error": None,
+                "missing": lacking.get(ref),
             }
         )
     rows = [
@@ -276,12 +281,14 @@ def _list_local(search: str, tags: list[str], as_json: bool, window: slice = sli
                     "tags": [],
                     "description": "",
                     "error": problem,
+                    "missing": None,
                 }
             )
     rows = rows[window]
     if as_json:
         print(json.dumps(rows, indent=2))
         return
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(box=None, title="no hub configured: the environments on this machine")
@@ -290,6 +297,9 @@ def _list_local(search: str, tags: list[str], as_json: bool, window: slice = sli
     for row in rows:
         if row["error"]:
             table.add_row("[red]broken[/red]", "-", row["project"], row["error"], style="red")
+        elif row["missing"]:
+            what = escape(f"not ready: {row['missing']}")
+            table.add_row(row["name"], row["version"], row["project"], what, style="yellow")
         else:
             table.add_row(row["name"], row["version"], row["project"], row["description"])
     console().print(table)

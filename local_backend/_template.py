@@ -60,6 +60,7 @@ class TemplateContext:
     workspace: str = "/workspace"  # deployConfig.workspace: mounted there, the working directory
     init_path: str | None = None
     default_timeout: float = 600.0
+    host_env: tuple[tuple[str, str], ...] = ()  # a built-in's host data (builtin_envs.host_data)
     datasource: str | None = None
     storage: str | None = None
     cgroup_procs: tuple[int, ...] = ()  # write-only cgroup.procs of the template's own groups
@@ -144,6 +145,7 @@ def _run(context: TemplateContext, channel: socket.socket) -> NoReturn:
         os.environ.clear()
         os.environ.update(BASE_ENV, HOME="/tmp", TMPDIR="/tmp")
         os.environ.update(EnvConfig.load(context.project).deploy_config.env)
+        os.environ.update(context.host_env)  # what the engine resolved on its host
         project = load_project(context.project)
     except BaseException as exc:
         _channel.send(

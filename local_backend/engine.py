@@ -106,6 +106,7 @@ class _Zygote:
     waiting: dict[str, asyncio.Future[dict[str, Any]]] = field(default_factory=dict)
     ready: asyncio.Future[dict[str, Any]] | None = None
     manifest: dict[str, Any] = field(default_factory=dict)
+    host_data: dict[str, str] = field(default_factory=dict)  # builtin_envs.host_data(root)
 
 
 class LocalEngine:
@@ -262,7 +263,8 @@ class LocalEngine:
         iid = uuid.uuid4().hex[:12]
         token = secrets.token_urlsafe(24)
         ttl = instance_ttl(spec.ttl, config.deploy_config)
-        env = {**config.deploy_config.env, **dict(spec.environment_variables)}
+        # a built-in's host data last: the directories the zygote bound, under their variables
+        env = {**config.deploy_config.env, **dict(spec.environment_variables), **zygote.host_data}
         resources = _resources(config)
         memory = resources["memory"]
         message: dict[str, Any] = {
@@ -474,11 +476,14 @@ class LocalEngine:
         await asyncio.to_thread(self._stop_zygote, zygote, 0)
 
     async def _zygote(self, root: Path, deadline: float) -> _Zygote:
+        host_data = _host_data(root)
         zygote = self._zygotes.get(root)
         if zygote is not None and zygote.process.poll() is None:
-            assert zygote.ready is not None
-            await _wait(zygote.ready, deadline, f"the template of {root.name}")
-            return zygote
+            if zygote.host_data == host_data:
+                assert zygote.ready is not None
+                await _wait(zygote.ready, deadline, f"the template of {root.name}")
+                return zygote
+            await self._replace_zygote(zygote, host_data)
         _, config = _load_config(str(root))
         resources = _resources(config)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -503,11 +508,12 @@ class LocalEngine:
             *(["--memory", str(resources["memory"])] if resources["memory"] else []),
             *(["--pids", str(resources["pids"])] if resources["pids"] else []),
             *(["--cpu", str(resources["cpu"])] if resources["cpu"] else []),
+            *(f"--host-data={variable}={path}" for variable, path in host_data.items()),
         ]
         process = _start_process(command, theirs.fileno())
         theirs.close()
         ours.setblocking(False)
-        zygote = _Zygote(root, process, ours, self._isolated, name)
+        zygote = _Zygote(root, process, ours, self._isolated, name, host_data=host_data)
         zygote.ready = self._loop.create_future()
         self._zygotes[root] = zygote
         self._loop.add_reader(ours.fileno(), self._on_message, zygote)
@@ -528,6 +534,18 @@ class LocalEngine:
             for warning in reply.get("warnings") or []:
                 _warn_once(str(warning))
         return zygote
+
+    async def _replace_zygote(self, zygote: _Zygote, host_data: dict[str, str]) -> None:
+        """A built-in's host data moved since its template started (``AENV_TAU2_DATA`` set or
+        changed, the package installed): stop the template, so that a new one reads the data
+        the library reads now; refused while instances of the old one run."""
+        if any(r.zygote is zygote and r.info.is_running for r in self._records.values()):
+            raise ConfigurationError(
+                f"{zygote.root.name}'s data on this host changed since its instances started "
+                f"({zygote.host_data} -> {host_data}); this engine's running instances read the "
+                "old one: release them first, or start the new instances on another engine"
+            )
+        await self._drop_zygote(zygote)
 
     def _on_message(self, zygote: _Zygote) -> None:
         while True:
@@ -788,6 +806,16 @@ ZYGOTE_VARIABLES = frozenset(
         "AENV_LOCAL_INIT",
     }
 )
+
+
+def _host_data(root: Path) -> dict[str, str]:
+    """What a built-in's instances read on this host (``builtin_envs.host_data``: tau2's data
+    directory, resolved here, from ``AENV_TAU2_DATA`` or the installed package). Computed by
+    aenv-ray's own code in the engine, never asked of the environment: a definition names no
+    host path."""
+    import builtin_envs
+
+    return builtin_envs.host_data(root)
 
 
 def zygote_environment(engine: dict[str, str] | None = None) -> dict[str, str]:

@@ -122,6 +122,7 @@ class Zygote:
         limits: Limits | None = None,
         default_timeout: float = 600.0,
         workspace: str = "/workspace",
+        host_data: dict[str, str] | None = None,
     ) -> None:
         self.control = control
         self.project = str(Path(project).resolve())
@@ -131,6 +132,8 @@ class Zygote:
         self.cgroup_name = cgroup_name
         self.network = network
         self.workspace = workspace  # its instances' workspace and working directory
+        # a built-in's host directories by their variable: bound read-only, set in the template
+        self.host_data = dict(host_data or {})
         self.limits = limits or Limits()
         self.default_timeout = default_timeout
         self.cgroups: Cgroups | None = None
@@ -162,7 +165,7 @@ class Zygote:
             from local_backend import _linux, _sandbox
             from local_backend._init import init_binary
 
-            paths = _sandbox.runtime_paths(Path(self.project))
+            paths = _sandbox.runtime_paths(Path(self.project), self.host_data.values())
             _sandbox.check_workspace_free(self.workspace, paths)
             self.keep_under_tmp = tuple(_sandbox.under_tmp(paths))
             init, why_not = init_binary()
@@ -203,6 +206,7 @@ class Zygote:
             workspace=self.workspace,
             init_path=self.init_path,
             default_timeout=self.default_timeout,
+            host_env=tuple(self.host_data.items()),
             datasource=key[0],
             storage=key[1],
             cgroup_procs=tuple(procs),
@@ -892,6 +896,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pids", type=int)
     parser.add_argument("--cpu", type=float)
     parser.add_argument("--log-level", default="WARNING")
+    parser.add_argument("--host-data", action="append", default=[], metavar="VARIABLE=DIR")
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
     from aenv_ray.config import quiet_notes
@@ -921,6 +926,7 @@ def main(argv: list[str] | None = None) -> int:
         limits=Limits(memory=args.memory, pids=args.pids, cpu=args.cpu),
         default_timeout=args.default_timeout,
         workspace=args.workspace,
+        host_data=dict(item.split("=", 1) for item in args.host_data),
     )
     try:
         zygote.prepare()

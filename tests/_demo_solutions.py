@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from builtin_envs.demos import mini_program, mini_terminal, swe, tau2, terminal_bench
+from builtin_envs.demos import mini_program, mini_terminal, swe, terminal_bench
 
 GOLD_KEYS = ("solution", "communicate", "solo", "gold_patch", "patch")
 
@@ -45,6 +45,8 @@ def solution_texts(env: str, task: dict[str, Any]) -> list[str]:
             line for line in script.splitlines() if len(line) >= 12 and not line.startswith("#!")
         ]
     elif env == "tau2":
+        from builtin_envs.demos import tau2  # reads tau2's data at import (tests/_tau2.py)
+
         reference = tau2.reference_solution(task)
         texts = list(reference.communicate)
         texts += [json.dumps(a["arguments"]) for a in reference.actions if a["arguments"]]

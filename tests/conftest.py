@@ -144,7 +144,10 @@ def kube_cluster() -> Iterator[KubeCluster]:
     the tools; where they are, a set-up or start that fails is a failure under
     ``AENV_REQUIRE_K8S=1`` (CI), a skip elsewhere."""
     if tools_dir() is None and not os.environ.get("AENV_TEST_KUBECONFIG"):
-        pytest.skip("no k8s-real tools (../shared/tools/k8s-real) and no AENV_TEST_KUBECONFIG")
+        pytest.skip(
+            "no k8s-real tools (AENV_K8S_REAL_TOOLS, else ../shared/tools/k8s-real) and no "
+            "AENV_TEST_KUBECONFIG naming a cluster"
+        )
     try:
         cluster = KubeCluster.start()  # the first time on a machine: a build of some minutes
     except RuntimeError as exc:
@@ -169,7 +172,7 @@ def rbac_cluster() -> Iterator[KubeCluster]:
     ``AENV_TEST_KUBECONFIG``'s: static tokens cannot be added to a running cluster). Skips, or
     fails under ``AENV_REQUIRE_K8S=1``, as ``kube_cluster`` does."""
     if tools_dir() is None:
-        pytest.skip("no k8s-real tools (../shared/tools/k8s-real): no RBAC cluster")
+        pytest.skip("no k8s-real tools (AENV_K8S_REAL_TOOLS, else ../shared/tools/k8s-real)")
     try:
         cluster = KubeCluster.start(rbac=True, users=RESTRICTED_USERS)
     except RuntimeError as exc:

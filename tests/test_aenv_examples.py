@@ -30,11 +30,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from aenv_ray.testing import RuntimeProcess
 from tests._chat_server import AgentModel, ChatServer
 from tests._cli import aenv as run_cli
+from tests._tau2 import require_tau2_data
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = ROOT / "tests" / "aenvironment"
@@ -191,13 +190,7 @@ def _tau2_respond(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_the_tau2_rl_agent_loop() -> None:
-    from builtin_envs.tau2.data import data_dir
-    from builtin_envs.tau2.errors import Tau2DataError
-
-    try:
-        data_dir()
-    except Tau2DataError as exc:  # pragma: no cover - only without the data
-        pytest.skip(f"tau2 data not installed: {exc}")
+    require_tau2_data()
     with ChatServer(_tau2_respond) as chat:
         done = _python(
             HERE / "tau2_agent.py",

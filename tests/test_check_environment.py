@@ -19,6 +19,7 @@ import pytest
 from aenv_ray.testing import ConformanceError, check_environment
 from builtin_envs import builtin_refs
 from tests._chat_server import AgentModel, ChatServer
+from tests._tau2 import require_tau2_data
 
 
 def _project(root: Path, name: str, source: str) -> Path:
@@ -66,6 +67,8 @@ _SWE_CALLS: dict[str, dict[str, Any]] = {
 
 @pytest.mark.parametrize("ref", sorted(builtin_refs()))
 async def test_every_builtin_environment_passes(ref: str) -> None:
+    if ref == "tau2@1.0.0":
+        require_tau2_data()
     calls = _tau2_calls() if ref == "tau2@1.0.0" else _SWE_CALLS if ref == "swe@1.0.0" else None
     with contextlib.ExitStack() as stack:
         variables = None

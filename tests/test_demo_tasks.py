@@ -19,12 +19,15 @@ import pytest
 from aenv_ray.errors import ConfigurationError
 from rollout.synthesis import AgentEnv, read_trajectories, synthesize
 from tests._demo_solutions import assert_holds_no_solution, solution_texts
+from tests._tau2 import require_tau2_data
 
 DEMOS = ["mini_terminal", "mini_program", "terminal_bench", "tau2", "swe"]
 
 
 @pytest.mark.parametrize("env", DEMOS)
 def test_no_demo_task_holds_its_solution(env: str) -> None:
+    if env == "tau2":
+        require_tau2_data()
     module = importlib.import_module(f"builtin_envs.demos.{env}")
     assert module.TASKS
     for task in module.TASKS:
@@ -39,6 +42,8 @@ async def test_a_task_the_scripted_policy_has_no_solution_for_is_refused_saying_
 ) -> None:
     """A task of your own with the demo policy: refused before any tool call (the policy has
     nothing to replay), as a ConfigurationError, which stops a run (below)."""
+    if env == "tau2":
+        require_tau2_data()
     module = importlib.import_module(f"builtin_envs.demos.{env}")
     with pytest.raises(ConfigurationError, match=r"give a policy \(--policy"):
         await module.policy({"id": "mine", "prompt": "p"}, None)

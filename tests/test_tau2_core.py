@@ -19,20 +19,17 @@ from aenv_cli import main
 from aenv_ray.errors import ConfigurationError
 from builtin_envs.tau2 import get_domain, grade
 from builtin_envs.tau2._docstring import parse_docstring
-from builtin_envs.tau2.data import data_dir
 from builtin_envs.tau2.db import deep_copy, dict_hash, frozen_copier
 from builtin_envs.tau2.environment import to_json_str
 from builtin_envs.tau2.errors import (
     ReplayMismatchError,
-    Tau2DataError,
     Tau2NotFoundError,
     TrajectoryError,
 )
+from tests._tau2 import require_tau2_data
 
-try:
-    data_dir()
-except Tau2DataError as exc:  # pragma: no cover - only without the data
-    pytest.skip(f"tau2 data not installed: {exc}", allow_module_level=True)
+require_tau2_data()
+
 
 USER = "mia_li_3668"
 

@@ -25,17 +25,14 @@ from aenv_ray import Environment
 from aenv_ray.errors import FunctionError
 from aenv_ray.testing import RuntimeProcess
 from builtin_envs import builtin_path
-from builtin_envs.demos import tau2 as demo
 from builtin_envs.tau2 import get_domain
-from builtin_envs.tau2.data import data_dir
-from builtin_envs.tau2.errors import Tau2DataError
 from tests._chat_server import ChatServer
 from tests._oracles import Tau2Oracle
+from tests._tau2 import require_tau2_data
 
-try:
-    data_dir()
-except Tau2DataError as exc:  # pragma: no cover - only without the data
-    pytest.skip(f"tau2 data not installed: {exc}", allow_module_level=True)
+require_tau2_data()  # before the demo module, which reads the data at import
+
+from builtin_envs.demos import tau2 as demo  # noqa: E402
 
 PROJECT = builtin_path("tau2@1.0.0") or Path("builtin_envs/tau2")
 GOLDEN = Path(__file__).parent / "tau2_golden" / "tau2_golden.json.gz"

@@ -17,20 +17,17 @@ from typing import Any
 
 import pytest
 
-from builtin_envs.tau2.data import data_dir
 from builtin_envs.tau2.domain import get_domain
-from builtin_envs.tau2.errors import Tau2DataError, TrajectoryError
+from builtin_envs.tau2.errors import TrajectoryError
 from builtin_envs.tau2.evaluator import grade
 from builtin_envs.tau2.messages import ToolCall
+from tests._tau2 import require_tau2_data
+
+require_tau2_data()
 
 GOLDEN = Path(__file__).parent / "tau2_golden" / "tau2_golden.json.gz"
 DOMAINS = ("airline", "retail")
 _PYDANTIC_URL = re.compile(r"errors\.pydantic\.dev/[0-9.]+/")
-
-try:
-    data_dir()
-except Tau2DataError as exc:  # pragma: no cover - only without the data
-    pytest.skip(f"tau2 data not installed: {exc}", allow_module_level=True)
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,11 @@ import pytest
 from builtin_envs.tau2.domain import get_domain
 from builtin_envs.tau2.messages import ToolCall
 from tests._oracles import Tau2Oracle
+from tests._tau2 import require_tau2_data
 from tests.tau2_golden.relational import relational_calls
 from tests.tau2_golden.telecom_cases import telecom_calls
+
+require_tau2_data()
 
 
 @pytest.fixture

@@ -24,15 +24,12 @@ import pytest
 import ray
 
 from builtin_envs.tau2 import get_domain
-from builtin_envs.tau2.data import data_dir
-from builtin_envs.tau2.errors import Tau2DataError
 from tests._chat_server import ChatServer
 from tests._cli import aenv as run_cli
+from tests._tau2 import require_tau2_data
 
-try:
-    data_dir()
-except Tau2DataError as exc:  # pragma: no cover - only without the data
-    pytest.skip(f"tau2 data not installed: {exc}", allow_module_level=True)
+require_tau2_data()
+
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-agent-key-5c1d"

@@ -6,21 +6,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from aenv_ray import Environment
 from aenv_ray.engine import SandboxEngine
-from builtin_envs.demos import tau2 as demo
 from builtin_envs.tau2 import get_domain
-from builtin_envs.tau2.data import data_dir
-from builtin_envs.tau2.errors import Tau2DataError
 from tests._cli import aenv as run_cli
 from tests._demo_solutions import assert_holds_no_solution
+from tests._tau2 import require_tau2_data
 
-try:
-    data_dir()
-except Tau2DataError as exc:  # pragma: no cover - only without the data
-    pytest.skip(f"tau2 data not installed: {exc}", allow_module_level=True)
+require_tau2_data()  # before the demo module, which reads the data at import
+
+from builtin_envs.demos import tau2 as demo  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
