@@ -128,11 +128,24 @@ def _loggers() -> list[logging.Logger]:
     return found
 
 
+def _closed(handler: logging.Handler) -> bool:
+    """A handler writing to a stream closed since: an earlier command's captured descriptors
+    (``fds=True``), kept by a logger a thread of that command configured after it returned.
+    Writing to it could only fail ("--- Logging error ---" in the next command's stderr)."""
+    stream = getattr(handler, "stream", None)
+    return bool(getattr(stream, "closed", False))
+
+
 @contextmanager
 def _fresh_process_state() -> Iterator[None]:
     """The logging tree, the default engine and the config's once-per-process notes as a new
-    process has them; the caller's restored afterwards."""
-    logs = [(lg, list(lg.handlers), lg.level, lg.propagate, lg.disabled) for lg in _loggers()]
+    process has them; the caller's restored afterwards (without handlers of closed streams)."""
+    logs = [
+        (lg, [h for h in lg.handlers if not _closed(h)], lg.level, lg.propagate, lg.disabled)
+        for lg in _loggers()
+    ]
+    for logger, kept, *_ in logs:
+        logger.handlers[:] = kept
     root = logging.getLogger()
     root.handlers[:] = []  # no pytest capture: a handler-less warning reaches stderr (lastResort)
     root.setLevel(logging.WARNING)

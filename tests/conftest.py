@@ -327,7 +327,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:
-        if K8S_FIXTURES & set(getattr(item, "fixturenames", ())):
+        # the k8s lane, not only the tests that name a cluster fixture: a test may get one by
+        # request.getfixturevalue (test_engine_conformance's kubernetes engine), and a second
+        # worker would start clusters of its own
+        if K8S_FIXTURES & set(getattr(item, "fixturenames", ())) or lane_of(item) == "k8s":
             group = "k8s"
         else:
             group = item.nodeid.split("::", 1)[0]

@@ -448,8 +448,9 @@ def test_a_redirect_is_not_followed_with_the_key(
     ("args", "said"),
     [
         (["--bundle", "http://x/b"], "--bundle needs --digest"),
-        (["proj", "--bundle", "http://x/b", "--digest", "sha256:" + "0" * 64], "not both"),
-        ([], "give a PROJECT directory or --bundle"),
+        (["proj", "--bundle", "http://x/b", "--digest", "sha256:" + "0" * 64], "give one of a"),
+        ([], "give one of a PROJECT directory, --bundle URL (with --digest) or --builtin"),
+        (["proj", "--builtin", "mini-terminal@1.0.0"], "give one of a PROJECT directory"),
         (["proj", "--digest", "sha256:" + "0" * 64], "go with --bundle"),
         (["--bundle", "http://x/b", "--digest", "sha256:" + "0" * 64, "--max-bundle", "0"], ""),
     ],
