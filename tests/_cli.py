@@ -146,6 +146,9 @@ def _fresh_process_state() -> Iterator[None]:
     ]
     for logger, kept, *_ in logs:
         logger.handlers[:] = kept
+        # a new process has no logger disabled (an earlier logging.config.dictConfig in this
+        # one, uvicorn's or Ray's, disables every logger that existed then)
+        logger.disabled = False
     root = logging.getLogger()
     root.handlers[:] = []  # no pytest capture: a handler-less warning reaches stderr (lastResort)
     root.setLevel(logging.WARNING)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -22,8 +23,8 @@ import typer
 from aenv_cli._app import _for_output, app
 from aenv_ray.loadcheck import scrub_paths
 from builtin_envs import builtin_refs
+from tests._cli import CHILD, environment
 from tests._cli import aenv as run_cli
-from tests._cli import environment
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -253,8 +254,17 @@ def test_a_load_error_told_below_a_directory_has_no_double_slash(tmp_path: Path)
 
 @pytest.mark.process  # the load check's sandbox is a process: its stderr is the command's
 def test_a_config_note_is_printed_once_by_build(tmp_path: Path, user: dict[str, str]) -> None:
+    # subprocess: the subject is what a fresh process and its zygote print on one stderr (in
+    # this process, what earlier tests did to the logging tree could hide the note)
     root = project(tmp_path, "noted", {"deployConfig": {"service": {"port": 9000}}})
-    done = run_cli("build", root, "--no-image", env=user, fds=True)
+    done = subprocess.run(
+        [*CHILD, "build", str(root), "--no-image"],
+        env={**os.environ, **user},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("deployConfig.service.port is not used by aenv-ray") == 1, done.stderr
 
