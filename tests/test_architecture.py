@@ -38,18 +38,10 @@ from typing import Any
 
 import pytest
 
+from tests._wheel import PACKAGES as WHEEL_PACKAGES
+
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = [
-    "aenv",
-    "aenv_cli",
-    "aenv_ray",
-    "builtin_envs",
-    "envhub",
-    "k8s_backend",
-    "local_backend",
-    "rollout",
-    "sandbox_runtime",
-]
+PACKAGES = list(WHEEL_PACKAGES)  # the top-level packages: the rooms of the house
 FOUNDATION = "aenv_ray"
 STDLIB = frozenset(sys.stdlib_module_names) | {"__future__"}
 

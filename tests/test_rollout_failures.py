@@ -26,22 +26,10 @@ from tests._chat_server import ChatServer, reply
 from tests._cli import CHILD
 from tests._cli import aenv as run_cli
 from tests._paced_policy import write_tasks as paced_tasks
+from tests.test_rollout_records import write_tasks  # the same tasks file
 
 ROOT = Path(__file__).resolve().parent.parent
 TERMINAL = "mini-terminal@1.0.0"
-
-
-def write_tasks(path: Path, *expected: str) -> Path:
-    tasks = [
-        {
-            "id": f"t{value}",
-            "prompt": f"write {value}",
-            "reward_arguments": {"path": "answer.txt", "expected": value},
-        }
-        for value in expected
-    ]
-    path.write_text("".join(json.dumps(task) + "\n" for task in tasks))
-    return path
 
 
 def model_rollout(url: str, out: Path, tasks: Path, *args: str) -> subprocess.CompletedProcess[str]:
