@@ -35,6 +35,7 @@ __all__ = [
     "pivot_root",
     "reap_children",
     "set_child_subreaper",
+    "set_command_line",
     "set_no_new_privs",
     "set_parent_death_signal",
     "sethostname",
@@ -138,6 +139,28 @@ def set_parent_death_signal(signum: int) -> None:
 def set_child_subreaper() -> None:
     """Orphaned descendants are re-parented to this process instead of init."""
     _check(_libc.prctl(_PR_SET_CHILD_SUBREAPER, ctypes.c_ulong(1), 0, 0, 0), "prctl(SUBREAPER)")
+
+
+def set_command_line(words: list[str]) -> bool:
+    """Show ``words`` as this process's ``/proc/self/cmdline`` (what ``ps`` prints), written
+    over the memory of the arguments it was exec'd with; cut to fit that memory. False where
+    it cannot be written (the kernel's view then stays the exec'd one).
+
+    A process forked without exec (a zygote forked by its launcher) otherwise shows its
+    parent's command line.
+    """
+    try:
+        with open("/proc/self/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (stat fields 48, 49)
+    except (OSError, IndexError, ValueError):
+        return False
+    size = end - start
+    if size <= 1:
+        return False
+    data = b"\0".join(w.encode(errors="replace") for w in words)[: size - 1]
+    ctypes.memmove(start, data.ljust(size, b"\0"), size)  # the last byte stays a NUL
+    return True
 
 
 def set_no_new_privs() -> None:

@@ -15,6 +15,10 @@ and any number of ``asyncio.run`` calls in one process.
 Owner death: the zygotes watch their control socket; when this process dies, even by SIGKILL,
 they kill every instance and exit.
 
+Warm zygotes: the engine's first zygote is exec'd cold and forks a launcher once the runtime is
+imported (``_launcher.py``); the engine's later zygotes (other definitions, a definition started
+again after an ``inspect``) fork from it instead of importing the runtime again.
+
 Host directories: ``InstanceSpec.datasource`` is bound read-only at ``/data``,
 ``InstanceSpec.storage`` read-write at ``/storage`` (shared by every instance given it, forks
 included; it outlives them). Instances write there as their root, which is ``nobody`` (65534)
@@ -45,7 +49,7 @@ from collections import OrderedDict
 from collections.abc import Coroutine
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from aenv_ray.config import EnvConfig, parse_cpu, parse_memory
 from aenv_ray.engine import (
@@ -69,6 +73,7 @@ from aenv_ray.errors import (
 )
 from aenv_ray.resolve import resolve_environment
 from local_backend._channel import MAX_MESSAGE
+from local_backend._launcher import Launcher, LauncherGone
 
 __all__ = ["ZYGOTE_VARIABLES", "Isolation", "LocalEngine", "host_warnings", "zygote_environment"]
 
@@ -95,10 +100,20 @@ class _Record:
     workspace: str | None = None  # plain-process mode: a host directory to remove
 
 
+class _Process(Protocol):
+    """A zygote's process: a ``subprocess.Popen`` (cold) or a launched one (warm)."""
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
+
+
 @dataclass
 class _Zygote:
     root: Path
-    process: subprocess.Popen[bytes]
+    process: _Process
     sock: socket.socket
     isolated: bool
     name: str  # its cgroup subtree: aenv-<owner>/<name>
@@ -131,6 +146,7 @@ class LocalEngine:
         self._records: OrderedDict[str, _Record] = OrderedDict()
         self._zygotes: dict[Path, _Zygote] = {}
         self._zygote_numbers = iter(range(1, 1 << 62))
+        self._launcher: Launcher | None = None  # forked by the first zygote (_launcher.py)
         self._buffer = bytearray(MAX_MESSAGE + 1)  # one zygote message (a manifest: up to 1 MiB)
         self._closed = False
         self._warned_storage: set[str] = set()
@@ -433,6 +449,9 @@ class LocalEngine:
         # takes no more work. They exit together, so waiting in turn costs the slowest one.
         for zygote in zygotes:
             self._stop_zygote(zygote, running)
+        if self._launcher is not None:
+            self._launcher.close()  # after the zygotes: none is forked while they stop
+            self._launcher = None
         for record in self._records.values():
             if record.info.state is not InstanceState.TERMINATED:
                 self._terminate(record, TerminationReason.DELETED, "the engine closed")
@@ -488,13 +507,8 @@ class LocalEngine:
         resources = _resources(config)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         name = f"z{next(self._zygote_numbers)}"
-        command = [
-            sys.executable,
-            "-m",
-            "local_backend.zygote",
+        arguments = [
             str(root),
-            "--control-fd",
-            str(theirs.fileno()),
             "--isolation",
             "namespaces" if self._isolated else "none",
             "--owner",
@@ -510,8 +524,13 @@ class LocalEngine:
             *(["--cpu", str(resources["cpu"])] if resources["cpu"] else []),
             *(f"--host-data={variable}={path}" for variable, path in host_data.items()),
         ]
-        process = _start_process(command, theirs.fileno())
-        theirs.close()
+        try:
+            process = await self._start_zygote(arguments, theirs.fileno(), deadline)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
         ours.setblocking(False)
         zygote = _Zygote(root, process, ours, self._isolated, name, host_data=host_data)
         zygote.ready = self._loop.create_future()
@@ -534,6 +553,37 @@ class LocalEngine:
             for warning in reply.get("warnings") or []:
                 _warn_once(str(warning))
         return zygote
+
+    async def _start_zygote(
+        self, arguments: builtins.list[str], control: int, deadline: float
+    ) -> _Process:
+        """A zygote with ``arguments`` and ``control`` as its socket: forked by this engine's
+        launcher when it has one, else exec'd cold (the first cold one forks a launcher)."""
+        environment = zygote_environment()
+        launcher = self._launcher
+        if launcher is not None and not launcher.gone and launcher.environment == environment:
+            try:
+                return await launcher.launch(arguments, control, deadline)
+            except LauncherGone as exc:
+                log.info("zygote launcher gone, starting cold", extra={"reason": str(exc)})
+        if launcher is not None and (launcher.gone or launcher.environment != environment):
+            self._launcher = None
+            await asyncio.to_thread(launcher.close)
+        command = [sys.executable, "-m", "local_backend.zygote", *arguments]
+        command += ["--control-fd", str(control)]
+        if self._launcher is not None:
+            return _start_process(command, [control], environment)
+        ours, theirs = _channel_pair()
+        try:
+            command += ["--launcher-fd", str(theirs.fileno())]
+            process = _start_process(command, [control, theirs.fileno()], environment)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._launcher = Launcher(ours, environment, self._loop)
+        return process
 
     async def _replace_zygote(self, zygote: _Zygote, host_data: dict[str, str]) -> None:
         """A built-in's host data moved since its template started (``AENV_TAU2_DATA`` set or
@@ -825,17 +875,23 @@ def zygote_environment(engine: dict[str, str] | None = None) -> dict[str, str]:
     return {name: value for name, value in source.items() if name in ZYGOTE_VARIABLES}
 
 
-def _start_process(command: list[str], fd: int) -> subprocess.Popen[bytes]:
+def _channel_pair() -> tuple[socket.socket, socket.socket]:
+    return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+
+def _start_process(
+    command: list[str], fds: list[int], environment: dict[str, str]
+) -> subprocess.Popen[bytes]:
     # a quick fork+exec on the engine's own thread; the zygote's slow start is awaited apart.
     # In "/": ``-m`` puts the working directory on sys.path, and the instances' view of the host
     # holds sys.path (the user's home directory, were it started there). Exec'd with an
     # environment built for it alone: every instance inherits the zygote's environment block
     return subprocess.Popen(
         command,
-        pass_fds=[fd],
+        pass_fds=fds,
         stdin=subprocess.DEVNULL,
         cwd="/",
-        env=zygote_environment(),
+        env=environment,
     )
 
 
@@ -847,7 +903,7 @@ async def _wait(future: asyncio.Future[T], deadline: float, what: str) -> T:
         raise StartupTimeoutError(f"{what} did not start in time", timeout=left) from exc
 
 
-def _stop_process(process: subprocess.Popen[bytes], *, grace: float) -> None:
+def _stop_process(process: _Process, *, grace: float) -> None:
     """Wait ``grace`` seconds for a zygote told to stop (its socket closed: it kills its
     instances, removes its cgroups and exits), then SIGKILL it (the caller cleans up after)."""
     with contextlib.suppress(subprocess.TimeoutExpired):

@@ -150,10 +150,7 @@ class Zygote:
     # -- set-up --------------------------------------------------------------------------------
     def prepare(self) -> None:
         """Open cgroups, build the template root (isolated), warm the runtime's imports."""
-        import local_backend._instance  # noqa: F401  (imported now: templates need not)
-        from sandbox_runtime import warm_imports
-
-        warm_imports()
+        _warm_imports()
         # not root: the groups of a cgroup subtree delegated to this user, where there is one
         cgroups = Cgroups.detect(self.owner, self.cgroup_name)
         self.warnings.extend(limit_warnings(cgroups, privileged=self.privileged))
@@ -879,6 +876,14 @@ def _checked_manifest(manifest: Any) -> dict[str, Any]:
     return manifest
 
 
+def _warm_imports() -> None:
+    """What every zygote imports before its own set-up (a launcher forks zygotes with it)."""
+    import local_backend._instance  # noqa: F401  (imported now: templates need not)
+    from sandbox_runtime import warm_imports
+
+    warm_imports()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m local_backend.zygote``."""
     from aenv_ray.logs import configure_logging
@@ -897,11 +902,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu", type=float)
     parser.add_argument("--log-level", default="WARNING")
     parser.add_argument("--host-data", action="append", default=[], metavar="VARIABLE=DIR")
+    parser.add_argument("--launcher-fd", type=int, help="fork a launcher on this socket")
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
     from aenv_ray.config import quiet_notes
 
     quiet_notes()  # the engine that started this read the project's config.json and told them
+    if args.launcher_fd is not None:  # the engine's first zygote: warm, fork its launcher
+        from local_backend._launcher import fork_launcher
+
+        _warm_imports()
+        fork_launcher(args.launcher_fd, main, owner=args.owner)
     isolated = args.isolation == "namespaces"
     privileged = os.geteuid() == 0  # before any user namespace: inside one, everyone is root
     if isolated and not privileged:
