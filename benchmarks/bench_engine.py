@@ -11,7 +11,11 @@ Measured in one run, next to baselines from the same run (the machine is noisy):
   over a raw aiohttp POST (the SDK's own set-up, health and info, is shown apart);
 - **fork -> first call**: ``LocalEngine.fork`` of a running instance, then one call;
 - **creations/s**: many creates in flight at once, each counted once its first call is answered;
-- **idle instances**: PSS and USS per instance (every process of it) and CPU used while idle.
+- **idle instances**: PSS and USS per instance (every process of it) and CPU used while idle;
+- **a definition's first instance**: create -> first call of an engine's first definition (its
+  zygote exec'd cold, importing the runtime) against a second definition's (its zygote forked
+  by the engine's launcher, ``local_backend/_launcher.py``), in wall time and in the zygote's
+  own CPU time (which a loaded machine does not inflate as much).
 
 Exit status 0 either way: a measurement, not a test.
 """
@@ -138,6 +142,37 @@ async def engine_runs(engine: LocalEngine, n: int, concurrent: int) -> dict[str,
     return results
 
 
+def first_instances(rounds: int) -> dict[str, list[float]]:
+    """Per round, a new engine: the first instance of ECHO (cold zygote), then of a copy of
+    ECHO in another directory (another definition: a zygote from the launcher)."""
+    import shutil
+    import tempfile
+
+    found: dict[str, list[float]] = {"cold": [], "warm": [], "cold_cpu": [], "warm_cpu": []}
+    with tempfile.TemporaryDirectory(prefix="aenv-bench-") as scratch:
+        other = Path(scratch) / "echo"
+        shutil.copytree(ECHO, other)
+
+        async def one(engine: LocalEngine, project: Path, key: Path, kind: str) -> None:
+            started = time.perf_counter()
+            info = await engine.create(InstanceSpec("echo@1.0.0", project=str(project)))
+            assert info.url is not None
+            async with aiohttp.ClientSession() as http:
+                await first_call(http, info.url, info.headers)
+            found[kind].append(time.perf_counter() - started)
+            zygote = engine._zygotes[key]  # the engine's own record: a measurement
+            found[f"{kind}_cpu"].append(_cpu(zygote.process.pid))
+
+        for _ in range(rounds):
+            engine = LocalEngine()
+            try:
+                asyncio.run(one(engine, ECHO, ECHO.resolve(), "cold"))
+                asyncio.run(one(engine, other, other.resolve(), "warm"))
+            finally:
+                engine.close()
+    return found
+
+
 def _processes(owner: str) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
@@ -202,6 +237,7 @@ def main() -> int:
 
     bare = bare_python(n)
     cold = cold_runtime(2 if args.quick else 4)
+    firsts = first_instances(2 if args.quick else 5)
     engine = LocalEngine()
     try:
         results = asyncio.run(engine_runs(engine, n, concurrent))
@@ -246,6 +282,15 @@ def main() -> int:
         f"{'met' if per_gib >= 1000 else 'missed'}"
     )
     print(f"  median of {len(creates)} creates: {statistics.median(creates) * 1e3:.1f} ms")
+    print("a definition's first instance (create -> first call; the zygote's own CPU)")
+    print(f"  cold zygote (the engine's first)   {ms(firsts['cold'])}")
+    print(f"  launched zygote (a second one)     {ms(firsts['warm'])}")
+    cold_cpu = statistics.median(firsts["cold_cpu"])
+    warm_cpu = statistics.median(firsts["warm_cpu"])
+    print(
+        f"  p50 ratio {pct(firsts['cold'], 0.5) / pct(firsts['warm'], 0.5):.1f}x faster; "
+        f"zygote CPU {cold_cpu:.2f} s cold, {warm_cpu:.2f} s launched"
+    )
     return 0
 
 

@@ -5,7 +5,8 @@ what runs inside an instance is ``sandbox_runtime``; this package starts, isolat
 ends the processes that run it. The direction is engine -> runtime -> SDK, never back.
 
 Owns :class:`LocalEngine` (the embedded default :class:`~aenv_ray.engine.SandboxEngine`), the
-zygote that forks instances from a warm template, the namespace and mount recipe of an isolated
+zygote that forks instances from a warm template (and the launcher that forks an engine's later
+zygotes warm), the namespace and mount recipe of an isolated
 instance, per-instance cgroups, and the instances' compiled pid 1 (``init.c``).
 
 May import: ``aenv_ray`` (engine contract, config, errors), ``sandbox_runtime``, platformdirs

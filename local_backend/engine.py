@@ -103,6 +103,8 @@ class _Record:
 class _Process(Protocol):
     """A zygote's process: a ``subprocess.Popen`` (cold) or a launched one (warm)."""
 
+    pid: int
+
     def poll(self) -> int | None: ...
 
     def wait(self, timeout: float | None = None) -> int: ...
