@@ -2,6 +2,10 @@
 
 ``python -m local_backend.zygote PROJECT --control-fd N [--isolation namespaces|none]``
 
+Given ``--launcher-fd M`` (an engine's first zygote), it forks a launcher on that socket once the
+runtime is imported, before anything of its own; the engine's later zygotes are forked from it
+and run :func:`main` as this one does (``_launcher.py``).
+
 The engine starts one zygote per definition with one end of a ``SOCK_SEQPACKET`` pair. The zygote
 imports the runtime (never the environment), opens its cgroups, builds the template root
 (``_sandbox.enter_template_root``) and forks a **template** (``_template.py``): a process that
