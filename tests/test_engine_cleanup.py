@@ -108,7 +108,11 @@ def run_owner(isolation: str, count: int) -> tuple[subprocess.Popen[str], dict[s
         cwd=REPO,
     )
     assert owner.stdout is not None
-    line = owner.stdout.readline()
+    try:
+        line = owner.stdout.readline()
+    except BaseException:  # the test's timeout, mid-creation: never leave the owner running
+        kill_owner(owner)
+        raise
     if not line:
         owner.wait(timeout=30)
         assert owner.stderr is not None
