@@ -28,6 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from aenv_ray.config import DeployConfig, parse_duration
 from aenv_ray.errors import ConfigurationError, InstanceUnreachableError
+from aenv_ray.extras import EXTRAS, install_hint
 
 __all__ = [
     "DEFAULT_TTL",
@@ -441,9 +442,10 @@ def new_engine(name: str, **options: Any) -> SandboxEngine:
         factory = entry.load()
     except ImportError as exc:
         missing = f"`{exc.name}`" if exc.name else "a module"
+        how = f"the extra that brings it: {install_hint(name)}" if name in EXTRAS else ""
         raise ConfigurationError(
             f"engine `{name}` ({entry.value}) needs {missing}, which is not installed: install "
-            f"the extra that brings it (pip install 'aenv-ray[{name}]') or the engine's package"
+            f"{how or 'the package that provides it'}"
         ) from exc
     engine = factory(**options)
     return engine  # type: ignore[no-any-return]

@@ -307,7 +307,8 @@ class ClosedError(AEnvError):
 
 class MissingExtraError(AEnvError, ImportError):
     """A part of aenv-ray was used whose optional dependencies are not installed; ``extra``
-    names what brings them: ``pip install 'aenv-ray[EXTRA]'`` (see :mod:`aenv_ray.extras`).
+    names what brings them: ``pip install 'aenv-ray[EXTRA]'``, from a checkout
+    ``pip install -e '.[EXTRA]'`` (:func:`aenv_ray.extras.install_hint`).
     The message is that one line."""
 
     def __init__(self, message: str = "", *, extra: str | None = None, **kw: Any) -> None:

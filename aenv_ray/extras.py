@@ -20,7 +20,10 @@ extra           brings                                             for
 Each part checks its extra where it is entered (its package's ``__init__``, or the function
 that needs it) with :func:`require_extra`, so a missing one fails at once with one line,
 a :class:`~aenv_ray.errors.MissingExtraError` (an ``ImportError``), instead of a
-``ModuleNotFoundError`` from deep inside; the CLI prints that line and exits non-zero.
+``ModuleNotFoundError`` from deep inside; the CLI prints that line and exits non-zero. The
+line says how for both kinds of users (:func:`install_hint`, the one wording of every message
+naming an extra): ``pip install 'aenv-ray[ray]'`` where aenv-ray is installed (pip keeps it
+and adds the extra's packages), ``pip install -e '.[ray]'`` in a checkout.
 
     >>> require_extra("ray", "rollout")  # nothing happens when it is installed
     >>> EXTRAS["hub"]
@@ -37,7 +40,7 @@ from contextlib import contextmanager
 
 from aenv_ray.errors import MissingExtraError
 
-__all__ = ["EXTRAS", "extra_imports", "missing_modules", "require_extra"]
+__all__ = ["EXTRAS", "extra_imports", "install_hint", "missing_modules", "require_extra"]
 
 EXTRAS: Mapping[str, tuple[str, ...]] = {
     "ray": ("ray", "gymnasium", "numpy"),
@@ -51,10 +54,23 @@ EXTRAS: Mapping[str, tuple[str, ...]] = {
 """The top-level modules each extra installs (the ones its users import), by extra."""
 
 
+def install_hint(extra: str) -> str:
+    """How to install ``extra``, right for an installed aenv-ray (pip keeps it and adds the
+    extra's packages) and for a checkout (the README's editable install): the one wording of
+    every message that names an extra.
+
+    >>> install_hint("ray")
+    "pip install 'aenv-ray[ray]' (from a checkout: pip install -e '.[ray]')"
+    """
+    if extra not in EXTRAS and extra not in ("all", "dev"):
+        raise ValueError(f"no extra `{extra}`; there are: {', '.join(EXTRAS)}")
+    return f"pip install 'aenv-ray[{extra}]' (from a checkout: pip install -e '.[{extra}]')"
+
+
 def _line(extra: str, what: str, missing: list[str]) -> str:
     return (
-        f"aenv-ray: {what} needs the '{extra}' extra: pip install 'aenv-ray[{extra}]' "
-        f"({', '.join(missing)} not installed)"
+        f"aenv-ray: {what} needs the '{extra}' extra: {install_hint(extra)}; "
+        f"{', '.join(missing)} not installed"
     )
 
 

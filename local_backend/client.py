@@ -17,6 +17,11 @@ after ``idle_exit`` seconds without a running instance or a request, or when
     info = await engine.create(InstanceSpec("mini-terminal@1.0.0"))
     await engine.aclose()  # info.id still runs; DaemonEngine(...).get(info.id) finds it
 
+A create cancelled while under way (an episode's timeout) leaves no instance: the daemon
+deletes what it made for a caller that is gone, and this client sends the cancelled create
+again with its idempotency key (answered by the instance the first one made) and deletes
+that, in the background; :meth:`DaemonEngine.aclose` waits for those deletions.
+
 Errors come back as the :mod:`aenv_ray.errors` class the daemon raised (its ``type``); a daemon
 that dies during a call is :class:`~aenv_ray.errors.InstanceBrokenError` (retryable: the next call
 starts a new daemon, without the old one's instances).
@@ -31,7 +36,9 @@ import asyncio
 import builtins
 import contextlib
 import json
+import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -44,7 +51,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-from aenv_ray.engine import InstanceInfo, InstanceSpec, Route, info_from_json
+from aenv_ray.engine import InstanceInfo, InstanceSpec, InstanceState, Route, info_from_json
 from aenv_ray.errors import (
     AEnvError,
     CallTimeoutError,
@@ -57,12 +64,15 @@ from aenv_ray.errors import (
     StartupTimeoutError,
     decode_error,
 )
-from local_backend.daemon import SOCKET_NAME
+from local_backend.daemon import IDEMPOTENCY_HEADER, SOCKET_NAME
 from local_backend.engine import host_warnings
 
 __all__ = ["DaemonEngine", "daemon_engine", "default_state_dir"]
 
+log = logging.getLogger("local_backend.client")
+
 LOG_NAME = "daemon.log"
+_ABANDONED_WAIT = 60.0  # seconds aclose waits for the deletions of cancelled creates' instances
 _BASE = "http://engine"  # the host is ignored: every connection goes to the Unix socket
 _CALL_TIMEOUT = 60.0  # get, list, delete, renew: seconds (a delete waits for the kill)
 _MARGIN = 15.0  # on top of a create's or fork's own timeout, for the HTTP exchange
@@ -120,6 +130,7 @@ class DaemonEngine:
         self._lock = threading.Lock()
         self._closed = False
         self._warned = False
+        self._abandoned: set[asyncio.Task[None]] = set()  # deletions of given-up creates
 
     @property
     def socket_path(self) -> Path:
@@ -147,6 +158,7 @@ class DaemonEngine:
         A name without a ``project`` is looked up here (in ``spec.env_path``, else this
         object's ``env_path``) when either is set, else by the daemon. Relative ``project``,
         ``datasource`` and ``storage`` paths are made absolute here (the daemon runs in ``/``).
+        A create cancelled while under way has its instance deleted (see the module docstring).
         """
         project = spec.project
         env_path = spec.env_path if spec.env_path is not None else self.env_path
@@ -170,10 +182,39 @@ class DaemonEngine:
         if not self._warned:  # what the daemon's engine cannot do here, told to our user once
             self._warned = True
             await asyncio.to_thread(host_warnings)
-        data = await self._request(
-            "POST", "/v1/instances", body, timeout=timeout + _MARGIN, env_name=spec.env_ref
-        )
+        key = secrets.token_hex(16)
+        try:
+            data = await self._send_create(body, key, timeout)
+        except asyncio.CancelledError:
+            task = asyncio.get_running_loop().create_task(self._delete_abandoned(body, key))
+            self._abandoned.add(task)
+            task.add_done_callback(self._abandoned.discard)
+            raise
         return _info(data)
+
+    async def _send_create(self, body: dict[str, Any], key: str, timeout: float) -> Any:
+        return await self._request(
+            "POST",
+            "/v1/instances",
+            body,
+            timeout=timeout + _MARGIN,
+            env_name=str(body["env"]),
+            headers={IDEMPOTENCY_HEADER: key},
+        )
+
+    async def _delete_abandoned(self, body: dict[str, Any], key: str) -> None:
+        """Delete the instance a cancelled create with idempotency key ``key`` made: the same
+        create sent again answers that instance, waiting for it if it is still starting (or,
+        if the first never reached the daemon, makes one, deleted as well)."""
+        try:
+            info = _info(await self._send_create(body, key, float(body["timeout"])))
+            if info.state is not InstanceState.TERMINATED:
+                await self.delete(info.id)
+        except AEnvError as exc:
+            log.warning(
+                "the instance of a cancelled create could not be deleted; it ends at its TTL",
+                extra={"env": body["env"], "error": str(exc)},
+            )
 
     async def get(self, instance_id: str) -> InstanceInfo:
         """The instance's current state, as the daemon knows it."""
@@ -226,12 +267,17 @@ class DaemonEngine:
 
         **The daemon and its instances keep running** (that is what this engine is for); stop
         them with :meth:`shutdown`. Calls after this raise :class:`~aenv_ray.errors.ClosedError`.
+        First waits (a create's time at most) for the deletions of this loop's cancelled
+        creates' instances.
         """
+        current = asyncio.get_running_loop()
+        mine = {task for task in self._abandoned if task.get_loop() is current}
+        if mine:
+            await asyncio.wait(mine, timeout=_ABANDONED_WAIT)
         self._closed = True
         with self._lock:
             states = list(self._loops.items())
             self._loops.clear()
-        current = asyncio.get_running_loop()
         for loop, state in states:
             if loop is current or not loop.is_running():
                 # its connections are closed after each request (force_close): nothing of the
@@ -371,6 +417,7 @@ class DaemonEngine:
         timeout: float = _CALL_TIMEOUT,
         instance_id: str | None = None,
         env_name: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> Any:
         state = await self._state()
         what = f"{method} {path}"
@@ -378,7 +425,11 @@ class DaemonEngine:
         while True:
             try:
                 async with state.session.request(
-                    method, _BASE + path, json=body, timeout=aiohttp.ClientTimeout(total=timeout)
+                    method,
+                    _BASE + path,
+                    json=body,
+                    headers=headers,
+                    timeout=aiohttp.ClientTimeout(total=timeout),
                 ) as reply:
                     status, raw = reply.status, await reply.read()
                 break

@@ -9,7 +9,8 @@ answers JSON over a Unix socket ``DIR/engine.sock`` (mode 0600: only its user):
 ``POST   /v1/instances``                    ``{"env", "project"?, "ttl"?, "timeout"?,
                                             "environment_variables"?, "arguments"?,
                                             "datasource"?, "storage"?, "owner"?,
-                                            "labels"?}`` -> instance (201)
+                                            "labels"?}`` -> instance (201); header
+                                            ``Idempotency-Key``? (see below)
 ``GET    /v1/instances[?env=REF]``          ``{"instances": [...]}``, newest first
 ``GET    /v1/instances/{id}``               instance
 ``DELETE /v1/instances/{id}``               instance, terminated
@@ -27,6 +28,15 @@ in its caller's process (the caller's ``AENV_ENV_PATH``) and sends ``project``, 
 ``ttl`` is seconds or a duration (``"30m"``); ``timeout`` is
 seconds to wait for the instance to start (default 60). An instance is
 :func:`~aenv_ray.engine.info_to_json`'s document.
+
+**No instance outlives a create its caller gave up.** A create whose caller is gone by the time
+the instance runs (it closed the connection: its task was cancelled, its process ended) has the
+instance deleted at once. A create sent with an ``Idempotency-Key`` header (8 to 128
+characters) is answered, for :data:`KEPT` seconds after it ends, by that create's outcome when
+sent again with the same key, waiting for it if it is still under way: the client of a cancelled
+create sends it again and deletes what it answers
+(:meth:`~local_backend.client.DaemonEngine.create`), which covers an answer lost after it was
+sent too.
 
 Errors are :func:`aenv_ray.errors.encode_error`'s envelope (``{"error", "type", "retryable",
 ...}``, ``type`` the name of the :mod:`aenv_ray.errors` class), with 400 (configuration), 404
@@ -46,7 +56,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,7 +64,7 @@ from typing import Any
 from aiohttp import web
 
 from aenv_ray.config import parse_duration
-from aenv_ray.engine import InstanceSpec, InstanceState, info_to_json
+from aenv_ray.engine import InstanceInfo, InstanceSpec, InstanceState, info_to_json
 from aenv_ray.errors import (
     AEnvError,
     AEnvTimeoutError,
@@ -66,13 +76,15 @@ from aenv_ray.errors import (
 )
 from local_backend.engine import LocalEngine
 
-__all__ = ["SOCKET_NAME", "main", "make_app"]
+__all__ = ["IDEMPOTENCY_HEADER", "KEPT", "SOCKET_NAME", "main", "make_app"]
 
 log = logging.getLogger("local_backend.daemon")
 
 SOCKET_NAME = "engine.sock"
 PID_NAME = "engine.pid"
 _DEFAULT_TIMEOUT = 60.0
+IDEMPOTENCY_HEADER = "Idempotency-Key"  # as the hub's (aenv_ray.hub)
+KEPT = 600.0  # seconds a create's outcome answers a create sent again with its idempotency key
 
 
 def _status(exc: AEnvError) -> int:
@@ -125,6 +137,45 @@ class _Activity:
             self.last = time.monotonic()
 
 
+@dataclass
+class _Creates:
+    """Creates by idempotency key: the one under way (or done, for :data:`KEPT` seconds) that a
+    create sent again with the same key answers."""
+
+    tasks: dict[str, tuple[float, asyncio.Task[InstanceInfo]]] = field(default_factory=dict)
+
+    def start(
+        self, key: str, create: Callable[[], Coroutine[Any, Any, InstanceInfo]]
+    ) -> asyncio.Task[InstanceInfo]:
+        """The create of ``key``: the one under way or kept, else ``create()`` started."""
+        if not 8 <= len(key) <= 128:
+            raise ConfigurationError(
+                f"{IDEMPOTENCY_HEADER} `{key[:40]}`: send 8 to 128 characters (a random one per "
+                "create, the same when it is sent again)"
+            )
+        now = time.monotonic()
+        for old, (started, task) in list(self.tasks.items()):
+            if task.done() and now - started > KEPT:
+                del self.tasks[old]
+        found = self.tasks.get(key)
+        if found is None:
+            task = asyncio.ensure_future(create())
+            task.add_done_callback(_retrieved)  # its error is its callers'
+            found = self.tasks[key] = (now, task)
+        return found[1]
+
+
+def _retrieved(task: asyncio.Task[InstanceInfo]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def _gone(request: web.Request) -> bool:
+    """Whether the caller of ``request`` closed its connection (it gave up on the answer)."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
 def _strings(body: Mapping[str, Any], key: str) -> dict[str, str]:
     value = body.get(key) or {}
     if not isinstance(value, Mapping):
@@ -165,6 +216,7 @@ def make_app(
 ) -> web.Application:
     """The daemon's HTTP API over ``engine`` (see the module docstring)."""
     routes = web.RouteTableDef()
+    creates = _Creates()
 
     @routes.post("/v1/instances")
     async def create(request: web.Request) -> web.Response:
@@ -182,7 +234,16 @@ def make_app(
             storage=body.get("storage"),
         )
         timeout = _seconds(body, "timeout") or _DEFAULT_TIMEOUT
-        info = await engine.create(spec, timeout=timeout)
+        key = request.headers.get(IDEMPOTENCY_HEADER)
+        if key is None:
+            info = await engine.create(spec, timeout=timeout)
+        else:  # shielded: the first caller's end does not end what a second one waits for
+            info = await asyncio.shield(
+                creates.start(key, lambda: engine.create(spec, timeout=timeout))
+            )
+        if _gone(request):  # nobody will learn of this instance: it would run until its TTL
+            log.info("create given up by its caller; instance deleted", extra={"id": info.id})
+            info = await engine.delete(info.id)
         return web.json_response(info_to_json(info), status=201)
 
     @routes.get("/v1/instances")

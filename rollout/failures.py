@@ -12,7 +12,9 @@ aenv-ray error), and a synthesis run stops on the first with :class:`PolicyCodeE
 whose reward or setup call the environment rejects stops it with :class:`TaskCallError`.
 
 Failures that are not the agent's are never recorded as its: a model endpoint that does not
-answer, or answers 5xx, 429, 401, 403 or 404 (after the request's retries) is
+answer, or answers 5xx or 429 (after the request's retries), or refuses the request with any
+other 4xx (a wrong key, URL or model, a request it cannot take; a 4xx saying the conversation
+is over the model's context is no failure: the episode is truncated) is
 :class:`ModelEndpointError`, an ``infrastructure_error``; a run whose episodes keep losing
 their endpoint the same way stops with :class:`ModelEndpointDownError`. A Ray that does not
 start is :class:`RayStartError`.
@@ -309,7 +311,10 @@ class TaskCallError(ConfigurationError):
 class ModelEndpointError(AEnvError):
     """The model endpoint of an episode failed, not the agent: it did not answer (connection
     refused, reset, timed out) or answered 5xx or 429 after every retry of the request, or
-    refused the request as a whole (401, 403, 404: a wrong key, URL or model). The episode is
+    refused the request (any other 4xx: 401 or 403 a wrong key, 404 a wrong URL or model, 400 a
+    request it cannot take, such as a tool's schema; not one saying the conversation is over
+    the model's context, which truncates the episode). The message names the endpoint, the
+    status and the endpoint's own error message. The episode is
     an ``infrastructure_error``; it is not run again on a fresh instance (the request was
     retried already). ``endpoint`` is the URL, ``status`` the HTTP status (``None``: no
     answer), ``kind`` what went wrong in a few words (``"HTTP 500"``, ``"no answer"``):

@@ -15,7 +15,8 @@ not decode to a valid action is the agent's error, answered as an observation.
 
 :func:`register` calls ``ray.tune.register_env(name, creator)``; the creator merges RLlib's
 ``env_config`` into the options of :func:`rollout.gym.make_env`. Needs ``ray[rllib]``
-(``pip install aenv-ray[rllib]``), which pins gymnasium 1.2.2.
+(``pip install 'aenv-ray[rllib]'``, from a checkout ``pip install -e '.[rllib]'``), which
+pins gymnasium 1.2.2.
 
 May import: ``aenv_ray``, ``rollout``, gymnasium, numpy; lazily, inside functions: ray.tune.
 Must not import: kubernetes (engines are injected).

@@ -64,10 +64,11 @@ from aenv_ray.errors import (
     FunctionErrorKind,
     FunctionNotFoundError,
 )
-from aenv_ray.extras import missing_modules, require_extra
+from aenv_ray.extras import install_hint, missing_modules, require_extra
 from aenv_ray.openai_tools import to_openai_tools
 from aenv_ray.retry import Backoff, aretry
 from aenv_ray.settings import get_settings
+from rollout._endpoint import ContextFull, context_full, error_message, refusal_advice
 from rollout.failures import (
     EpisodeOutcome,
     ModelEndpointDownError,
@@ -428,8 +429,11 @@ class OpenAIPolicy:
     is sent again up to ``retries`` times (:mod:`aenv_ray.retry`: 0.5 s, 1 s, 2 s, ... at most
     8 s apart; a ``Retry-After`` is honoured), then the episode ends with
     :class:`~rollout.failures.ModelEndpointError` (an ``infrastructure_error``), as it does at
-    once on 401, 403 or 404. Any other refusal (400: the conversation is too long, say) is the
-    agent's.
+    once on any other 4xx (a wrong key, URL or model, a request the endpoint cannot take: ours
+    to fix, not the agent's), its message naming the endpoint, the status and the endpoint's own
+    error message. A 4xx saying the conversation is over the model's context (OpenAI's
+    ``context_length_exceeded``, vLLM's "maximum context length") ends the episode as a cap
+    does: the agent's trajectory so far, marked truncated.
     """
 
     def __init__(
@@ -501,7 +505,15 @@ class OpenAIPolicy:
                 if self.logprobs:
                     body["logprobs"] = True
                 started = env.elapsed()
-                reply = await post(f"{self.base_url}/chat/completions", body)
+                try:
+                    reply = await post(f"{self.base_url}/chat/completions", body)
+                except ContextFull as full:  # the model's context, not the agent, ended it
+                    log.info(
+                        "episode truncated: the conversation is over the model's context",
+                        extra={"endpoint": self.base_url, "error": str(full)},
+                    )
+                    env.truncated = True
+                    return None
                 choice, message, calls = _read_reply(reply)
                 messages.append(message)
                 env.add_turn(
@@ -574,8 +586,8 @@ class OpenAIPolicy:
     ) -> Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]:
         """``post`` sent again while the endpoint does not answer (``unanswered``, a refused or
         lost connection, a timeout) or answers 5xx or 429; then :class:`ModelEndpointError`.
-        401, 403 and 404 are that error at once; another status is the agent's
-        (:class:`PolicyError`)."""
+        Another 4xx is that error at once, unless it says the conversation is over the model's
+        context (:class:`ContextFull`)."""
         no_answer: tuple[type[BaseException], ...] = (*unanswered, OSError, TimeoutError)
 
         def transient(exc: Exception) -> bool:
@@ -605,17 +617,23 @@ class OpenAIPolicy:
                     on_retry=on_retry,
                 )
             except _Answered as exc:
-                if transient(exc) or exc.status in (401, 403, 404):
-                    after = f" ({tries})" if transient(exc) else ""
+                said = error_message(exc.text)
+                if transient(exc):
                     raise ModelEndpointError(
-                        f"the model endpoint {self.base_url} answered {exc.status}{after}: "
-                        f"{exc.text[:200]}",
+                        f"the model endpoint {self.base_url} answered {exc.status} ({tries}): "
+                        f"{said}",
                         endpoint=self.base_url,
                         status=exc.status,
                         kind=f"HTTP {exc.status}",
                     ) from exc
-                raise PolicyError(
-                    f"model endpoint answered {exc.status}: {exc.text[:500]}"
+                if context_full(exc.status, exc.text):
+                    raise ContextFull(said) from exc
+                raise ModelEndpointError(
+                    f"the model endpoint {self.base_url} answered {exc.status}: {said}; "
+                    f"{refusal_advice(exc.status)} (a configuration failure, not the agent's)",
+                    endpoint=self.base_url,
+                    status=exc.status,
+                    kind=f"HTTP {exc.status}",
                 ) from exc
             except no_answer as exc:
                 raise ModelEndpointError(
@@ -1219,9 +1237,11 @@ class _EndpointWatch:
         count = self.failures[failure.signature]
         if self.limit and count >= self.limit:
             said = str(failure).removeprefix(f"the model endpoint {failure.endpoint} ")
+            retried = failure.status is None or failure.status >= 500 or failure.status == 429
+            how = "each after its retries" if retried else "refused each time"
             raise ModelEndpointDownError(
-                f"the model endpoint {failure.endpoint} failed {count} episodes in a row, each "
-                f"after its retries (it {said}); the run stopped, its records are kept (these "
+                f"the model endpoint {failure.endpoint} failed {count} episodes in a row, {how} "
+                f"(it {said}); the run stopped, its records are kept (these "
                 "episodes as infrastructure_error, none as the agent's): check the endpoint "
                 "(the URL, the server, its key), then run again into the same directory with "
                 "--retry-failed (retry_failed=True) to play them again",
@@ -1316,7 +1336,7 @@ async def _synthesize(
     if not with_parquet:
         log.warning(
             "trajectories.parquet is not written: pyarrow is not installed "
-            "(pip install 'aenv-ray[parquet]'); trajectories.jsonl holds every record",
+            f"({install_hint('parquet')}); trajectories.jsonl holds every record",
             extra={"run": str(run.path)},
         )
     started = time.perf_counter()

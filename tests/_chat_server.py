@@ -9,7 +9,9 @@ mini-terminal's command under its OpenAI name, writing the task's ``expected`` i
 tokens = 7 and 3) and, when the request asks for them, ``logprobs`` of its made-up tokens.
 ``requests`` keeps every request body, ``headers`` their headers. ``ChatServer(responder)``
 answers with ``responder(body)`` instead: a reply body, or ``(status, body)``, where a body of
-bytes is sent as it is (a malformed answer).
+bytes is sent as it is (a malformed answer). :data:`REFUSALS` are the error answers real
+endpoints give (OpenAI's and vLLM's bodies, as they send them), and :func:`refusing` a responder
+that answers the conversation's first turn and then one of them (or every turn, ``after=0``).
 
 :class:`AgentModel` is the stand-in model of the agent-as-environment tests
 (``builtin_envs/agent``): it answers by the conversation's last messages, whatever the level of
@@ -88,6 +90,86 @@ def reply(body: dict[str, Any]) -> dict[str, Any]:
             "total_tokens": prompt_tokens + len(tokens),
         },
     }
+
+
+# (status, body) of real endpoints' error answers, by what went wrong
+REFUSALS: dict[str, tuple[int, dict[str, Any]]] = {
+    # OpenAI: the conversation is over the model's context
+    "openai-context": (
+        400,
+        {
+            "error": {
+                "message": "This model's maximum context length is 8192 tokens. However, your "
+                "messages resulted in 8505 tokens. Please reduce the length of the messages.",
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded",
+            }
+        },
+    ),
+    # vLLM's OpenAI server (its ErrorResponse): the same
+    "vllm-context": (
+        400,
+        {
+            "object": "error",
+            "message": "This model's maximum context length is 4096 tokens. However, you "
+            "requested 4597 tokens (4085 in the messages, 512 in the completion). Please reduce "
+            "the length of the messages or completion.",
+            "type": "BadRequestError",
+            "param": None,
+            "code": 400,
+        },
+    ),
+    # OpenAI: a wrong key
+    "openai-401": (
+        401,
+        {
+            "error": {
+                "message": "Incorrect API key provided: sk-wrong. You can find your API key at "
+                "https://platform.openai.com/account/api-keys.",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "invalid_api_key",
+            }
+        },
+    ),
+    # OpenAI: a tool schema it does not take (a bad request from our side)
+    "openai-schema": (
+        400,
+        {
+            "error": {
+                "message": "Invalid schema for function 'execute_command': In context=(), "
+                "'additionalProperties' is required to be supplied and to be false.",
+                "type": "invalid_request_error",
+                "param": "tools[0].function.parameters",
+                "code": "invalid_function_parameters",
+            }
+        },
+    ),
+    # vLLM: a model it does not serve
+    "vllm-404": (
+        404,
+        {
+            "object": "error",
+            "message": "The model `test-model` does not exist.",
+            "type": "NotFoundError",
+            "param": None,
+            "code": 404,
+        },
+    ),
+}
+
+
+def refusing(kind: str, *, after: int = 1) -> Callable[[dict[str, Any]], Any]:
+    """A responder answering as :func:`reply` for a conversation's first ``after`` turns, then
+    with the refusal ``kind`` of :data:`REFUSALS`."""
+    refusal = REFUSALS[kind]
+
+    def respond(body: dict[str, Any]) -> Any:
+        turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
+        return reply(body) if turn < after else refusal
+
+    return respond
 
 
 class ChatServer:

@@ -974,3 +974,47 @@ def test_mypy_checks_every_package_and_every_builtin_project() -> None:
     assert sources, "no built-in project found"
     expected = [f"$MYPY_CONFIG_FILE_DIR/{(p / 'src').relative_to(ROOT)}" for p in sources]
     assert sorted(config["mypy_path"]) == sorted(["$MYPY_CONFIG_FILE_DIR", *expected])
+
+
+def test_every_line_naming_an_extra_says_how_from_an_install_and_from_a_checkout() -> None:
+    """The README installs from a checkout (``pip install -e '.[ray]'``), a user of a built
+    wheel has aenv-ray installed (``pip install 'aenv-ray[ray]'`` adds the extra's packages):
+    the line says both, and every message naming an extra gets it from the one helper."""
+    from aenv_ray.errors import MissingExtraError
+    from aenv_ray.extras import extra_imports, install_hint
+
+    with pytest.raises(MissingExtraError) as caught, extra_imports("kubernetes", "k8s_backend"):
+        raise ModuleNotFoundError("No module named 'kubernetes'", name="kubernetes")
+    assert str(caught.value) == (
+        "aenv-ray: k8s_backend needs the 'kubernetes' extra: pip install "
+        "'aenv-ray[kubernetes]' (from a checkout: pip install -e '.[kubernetes]'); "
+        "kubernetes not installed"
+    )
+    assert caught.value.extra == "kubernetes"
+    with pytest.raises(ValueError, match="no extra `rayy`"):
+        install_hint("rayy")
+    # no message spells an install command of its own (docstrings may show one)
+    documented = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    spelled = []
+    for package in PACKAGES:
+        for path in _files(package):
+            if path.name == "extras.py" and path.parent.name == "aenv_ray":
+                continue
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            docstrings = {
+                id(node.body[0].value)
+                for node in ast.walk(tree)
+                if isinstance(node, documented)
+                and node.body
+                and isinstance(node.body[0], ast.Expr)
+                and isinstance(node.body[0].value, ast.Constant)
+            }
+            spelled += [
+                f"{path.relative_to(ROOT)}:{node.lineno}"
+                for node in ast.walk(tree)
+                if isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and "aenv-ray[" in node.value
+                and id(node) not in docstrings
+            ]
+    assert not spelled, f"use aenv_ray.extras.install_hint: {spelled}"

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import pytest
 
@@ -32,6 +33,8 @@ from aenv_ray import (
     TerminationReason,
 )
 from aenv_ray.engine import SandboxEngine
+from aenv_ray.resolve import resolve_environment
+from local_backend._cgroups import hierarchy_roots
 from local_backend.client import DaemonEngine
 from tests._hostile import call, hostile_spec
 from tests._processes import processes_of
@@ -269,3 +272,80 @@ async def test_a_daemon_that_cannot_start_points_at_its_log(state_dir: Path) -> 
 def test_a_state_dir_too_long_for_a_socket_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match="too long"):
         DaemonEngine("/tmp/" + "x" * 120)
+
+
+def _groups(daemon_pid: int, pattern: str) -> set[str]:
+    """The names of the daemon's engine's cgroups ``aenv-<owner>/<zygote>/<pattern>``, in any
+    hierarchy: ``i-<id>`` an instance's, ``t<n>`` a template's."""
+    return {
+        group.name
+        for root in hierarchy_roots()
+        for group in root.glob(f"aenv-{daemon_pid}-*/*/{pattern}")
+        if group.is_dir()
+    }
+
+
+async def _terminated_of(engine: DaemonEngine, env_ref: str) -> bool:
+    """Whether ``env_ref`` has an instance at the daemon, and all it has are terminated."""
+    infos = await engine.list(env_ref=env_ref)
+    return bool(infos) and all(i.state is InstanceState.TERMINATED for i in infos)
+
+
+async def until_async(predicate: Any, what: str, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not await predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.1)
+
+
+async def _live(state_dir: Path) -> list[str]:
+    """The daemon's instances not terminated, asked by a client of its own."""
+    async with DaemonEngine(state_dir) as other:
+        return [i.id for i in await other.list() if i.state is not InstanceState.TERMINATED]
+
+
+async def test_a_cancelled_create_leaves_no_instance(state_dir: Path) -> None:
+    """A create cancelled while the daemon starts the instance (an episode's timeout) has it
+    deleted: the client sends the create again with its idempotency key, which answers the
+    instance the first one made, and deletes that; ``aclose`` waits for it."""
+    engine = DaemonEngine(state_dir)
+    try:
+        await engine.list()  # the daemon runs: what follows is the create alone
+        pid = _pid(state_dir)
+        starting = asyncio.ensure_future(engine.create(hostile_spec()))
+        # under way at the daemon: the template's zygote (cold) is starting for it
+        await until(lambda: bool(_instance_processes(pid)), "the create to reach the daemon")
+        starting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        await engine.aclose()  # waits for the deletion
+        assert await _live(state_dir) == []
+        # its cgroup goes once its processes are reaped (the zygote removes it)
+        await until(lambda: not _groups(pid, "i-*"), "the instance's cgroup to go")
+
+        # the control: the same create, not cancelled, leaves a running instance
+        async with DaemonEngine(state_dir) as again:
+            made = await again.create(hostile_spec())
+        assert await _live(state_dir) == [made.id]
+        # where the engine uses cgroups (its template has one), the instance has its own
+        assert _groups(pid, "i-*") == ({f"i-{made.id}"} if _groups(pid, "t*") else set())
+
+        # a caller gone before the answer without a key to send again with (its process
+        # ended): the daemon deletes what it made for nobody
+        _, project = resolve_environment("mini-terminal@1.0.0", "")
+        connector = aiohttp.UnixConnector(path=str(state_dir / "engine.sock"))
+        async with aiohttp.ClientSession(connector=connector) as raw:
+            body = {"env": "mini-terminal@1.0.0", "project": str(project)}
+            posting = asyncio.ensure_future(raw.post("http://engine/v1/instances", json=body))
+            await until(
+                lambda: bool(processes_of(f"local_backend.zygote\0{project}\0")),
+                "the mini-terminal create to reach the daemon",
+            )
+            posting.cancel()
+        async with DaemonEngine(state_dir) as again:
+            await until_async(
+                lambda: _terminated_of(again, "mini-terminal@1.0.0"), "its instance deleted"
+            )
+        assert await _live(state_dir) == [made.id]
+    finally:
+        await DaemonEngine(state_dir).shutdown()

@@ -1,10 +1,12 @@
 """Failures that are not the agent's stop ``aenv rollout`` or are marked as such (issue 25.6): a
 model endpoint that does not answer or answers 5xx (retried, then the run stops with one line
-naming it, no ``agent_error`` record), a Ray that does not start (one line with the
-alternatives), Ctrl-C (exit 130, what is done written, the command that resumes), a turn cap
-(``truncated``), and a summary whose mean says how failures count and whose wall time is the
-command's. The CLI runs in this process (tests/_cli.py) with ``--no-ray``, except where the
-subject is a process (signals, a Ray that does not start)."""
+naming it, no ``agent_error`` record) or refuses our request (any other 4xx: the same, at once,
+with the endpoint's own message), a conversation over the model's context (``truncated``), a Ray
+that does not start (one line with the alternatives), Ctrl-C (exit 130, what is done written,
+the command that resumes), a turn cap (``truncated``), and a summary whose mean says how
+failures count and whose wall time is the command's. The CLI runs in this process
+(tests/_cli.py) with ``--no-ray``, except where the subject is a process (signals, a Ray that
+does not start)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import pytest
 
 from rollout.failures import ModelEndpointDownError, ModelEndpointError
 from rollout.synthesis import Trajectory, Turn, _EndpointWatch, read_trajectories
-from tests._chat_server import ChatServer, reply
+from tests._chat_server import REFUSALS, ChatServer, refusing, reply
 from tests._cli import CHILD
 from tests._cli import aenv as run_cli
 from tests._paced_policy import write_tasks as paced_tasks
@@ -106,6 +108,50 @@ def test_a_model_endpoint_answering_5xx_is_retried_and_one_that_keeps_failing_st
     assert {r["outcome"] for r in read_trajectories(tmp_path / "broken")} == {
         "infrastructure_error"
     }
+
+
+def test_a_conversation_over_the_models_context_ends_the_episode_truncated(
+    tmp_path: Path,
+) -> None:
+    """A 400 saying the context is full (OpenAI's and vLLM's answers) is the agent's trajectory
+    cut, as a turn cap cuts it: ``ok``, ``truncated``, graded; not a failure of anyone."""
+    tasks = write_tasks(tmp_path / "tasks.jsonl", "a")
+    for kind in ("openai-context", "vllm-context"):
+        # the first turn calls tools, the second is refused
+        with ChatServer(refusing(kind)) as server:
+            done = model_rollout(server.url, tmp_path / kind, tasks, "-n", "1")
+            assert len(server.requests) == 2  # not retried: the conversation only grows
+        assert done.returncode == 0, done.stderr
+        (row,) = read_trajectories(tmp_path / kind)
+        assert (row["outcome"], row["truncated"], row["reason"]) == ("ok", True, None), kind
+        assert len(row["steps"]) == 2  # the agent's two tool calls are its trajectory
+        assert row["reward"] == 1.0  # the state it left is graded
+
+
+@pytest.mark.parametrize("kind", ["openai-401", "openai-schema", "vllm-404"])
+def test_a_model_endpoint_refusing_our_request_is_a_config_failure_that_stops_the_run(
+    tmp_path: Path, kind: str
+) -> None:
+    """Any other 4xx (a wrong key, model or URL, a request the endpoint cannot take) is ours to
+    fix: never the agent's, not retried, and the run stops early naming the endpoint, the
+    status and the endpoint's own message."""
+    status, body = REFUSALS[kind]
+    message = str(body["error"]["message"] if "error" in body else body["message"])
+    tasks = write_tasks(tmp_path / "tasks.jsonl", "a", "b")
+    with ChatServer(refusing(kind, after=0)) as server:
+        done = model_rollout(
+            server.url, tmp_path / "out", tasks, "-n", "6", "--endpoint-failures", "2"
+        )
+        assert len(server.requests) == 2  # one request per episode (no retries), 2 episodes
+    assert done.returncode == 1, done.stderr
+    (line,) = error_lines(done.stderr)
+    assert f"the model endpoint {server.url} failed 2 episodes in a row" in line
+    assert f"answered {status}: {message[:60]}" in line
+    assert "refused each time" in line
+    assert "(a configuration failure, not the agent's)" in line
+    rows = read_trajectories(tmp_path / "out")
+    assert [r["outcome"] for r in rows] == ["infrastructure_error"] * 2  # 4 never started
+    assert all(f"answered {status}" in r["reason"] for r in rows)
 
 
 def _ended(turns: int, error: BaseException | None = None) -> tuple[Trajectory, Any]:
