@@ -467,5 +467,18 @@ async def test_records_of_format_3_read_back_upgraded_and_a_resumed_run_keeps_th
     check_table_types(tmp_path, jsonl=False)
 
 
+def test_a_parquet_file_of_format_3_reads_back_upgraded(tmp_path: Path) -> None:
+    """Format 3's Parquet files held the nested fields as JSON text columns: they read back as
+    its JSONL lines do."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns = {k: [json.dumps(v) if isinstance(v, dict | list) else v] for k, v in FORMAT_3.items()}
+    columns["reward_components"] = [json.dumps(None)]
+    pq.write_table(pa.Table.from_pydict(columns), tmp_path / "trajectories.parquet")
+    (tmp_path / "trajectories.jsonl").write_text(json.dumps(FORMAT_3) + "\n")
+    assert read_trajectories(tmp_path / "trajectories.parquet") == read_trajectories(tmp_path)
+
+
 async def noop(task: dict[str, Any], env: AgentEnv) -> None:
     return None
