@@ -238,8 +238,8 @@ class AgentEnv:
                 usage=usage_of(usage),
                 logprobs=records.stored_logprobs(logprobs),
                 finish_reason=finish_reason if isinstance(finish_reason, str) else None,
-                prompt_token_ids=list(prompt_token_ids) if prompt_token_ids else None,
-                token_ids=list(token_ids) if token_ids is not None else None,
+                prompt_token_ids=None if prompt_token_ids is None else list(prompt_token_ids),
+                token_ids=None if token_ids is None else list(token_ids),
             )
         )
 
