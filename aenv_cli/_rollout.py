@@ -90,6 +90,14 @@ def rollout_command(
     logprobs: Annotated[
         bool, typer.Option("--logprobs", help="ask --model for its tokens' log-probabilities")
     ] = False,
+    token_ids: Annotated[
+        bool,
+        typer.Option(
+            "--token-ids",
+            help="ask --model for the token ids of each prompt and reply (return_token_ids: "
+            "vLLM, SGLang)",
+        ),
+    ] = False,
     retries: Annotated[
         int,
         typer.Option(
@@ -160,6 +168,7 @@ def rollout_command(
             system_prompt=system_prompt,
             temperature=temperature,
             logprobs=logprobs,
+            token_ids=token_ids,
             retries=retries,
             episode_timeout=episode_timeout,
             retry_failed=retry_failed,
@@ -237,6 +246,7 @@ def _rollout(
     system_prompt: str | None,
     temperature: float | None,
     logprobs: bool,
+    token_ids: bool,
     retries: int,
     episode_timeout: float,
     retry_failed: bool,
@@ -252,8 +262,11 @@ def _rollout(
         die("give --policy or --base-url, not both", EXIT_USAGE)
     if base_url is not None and model is None:
         die("--base-url needs --model", EXIT_USAGE)
-    if base_url is None and (temperature is not None or logprobs):
-        die("--temperature and --logprobs are settings of --base-url/--model", EXIT_USAGE)
+    if base_url is None and (temperature is not None or logprobs or token_ids):
+        die(
+            "--temperature, --logprobs and --token-ids are settings of --base-url/--model",
+            EXIT_USAGE,
+        )
     if engine is not None:
         check_engine_name(engine)  # a ConfigurationError: exit 2
     variables = pairs(env_var or [], "--env", from_environment=True)
@@ -289,6 +302,7 @@ def _rollout(
                 temperature=temperature,
                 system_prompt=system_prompt,
                 logprobs=logprobs,
+                token_ids=token_ids,
                 dialogue=demo_dialogue(env),  # a built-in whose user is simulated (tau2)
                 retries=model_retries,
             )

@@ -6,8 +6,10 @@ calls return Ray ``ObjectRef``\\ s (:class:`Lease`), first-K-ready batched stepp
 (:class:`StepBatch`), the failure model (:class:`EpisodeOutcome`, :func:`classify`,
 :func:`run_episode`), pool metrics (:class:`PoolStats`) and a loopback-only local Ray
 (:func:`init_local`). Its modules ``rollout.gym`` (gymnasium ``Env``/``VectorEnv``),
-``rollout.synthesis`` (batch trajectory synthesis, ``aenv rollout``), ``rollout.areal`` and
-``rollout.rllib`` (trainer adapters) say what they own in their own docstrings.
+``rollout.synthesis`` (batch trajectory synthesis, ``aenv rollout``), ``rollout.records`` (the
+record on disk: what the model saw, one type per field), ``rollout.rewards`` (the one reading
+of a reward's forms), ``rollout.areal`` and ``rollout.rllib`` (trainer adapters) say what they
+own in their own docstrings.
 
 May import: ``aenv_ray``, ray, gymnasium. Engines are chosen by name through
 ``aenv_ray.engine.new_engine`` (``engine="local"``, ``"daemon"``, ``"kubernetes"`` or another

@@ -18,6 +18,7 @@ import gymnasium.error
 from aenv_ray import ToolResult
 from aenv_ray.envref import did_you_mean
 from aenv_ray.errors import AEnvError, ConfigurationError, FunctionError, FunctionNotFoundError
+from rollout.rewards import split_reward
 from rollout.sources import InstanceHandle, InstanceSource
 
 if TYPE_CHECKING:
@@ -266,23 +267,28 @@ class Episode:
         reward = 0.0
         if terminated or truncated:
             self.is_over = True
-            reward = await self._reward(self.instance)
+            number, components = await self._reward(self.instance)
+            reward = 0.0 if number is None else number
+            info = {**info, "scored": number is not None, "reward_components": components}
         return observation, reward, terminated, truncated, info
 
     def _listing(self) -> str:
         names = [*self.tools, self.config.submit_tool] if self.tools else []
         return f"; tools: {', '.join(dict.fromkeys(names))}" if names else ""
 
-    async def _reward(self, instance: InstanceHandle) -> float:
+    async def _reward(self, instance: InstanceHandle) -> tuple[float | None, dict[str, Any] | None]:
+        """``(reward, components)`` of the episode (:func:`rollout.rewards.split_reward`: every
+        form ``aenv rollout`` takes); ``None``: the environment does not score it."""
         value = await instance.call_reward(dict(self.task.reward_arguments))
-        if isinstance(value, bool | int | float):
-            return float(value)
-        raise FunctionError(
-            f"the reward of `{self.source.label}` returned {value!r}; a gym reward is a number",
-            function="reward",
-            error_type="invalid_reward",
-            instance_id=instance.instance_id,
-        )
+        try:
+            return split_reward(value)
+        except ValueError as exc:
+            raise FunctionError(
+                f"`{self.source.label}`: {exc}; fix the reward",
+                function="reward",
+                error_type="invalid_reward",
+                instance_id=instance.instance_id,
+            ) from None
 
     async def _drop_instance(self) -> None:
         instance, self.instance = self.instance, None

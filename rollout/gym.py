@@ -40,7 +40,11 @@ The episode protocol:
   result is an object with ``"done": true``. **Truncation**: the ``max_steps``-th step (default
   50) that did not terminate.
 - **Reward.** 0.0 on every step but the last; on the last (terminated or truncated), the
-  environment's reward called with ``task.reward_arguments``, as a float.
+  environment's reward called with ``task.reward_arguments``, as a float. It takes every form
+  ``aenv rollout`` takes (:func:`rollout.rewards.split_reward`: a number, ``{"reward": x,
+  ...components}``, AEnvironment's ``{"score": x, ...}``); the last step's info adds
+  ``"reward_components"`` (the object's other keys, or None) and ``"scored"`` (False for
+  ``{"reward": null}``, an episode the environment does not score: its reward is 0.0).
 - **close()** releases the instance and stops the private event-loop thread. Infrastructure
   failures (a dead instance, a timeout) raise typed :mod:`aenv_ray.errors`.
 

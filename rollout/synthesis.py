@@ -68,6 +68,7 @@ from aenv_ray.extras import install_hint, missing_modules, require_extra
 from aenv_ray.openai_tools import to_openai_tools
 from aenv_ray.retry import Backoff, aretry
 from aenv_ray.settings import get_settings
+from rollout import records
 from rollout._endpoint import ContextFull, context_full, error_message, refusal_advice
 from rollout.failures import (
     EpisodeOutcome,
@@ -79,10 +80,10 @@ from rollout.failures import (
     is_programming_error,
     is_retryable,
 )
+from rollout.rewards import split_reward
 from rollout.run_directory import JSONL, RunDirectory, TornRecord, read_records
 from rollout.sources import InstanceHandle, InstanceSource, SDKSource
 from rollout.trajectories import (
-    NESTED_FIELDS,
     Step,
     ToolNaming,
     Trajectory,
@@ -126,9 +127,10 @@ class AgentEnv:
     """The instance as a policy sees it: every tool call is recorded as a :class:`Step`.
 
     A policy that talks to a model keeps the conversation here too: :meth:`add_message` for
-    the messages it sends, :meth:`add_turn` for each reply of the model (with its usage and
-    log-probabilities); tool names as the model saw them (the record names the real ones). A
-    policy that keeps none gets a conversation built from its tool calls.
+    the messages it sends, :meth:`add_turn` for each reply of the model (with its usage,
+    log-probabilities and token ids), all as the model saw them (the tool names it was offered:
+    the record keeps them, and the map to the environment's beside them). A policy that keeps
+    none gets a conversation built from its tool calls.
 
     A policy that stops at a cap of its own (turns, tokens) before the agent finished sets
     :attr:`truncated`: the record says so (``truncated``, gymnasium's sense: cut, not ended).
@@ -149,6 +151,7 @@ class AgentEnv:
         self.messages: list[dict[str, Any]] = []
         self.turns: list[Turn] = []
         self._tools = tools
+        self.offered: list[dict[str, Any]] | None = None  # what list_openai_tools gave
         self.naming = ToolNaming(tools or [])
         self.truncated = False
         self._started = time.perf_counter()
@@ -165,9 +168,11 @@ class AgentEnv:
         return [dict(tool) for tool in self._tools]
 
     async def list_openai_tools(self) -> list[dict[str, Any]]:
-        """The tools in OpenAI chat-completions form (names ``^[a-zA-Z0-9_-]{1,64}$``)."""
+        """The tools in OpenAI chat-completions form (names ``^[a-zA-Z0-9_-]{1,64}$``): the
+        record's ``tools``, the tools the model was offered."""
         tools = await self.list_tools()
-        return to_openai_tools(self.naming.env_ref or self.env_name, tools)
+        self.offered = to_openai_tools(self.naming.env_ref or self.env_name, tools)
+        return [dict(tool) for tool in self.offered]
 
     async def call_tool(
         self,
@@ -218,9 +223,13 @@ class AgentEnv:
         usage: Mapping[str, Any] | None = None,
         logprobs: Any = None,
         finish_reason: str | None = None,
+        prompt_token_ids: list[int] | None = None,
+        token_ids: list[int] | None = None,
     ) -> None:
         """Add the assistant ``message`` a model replied, asked at :meth:`elapsed` ``started``,
-        with the reply's ``usage`` and the choice's ``logprobs`` and ``finish_reason``."""
+        with the reply's ``usage``, the choice's ``logprobs`` (as the endpoint returned them:
+        ``{"content": [...]}``) and ``finish_reason``, and the token ids of the prompt and of
+        the completion where the server returned them (:func:`rollout.records.token_ids_of`)."""
         self.add_message(message)
         self.turns.append(
             Turn(
@@ -228,8 +237,10 @@ class AgentEnv:
                 started=round(started, 6),
                 seconds=round(self.elapsed() - started, 6),
                 usage=usage_of(usage),
-                logprobs=_jsonable(logprobs),
+                logprobs=records.stored_logprobs(logprobs),
                 finish_reason=finish_reason if isinstance(finish_reason, str) else None,
+                prompt_token_ids=None if prompt_token_ids is None else list(prompt_token_ids),
+                token_ids=None if token_ids is None else list(token_ids),
             )
         )
 
@@ -421,8 +432,10 @@ class OpenAIPolicy:
     the user), the conversation opens with the dialogue's messages and each answer goes to the
     user, whose reply continues it, until the dialogue says the episode is over (or
     ``max_turns``); ``system_prompt`` then replaces the opening's system message.
-    ``logprobs=True`` asks the endpoint for the log-probabilities of each reply's tokens. Every
-    message and each reply's ``usage`` and ``logprobs`` go into the episode's record. An
+    ``logprobs=True`` asks the endpoint for the log-probabilities of each reply's tokens,
+    ``token_ids=True`` for the token ids of each prompt and reply (``return_token_ids``: vLLM
+    and SGLang; OpenAI's own API refuses it). Every message as sent and received, and each
+    reply's ``usage``, ``logprobs`` and token ids go into the episode's record. An
     episode cut at ``max_turns`` is marked truncated (:attr:`AgentEnv.truncated`).
 
     The endpoint's failures are not the agent's: a request that gets no answer, or 5xx or 429,
@@ -446,6 +459,7 @@ class OpenAIPolicy:
         temperature: float | None = None,
         system_prompt: str | None = None,
         logprobs: bool = False,
+        token_ids: bool = False,
         http_client: Any = None,
         dialogue: Dialogue | None = None,
         retries: int = 5,
@@ -463,6 +477,7 @@ class OpenAIPolicy:
         self.temperature = temperature
         self.system_prompt = system_prompt
         self.logprobs = logprobs
+        self.token_ids = token_ids
 
     def settings(self) -> dict[str, Any]:
         """What a record says of this policy (never the API key)."""
@@ -474,6 +489,7 @@ class OpenAIPolicy:
             "temperature": self.temperature,
             "max_turns": self.max_turns,
             "logprobs": self.logprobs,
+            "token_ids": self.token_ids,
         } | ({} if self.dialogue is None else {"dialogue": type(self.dialogue).__name__})
 
     async def _opening(self, task: dict[str, Any], env: AgentEnv) -> list[dict[str, Any]]:
@@ -504,6 +520,8 @@ class OpenAIPolicy:
                     body["temperature"] = self.temperature
                 if self.logprobs:
                     body["logprobs"] = True
+                if self.token_ids:
+                    body["return_token_ids"] = True
                 started = env.elapsed()
                 try:
                     reply = await post(f"{self.base_url}/chat/completions", body)
@@ -516,12 +534,15 @@ class OpenAIPolicy:
                     return None
                 choice, message, calls = _read_reply(reply)
                 messages.append(message)
+                prompt_ids, completion_ids = records.token_ids_of(reply, choice)
                 env.add_turn(
                     message,
                     started=started,
                     usage=reply.get("usage"),
                     logprobs=choice.get("logprobs"),
                     finish_reason=choice.get("finish_reason"),
+                    prompt_token_ids=prompt_ids,
+                    token_ids=completion_ids,
                 )
                 if not calls:
                     answer = str(message.get("content") or "")
@@ -732,63 +753,25 @@ class SynthesisSummary:
         return set(self.outcomes) <= {EpisodeOutcome.OK.value}
 
 
-_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("episode_id", "string"),
-    ("task_id", "string"),
-    ("env", "string"),
-    ("env_ref", "string"),
-    ("instance_id", "string"),
-    ("outcome", "string"),
-    ("reason", "string"),
-    ("truncated", "bool_"),
-    ("reward", "float64"),
-    ("answer", "string"),
-    ("attempts", "int32"),
-    ("seconds", "float64"),
-    ("format", "int32"),
-)
-"""The record's scalar fields, each a Parquet column of its own type; every field of
-:data:`rollout.trajectories.NESTED_FIELDS` is a JSON text column."""
-
-
 def write_parquet(jsonl: Path, target: Path) -> None:
-    """Rewrite ``target`` from every row of ``jsonl``: the same rows, the scalar fields as typed
-    columns, the nested ones (:data:`~rollout.trajectories.NESTED_FIELDS`) as JSON text.
-    Needs the ``parquet`` extra (pyarrow)."""
+    """Rewrite ``target`` from every row of ``jsonl`` (records of any format): the same rows,
+    with real nested columns (:func:`rollout.records.arrow_schema`). Needs the ``parquet``
+    extra (pyarrow)."""
     require_extra("parquet", "writing trajectories.parquet")
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    rows = list(read_records(jsonl)[0].values())
-    columns: dict[str, list[Any]] = {name: [r.get(name) for r in rows] for name, _ in _COLUMNS}
-    for name in NESTED_FIELDS:
-        columns[name] = [json.dumps(r.get(name)) for r in rows]
-    schema = pa.schema(
-        [(name, getattr(pa, kind)()) for name, kind in _COLUMNS]
-        + [(name, pa.string()) for name in NESTED_FIELDS]
-    )
-    table = pa.Table.from_pydict(columns, schema=schema)
-    scratch = target.with_suffix(".parquet.tmp")
-    pq.write_table(table, scratch)
-    scratch.replace(target)
+    records.write_parquet(list(read_records(jsonl)[0].values()), target)
 
 
 def read_trajectories(path: str | Path) -> list[dict[str, Any]]:
     """The records of ``trajectories.jsonl`` or ``trajectories.parquet`` (or of the run
-    directory holding them: the JSONL file), as dicts: both files read back equal."""
+    directory holding them: the JSONL file), as dicts in this format's shape (an older record
+    upgraded: :func:`rollout.records.as_record`): both files read back equal."""
     path = Path(path)
     if path.is_dir():
         path = path / JSONL
     if path.suffix != ".parquet":
-        return list(read_records(path)[0].values())
+        return [records.as_record(row) for row in read_records(path)[0].values()]
     require_extra("parquet", "reading trajectories.parquet")
-    import pyarrow.parquet as pq
-
-    rows: list[dict[str, Any]] = pq.read_table(path).to_pylist()
-    for row in rows:
-        for name in NESTED_FIELDS:
-            row[name] = json.loads(row[name]) if row.get(name) is not None else None
-    return rows
+    return records.read_parquet(path)
 
 
 def describe_policy(
@@ -808,6 +791,7 @@ def describe_policy(
         "temperature": None,
         "max_turns": None,
         "logprobs": None,
+        "token_ids": None,
     }
 
 
@@ -947,7 +931,7 @@ async def _attempt(
                 value = await _task_call(
                     instance.call_reward(dict(task["reward_arguments"])), "reward", task
                 )
-                trajectory.reward, trajectory.reward_components = _split_reward(value, task)
+                trajectory.reward, trajectory.reward_components = _reward_of(value, task)
                 clock.lap("reward")
     except (ConfigurationError, EnvironmentNotFoundError):
         raise  # the environment, the task or the policy cannot work at all: no episode can
@@ -984,20 +968,19 @@ class _Clock:
 def _record_conversation(
     trajectory: Trajectory, agent: AgentEnv, system_prompt: str | None
 ) -> None:
-    """The agent's steps, turns, tools and conversation (real tool names) into the record."""
+    """The agent's steps, turns, the tools it was offered and its conversation, as the model
+    saw them, into the record; the map of the offered names to the environment's beside."""
     naming = agent.naming
     trajectory.truncated = agent.truncated
     trajectory.steps = agent.steps
     trajectory.turns = agent.turns
-    trajectory.tools = naming.openai_specs()
-    trajectory.tool_names = {
-        str(t["name"]): naming.openai_name(str(t["name"])) for t in naming.tools
-    }
+    trajectory.tools = agent.offered if agent.offered is not None else naming.offered()
+    trajectory.tool_names = naming.pairs()
     if agent.messages:
-        trajectory.messages = naming.with_real_names(agent.messages)
+        trajectory.messages = list(agent.messages)
     else:
         trajectory.messages = conversation_from_steps(
-            agent.steps, agent.task, trajectory.answer, system_prompt
+            agent.steps, agent.task, trajectory.answer, system_prompt, naming
         )
     trajectory.usage = sum_usage(agent.turns)
 
@@ -1025,34 +1008,17 @@ async def _task_call(call: Awaitable[Any], function: str, task: dict[str, Any]) 
 _REFUSED = (FunctionErrorKind.NOT_FOUND, FunctionErrorKind.INVALID_ARGUMENTS)
 
 
-def _split_reward(value: Any, task: dict[str, Any]) -> tuple[float | None, dict[str, Any] | None]:
-    """``(reward, components)`` of what the environment's reward returned: a number, or an
-    object with a number under ``"reward"`` and its components beside it; ``"reward": null``
-    is an episode the environment does not score (an invalid task): no reward, its components
-    kept. AEnvironment's template form, a number under ``"score"`` (no ``"reward"``), is that
-    number as the reward."""
-    if isinstance(value, int | float):
-        return float(value), None
-    if (
-        isinstance(value, dict)
-        and "reward" not in value
-        and isinstance(value.get("score"), int | float)
-    ):
-        value = {"reward": value["score"], **{k: v for k, v in value.items() if k != "score"}}
-    if isinstance(value, dict) and (
-        isinstance(value.get("reward"), int | float)
-        or ("reward" in value and value["reward"] is None)
-    ):
-        number = value["reward"]
-        components = {k: v for k, v in value.items() if k != "reward"}
-        return (None if number is None else float(number)), components
-    raise TaskCallError(
-        f"task {task['id']}: the environment's reward returned {str(value)[:120]!r}, not a "
-        'number or an object with a number under "reward" (or "score", AEnvironment\'s '
-        "template) and its components beside it; fix the reward",
-        function="reward",
-        task_id=str(task["id"]),
-    )
+def _reward_of(value: Any, task: dict[str, Any]) -> tuple[float | None, dict[str, Any] | None]:
+    """:func:`rollout.rewards.split_reward` of what the task's reward returned; a value that is
+    no reward form is :class:`TaskCallError` (the run stops)."""
+    try:
+        return split_reward(value)
+    except ValueError as exc:
+        raise TaskCallError(
+            f"task {task['id']}: {exc}; fix the reward",
+            function="reward",
+            task_id=str(task["id"]),
+        ) from None
 
 
 def _reason(exc: BaseException, episode_timeout: float | None) -> str:

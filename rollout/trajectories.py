@@ -1,17 +1,20 @@
 """The trajectory record: one episode as a trainer reads it (docs/rollout.md#the-record-format).
 
-A :class:`Trajectory` keeps the whole episode: the conversation in the OpenAI chat shape
-(``messages``: the system prompt, the user's prompt, each assistant turn with its tool calls
-under the tools' real names, each tool result as a ``role: tool`` message), the tools offered,
-each tool call as a timed :class:`Step`, each model turn as a :class:`Turn` (its token usage and
-log-probabilities when the endpoint returned them), the reward and its components, the resolved
-``name@version`` and instance id, and the policy with its settings.
+A :class:`Trajectory` keeps the whole episode as the model saw it: the conversation in the OpenAI
+chat shape (``messages``: the system prompt, the user's prompt, each assistant turn with its tool
+calls under the names the model was offered, each tool result as a ``role: tool`` message), the
+tools offered (``tools``) and the map of their names to the environment's (``tool_names``), each
+tool call as a timed :class:`Step` (under the environment's name), each model turn as a
+:class:`Turn` (its token usage, log-probabilities and token ids when the endpoint returned them),
+the reward and its components, the resolved ``name@version`` and instance id, and the policy
+with its settings. :meth:`Trajectory.to_json` is the record written to disk
+(:mod:`rollout.records`: one type per field).
 
 A policy that talks to a model writes the conversation itself (:class:`rollout.synthesis.
 OpenAIPolicy` does, through ``AgentEnv.add_message``); for any other policy the conversation is
 built from its tool calls (:func:`conversation_from_steps`): each call an assistant message with
-one tool call and its ``role: tool`` result, after the system prompt (if any) and the task's
-prompt, and the policy's answer last.
+one tool call (under its OpenAI-safe name) and its ``role: tool`` result, after the system prompt
+(if any) and the task's prompt, and the policy's answer last.
 
 May import: the standard library, ``aenv_ray``. Must not import: kubernetes.
 """
@@ -24,10 +27,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from aenv_ray.openai_tools import OpenAINames
+from rollout.records import FORMAT, as_record
 
 __all__ = [
     "FORMAT",
-    "NESTED_FIELDS",
     "Step",
     "ToolNaming",
     "Trajectory",
@@ -35,10 +38,6 @@ __all__ = [
     "conversation_from_steps",
     "sum_usage",
 ]
-
-FORMAT = 3
-"""The record format's version (``format`` in every record). 1: before conversations; 2:
-before ``truncated``."""
 
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
@@ -65,8 +64,10 @@ class Turn:
     started: float  # seconds since the episode started
     seconds: float
     usage: dict[str, int] | None = None  # prompt_tokens, completion_tokens, total_tokens
-    logprobs: Any = None  # the choice's ``logprobs`` as the endpoint returned it
+    logprobs: list[dict[str, Any]] | None = None  # rollout.records.stored_logprobs
     finish_reason: str | None = None
+    prompt_token_ids: list[int] | None = None  # the prompt's ids, where the server returned them
+    token_ids: list[int] | None = None  # the completion's ids, where the server returned them
 
 
 @dataclass
@@ -90,8 +91,8 @@ class Trajectory:
     env_ref: str | None = None  # the resolved ``name@version`` the instance served
     reward_components: dict[str, Any] | None = None  # what the reward returned beside the number
     messages: list[dict[str, Any]] = field(default_factory=list)
-    tools: list[dict[str, Any]] = field(default_factory=list)  # OpenAI specs, real names
-    tool_names: dict[str, str] = field(default_factory=dict)  # real name -> name the model saw
+    tools: list[dict[str, Any]] = field(default_factory=list)  # OpenAI specs, as offered
+    tool_names: list[dict[str, str]] = field(default_factory=list)  # {"name", "tool"} pairs
     turns: list[Turn] = field(default_factory=list)
     usage: dict[str, int] | None = None  # summed over the turns that reported it
     timings: dict[str, float] = field(default_factory=dict)  # acquire, setup, policy, reward
@@ -99,25 +100,9 @@ class Trajectory:
     format: int = FORMAT
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict (steps and turns as dicts)."""
-        return asdict(self)
-
-
-NESTED_FIELDS = (
-    "steps",
-    "task",
-    "retried",
-    "reward_components",
-    "messages",
-    "tools",
-    "tool_names",
-    "turns",
-    "usage",
-    "timings",
-    "policy",
-)
-"""The fields that are JSON text in ``trajectories.parquet`` (every other field is a column of
-its own type)."""
+        """The record: a JSON-ready dict of one type per field (:func:`rollout.records.
+        as_record`)."""
+        return as_record(asdict(self))
 
 
 class ToolNaming:
@@ -151,13 +136,13 @@ class ToolNaming:
             return real
         return self._names.to_openai(real.rsplit("/", 1)[-1])
 
-    def openai_specs(self) -> list[dict[str, Any]]:
-        """The tools as Chat Completions specs under their real names."""
+    def offered(self) -> list[dict[str, Any]]:
+        """The tools as Chat Completions specs under the names a model is offered."""
         return [
             {
                 "type": "function",
                 "function": {
-                    "name": str(tool["name"]),
+                    "name": self.openai_name(str(tool["name"])),
                     "description": tool.get("description", ""),
                     "parameters": tool.get("inputSchema", {"type": "object", "properties": {}}),
                 },
@@ -165,30 +150,31 @@ class ToolNaming:
             for tool in self.tools
         ]
 
-    def with_real_names(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """A copy of ``messages`` whose assistant tool calls name the tools' real names."""
-        out = []
-        for message in messages:
-            calls = message.get("tool_calls") if isinstance(message, Mapping) else None
-            if not calls:
-                out.append(message)
-                continue
-            renamed = []
-            for call in calls:
-                function = dict(call.get("function") or {})
-                if "name" in function:
-                    function["name"] = self.real(str(function["name"]))
-                renamed.append({**call, "function": function})
-            out.append({**message, "tool_calls": renamed})
-        return out
+    def offered_name(self, name: str) -> str:
+        """The name a model is offered for the tool a policy called ``name`` (``name`` itself
+        for a tool the instance does not have)."""
+        real = self.real(name)
+        return self.openai_name(real) if real in self._plain.values() else name
+
+    def pairs(self) -> list[dict[str, str]]:
+        """``{"name": offered name, "tool": the environment's name}`` of every tool."""
+        return [
+            {"name": self.openai_name(str(tool["name"])), "tool": str(tool["name"])}
+            for tool in self.tools
+        ]
 
 
 def conversation_from_steps(
-    steps: list[Step], task: Mapping[str, Any], answer: str | None, system_prompt: str | None
+    steps: list[Step],
+    task: Mapping[str, Any],
+    answer: str | None,
+    system_prompt: str | None,
+    naming: ToolNaming | None = None,
 ) -> list[dict[str, Any]]:
     """The conversation of a policy that called tools without a model: the system prompt,
-    the task's prompt, an assistant tool call and its result per step, the answer last. Each
-    step gets the id of its call (``call_0``, ``call_1``, ...) unless it had one."""
+    the task's prompt, an assistant tool call and its result per step (under the name
+    ``naming`` offers a model, else the step's), the answer last. Each step gets the id of its
+    call (``call_0``, ``call_1``, ...) unless it had one."""
     messages: list[dict[str, Any]] = []
     if system_prompt:
         messages.append({"role": "system", "content": system_prompt})
@@ -204,7 +190,10 @@ def conversation_from_steps(
                     {
                         "id": step.tool_call_id,
                         "type": "function",
-                        "function": {"name": step.tool, "arguments": json.dumps(step.arguments)},
+                        "function": {
+                            "name": step.tool if naming is None else naming.offered_name(step.tool),
+                            "arguments": json.dumps(step.arguments),
+                        },
                     }
                 ],
             }

@@ -5,8 +5,15 @@ answer while a test blocks on one).
 Every conversation goes the same way: the first reply asks for two tool calls (``call-a``: the
 mini-terminal's command under its OpenAI name, writing the task's ``expected`` into
 ``answer.txt``; ``call-b``: ``cat answer.txt`` under the plain name), the second answers
-``done``. Each reply carries ``usage`` (prompt tokens = the request's messages, completion
-tokens = 7 and 3) and, when the request asks for them, ``logprobs`` of its made-up tokens.
+``done``. The server tokenises as a byte-level model would (:func:`tokens`: one token per byte
+of UTF-8, its id the byte's value): the prompt is the request's messages and tools in a small
+chat template (:func:`render_prompt`), the completion the reply's text with each tool call
+written ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (:func:`render_reply`, as
+Hermes-style models write them). Each reply carries ``usage`` (the two token counts); asked
+with ``logprobs`` (``top_logprobs: N``), OpenAI's ``logprobs.content`` of each token (``N``
+alternatives); asked with ``return_token_ids``, the ids as vLLM returns them
+(``prompt_token_ids`` on the reply, ``token_ids`` on the choice), or as SGLang does (both on the
+choice) with ``ChatServer(sglang_reply)``.
 ``requests`` keeps every request body, ``headers`` their headers. ``ChatServer(responder)``
 answers with ``responder(body)`` instead: a reply body, or ``(status, body)``, where a body of
 bytes is sent as it is (a malformed answer). :data:`REFUSALS` are the error answers real
@@ -29,22 +36,57 @@ from typing import Any
 OPENAI_NAME = "mini-terminal_1_0_0__execute_command"
 
 
-def _logprobs(tokens: list[str]) -> dict[str, Any]:
-    return {
-        "content": [
-            {
-                "token": token,
-                "logprob": -0.25 * (i + 1),
-                "bytes": list(token.encode()),
-                "top_logprobs": [],
-            }
-            for i, token in enumerate(tokens)
-        ]
-    }
+def tokens(text: str) -> list[int]:
+    """The token ids of ``text``: its UTF-8 bytes (a byte-level vocabulary of 256)."""
+    return list(text.encode())
 
 
-def reply(body: dict[str, Any]) -> dict[str, Any]:
-    """The server's answer to the request ``body``."""
+def render_reply(message: dict[str, Any]) -> str:
+    """What the model wrote for the assistant ``message``: its text, then each tool call."""
+    parts = [str(message.get("content") or "")]
+    for call in message.get("tool_calls") or []:
+        function = call["function"]
+        said = {"name": function["name"], "arguments": json.loads(function["arguments"])}
+        parts.append(f"<tool_call>{json.dumps(said)}</tool_call>")
+    return "".join(parts)
+
+
+def render_prompt(body: dict[str, Any]) -> str:
+    """The prompt the model reads: the tools offered, each message, the assistant's turn."""
+    tools = [t["function"]["name"] for t in body.get("tools") or []]
+    text = f"<|tools|>{json.dumps(tools)}\n"
+    for message in body["messages"]:
+        said = (
+            render_reply(message)
+            if message["role"] == "assistant"
+            else _text(message.get("content"))
+        )
+        text += f"<|{message['role']}|>{said}\n"
+    return text + "<|assistant|>"
+
+
+def _logprobs(completion: str, top: int) -> dict[str, Any]:
+    """OpenAI's ``logprobs`` of each byte-token of ``completion``, ``top`` alternatives each."""
+    content = []
+    for i, byte in enumerate(completion.encode()):
+        token = bytes([byte]).decode("utf-8", "replace")
+        logprob = -0.125 * (i % 4 + 1)
+        alternatives = [
+            {"token": token, "logprob": logprob, "bytes": [byte]},
+            *(
+                {"token": chr(65 + k), "logprob": logprob - k - 1, "bytes": [65 + k]}
+                for k in range(top - 1)
+            ),
+        ][:top]
+        content.append(
+            {"token": token, "logprob": logprob, "bytes": [byte], "top_logprobs": alternatives}
+        )
+    return {"content": content}
+
+
+def reply(body: dict[str, Any], *, sglang: bool = False) -> dict[str, Any]:
+    """The server's answer to the request ``body`` (token ids where SGLang puts them with
+    ``sglang``, else where vLLM does)."""
     messages = body["messages"]
     prompt = next(m["content"] for m in messages if m["role"] == "user")
     expected = prompt.rsplit(" ", 1)[-1]
@@ -71,25 +113,35 @@ def reply(body: dict[str, Any]) -> dict[str, Any]:
                 },
             ],
         }
-        tokens, finish = ["<tool>", "echo", "cat"] + ["x"] * 4, "tool_calls"
+        finish = "tool_calls"
     else:
         message = {"role": "assistant", "content": "done"}
-        tokens, finish = ["do", "ne", "."], "stop"
+        finish = "stop"
+    completion = render_reply(message)
+    prompt_ids, completion_ids = tokens(render_prompt(body)), tokens(completion)
     choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
     if body.get("logprobs"):
-        choice["logprobs"] = _logprobs(tokens)
-    prompt_tokens = 10 * len(messages)
-    return {
+        choice["logprobs"] = _logprobs(completion, int(body.get("top_logprobs") or 0))
+    answer: dict[str, Any] = {
         "id": f"chatcmpl-{len(messages)}",
         "object": "chat.completion",
         "model": body["model"],
         "choices": [choice],
         "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": len(tokens),
-            "total_tokens": prompt_tokens + len(tokens),
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": len(completion_ids),
+            "total_tokens": len(prompt_ids) + len(completion_ids),
         },
     }
+    if body.get("return_token_ids"):
+        choice["token_ids"] = completion_ids
+        (choice if sglang else answer)["prompt_token_ids"] = prompt_ids
+    return answer
+
+
+def sglang_reply(body: dict[str, Any]) -> dict[str, Any]:
+    """:func:`reply`, with the token ids where SGLang puts them (both on the choice)."""
+    return reply(body, sglang=True)
 
 
 # (status, body) of real endpoints' error answers, by what went wrong

@@ -11,6 +11,7 @@ test_reward_exploits_swe.
 from __future__ import annotations
 
 import importlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,7 @@ async def test_the_mini_terminal_rollout_gives_its_policy_no_solution_and_reache
         assert record["reward"] == 1.0, record["reason"]
         assert_holds_no_solution("mini_terminal", record["task"], "record's task")
         # the control: the solution is what the policy did (its steps), not what it was given
-        commands = [step["arguments"]["command"] for step in record["steps"]]
+        commands = [json.loads(step["arguments_json"])["command"] for step in record["steps"]]
         assert commands[:2] == mini_terminal.reference_solution(record["task_id"])[:2]
 
     # a task it has no solution for stops the run before anything is recorded, instead of

@@ -32,6 +32,9 @@ ends without an exception. An HTML comment on the lines just above a fence chang
       (``tests/_chat_server.AgentModel``) whose URL replaces ``http://127.0.0.1:30000/v1`` in the
       block, a real hub with auth and ``--allow-network`` (``AENV_SYSTEM_URL``, a key in
       ``AENV_API_KEY``) with ``examples/agent_b`` pushed to it, a made-up ``OPENAI_API_KEY``.
+    - ``chat-stand-in``: for rollout.md's RL example: the deterministic OpenAI-compatible
+      server of the rollout tests (``tests/_chat_server.ChatServer``: byte-level token ids and
+      logprobs, as vLLM returns them), whose URL replaces ``http://127.0.0.1:8000/v1``.
     - ``pytest``: the block is a test module: run by pytest (``asyncio_mode=auto``, as this
       repository's tests), which must pass at least one test.
     - ``continues``: the block goes on from the previous Python block of its page, in the same
@@ -335,6 +338,11 @@ def agent_stand_in(ctx: Context) -> None:
     assert "published agent-b@1.0.0" in ctx.run("push", str(ROOT / "examples" / "agent_b"))
 
 
+def chat_stand_in(ctx: Context) -> None:
+    model = ctx.stack.enter_context(ChatServer())
+    ctx.rewrites.append(("http://127.0.0.1:8000/v1", model.url))
+
+
 def pytest_module(ctx: Context) -> None:
     ctx.pytest = True
 
@@ -345,6 +353,7 @@ def continues(ctx: Context) -> None:
 
 SETUPS: dict[str, Callable[[Context], None]] = {
     "agent-stand-in": agent_stand_in,
+    "chat-stand-in": chat_stand_in,
     "continues": continues,
     "guess-project": guess_project,
     "guess-served": guess_served,

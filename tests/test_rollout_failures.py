@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rollout.failures import ModelEndpointDownError, ModelEndpointError
+from rollout.records import FORMAT
 from rollout.synthesis import Trajectory, Turn, _EndpointWatch, read_trajectories
 from tests._chat_server import REFUSALS, ChatServer, refusing, reply
 from tests._cli import CHILD
@@ -189,7 +190,7 @@ def test_a_turn_cap_marks_the_record_truncated_and_the_summary_counts_failures_a
     (row,) = read_trajectories(tmp_path / "cut")
     assert (row["outcome"], row["truncated"], row["answer"]) == ("ok", True, None)
     assert row["reward"] == 1.0  # the environment's state is graded, as gymnasium's last step
-    assert row["format"] == 3
+    assert row["format"] == FORMAT
     (parquet,) = read_trajectories(tmp_path / "cut" / "trajectories.parquet")
     assert parquet["truncated"] is True
     said = " ".join(done.stderr.split())

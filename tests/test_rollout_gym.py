@@ -193,9 +193,10 @@ def test_malformed_actions_are_observations_not_exceptions(terminal: ToolEnv) ->
         obs, reward, terminated, truncated, info = terminal.step(action)
         assert expected in obs, obs
         assert "tools: execute_command, submit" in obs
-        assert info == {"tool": "", "is_error": True, "error_kind": "invalid_action"}
+        ended = {"scored": True, "reward_components": None} if truncated else {}
+        assert info == {"tool": "", "is_error": True, "error_kind": "invalid_action", **ended}
         assert (reward, terminated) == (0.0, False)
-        if truncated:  # max_steps=4: the 4th step ends the episode
+        if truncated:  # max_steps=4: the 4th step ends the episode (the reward's info added)
             terminal.reset()
     # the tool's own errors come back as they are
     obs, *_, info = terminal.step({"tool": "exec_command", "arguments": {"command": "ls"}})

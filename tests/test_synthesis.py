@@ -53,14 +53,14 @@ async def test_the_demo_job_records_every_episode_and_a_rerun_skips_them(tmp_pat
         assert row["steps"], row
         step = row["steps"][0]
         assert step["tool"] == f"{TERMINAL}/execute_command"  # the tool's real name
-        assert set(step["arguments"]) == {"command"}
+        assert set(json.loads(step["arguments_json"])) == {"command"}
         assert step["seconds"] > 0
         assert step["is_error"] is False
     assert summary.tool_calls == sum(len(r["steps"]) for r in recorded)
     table = pq.read_table(tmp_path / "trajectories.parquet")
     assert table.num_rows == 6
     assert set(table.column("outcome").to_pylist()) == {"ok"}
-    assert json.loads(table.column("steps")[0].as_py())[0]["tool"] == f"{TERMINAL}/execute_command"
+    assert table.column("steps")[0].as_py()[0]["tool"] == f"{TERMINAL}/execute_command"
 
     again = await synthesize(TERMINAL, episodes=8, concurrency=3, out=tmp_path)
     assert again.skipped == 6
