@@ -34,8 +34,11 @@ kubernetes (engines are injected).
 A **task** is a dict: ``id`` (default: its position), ``prompt`` (what an agent is told),
 ``setup`` (optional list of ``{"function": NAME, "arguments": {...}}`` called before the
 policy), ``reward_arguments`` (the arguments of the environment's reward; absent: no reward
-call); other keys are the policy's own (a scripted policy's solution, say). ``id``, ``prompt``
-and ``reward_arguments`` mean the same in :class:`rollout.gym.Task`.
+call); other keys are the policy's own. The policy is given the task without its
+``reward_arguments`` and without any reference solution (``solution``, ``patch``, ...); the
+record keeps the ``reward_arguments``, never a reference solution
+(:mod:`rollout.task_view`). ``id``, ``prompt`` and ``reward_arguments`` mean the same in
+:class:`rollout.gym.Task`.
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ from rollout.failures import (
 from rollout.rewards import split_reward
 from rollout.run_directory import JSONL, RunDirectory, TornRecord, read_records
 from rollout.sources import InstanceHandle, InstanceSource, SDKSource
+from rollout.task_view import policy_view, record_view
 from rollout.trajectories import (
     Step,
     ToolNaming,
@@ -885,7 +889,7 @@ async def _attempt(
     retryable = False
     error: BaseException | None = None
     trajectory = Trajectory(
-        episode_id, str(task["id"]), env_name, EpisodeOutcome.OK.value, task=task
+        episode_id, str(task["id"]), env_name, EpisodeOutcome.OK.value, task=record_view(task)
     )
     instance: InstanceHandle | None = None
     broken = False
@@ -909,11 +913,12 @@ async def _attempt(
                 )
             # the tools as the policy meets them: a setup call may change them (a reset to
             # another task's domain)
-            agent = AgentEnv(instance, env_name, task, tools=await instance.list_tools())
+            given = policy_view(task)  # no reward_arguments, no reference solution
+            agent = AgentEnv(instance, env_name, given, tools=await instance.list_tools())
             trajectory.env_ref = agent.naming.env_ref
             clock.lap("setup")
             try:
-                answer = await policy(task, agent)
+                answer = await policy(given, agent)
             except (AEnvError, TimeoutError):
                 raise
             except Exception as exc:

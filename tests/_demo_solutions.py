@@ -75,3 +75,54 @@ def assert_holds_no_solution(env: str, task: dict[str, Any], where: str = "task"
     for text in solution_texts(env, task):
         assert not any(text in s for s in strings), f"{env} {where} {task['id']}: {text!r}"
         assert text not in flat, f"{env} {where} {task['id']}: {text!r}"
+
+
+GIVEN: dict[str, list[dict[str, Any]]] = {}
+"""What each watched demo policy (:func:`watched`) was given, per demo: ``{"task": the task
+dict, "env_task": the AgentEnv's ``task``}`` per episode, in this process."""
+
+
+def watched(env: str) -> Any:
+    """The demo policy of ``env`` (a module name of ``builtin_envs.demos``), recording in
+    :data:`GIVEN` what it was given before it plays: ``aenv rollout ... --no-ray --policy
+    tests._demo_solutions:watched_swe`` (the CLI in this process)."""
+    import copy
+    import importlib
+
+    async def policy(task: dict[str, Any], agent: Any) -> str | None:
+        seen = {"task": copy.deepcopy(task), "env_task": copy.deepcopy(agent.task)}
+        GIVEN.setdefault(env, []).append(seen)
+        module = importlib.import_module(f"builtin_envs.demos.{env}")
+        return await module.policy(task, agent)  # type: ignore[no-any-return]
+
+    policy.__qualname__ = f"watched_{env}"
+    return policy
+
+
+watched_mini_terminal = watched("mini_terminal")
+watched_mini_program = watched("mini_program")
+watched_terminal_bench = watched("terminal_bench")
+watched_tau2 = watched("tau2")
+watched_swe = watched("swe")
+
+
+def assert_given_no_grader_fields(
+    env: str, tasks: list[dict[str, Any]], records: list[dict[str, Any]]
+) -> None:
+    """Every episode's policy of ``env`` (watched, :data:`GIVEN`) got its task without the
+    reward's arguments and without a reference solution, as did its ``AgentEnv``; each record's
+    ``task`` keeps the reward's arguments (re-grading needs them) and holds no solution.
+    ``tasks`` are the tasks as given to the run; ``records`` its records."""
+    given = GIVEN.pop(env, [])
+    assert len(given) == len(records), (env, len(given), len(records))
+    by_id = {str(task["id"]): task for task in tasks}
+    for seen in given:
+        task = seen["task"]
+        assert seen["env_task"] == task
+        assert "reward_arguments" not in task, (env, task)
+        assert task["prompt"] == by_id[task["id"]]["prompt"]  # the control: it is the task
+        assert_holds_no_solution(env, task, "policy's task")
+    for record in records:
+        original = by_id[record["task_id"]]
+        assert record["task"]["reward_arguments"] == original["reward_arguments"]
+        assert_holds_no_solution(env, record["task"], "record's task")

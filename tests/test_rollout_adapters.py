@@ -52,6 +52,29 @@ async def test_areal_runs_the_model_behind_its_proxy_and_returns_a_float(
     assert [s["tool"] for s in steps] == [f"{TERMINAL}/execute_command"]  # the real name
 
 
+async def test_areal_gives_its_policy_the_task_without_what_grades_it() -> None:
+    """AReaL's ``data`` reaches the policy (and its ``AgentEnv``) without ``reward_arguments``
+    (the expected answer) or a reference solution; the reward still gets its arguments, and the
+    record keeps them, never the solution."""
+    given: list[tuple[dict[str, Any], dict[str, Any]]] = []
+
+    async def policy(task: dict[str, Any], env: AgentEnv) -> None:
+        given.append((dict(task), dict(env.task)))
+        await env.call_tool("execute_command", {"command": "echo 55 > answer.txt"})
+
+    workflow = AEnvWorkflow(TERMINAL, policy=policy)
+    reward = await workflow.run({**TASK, "id": "a", "solution": "echo 55 > answer.txt"})
+    assert reward == 1.0  # the reward got its arguments
+    assert given == [({"id": "a", "prompt": TASK["prompt"]},) * 2]
+    assert workflow.last_trajectory is not None
+    recorded = workflow.last_trajectory.to_json()["task"]
+    assert recorded == {
+        "id": "a",
+        "prompt": TASK["prompt"],
+        "reward_arguments": TASK["reward_arguments"],
+    }
+
+
 async def test_areal_legacy_entry_point(chat_endpoint: tuple[str, list[dict[str, Any]]]) -> None:
     url, _ = chat_endpoint
     workflow = AEnvWorkflow(TERMINAL, base_url=url)

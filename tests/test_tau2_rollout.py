@@ -10,7 +10,7 @@ from aenv_ray import Environment
 from aenv_ray.engine import SandboxEngine
 from builtin_envs.tau2 import get_domain
 from tests._cli import aenv as run_cli
-from tests._demo_solutions import assert_holds_no_solution
+from tests._demo_solutions import assert_given_no_grader_fields
 from tests._tau2 import require_tau2_data
 
 require_tau2_data()  # before the demo module, which reads the data at import
@@ -44,7 +44,8 @@ def test_aenv_rollout_replays_gold_actions_to_reward_one(tmp_path: Path) -> None
     path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
     done = run_cli(
         "rollout", "tau2@1.0.0", "--tasks", str(path), "-n", str(len(tasks)), "-c", "2",
-        "--no-ray", "--out", str(tmp_path / "out"), cwd=ROOT,
+        "--no-ray", "--policy", "tests._demo_solutions:watched_tau2",
+        "--out", str(tmp_path / "out"), cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     lines = (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
@@ -56,8 +57,10 @@ def test_aenv_rollout_replays_gold_actions_to_reward_one(tmp_path: Path) -> None
     for row in rows:
         assert row["reward_components"]["termination_reason"] in ("user_stop", "agent_stop")
         assert row["reward_components"]["components"] == {"DB": 1.0, "COMMUNICATE": 1.0}
-        # the task the policy got and the record keeps: no gold actions, nothing to say
-        assert_holds_no_solution("tau2", row["task"], "record's task")
+
+    # the task the policy got: no reward arguments, no gold actions, nothing to say; the
+    # record's: its reward arguments (the grading below reads the records), no solution
+    assert_given_no_grader_fields("tau2", tasks, rows)
 
     # `aenv tau2 grade` reads the run's own records: its directory, JSONL and Parquet alike
     run = tmp_path / "out"

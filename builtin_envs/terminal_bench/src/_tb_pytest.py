@@ -167,6 +167,59 @@ def _raw_outcomes(judge: JudgeReport) -> object:
     return RawOutcomes()
 
 
+PR_SET_DUMPABLE = 4
+PR_CAPBSET_DROP = 24
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+CAP_SYS_PTRACE = 19
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+def _prctl(option: int, value: int) -> None:
+    if _libc.prctl(ctypes.c_int(option), ctypes.c_ulong(value), 0, 0, 0) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"prctl({option}, {value}): {os.strerror(errno)}")
+
+
+def out_of_the_tests_reach() -> None:
+    """Put this process (pytest, in the box) out of reach of the programs its tests start:
+    ``CAP_SYS_PTRACE`` dropped from every capability set (bounding, ambient, inheritable,
+    permitted, effective: no program started from here, nor a fork of it, has it again) and
+    the process made not dumpable. A program of the tests (the agent's, run in a subprocess)
+    then cannot ptrace pytest, nor open its descriptors through ``/proc/PID/fd`` (the judge's
+    report pipe, pytest's output), nor read or write its memory: the kernel asks for
+    ``CAP_SYS_PTRACE`` over a process that is not dumpable. Code pytest imports runs in pytest's
+    own process: nothing here stops it (docs/security.md)."""
+    _prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE)
+    with contextlib.suppress(OSError):  # a kernel without ambient capabilities has none
+        _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    if _libc.capget(ctypes.byref(header), data) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"capget: {os.strerror(errno)}")
+    keep = ~(1 << CAP_SYS_PTRACE) & 0xFFFFFFFF
+    data[0].effective &= keep
+    data[0].permitted &= keep
+    data[0].inheritable &= keep
+    if _libc.capset(ctypes.byref(header), data) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"capset: {os.strerror(errno)}")
+    _prctl(PR_SET_DUMPABLE, 0)
+
+
 def _run_pytest(request: dict[str, object]) -> int:
     """In the box: become ``pytest ARGS`` as its console script runs it; its exit status."""
     env = {str(k): str(v) for k, v in dict(request.get("env") or {}).items()}  # type: ignore[call-overload]
@@ -248,6 +301,7 @@ def _serve_one(
                 os.dup2(report_write, REPORT_FD, inheritable=False)
                 os.closerange(REPORT_FD + 1, 1 << 16)
                 signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+                out_of_the_tests_reach()
                 os._exit(_run_pytest(request) & 0xFF)
             except BaseException as exc:
                 os.write(2, f"terminal-bench pytest: {type(exc).__name__}: {exc}\n".encode())
