@@ -226,6 +226,7 @@ class KubernetesEngine:
             prepare=self._ensure_policy,
             check_open=self._check_open,
             pod_policy=self.pod_policy,
+            tokens=self._cache.tokens,
         )
 
     def __repr__(self) -> str:

@@ -22,6 +22,10 @@ Nothing holds a token at rest; the engine checks a token it derives against the 
 so a pod made under another key (the Secret was replaced) has no token (``InstanceInfo.token``
 None) rather than a wrong one.
 
+A service's replicas share one token, derived the same way with ``service/<id>`` in place of the
+instance id: its digest is in the Deployment's pod template, its nonce on the Deployment
+(:meth:`TokenKey.of_service`), and an update keeps both (the replicas keep the token).
+
     >>> key = TokenKey(bytes(32), "rl")
     >>> pod = {"metadata": {"labels": {LABEL_INSTANCE: "ab12"},
     ...        "annotations": {ANNOTATION_NONCE: "n0"}},
@@ -45,6 +49,7 @@ from aenv_ray.errors import AEnvError, ClusterConflictError, ConfigurationError
 from aenv_ray.protocol import TOKEN_SHA256_ENV
 from k8s_backend._api import Kube
 from k8s_backend.manifests import ANNOTATION_NONCE, LABEL_INSTANCE
+from k8s_backend.services import ANNOTATION_SERVICE
 
 __all__ = [
     "SECRET",
@@ -109,6 +114,19 @@ class TokenKey:
         if not iid or not nonce or not expected:
             return None
         token = self.token(str(iid), str(nonce))
+        return token if hmac.compare_digest(digest(token), expected) else None
+
+    def of_service(self, deployment: Mapping[str, Any]) -> str | None:
+        """The token of a service's replicas (from its Deployment alone: the service id, the
+        nonce and the template's digest), None when it has none or another key made it."""
+        notes = (deployment.get("metadata") or {}).get("annotations") or {}
+        service = notes.get(ANNOTATION_SERVICE)
+        nonce = notes.get(ANNOTATION_NONCE)
+        template = (deployment.get("spec") or {}).get("template") or {}
+        expected = pod_digest(template)
+        if not service or not nonce or not expected:
+            return None
+        token = self.token(f"service/{service}", str(nonce))
         return token if hmac.compare_digest(digest(token), expected) else None
 
 
@@ -184,3 +202,8 @@ class KeyHolder:
         """The pod's token when the key is loaded (no API call here), else None."""
         key = self.key
         return key.of_pod(pod) if key is not None else None
+
+    def of_service(self, deployment: Mapping[str, Any]) -> str | None:
+        """A service's token (:meth:`TokenKey.of_service`) when the key is loaded, else None."""
+        key = self.key
+        return key.of_service(deployment) if key is not None else None
