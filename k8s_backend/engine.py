@@ -15,6 +15,10 @@ pool, :meth:`claim` takes one, atomically against every other client of the name
 a number of free pods counting every client's, one client at a time (a Lease per pool), so
 clients that each want ``N`` free keep ``N``, not ``N`` each.
 
+Tokens. A pod holds no instance token, only its digest and a nonce; the engine reads the
+namespace's key once at start and derives each pod's token from the pod in its cache
+(:mod:`k8s_backend.tokens`), so neither a create nor a claim pays an API call for it.
+
 Sessions. With ``session=True`` (the default: an SDK's or a pool actor's engine) the engine's
 pods belong to it: :meth:`aclose` deletes them, and if the process dies the reaper reclaims them
 once its session Lease lapses (:attr:`closes_instances` is True). With ``session=False`` (a hub,

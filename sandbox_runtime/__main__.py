@@ -392,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"sandbox_runtime: error: {exc.strerror or exc}", file=sys.stderr)
         return 1
+    token = None  # the server keeps its digest only
     _limits_from(args, parser)  # as an engine does: the project loaded, before serving
     contain.protect()  # tool code cannot trace or signal this process; calls end what they start
     server.run()
