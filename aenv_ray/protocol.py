@@ -44,6 +44,7 @@ __all__ = [
     "REWARD_PATH",
     "TIMEOUT_HEADER",
     "TOKEN_ENV",
+    "TOKEN_SHA256_ENV",
     "JudgeReport",
     "ToolErrorKind",
     "ToolResult",
@@ -72,6 +73,10 @@ MAX_PREVIEW_FILE_BYTES = 16 * 1024 * 1024
 TOKEN_ENV = (
     "AENV_RUNTIME_TOKEN"  # the instance token, for a runtime an engine starts in a container
 )
+TOKEN_SHA256_ENV = "AENV_RUNTIME_TOKEN_SHA256"
+"""The SHA-256 of the instance token (64 hex digits), for a runtime that must not be given the
+token itself (a Kubernetes pod: its spec is readable by whoever may read pods); the runtime
+accepts a request whose token has this digest. Not a secret: the digest is no token."""
 BUNDLE_KEY_ENV = "AENV_BUNDLE_KEY"
 """The hub key a runtime started with ``--bundle`` fetches with (removed before anything else)."""
 TIMEOUT_HEADER = b"x-aenv-timeout"

@@ -56,12 +56,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import hashlib
+import json
 import logging
 import os
 import secrets
 import shutil
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
@@ -130,6 +132,22 @@ HUB_LEASE = 30.0
 """Seconds a hub's heartbeat holds: another hub's intents die this long after it did."""
 INTENT_MARGIN = 60.0
 """Seconds an intent outlives its create's ``startup_timeout`` (however alive its hub)."""
+CLAIMS = "idempotency"
+"""The store's kind of idempotency keys taken (:meth:`ControlPlane.create_instance`): a chain
+``<digest of tenant and key>~<n>`` of claims, each ``{"hub", "tenant", "created_at",
+"deadline"}`` plus ``"instance"`` once its create recorded one, or ``"failed"``."""
+CLAIM_POLL = (0.05, 1.0)
+"""Seconds between a waiting retry's reads of another hub's claim: first, most (doubling)."""
+
+
+def _claim_name(tenant: str, key: str, n: int) -> str:
+    """The :data:`CLAIMS` key of link ``n`` of the chain of ``tenant``'s idempotency ``key``.
+
+    >>> _claim_name("alice", "run-0001", 0)[-2:], len(_claim_name("alice", "run-0001", 3))
+    ('~0', 34)
+    """
+    digest = hashlib.sha256(json.dumps([tenant, key]).encode()).hexdigest()[:32]
+    return f"{digest}~{n}"
 
 
 def load_check_key(digest: str, checker: str) -> str:
@@ -184,6 +202,7 @@ class ControlPlane:
     hub_id: str = field(default="", init=False)
     store_id: str = field(default="", init=False)
     _intents: set[str] = field(default_factory=set, repr=False)  # this hub's, in flight
+    _claims: set[str] = field(default_factory=set, repr=False)  # this hub's CLAIMS, in flight
     # (tenant, idempotency key) -> the create in flight with it, which a retry awaits
     _creating: dict[tuple[str, str], asyncio.Task[Document]] = field(
         default_factory=dict, repr=False
@@ -320,9 +339,18 @@ class ControlPlane:
         ``idempotency_key`` (the ``Idempotency-Key`` header; :func:`check_idempotency_key`):
         a create of the same tenant with a key seen before starts nothing and answers the
         instance that one started: the create still in flight on this hub (it runs to its end
-        even when the request that began it is gone), or the record in the store (kept with
-        the key). So a client whose reply was lost retries without leaking or duplicating an
-        instance. A create that failed left no record: its retry creates.
+        even when the request that began it is gone), or on another hub of the store, or the
+        record in the store (kept with the key). So a client whose reply was lost retries,
+        on any hub, without leaking or duplicating an instance. A create that failed left no
+        record: its retry creates.
+
+        Across hubs the key is claimed in the store (:data:`CLAIMS`, an atomic
+        :meth:`~envhub.store.Store.create`): the hub that claims it creates; a retry on
+        another hub finds the claim and waits for it (reading it again, :data:`CLAIM_POLL`)
+        until it names the instance (answered) or failed (the retry creates). A claim whose
+        hub died (its heartbeat lapsed, :data:`HUB_LEASE`; or past its deadline) is taken over
+        by the next link of the key's chain (``~n+1``), as :meth:`reclaim` ends that hub's
+        half-made instance: one instance stands for the key.
         """
         if idempotency_key is None:
             return await self._create_instance(
@@ -350,8 +378,9 @@ class ControlPlane:
                 return earlier
             running = self._creating.get(slot)  # one may have begun while the store answered
         if running is None:
-            running = asyncio.create_task(
-                self._create_instance(
+
+            def create() -> Awaitable[Document]:
+                return self._create_instance(
                     caller,
                     env,
                     ttl=ttl,
@@ -364,7 +393,8 @@ class ControlPlane:
                     storage=storage,
                     idempotency_key=idempotency_key,
                 )
-            )
+
+            running = asyncio.create_task(self._create_once(caller.tenant, idempotency_key, create))
             self._creating[slot] = running
 
             def done(task: asyncio.Task[Document]) -> None:
@@ -376,6 +406,79 @@ class ControlPlane:
         # shielded: a request that goes away (its client's connection dropped) leaves the
         # create to finish and be found by the retry
         return dict(await asyncio.shield(running))
+
+    async def _create_once(
+        self, tenant: str, key: str, create: Callable[[], Awaitable[Document]]
+    ) -> Document:
+        """Run ``create`` if this hub claims ``tenant``'s ``key`` in the store; else answer
+        the instance of the hub that did (waiting for it), taking over from a dead one (see
+        :meth:`create_instance`)."""
+        await self._identify()
+        n, pause, waited = 0, CLAIM_POLL[0], False
+        while True:
+            name = _claim_name(tenant, key, n)
+            claim = await self.store.get(CLAIMS, name)
+            if claim is None:
+                now = time.time()
+                mine: Document = {
+                    "hub": self.hub_id,
+                    "tenant": tenant,
+                    "created_at": now,
+                    "deadline": now + self.startup_timeout + INTENT_MARGIN,
+                }
+                self._claims.add(name)
+                try:
+                    if await self.store.create(CLAIMS, name, mine):
+                        return await self._create_claimed(name, mine, create)
+                finally:
+                    self._claims.discard(name)
+                continue  # another hub claimed it first: read its claim
+            made = claim.get("instance")
+            if made:
+                record = await self.store.get(INSTANCES, str(made))
+                if record is not None:
+                    log.info(
+                        "create retried: the instance its key started",
+                        extra={"instance": made, "tenant": tenant},
+                    )
+                    return record
+                n += 1  # its record is long gone: the key is free again
+                continue
+            if claim.get("failed") or not await self._claim_live(name, claim):
+                earlier = await self._created_with(tenant, key)  # recorded, then its hub died
+                if earlier is not None:
+                    return earlier
+                n += 1
+                continue
+            if not waited:
+                waited = True
+                log.info(
+                    "create retried: another hub of the store has it under way",
+                    extra={"hub": claim.get("hub"), "tenant": tenant},
+                )
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, CLAIM_POLL[1])
+
+    async def _create_claimed(
+        self, name: str, claim: Document, create: Callable[[], Awaitable[Document]]
+    ) -> Document:
+        """Run ``create`` under claim ``name``; the claim then names its instance, or says it
+        failed (so a retry creates)."""
+        try:
+            doc = await create()
+        except BaseException:
+            with contextlib.suppress(AEnvError):
+                await asyncio.shield(self.store.put(CLAIMS, name, {**claim, "failed": True}))
+            raise
+        await self.store.put(CLAIMS, name, {**claim, "instance": doc["id"]})
+        return doc
+
+    async def _claim_live(self, name: str, claim: Document) -> bool:
+        """Whether the hub of an unfinished ``claim`` may still finish it."""
+        if claim.get("hub") == self.hub_id:
+            return name in self._claims
+        hub = await self.store.get(HUBS, str(claim.get("hub")))
+        return self._alive(claim, {str(claim.get("hub")): hub} if hub is not None else {})
 
     async def _created_with(self, tenant: str, key: str) -> Document | None:
         """``tenant``'s instance record started with idempotency key ``key``, if any."""
@@ -724,6 +827,12 @@ class ControlPlane:
     def _live_intent(self, iid: str, doc: Document, hubs: Mapping[str, Document]) -> bool:
         if doc.get("hub") == self.hub_id:
             return iid in self._intents
+        return self._alive(doc, hubs)
+
+    @staticmethod
+    def _alive(doc: Document, hubs: Mapping[str, Document]) -> bool:
+        """Whether another hub's intent or claim ``doc`` is live: its hub's heartbeat holds
+        and its deadline has not passed."""
         now = time.time()
         hub = hubs.get(str(doc.get("hub")))
         return (
@@ -774,11 +883,27 @@ class ControlPlane:
             )
         for key in intents.keys() - live.keys():
             await self.store.delete(INTENTS, key)
+        await self._forget_claims(records)
         now = time.time()
         for key, hub in hubs.items():  # hubs gone long ago
             if key != self.hub_id and now - float(hub.get("heartbeat_at") or 0.0) > self.retention:
                 await self.store.delete(HUBS, key)
         return ended
+
+    async def _forget_claims(self, records: Mapping[str, Document]) -> None:
+        """Delete the idempotency claims of keys used longer than ``retention`` ago whose
+        instance has no record any more (a whole chain at once: a link gone from the middle
+        would let its key be claimed again while a later link stands)."""
+        chains: dict[str, list[tuple[str, Document]]] = {}
+        for key, doc in (await self.store.list(CLAIMS)).items():
+            chains.setdefault(key.rpartition("~")[0], []).append((key, doc))
+        now = time.time()
+        for links in chains.values():
+            newest = max(float(doc.get("created_at") or 0.0) for _, doc in links)
+            kept = any(str(doc.get("instance")) in records for _, doc in links)
+            if now - newest > self.retention + self.startup_timeout + INTENT_MARGIN and not kept:
+                for key, _ in links:
+                    await self.store.delete(CLAIMS, key)
 
     # -- upkeep --------------------------------------------------------------------------------
     async def reap(self) -> list[str]:

@@ -8,9 +8,11 @@ error tree. Implements ``aenv_ray``'s ``SandboxEngine`` protocol: :class:`Kubern
 Deployment, Service and PersistentVolumeClaim in :mod:`k8s_backend.services`, kept by
 :class:`KubernetesServices` in :mod:`k8s_backend.service_controller`; a user's own pod
 template, checked and merged, in :mod:`k8s_backend.templates`), what a pod says about its
-instance (:mod:`k8s_backend.state`), how code reaches a pod (:mod:`k8s_backend.delivery`),
-sessions and the reaper (:mod:`k8s_backend.reaper`); the client and its errors live in
-``k8s_backend._api``, the watch's cache in ``k8s_backend._cache``.
+instance (:mod:`k8s_backend.state`), instance tokens no pod spec reveals (the namespace's key
+and each pod's digest, :mod:`k8s_backend.tokens`), how code reaches a pod
+(:mod:`k8s_backend.delivery`), sessions and the reaper (:mod:`k8s_backend.reaper`); the
+client and its errors live in ``k8s_backend._api``, the watch's cache in
+``k8s_backend._cache``.
 
 May import: ``aenv_ray``, orjson, yaml (a user's own pod template), kubernetes and urllib3 (its
 transport; both in one module only, ``k8s_backend._api``); lazily, inside functions:

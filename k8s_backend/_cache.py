@@ -27,6 +27,7 @@ from aenv_ray.errors import (
 from k8s_backend._api import Kube, WatchExpired
 from k8s_backend.manifests import CLAIM_FREE, LABEL_CLAIM, LABEL_MANAGED, LABEL_POOL, MANAGER
 from k8s_backend.state import instance_id, pod_info, resource_version, slim
+from k8s_backend.tokens import KeyHolder
 
 __all__ = ["TOMBSTONES", "PodCache", "pool_waiter"]
 
@@ -43,8 +44,12 @@ REFUSED_PAUSE = 30.0
 class PodCache:
     """Pods by instance id, plus tombstones, fed by :meth:`run` (the watch thread)."""
 
-    def __init__(self, kube: Kube, *, watch_timeout: int = 60) -> None:
+    def __init__(
+        self, kube: Kube, *, watch_timeout: int = 60, tokens: KeyHolder | None = None
+    ) -> None:
         self.kube = kube
+        self.tokens = tokens or KeyHolder(kube)
+        """Derives a live pod's token (:mod:`k8s_backend.tokens`) once the key is loaded."""
         self.watch_timeout = watch_timeout
         self.synced = threading.Event()
         self._settled = threading.Event()  # synced, or refused by the cluster (see REFUSED)
@@ -94,7 +99,7 @@ class PodCache:
         if meta.get("deletionTimestamp"):
             with self._lock:
                 hint = self._hints.get(instance_id(pod) or "")
-        return pod_info(pod, reason=hint)
+        return pod_info(pod, reason=hint, token=self.tokens.of_pod(pod))
 
     def changed(self, iid: str) -> asyncio.Future[None]:
         """A future of the running loop, done at the next change of instance ``iid``."""

@@ -15,6 +15,10 @@ pool, :meth:`claim` takes one, atomically against every other client of the name
 a number of free pods counting every client's, one client at a time (a Lease per pool), so
 clients that each want ``N`` free keep ``N``, not ``N`` each.
 
+Tokens. A pod holds no instance token, only its digest and a nonce; the engine reads the
+namespace's key once at start and derives each pod's token from the pod in its cache
+(:mod:`k8s_backend.tokens`), so neither a create nor a claim pays an API call for it.
+
 Sessions. With ``session=True`` (the default: an SDK's or a pool actor's engine) the engine's
 pods belong to it: :meth:`aclose` deletes them, and if the process dies the reaper reclaims them
 once its session Lease lapses (:attr:`closes_instances` is True). With ``session=False`` (a hub,
@@ -28,7 +32,6 @@ import builtins
 import contextlib
 import functools
 import math
-import secrets
 import threading
 import time
 import uuid
@@ -82,6 +85,8 @@ from k8s_backend.reaper import LEASE_SECONDS, Housekeeper, release_lease, take_l
 from k8s_backend.service_controller import KubernetesServices
 from k8s_backend.state import instance_id, last_words, pod_info, runtime_message, startup_failure
 from k8s_backend.templates import PodTemplatePolicy
+from k8s_backend.tokens import TokenKey, new_nonce
+from k8s_backend.tokens import digest as token_digest
 from k8s_backend.warm import claim_patch, claimed_by, is_claimable, pool_key
 
 __all__ = ["KubernetesEngine", "RateLimiter"]
@@ -225,6 +230,7 @@ class KubernetesEngine:
             prepare=self._ensure_policy,
             check_open=self._check_open,
             pod_policy=self.pod_policy,
+            tokens=self._cache.tokens,
         )
 
     def __repr__(self) -> str:
@@ -248,6 +254,8 @@ class KubernetesEngine:
             if self._started:
                 return
             self._keeper.open_session()
+            with contextlib.suppress(AEnvError):  # an account that may only read pods: no tokens
+                self._cache.tokens.load()
             for name, target in (("watch", self._cache.run), ("housekeeper", self._keeper.run)):
                 thread = threading.Thread(target=target, name=f"aenv-k8s-{name}", daemon=True)
                 thread.start()
@@ -268,6 +276,19 @@ class KubernetesEngine:
                 raise type(error)(f"cannot list pods in namespace {self.namespace}: {error}")
             raise StartupTimeoutError(f"listing pods in namespace {self.namespace} took too long")
 
+    async def _token_key(self) -> TokenKey:
+        """The namespace's token key (:mod:`k8s_backend.tokens`): read once, then kept."""
+        key = self._cache.tokens.key
+        return key if key is not None else await self._run(self._cache.tokens.load)
+
+    @staticmethod
+    def _tokened(recipe: PodRecipe, key: TokenKey) -> PodRecipe:
+        """``recipe`` with a fresh nonce and the digest of the token derived from it: the pod
+        gets no token, only what the engine derives it from and the runtime checks it by."""
+        nonce = new_nonce()
+        token = key.token(recipe.instance_id, nonce)
+        return replace(recipe, token_nonce=nonce, token_sha256=token_digest(token))
+
     def _ensure_policy(self) -> None:
         if self._policy_ready or not self.network_policy:
             return
@@ -284,6 +305,7 @@ class KubernetesEngine:
         deadline = time.monotonic() + timeout
         recipe, config = self._recipe(spec)
         await self._ready()
+        recipe = self._tokened(recipe, await self._token_key())
         if not config.deploy_config.network:
             await self._run(self._ensure_policy)
         pod = instance_pod(recipe)
@@ -337,7 +359,6 @@ class KubernetesEngine:
             labels=dict(spec.labels),
             datasource=spec.datasource,
             port=self.port,
-            token=secrets.token_urlsafe(24),
             session=self.session,
             created_at=now,
             max_lifetime=math.ceil(self.max_lifetime),
@@ -593,13 +614,13 @@ class KubernetesEngine:
         if not config.deploy_config.network:
             await self._run(self._ensure_policy)
 
+        token_key = await self._token_key()
+
         async def one() -> None:
             now = time.time()
             pod = instance_pod(
                 replace(
-                    recipe,
-                    instance_id=uuid.uuid4().hex[:12],
-                    token=secrets.token_urlsafe(24),
+                    self._tokened(replace(recipe, instance_id=uuid.uuid4().hex[:12]), token_key),
                     pool=key,
                     warm=True,
                     owner=None,
@@ -691,6 +712,7 @@ class KubernetesEngine:
         ``resourceVersion`` precondition makes it atomic: a pod another client claimed first
         answers 409 and the next one is tried."""
         await self._ready()
+        await self._token_key()  # the claimed pod's token is derived from it (no API call)
         key, deploy = self._warm_key(spec, pool)
         ttl = self._claim_ttl(spec, deploy)
         deadline = time.monotonic() + timeout

@@ -27,7 +27,7 @@ from aenv_ray.config import DeployConfig, parse_cpu, parse_memory
 from aenv_ray.datasource import SOCKET_ENV
 from aenv_ray.envref import EnvRef
 from aenv_ray.errors import ConfigurationError
-from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT, READY_PATH, TOKEN_ENV
+from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT, READY_PATH, TOKEN_ENV, TOKEN_SHA256_ENV
 from k8s_backend.exec_helper import ExecHelper
 from k8s_backend.templates import (
     PodTemplatePolicy,
@@ -41,6 +41,7 @@ __all__ = [
     "ANNOTATION_CREATED",
     "ANNOTATION_ENV",
     "ANNOTATION_EXPIRES",
+    "ANNOTATION_NONCE",
     "ANNOTATION_OWNER",
     "CLAIM_FREE",
     "LABEL_CLAIM",
@@ -81,6 +82,7 @@ ANNOTATION_EXPIRES = "aenv-ray.io/expires-at"  # seconds since the epoch: the re
 ANNOTATION_OWNER = "aenv-ray.io/owner"  # the owner in full (its label may be shortened)
 ANNOTATION_ENV = "aenv-ray.io/env-ref"
 ANNOTATION_CREATED = "aenv-ray.io/created-at"
+ANNOTATION_NONCE = "aenv-ray.io/token-nonce"  # public; the token is derived from it (tokens.py)
 NETWORK_POLICY_NAME = "aenv-ray-deny-egress"
 NOBODY = 65534
 STORAGE_PATH = "/storage"
@@ -196,7 +198,8 @@ class PodRecipe:
     datasource: str | None = None
     port: int = DEFAULT_FUNCTIONS_PORT
     storage_claim: str | None = None  # a PersistentVolumeClaim to mount at /storage
-    token: str | None = None  # the instance token, given to the runtime as AENV_RUNTIME_TOKEN
+    token_sha256: str | None = None  # the token's digest: the runtime's AENV_RUNTIME_TOKEN_SHA256
+    token_nonce: str | None = None  # the public nonce the token is derived from (tokens.py)
     session: str | None = None  # the engine session whose end reclaims the pod
     created_at: float | None = None  # seconds since the epoch, finer than creationTimestamp
     max_lifetime: int | None = None  # seconds: activeDeadlineSeconds, the backstop of any TTL
@@ -233,7 +236,11 @@ def _environment(recipe: PodRecipe) -> list[dict[str, Any]]:
     return _runtime_env(
         [
             {"name": "AENV_INSTANCE_ID", "value": recipe.instance_id},
-            *([{"name": TOKEN_ENV, "value": recipe.token}] if recipe.token else []),
+            *(
+                [{"name": TOKEN_SHA256_ENV, "value": recipe.token_sha256}]
+                if recipe.token_sha256
+                else []
+            ),
             *(dict(variable) for variable in recipe.runtime_env),
         ],
         {**recipe.deploy.env, **recipe.environment_variables},
@@ -247,7 +254,8 @@ def _runtime_env(ours: list[dict[str, Any]], user: Mapping[str, str]) -> list[di
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         *ours,
     ]
-    taken = sorted({v["name"] for v in env} & {str(k) for k in user})
+    ours_names = {v["name"] for v in env} | {TOKEN_ENV, TOKEN_SHA256_ENV}
+    taken = sorted(ours_names & {str(k) for k in user})
     if taken:
         raise ConfigurationError(
             f"environment variables {taken} are aenv-ray's own in a pod; choose other names"
@@ -461,6 +469,7 @@ def instance_pod(recipe: PodRecipe) -> dict[str, Any]:
                 ANNOTATION_ENV: str(ref),
                 **({ANNOTATION_CREATED: f"{recipe.created_at:.6f}"} if recipe.created_at else {}),
                 **({ANNOTATION_OWNER: recipe.owner} if recipe.owner else {}),
+                **({ANNOTATION_NONCE: recipe.token_nonce} if recipe.token_nonce else {}),
             },
         },
         "spec": _pod_spec(runtime),

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
-import secrets
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -39,12 +38,12 @@ from aenv_ray.errors import (
     ServiceNotFoundError,
     StartupTimeoutError,
 )
-from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT, TOKEN_ENV
+from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT, TOKEN_SHA256_ENV
 from aenv_ray.resolve import resolve_environment
 from k8s_backend._api import Kube
 from k8s_backend.delivery import Delivery, exec_helper_of
 from k8s_backend.exec_helper import ExecHelper
-from k8s_backend.manifests import ANNOTATION_ENV
+from k8s_backend.manifests import ANNOTATION_ENV, ANNOTATION_NONCE
 from k8s_backend.services import (
     ANNOTATION_SERVICE,
     DEFAULT_STORAGE_SIZE,
@@ -59,6 +58,8 @@ from k8s_backend.services import (
 )
 from k8s_backend.state import startup_failure, timestamp
 from k8s_backend.templates import PodTemplatePolicy
+from k8s_backend.tokens import KeyHolder, TokenKey, new_nonce
+from k8s_backend.tokens import digest as token_digest
 
 __all__ = ["KubernetesServices", "is_serving", "service_info", "service_problem"]
 
@@ -93,8 +94,10 @@ class KubernetesServices:
         check_open: Callable[[], None] = lambda: None,
         targets_ttl: float = 1.0,
         pod_policy: PodTemplatePolicy | None = None,
+        tokens: KeyHolder | None = None,
     ) -> None:
         self._kube = kube
+        self._tokens = tokens or KeyHolder(kube)
         self.namespace = kube.namespace
         self.delivery = delivery
         self.port = port
@@ -112,7 +115,27 @@ class KubernetesServices:
     async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         return await asyncio.to_thread(self._kube.request, method, path, **kwargs)
 
-    def _recipe(self, spec: ServiceSpec, token: str | None) -> tuple[ServiceRecipe, EnvConfig]:
+    async def _token_key(self) -> TokenKey:
+        key = self._tokens.key
+        return key if key is not None else await asyncio.to_thread(self._tokens.load)
+
+    def _info(
+        self,
+        deployment: Mapping[str, Any],
+        endpoints: Mapping[str, Any],
+        pods: builtins.list[dict[str, Any]],
+    ) -> ServiceInfo:
+        return service_info(
+            deployment,
+            endpoints,
+            pods,
+            namespace=self.namespace,
+            token=self._tokens.of_service(deployment),
+        )
+
+    def _recipe(
+        self, spec: ServiceSpec, token: tuple[str, str] | None
+    ) -> tuple[ServiceRecipe, EnvConfig]:
         self._check_open()
         if spec.project is not None:
             project = Path(spec.project)
@@ -143,7 +166,8 @@ class KubernetesServices:
             # AEnvironment's deployConfig.service.storageSize: the volume's size
             storage_size=config.deploy_config.service.storage_size or DEFAULT_STORAGE_SIZE,
             port=self.port,
-            token=token,
+            token_sha256=token[0] if token else None,
+            token_nonce=token[1] if token else None,
             runtime_env=self.delivery.env(config),
             exec_helper=helper,
             pod_policy=self.pod_policy,
@@ -204,7 +228,9 @@ class KubernetesServices:
         sent are deleted; when the replicas do not come up, the service stays and the error
         (and :meth:`get`'s ``detail``) says why."""
         deadline = time.monotonic() + timeout
-        recipe, config = self._recipe(spec, secrets.token_urlsafe(24))
+        key, nonce = await self._token_key(), new_nonce()
+        made = key.token(f"service/{spec.service_id}", nonce)
+        recipe, config = self._recipe(spec, (token_digest(made), nonce))
         if not config.deploy_config.network:
             await asyncio.to_thread(self._prepare)
         sent: list[dict[str, Any]] = []
@@ -230,7 +256,7 @@ class KubernetesServices:
         """The service as the cluster has it now."""
         self._check_open()
         deployment, endpoints, pods = await self._read(service_id)
-        return service_info(deployment, endpoints, pods, namespace=self.namespace)
+        return self._info(deployment, endpoints, pods)
 
     async def update(self, spec: ServiceSpec, *, timeout: float = 120.0) -> ServiceInfo:
         """Patch the Deployment to ``spec``: only its replica count when the replicas would run
@@ -238,8 +264,9 @@ class KubernetesServices:
         which the Deployment rolls out new-first. Returns once it serves as asked."""
         deadline = time.monotonic() + timeout
         current = await self._deployment(spec.service_id)
-        token = _runtime_variables(current).get(TOKEN_ENV)
-        recipe, config = self._recipe(spec, token)
+        kept = _runtime_variables(current).get(TOKEN_SHA256_ENV)
+        nonce = ((current.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_NONCE)
+        recipe, config = self._recipe(spec, (kept, str(nonce)) if kept and nonce else None)
         if recipe.storage != _has_claim(current):
             raise ConfigurationError(
                 f"service {spec.service_id}: storage cannot be added to or removed from a "
@@ -294,7 +321,8 @@ class KubernetesServices:
         deployment, endpoints = await asyncio.gather(
             self._deployment(service_id), self._endpoints(service_id)
         )
-        token = _runtime_variables(deployment).get(TOKEN_ENV)
+        await self._token_key()
+        token = self._tokens.of_service(deployment)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         routes = [Route(url, headers) for url in _ready_urls(endpoints)]
         self._targets[service_id] = (now, routes)
@@ -320,12 +348,12 @@ class KubernetesServices:
         while True:
             deployment, endpoints, pods = await self._read(service_id)
             if is_serving(deployment, endpoints, pods):
-                return service_info(deployment, endpoints, pods, namespace=self.namespace)
+                return self._info(deployment, endpoints, pods)
             problem = service_problem(deployment, pods)
             if problem is not None:
                 raise problem
             if time.monotonic() >= deadline:
-                info = service_info(deployment, endpoints, pods, namespace=self.namespace)
+                info = self._info(deployment, endpoints, pods)
                 raise StartupTimeoutError(
                     f"service {service_id}: {info.ready} of {replicas} replicas served within "
                     f"{timeout:g} s; see `kubectl -n {self.namespace} describe deployment "
@@ -500,10 +528,12 @@ def service_info(
     pods: list[dict[str, Any]],
     *,
     namespace: str,
+    token: str | None = None,
 ) -> ServiceInfo:
     """The :class:`~aenv_ray.engine.ServiceInfo` the three objects describe: ``replicas`` as
     the Deployment asks, ``ready`` and ``endpoints`` as the Service's Endpoints list, the
-    replicas by pod name, and ``detail`` from :func:`service_problem`."""
+    replicas by pod name, and ``detail`` from :func:`service_problem`; ``token``: the
+    replicas' token, which the Deployment does not hold (:mod:`k8s_backend.tokens`)."""
     meta = deployment.get("metadata") or {}
     notes = meta.get("annotations") or {}
     labels = meta.get("labels") or {}
@@ -522,5 +552,5 @@ def service_info(
         instances=tuple(str((p.get("metadata") or {}).get("name")) for p in _live(pods)),
         storage=storage_claim_name(service_id) if _has_claim(deployment) else None,
         detail=str(problem) if problem is not None else "",
-        token=_runtime_variables(deployment).get(TOKEN_ENV),
+        token=token,
     )

@@ -28,10 +28,11 @@ from typing import Any, Literal
 from aenv_ray.config import DeployConfig, parse_memory
 from aenv_ray.envref import EnvRef
 from aenv_ray.errors import ConfigurationError
-from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT, TOKEN_ENV
+from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT, TOKEN_SHA256_ENV
 from k8s_backend.exec_helper import ExecHelper
 from k8s_backend.manifests import (
     ANNOTATION_ENV,
+    ANNOTATION_NONCE,
     ANNOTATION_OWNER,
     LABEL_ENV,
     LABEL_MANAGED,
@@ -78,7 +79,8 @@ class ServiceRecipe:
     instance's pod does (``image``, ``command``, ``arguments``, variables, ``deploy``), behind
     one Service on ``port``; with ``storage``, a claim of ``storage_size`` (a size as
     ``deployConfig.memory`` reads it: ``"10G"``, ``"512Mi"``) mounted at ``/storage``; with
-    ``token``, every replica's runtime asks callers for it, as an instance's does."""
+    ``token_sha256``, every replica's runtime asks callers for the token of that digest, as an
+    instance's does (derived from ``token_nonce``: :mod:`k8s_backend.tokens`)."""
 
     service_id: str
     env_ref: str
@@ -96,7 +98,8 @@ class ServiceRecipe:
     storage_class: str | None = None  # None: the cluster's default StorageClass
     storage_access: Literal["ReadWriteOnce", "ReadWriteMany"] = "ReadWriteOnce"
     port: int = DEFAULT_FUNCTIONS_PORT
-    token: str | None = None  # every replica's runtime token (AENV_RUNTIME_TOKEN); None: none
+    token_sha256: str | None = None  # the replicas' token digest (None: no token)
+    token_nonce: str | None = None  # the public nonce it is derived from (the Deployment's)
     runtime_env: Sequence[Mapping[str, Any]] = ()  # the delivery's variables (EnvVar objects)
     exec_helper: ExecHelper = field(default_factory=ExecHelper)  # DualContainer: where it is
     pod_policy: PodTemplatePolicy = field(default_factory=PodTemplatePolicy)  # the template's
@@ -185,7 +188,11 @@ def _pod_template(recipe: ServiceRecipe) -> dict[str, Any]:
         [
             {"name": "AENV_INSTANCE_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "AENV_SERVICE_ID", "value": recipe.service_id},
-            *([{"name": TOKEN_ENV, "value": recipe.token}] if recipe.token else []),
+            *(
+                [{"name": TOKEN_SHA256_ENV, "value": recipe.token_sha256}]
+                if recipe.token_sha256
+                else []
+            ),
             *(dict(variable) for variable in recipe.runtime_env),
         ],
         {**recipe.deploy.env, **recipe.environment_variables},
@@ -254,6 +261,8 @@ def service_deployment(recipe: ServiceRecipe) -> dict[str, Any]:
     metadata = _object_meta(recipe, service_name(recipe.service_id))
     metadata["labels"][LABEL_VERSION] = label_value(ref.version or "")
     metadata["annotations"][ANNOTATION_ENV] = str(ref)
+    if recipe.token_nonce:
+        metadata["annotations"][ANNOTATION_NONCE] = recipe.token_nonce
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -27,7 +27,7 @@ from typing import Any
 
 from aenv_ray.engine import InstanceInfo, InstanceState, TerminationReason
 from aenv_ray.errors import AEnvError, CapacityError, ConfigurationError
-from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT, TOKEN_ENV
+from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT, TOKEN_SHA256_ENV
 from k8s_backend.manifests import (
     ANNOTATION_CREATED,
     ANNOTATION_ENV,
@@ -120,9 +120,9 @@ _KEPT_METADATA = (
 
 def slim(pod: Mapping[str, Any]) -> dict[str, Any]:
     """The part of ``pod`` the engine reads (this module, the reaper, claims): metadata without
-    ``managedFields``, the runtime container's token and ports, the whole status. A watch cache
-    of thousands of pods keeps a sixth of the objects (Python's collector walks them all, and a
-    pause of the full pods stalls every call in the process).
+    ``managedFields``, the runtime container's token digest and ports, the whole status. A
+    watch cache of thousands of pods keeps a sixth of the objects (Python's collector walks
+    them all, and a pause of the full pods stalls every call in the process).
 
         >>> pod = {"metadata": {"name": "p", "managedFields": [{"manager": "x"}]},
         ...        "spec": {"containers": [{"name": "runtime", "image": "i", "ports": [
@@ -134,7 +134,7 @@ def slim(pod: Mapping[str, Any]) -> dict[str, Any]:
     containers = []
     for container in (pod.get("spec") or {}).get("containers") or []:
         if container.get("name") == "runtime":
-            env = [v for v in container.get("env") or [] if v.get("name") == TOKEN_ENV]
+            env = [v for v in container.get("env") or [] if v.get("name") == TOKEN_SHA256_ENV]
             containers.append(
                 {"name": "runtime", "env": env, "ports": container.get("ports") or []}
             )
@@ -143,15 +143,6 @@ def slim(pod: Mapping[str, Any]) -> dict[str, Any]:
         "spec": {"containers": containers},
         "status": pod.get("status") or {},
     }
-
-
-def _token(pod: Mapping[str, Any]) -> str | None:
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        if container.get("name") == "runtime":
-            for variable in container.get("env") or []:
-                if variable.get("name") == TOKEN_ENV and variable.get("value"):
-                    return str(variable["value"])
-    return None
 
 
 def _port(pod: Mapping[str, Any]) -> int:
@@ -215,10 +206,15 @@ def _ended(
 
 
 def pod_info(
-    pod: Mapping[str, Any], *, deleted: bool = False, reason: TerminationReason | None = None
+    pod: Mapping[str, Any],
+    *,
+    deleted: bool = False,
+    reason: TerminationReason | None = None,
+    token: str | None = None,
 ) -> InstanceInfo:
     """The instance a pod of ours holds. ``deleted``: the pod is gone (a watch's DELETED);
-    ``reason``: why, when this process knows better (it deleted it itself)."""
+    ``reason``: why, when this process knows better (it deleted it itself); ``token``: its
+    token, which the pod does not hold (:mod:`k8s_backend.tokens` derives it)."""
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
     notes = meta.get("annotations") or {}
@@ -260,7 +256,7 @@ def pod_info(
         detail=detail,
         owner=notes.get(ANNOTATION_OWNER),
         labels={k: v for k, v in labels.items() if k not in OUR_LABELS},
-        token=_token(pod),
+        token=token,
     )
 
 

@@ -21,6 +21,7 @@ engine starting next to the subtree of an engine whose process is gone.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -161,7 +162,8 @@ class Cgroups:
             missing = [c for c in _CONTROLLERS if c not in available]
             if missing:
                 warnings.append(f"cgroup v2 controllers not delegated here: {', '.join(missing)}")
-            enabled = frozenset(c for c in _CONTROLLERS if c in available)
+            wanted = [c for c in _CONTROLLERS if c in available]
+            enabled = frozenset(_enabled_below(parent, wanted, warnings) if wanted else ())
             for level in (group, group / zygote):
                 level.mkdir(exist_ok=True)
                 if enabled:
@@ -330,6 +332,42 @@ class Cgroups:
             with contextlib.suppress(OSError):
                 os.close(parent_fd)
         self.parents = []
+
+
+def _enabled_below(parent: Path, wanted: list[str], warnings: list[str]) -> list[str]:
+    """The controllers of ``wanted`` that cgroup v2 group ``parent`` (the engine's own) passes
+    to its child groups, its ``cgroup.subtree_control``; those it does not pass yet are
+    enabled there, one by one, where the kernel lets us. It refuses a domain controller
+    (``memory``) below a group that holds a process (``EBUSY``; the root cgroup is exempt, and
+    ``pids`` and ``cpu`` may be enabled anyway), and the engine runs in ``parent``: a warning
+    then names what is refused, why and what to do, and the instances' groups are still made
+    (kill-all works) without that limit."""
+    control = parent / "cgroup.subtree_control"
+    passed = control.read_text().split()
+    refused: list[str] = []
+    busy = False
+    for controller in (c for c in wanted if c not in passed):
+        try:
+            control.write_text(f"+{controller}")
+        except OSError as exc:
+            refused.append(controller)
+            busy = busy or exc.errno == errno.EBUSY
+    if refused:
+        why = (
+            "the kernel enables memory only below a group that holds no process, and this "
+            "engine's process is in it"
+            if busy
+            else "the kernel does not offer it there"
+        )
+        warnings.append(
+            f"cgroup v2: {parent} (the cgroup this engine runs in) does not enable "
+            f"{', '.join(refused)} for its child groups and cannot ({why}), so instances get "
+            "no such limit. On cgroup v2 the local engine's memory limits need it to run in "
+            "the root cgroup; elsewhere use a cgroup v1 (or hybrid) host, or the Kubernetes "
+            'engine (docs/local-engine.md, "Not yet")'
+        )
+    passed = control.read_text().split()
+    return [c for c in wanted if c in passed]
 
 
 def _members(name: str) -> list[str]:

@@ -27,8 +27,11 @@ event files opened by the caller and passed as ``--memory-events-fd``/``--pids-e
 ``--rlimits-only`` when no cgroup enforces them (rlimits stand in).
 
 The instance token (every request must carry ``Authorization: Bearer TOKEN``) comes from the
-``AENV_RUNTIME_TOKEN`` environment variable (an engine that starts the runtime in a container
-sets it) or ``--token-file``.
+``AENV_RUNTIME_TOKEN`` environment variable or ``--token-file``; or the runtime is given only the
+token's SHA-256, in ``AENV_RUNTIME_TOKEN_SHA256`` (64 hex digits; what the Kubernetes engine
+gives a pod, whose spec anyone who may read pods reads) or ``--token-sha256 HEX``, and accepts a
+request whose token has that digest. Neither given: no token (anyone who reaches the port may
+call; ``aenv run`` on a developer's machine).
 
 **Secrets leave no copy behind** (:data:`SECRET_VARIABLES`: the token and the bundle key). A
 process's initial environment block stays readable in ``/proc/<pid>/environ`` for its whole life,
@@ -61,6 +64,7 @@ from aenv_ray.protocol import (
     DEFAULT_MCP_PORT,
     MAX_TIMEOUT,
     TOKEN_ENV,
+    TOKEN_SHA256_ENV,
 )
 from sandbox_runtime import _limits, contain
 from sandbox_runtime._loader import load_project
@@ -306,6 +310,11 @@ def main(argv: list[str] | None = None) -> int:
         "--token-file",
         help=f"a file holding the instance token (default: ${TOKEN_ENV}; none: no token)",
     )
+    parser.add_argument(
+        "--token-sha256",
+        metavar="HEX",
+        help=f"accept the token whose SHA-256 this is (default: ${TOKEN_SHA256_ENV})",
+    )
     limits = parser.add_argument_group("limits (see sandbox_runtime._limits)")
     limits.add_argument("--cgroup", action="store_true", help="use this process's own cgroup")
     limits.add_argument("--memory-limit", help="the instance's memory limit, e.g. 512M")
@@ -353,6 +362,12 @@ def main(argv: list[str] | None = None) -> int:
         return _serve_bundle(args, argv, own, secrets)
     token = _token(args, parser, secrets)
     secrets.clear()
+    digest = args.token_sha256 or os.environ.pop(TOKEN_SHA256_ENV, None) or None
+    if digest is not None and token is not None:
+        parser.error(
+            f"give the token (${TOKEN_ENV} or --token-file) or its digest "
+            f"(${TOKEN_SHA256_ENV} or --token-sha256), not both"
+        )
     if args.builtin is not None:
         try:
             args.project = builtin_project(args.builtin, args.definition)
@@ -369,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
             default_timeout=args.default_timeout,
             debug=args.debug,
             token=token,
+            token_sha256=digest,
         )
     except AEnvError as exc:
         print(f"sandbox_runtime: error: {exc}", file=sys.stderr)
@@ -376,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"sandbox_runtime: error: {exc.strerror or exc}", file=sys.stderr)
         return 1
+    token = None  # the server keeps its digest only
     _limits_from(args, parser)  # as an engine does: the project loaded, before serving
     contain.protect()  # tool code cannot trace or signal this process; calls end what they start
     server.run()

@@ -27,14 +27,15 @@ Every error is :func:`aenv_ray.errors.encode_error`'s envelope (``{"error", "typ
 function's kind or exception class name; ``unauthorized``, ``forbidden``, ``bad_request``, ...).
 
 An instance an engine creates has a token (:attr:`~aenv_ray.engine.InstanceInfo.token`): every
-request on every route must then carry ``Authorization: Bearer TOKEN``, else it is answered
-401. Two routes need no token: ``/aenv/v1/ready``, a readiness probe's (a kubelet sends no
-secret), which runs no environment code and says nothing but that the runtime serves; and the
-preview's files under ``/aenv/v1/preview/CAPABILITY/``, which a browser opens (it cannot send the
-token), read-only, behind a capability only the token's holder learns
+request on every route must then carry ``Authorization: Bearer TOKEN``, else it is answered 401. The
+runtime keeps only the token's SHA-256 (:meth:`RuntimeApp.set_token_sha256`: a Kubernetes pod is
+given nothing else) and compares the digest of what a request presents with it in constant time; the
+digest itself is not a token. Two routes need no token: ``/aenv/v1/ready``, a readiness probe's (a
+kubelet sends no secret), which runs no environment code and says nothing but that the runtime
+serves; and the preview's files under ``/aenv/v1/preview/CAPABILITY/``, which a browser opens (it
+cannot send the token), read-only, behind a capability only the token's holder learns
 (:mod:`sandbox_runtime._preview`). The port is reachable by whatever shares the network with it
-(other instances allowed the network, other users of the host); the token is what keeps them
-out.
+(other instances allowed the network, other users of the host); the token is what keeps them out.
 
 A runtime without a token (``aenv run``, :class:`~aenv_ray.testing.RuntimeProcess`) is reachable
 by any web page open in a browser on the same machine; it refuses what a browser sends across
@@ -48,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import hmac
 import logging
 import math
@@ -199,7 +201,7 @@ class RuntimeApp:
         """The bytes of arguments read at once (a share of the instance's memory)."""
         self.waiting = Waiting()
         """Requests not answered yet: a runtime that must end answers them (why)."""
-        self._authorization: bytes | None = None
+        self._token_sha256: bytes | None = None  # the digest of the token (None: no token)
         self._good_hosts: set[bytes] = set()
         self._good_types: set[bytes] = {b"application/json"}
         self.set_token(token)
@@ -239,16 +241,42 @@ class RuntimeApp:
             return self._tools_payload
 
     def set_token(self, token: str | None) -> None:
-        """Require ``Authorization: Bearer token`` on every request (None: require nothing)."""
-        self._authorization = f"Bearer {token}".encode() if token else None
+        """Require ``Authorization: Bearer token`` on every request (None: require nothing).
+        Only the token's SHA-256 is kept."""
+        self._token_sha256 = hashlib.sha256(token.encode()).digest() if token else None
+
+    def set_token_sha256(self, digest: str | None) -> None:
+        """Require ``Authorization: Bearer T`` where ``sha256(T)`` is ``digest`` (64 hex digits;
+        None: require nothing): the runtime is given the digest, never the token.
+
+            >>> app = RuntimeApp.__new__(RuntimeApp)
+            >>> app.set_token_sha256(hashlib.sha256(b"s3cret").hexdigest())
+            >>> [app._is_authorized({"headers": [(b"authorization", b"Bearer " + t)]})
+            ...  for t in (b"s3cret", hashlib.sha256(b"s3cret").hexdigest().encode())]
+            [True, False]
+        """
+        if digest is None:
+            self._token_sha256 = None
+            return
+        try:
+            raw = bytes.fromhex(digest)
+        except ValueError:
+            raw = b""
+        if len(raw) != hashlib.sha256().digest_size:
+            raise ConfigurationError(
+                f"a token digest is the SHA-256 of the token in 64 hex digits, got {digest!r}"
+            )
+        self._token_sha256 = raw
 
     def _is_authorized(self, scope: Scope) -> bool:
-        expected = self._authorization
+        expected = self._token_sha256
         if expected is None:
             return True
         for key, value in scope.get("headers", ()):
             if key == b"authorization":
-                return hmac.compare_digest(value, expected)
+                scheme, _, presented = value.partition(b" ")
+                given = hashlib.sha256(presented).digest()
+                return hmac.compare_digest(given, expected) and scheme == b"Bearer"
         return False
 
     def _cross_site(self, scope: Scope) -> tuple[int, dict[str, Any]] | None:
@@ -328,7 +356,7 @@ class RuntimeApp:
             )
             await _send_json(send, 401, _error_body(no_token, "unauthorized"))
             return
-        if self._authorization is None and (refused := self._cross_site(scope)) is not None:
+        if self._token_sha256 is None and (refused := self._cross_site(scope)) is not None:
             await _send_json(send, *refused)
             return
         send, answered = self.waiting.track(scope, send)

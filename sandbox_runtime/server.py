@@ -132,6 +132,7 @@ class RuntimeServer:
         debug: bool = False,
         enable_mcp: bool = True,
         token: str | None = None,
+        token_sha256: str | None = None,
         judge_environment: Mapping[str, str] | None = None,
     ) -> None:
         self.project = project
@@ -156,6 +157,8 @@ class RuntimeServer:
             env = project.config
             mcp_app = build_mcp_app(self.dispatcher, name=env.name, version=env.version)
         self.app = RuntimeApp(self.dispatcher, mcp_app=mcp_app, token=token)
+        if token_sha256 is not None:
+            self.app.set_token_sha256(token_sha256)
         self.ready = threading.Event()  # set once the HTTP server serves
         # ``sockets=[]``: built now, given its sockets later (:meth:`listen_on`); a template
         # process builds one server this way so that the instances it forks need not
@@ -194,6 +197,11 @@ class RuntimeServer:
     def set_token(self, token: str | None) -> None:
         """Require ``Authorization: Bearer token`` on every request (an engine's instance)."""
         self.app.set_token(token)
+
+    def set_token_sha256(self, digest: str | None) -> None:
+        """Require a token whose SHA-256 is ``digest`` (64 hex digits): the runtime is given
+        the digest only (a Kubernetes pod's spec carries nothing that is a token)."""
+        self.app.set_token_sha256(digest)
 
     def listen_on(self, sockets: Sequence[socket.socket]) -> None:
         """Serve on ``sockets`` (instead of any given before); call before :meth:`run`."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from local_backend._cgroups import Cgroups, Limits
+from local_backend._cgroups import Cgroups, Limits, _enabled_below
 
 
 def _unified_root() -> Path | None:
@@ -77,4 +77,31 @@ def test_v2_limits_are_written_where_controllers_exist_and_skipped_with_a_warnin
             assert (base / "cpu.max").read_text().split() == ["150000", "100000"]
         assert (base / "cgroup.procs").exists()
     finally:
+        group.remove()
+
+
+@needs_v2
+def test_v2_memory_refused_below_a_group_with_a_process_is_a_clear_warning(v2: Cgroups) -> None:
+    """The engine makes its groups below the cgroup it runs in; on cgroup v2 the kernel enables
+    memory for a group's children only when the group holds no process (the root excepted).
+    A real group holding a real process: enabling memory below it is refused with a warning
+    saying which controller, why and what to do, never an error (on this hybrid host's
+    unified hierarchy, which offers no controller, it is refused for that reason instead)."""
+    group = v2.create("i-holder", Limits())
+    sleeper = subprocess.Popen(["sleep", "600"])
+    try:
+        group.add(sleeper.pid)
+        holder = Path(f"/proc/self/fd/{v2.dir_fds['unified']}") / "i-holder"
+        offered = (holder / "cgroup.controllers").read_text().split()
+        warnings: list[str] = []
+        assert "memory" not in _enabled_below(holder, ["memory"], warnings)
+        (said,) = warnings
+        assert f"cgroup v2: {holder} (the cgroup this engine runs in)" in said
+        assert "does not enable memory for its child groups" in said
+        why = "holds no process" if "memory" in offered else "does not offer it"
+        assert why in said
+        assert "Kubernetes engine" in said
+    finally:
+        sleeper.kill()
+        sleeper.wait()
         group.remove()

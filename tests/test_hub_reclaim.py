@@ -12,6 +12,7 @@ none of them; then SIGKILL.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -32,6 +33,7 @@ from local_backend.client import DaemonEngine
 from tests._hub import HubProcess, eventually
 
 BURST = 8
+MINI = "mini-terminal@1.0.0"
 LIMITS = {"default": {"instances": BURST, "per_request": BURST, "ttl": "1h"}}
 
 
@@ -181,3 +183,147 @@ async def test_no_hub_ends_a_create_under_way_of_a_live_hub_of_its_store(
         await second.stop()
         await store.aclose()
         await daemon.aclose()
+
+
+# -- a create retried on another hub of the store -------------------------------------------------
+
+WAITING = "create retried: another hub of the store has it under way"
+"""What a hub logs when a create's key is another live hub's in flight (it waits for it)."""
+
+
+@pytest.fixture(scope="module")
+def other_hub(hub: tuple[HubProcess, str]) -> Iterator[HubProcess]:
+    """A second hub of the first's store and data directory (so of its engine daemon: the
+    hubs of one machine), with a log of its own."""
+    process, _ = hub
+    second = HubProcess(process.data_dir, store=process.store, engine="daemon", extra=process.extra)
+    second.log = process.data_dir.parent / "other-hub.log"
+    second.start()
+    try:
+        yield second
+    finally:
+        second.stop()  # the first hub's fixture stops the daemon
+
+
+@contextlib.contextmanager
+def _daemon_frozen(process: HubProcess) -> Iterator[None]:
+    """The engine daemon of ``process``'s data directory stopped (SIGSTOP) for the body: a
+    create sent to a hub meanwhile is under way (claimed, its intent stored) and stays so."""
+    pids = DaemonEngine(process.data_dir / "engine")._daemon_pids()
+    assert pids, "control: the daemon runs"
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+
+
+async def _intents(store_url: str, count: int) -> None:
+    """Return once the store holds ``count`` intents (creates under way)."""
+    store = await open_store(store_url)
+    try:
+
+        async def enough() -> bool:
+            return len(await store.list(INTENTS)) >= count
+
+        await eventually(enough, f"{count} creates under way")
+    finally:
+        await store.aclose()
+
+
+async def _waits_or_creates(other: HubProcess, store_url: str, intents: int) -> None:
+    """Return once ``other`` is handling its create: waiting for the first hub's (its log says
+    so) or, if it does not know to wait, started its own (a second intent in the store)."""
+    store = await open_store(store_url)
+    try:
+
+        async def handling() -> bool:
+            return WAITING in other.tail() or len(await store.list(INTENTS)) > intents
+
+        await eventually(handling, "the second hub took the create")
+    finally:
+        await store.aclose()
+
+
+async def test_a_create_retried_on_another_hub_while_under_way_gets_the_same_instance(
+    hub: tuple[HubProcess, str], other_hub: HubProcess
+) -> None:
+    """The retry lands on hub B while hub A's create is under way: B waits for A's and answers
+    its instance; retried again once it is done, on either hub, the same one. One instance."""
+    process, key = hub
+    idem = f"retried-elsewhere-{os.getpid()}"
+    async with (
+        DaemonEngine(process.data_dir / "engine") as daemon,
+        HubClient(process.url, api_key=key) as first,
+        HubClient(other_hub.url, api_key=key) as second,
+    ):
+        before = set(await _live(daemon))
+        with _daemon_frozen(process):
+            at_first = asyncio.create_task(
+                first.create_instance(MINI, ttl=600, idempotency_key=idem)
+            )
+            await _intents(process.store, 1)
+            at_second = asyncio.create_task(
+                second.create_instance(MINI, ttl=600, idempotency_key=idem)
+            )
+            await _waits_or_creates(other_hub, process.store, intents=1)
+        made, retried = await asyncio.gather(at_first, at_second)
+        assert retried["id"] == made["id"]
+        for client in (first, second):
+            again = await client.create_instance(MINI, ttl=600, idempotency_key=idem)
+            assert again["id"] == made["id"]
+        assert set(await _live(daemon)) - before == {made["id"]}
+        await first.delete_instance(made["id"])
+
+
+async def test_a_create_retried_on_another_hub_after_the_first_died_is_made_once(
+    hub: tuple[HubProcess, str], other_hub: HubProcess
+) -> None:
+    """Hub A dies (SIGKILL) in the middle of the create; the retry waiting on hub B takes it
+    over once A's heartbeat has lapsed (made to lapse in the store, as HUB_LEASE would): B
+    makes the instance, A's half-made one is reclaimed, one instance runs for the key."""
+    process, key = hub
+    idem = f"retried-after-death-{os.getpid()}"
+    async with (
+        DaemonEngine(process.data_dir / "engine") as daemon,
+        HubClient(process.url, api_key=key) as first,
+        HubClient(other_hub.url, api_key=key) as second,
+    ):
+        before = set(await _live(daemon))
+        with _daemon_frozen(process):
+            at_first = asyncio.create_task(
+                first.create_instance(MINI, ttl=600, idempotency_key=idem)
+            )
+            await _intents(process.store, 1)
+            at_second = asyncio.create_task(
+                second.create_instance(MINI, ttl=600, idempotency_key=idem)
+            )
+            await _waits_or_creates(other_hub, process.store, intents=1)
+            dead_id = _hub_id(process)
+            process.kill()
+            await asyncio.gather(at_first, return_exceptions=True)
+            store = await open_store(process.store)
+            try:
+                beat = await store.get(HUBS, dead_id)
+                assert beat is not None
+                await store.put(HUBS, dead_id, {**beat, "heartbeat_at": time.time() - HUB_LEASE})
+            finally:
+                await store.aclose()
+        made = await at_second
+        again = await second.create_instance(MINI, ttl=600, idempotency_key=idem)
+        assert again["id"] == made["id"]
+
+        async def one_left() -> bool:  # B's upkeep reclaims what A left unrecorded
+            return set(await _live(daemon)) - before == {made["id"]}
+
+        await eventually(one_left, "one instance runs for the key", deadline=60)
+        await second.delete_instance(made["id"])
+    process.start()  # the module's hub again
+
+
+def _hub_id(process: HubProcess) -> str:
+    """The id of the hub ``process`` (the first of its data directory: it holds the id kept
+    there; its intents name it)."""
+    return (process.data_dir / "hub.id").read_text().strip()

@@ -58,6 +58,13 @@ ROLE_RULES = [
     {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
     {
         "apiGroups": [""],
+        "resources": ["secrets"],
+        "resourceNames": ["aenv-runtime-token-key"],
+        "verbs": ["get"],
+    },
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+    {
+        "apiGroups": [""],
         "resources": ["services", "persistentvolumeclaims"],
         "verbs": ["create", "delete"],
     },
@@ -77,13 +84,24 @@ ROLE_RULES = [
 """The Role, exactly: a change to deploy/role.yaml must change this too, on purpose."""
 
 NAMESPACED = {
-    "": {"pods", "pods/log", "services", "persistentvolumeclaims", "endpoints", "configmaps"},
+    "": {
+        "pods",
+        "pods/log",
+        "services",
+        "persistentvolumeclaims",
+        "endpoints",
+        "configmaps",
+        "secrets",
+    },
     "apps": {"deployments", "replicasets"},
     "networking.k8s.io": {"networkpolicies"},
     "coordination.k8s.io": {"leases"},
 }
 """Namespaced resources a Role of ours may name at all (nodes, namespaces, persistentvolumes,
-RBAC objects, secrets, pods/exec and the like may never appear)."""
+RBAC objects, pods/exec and the like may never appear; secrets only as READABLE_SECRETS says)."""
+READABLE_SECRETS = ["aenv-runtime-token-key"]
+"""The only Secret a Role of ours may read: the namespace's instance-token key
+(k8s_backend/tokens.py); Secrets may otherwise only be created (to make that one)."""
 ESCALATING_VERBS = {"*", "escalate", "bind", "impersonate"}
 
 
@@ -124,7 +142,11 @@ def test_the_role_is_least_privilege_namespaced_and_without_wildcards() -> None:
     role = find(objects, "Role", "aenv-ray-engine")
     assert role["rules"] == ROLE_RULES
     for rule in role["rules"]:
-        assert set(rule) == {"apiGroups", "resources", "verbs"}  # no nonResourceURLs
+        assert set(rule) <= {"apiGroups", "resources", "verbs", "resourceNames"}  # no URLs
+        if "secrets" in rule["resources"]:  # one Secret read, by name; created, never listed
+            assert rule["resources"] == ["secrets"]
+            readable = rule.get("resourceNames") == READABLE_SECRETS and rule["verbs"] == ["get"]
+            assert readable or rule["verbs"] == ["create"], rule
         for group in rule["apiGroups"]:
             assert group in NAMESPACED, f"API group {group!r} is not one of ours"
             for resource in rule["resources"]:
@@ -495,18 +517,18 @@ async def test_the_role_allows_what_engines_and_services_do_and_nothing_else(
     with rbac_cluster.api_client(HUB_USER) as api:
         authorization = k8s_client.AuthorizationV1Api(api)
 
-        def allowed(verb: str, resource: str, group: str = "", namespace: str = NAMESPACE) -> bool:
+        def allowed(
+            verb: str, resource: str, group: str = "", namespace: str = NAMESPACE, name: str = ""
+        ) -> bool:
+            attributes = {
+                "verb": verb,
+                "resource": resource,
+                "group": group,
+                "namespace": namespace,
+                **({"name": name} if name else {}),
+            }
             review = authorization.create_self_subject_access_review(
-                {
-                    "spec": {
-                        "resourceAttributes": {
-                            "verb": verb,
-                            "resource": resource,
-                            "group": group,
-                            "namespace": namespace,
-                        }
-                    }
-                }
+                {"spec": {"resourceAttributes": attributes}}
             )
             return bool(review.status.allowed)
 
@@ -514,8 +536,11 @@ async def test_the_role_allows_what_engines_and_services_do_and_nothing_else(
             for group in rule["apiGroups"]:
                 for resource in rule["resources"]:
                     for verb in rule["verbs"]:
-                        assert allowed(verb, resource, group), (verb, group, resource)
+                        for name in rule.get("resourceNames", [""]):
+                            assert allowed(verb, resource, group, name=name), (verb, resource)
         assert not allowed("get", "secrets")
+        assert not allowed("get", "secrets", name="aenv-hub-secret")  # the hub's own secret
+        assert not allowed("list", "secrets")
         assert not allowed("create", "pods/exec")
         assert not allowed("update", "pods")
         assert not allowed("create", "roles", "rbac.authorization.k8s.io")

@@ -30,14 +30,17 @@ from aenv_ray.errors import (
     ServiceNotFoundError,
 )
 from aenv_ray.hub import HubClient
-from aenv_ray.protocol import TOKEN_ENV
+from aenv_ray.protocol import TOKEN_SHA256_ENV
 from k8s_backend.service_controller import is_serving, service_info, service_problem
 from k8s_backend.services import LABEL_SERVICE, service_name, storage_claim_name
+from k8s_backend.tokens import TokenKey, digest
 from tests._hub import HubProcess, aenv, new_key, raw, run
 from tests._k8s import KubeCluster
 
 MINI = "mini-terminal@1.0.0"
 WHO = "echo $AENV_INSTANCE_ID"
+KEY = TokenKey(b"k" * 32, "rl")
+TOKEN = KEY.token("service/s1", "n0")  # what the Deployment below is given the digest of
 
 # -- what the objects say -------------------------------------------------------------------------
 
@@ -49,7 +52,11 @@ def _deployment(wanted: int = 1, **status: Any) -> dict[str, Any]:
             "name": "aenv-svc-s1",
             "generation": 2,
             "labels": {LABEL_SERVICE: "s1"},
-            "annotations": {"aenv-ray.io/service-id": "s1", "aenv-ray.io/env-ref": MINI},
+            "annotations": {
+                "aenv-ray.io/service-id": "s1",
+                "aenv-ray.io/env-ref": MINI,
+                "aenv-ray.io/token-nonce": "n0",
+            },
         },
         "spec": {
             "replicas": wanted,
@@ -63,7 +70,7 @@ def _deployment(wanted: int = 1, **status: Any) -> dict[str, Any]:
                             "ports": [{"containerPort": 8080}],
                             "env": [
                                 {"name": "POD_IP", "valueFrom": {"fieldRef": {}}},
-                                {"name": TOKEN_ENV, "value": "s3cret"},
+                                {"name": TOKEN_SHA256_ENV, "value": digest(TOKEN)},
                             ],
                         }
                     ],
@@ -103,14 +110,18 @@ def test_a_serving_service_is_read_from_its_three_objects() -> None:
     pods = [_pod("p1", "10.0.0.1"), _pod("p2", "10.0.0.2")]
     endpoints = _endpoints("10.0.0.2", "10.0.0.1")
     assert is_serving(deployment, endpoints, pods)
-    info = service_info(deployment, endpoints, pods, namespace="rl")
+    token = KEY.of_service(deployment)  # the replicas' token, derived: the Deployment has none
+    assert token == TOKEN
+    assert TOKEN not in str(deployment)
+    assert TokenKey(b"x" * 32, "rl").of_service(deployment) is None  # another key: none
+    info = service_info(deployment, endpoints, pods, namespace="rl", token=token)
     assert (info.id, info.env_ref, info.replicas, info.ready) == ("s1", MINI, 2, 2)
     assert info.endpoints == ("http://10.0.0.1:8080", "http://10.0.0.2:8080")
     assert info.instances == ("p1", "p2")
     assert info.url == "http://aenv-svc-s1.rl.svc:8080"
     assert info.storage == storage_claim_name("s1")
-    assert (info.token, info.detail) == ("s3cret", "")
-    assert "s3cret" not in repr(info)
+    assert (info.token, info.detail) == (TOKEN, "")
+    assert TOKEN not in repr(info)
 
 
 @pytest.mark.parametrize(
@@ -374,6 +385,20 @@ async def test_a_service_scales_up_and_down_through_the_cli(k8s_hub: K8sHub) -> 
         assert status == 401
         status, _, body = await raw("GET", up["endpoints"][0] + "/health", key=up["token"])
         assert (status, body["success"]) == (200, True)
+        # ... which neither the Deployment nor a replica's pod holds (their digest only)
+        stored = json.dumps(
+            [
+                hub.api.sanitize_for_serialization(o)
+                for o in (
+                    apps.read_namespaced_deployment(service_name(sid), hub.namespace),
+                    *core.list_namespaced_pod(
+                        hub.namespace, label_selector=f"{LABEL_SERVICE}={sid}"
+                    ).items,
+                )
+            ]
+        )
+        assert digest(up["token"]) in stored  # control: the dump is the whole objects
+        assert up["token"] not in stored
 
         # down to one: the others end, the Endpoints follow
         down = _json(_cli(hub, "update", sid, "--replicas", "1", "--json"))
@@ -390,6 +415,7 @@ async def test_a_service_scales_up_and_down_through_the_cli(k8s_hub: K8sHub) -> 
         assert not set(changed["instances"]) & set(down["instances"])
         assert await run(changed["address"], "echo $STAGE", key=hub.alice) == "two"
         assert await run(changed["address"], WHO, key=hub.alice) == changed["instances"][0]
+        assert changed["token"] == up["token"]  # the rolled replicas keep the service's token
 
         shown = _cli(hub, "get", sid)
         assert shown.returncode == 0, shown.stderr
