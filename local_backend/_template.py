@@ -243,7 +243,11 @@ def _spawn(
             selector.register(maps[0], selectors.EVENT_READ, "map")
             state.pending_maps[maps[0]] = (child, maps[1])
     except Exception as exc:
-        log.exception("spawn failed", extra={"instance": iid})
+        # the engine hears of it (below) and raises it to the create's caller; here one line,
+        # not a traceback on the terminal the engine shares (an interrupted run ends many
+        # starts at once)
+        log.warning("spawn failed: %s", exc, extra={"instance": iid})
+        log.debug("spawn failed", exc_info=True, extra={"instance": iid})
         try:
             _channel.send(channel, {"op": "error", "id": iid, "message": str(exc)[:2000]})
         except OSError:

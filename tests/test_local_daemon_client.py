@@ -291,7 +291,7 @@ async def _terminated_of(engine: DaemonEngine, env_ref: str) -> bool:
     return bool(infos) and all(i.state is InstanceState.TERMINATED for i in infos)
 
 
-async def until_async(predicate: Any, what: str, seconds: float = 30.0) -> None:
+async def until_async(predicate: Any, what: str, seconds: float = 60.0) -> None:
     deadline = time.monotonic() + seconds
     while not await predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
