@@ -143,6 +143,7 @@ def test_sigkill_of_the_owner_of_plain_processes_leaves_nothing() -> None:
 
 
 @needs_namespaces
+@pytest.mark.timeout(400)  # a deadline: ~30 s on a quiet 2-core machine, minutes under load
 def test_a_thousand_instances_go_with_their_owner() -> None:
     owner, said = run_owner("namespaces", 1000)
     assert said["created"] == 1002
