@@ -754,14 +754,9 @@ class Episode:
                     f"swe: cannot set the judge's checkout in place of {repo}: {apply_log}"
                 )
             else:
-                # a fresh /tmp would hide what lies under /tmp: the repository, the judge's
-                # home, or the Python the tests run with (aenv-ray installed in a virtual
-                # environment there: `python: command not found`)
-                kept = (repo, home, sys.prefix, sys.base_prefix)
-                under_tmp = any(os.path.realpath(path).startswith("/tmp/") for path in kept)
-                if under_tmp:
-                    self._sh('mkdir -m 700 "$1"', os.path.join(home, "tmp"))
-                result = self._run_eval(Judge(home=home, hide=(aside,), fresh_tmp=not under_tmp))
+                # a fresh /tmp, where the repository, the home and the runtime's Python show
+                # if they lie under /tmp (nothing else of the agent's /tmp does)
+                result = self._run_eval(Judge(home=home, hide=(aside,), keep=(repo,)))
         finally:
             # the agent's repository back in place (two renames); the judge's checkout and
             # home removed after the reward has answered

@@ -41,6 +41,7 @@ __all__ = [
     "LocalSandbox",
     "Sandbox",
     "hidden_around",
+    "kept_under_tmp",
 ]
 
 log = logging.getLogger("swe")
@@ -50,8 +51,18 @@ _HIDE = (
     'if [ -d "$1" ]; then mount -t tmpfs -o ro,size=4k,mode=0555 swe-hidden "$1"; '
     'else mount --bind /dev/null "$1"; fi '
     '|| { echo "swe: cannot hide $1" >&2; exit 125; }; shift; i=$((i + 1)); done; '
-    'if [ "$1" = fresh-tmp ]; then mount -t tmpfs -o mode=1777,size=1g,nosuid,nodev swe-tmp /tmp '
-    '|| { echo "swe: cannot mount a fresh /tmp" >&2; exit 125; }; fi; shift; '
+    # a fresh /tmp: a tmpfs mounted on the stage (an empty directory of the runtime's), each
+    # kept path bound into it at its own place (read-only or not), then moved onto /tmp
+    'if [ "$1" = fresh-tmp ]; then stage=$2; n=$3; shift 3; '
+    'mount -t tmpfs -o mode=1777,size=1g,nosuid,nodev swe-tmp "$stage" '
+    '|| { echo "swe: cannot mount a fresh /tmp" >&2; exit 125; }; i=0; '
+    'while [ "$i" -lt "$n" ]; do at="$stage${2#/tmp}"; '
+    '{ mkdir -p "$at" && mount -n --rbind "$2" "$at" && { [ "$1" = rw ] '
+    '|| mount -n -o remount,bind,ro,nosuid,nodev "$at"; }; } '
+    '|| { echo "swe: cannot keep $2 in a fresh /tmp" >&2; exit 125; }; '
+    "shift 2; i=$((i + 1)); done; "
+    'mount -n --move "$stage" /tmp || { echo "swe: cannot move a fresh /tmp in place" >&2; '
+    "exit 125; }; else shift; fi; "
     'exec unshare --user --map-root-user --mount --pid --fork --mount-proc --kill-child -- "$@"'
 )
 
@@ -76,14 +87,33 @@ class Judge:
     """How a grading run differs from the agent's commands: a fresh ``/tmp``, its own home
     directory, more directories hidden (the agent's tree set aside), and variables of its own.
     The environment is never the agent's: it is built anew from the runtime's (see
-    :func:`_environment`)."""
+    :func:`_environment`).
+
+    Nothing of the agent's ``/tmp`` shows in the fresh one but what the run needs where it
+    lies under ``/tmp``: its home and the directories in ``keep`` (the repository under test),
+    writable, and the runtime's Python (``sys.prefix``, ``sys.base_prefix``), read-only, each
+    bound at its own path (:func:`kept_under_tmp`)."""
 
     home: str
     hide: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
-    fresh_tmp: bool = True
-    """A fresh ``/tmp`` (False where the repository, the home or the runtime's Python lies
-    under ``/tmp``, which it would hide: ``TMPDIR`` is then a fresh directory in the home)."""
+    keep: tuple[str, ...] = ()
+
+
+def kept_under_tmp(judge: Judge) -> list[tuple[str, str]]:
+    """What a judge's fresh ``/tmp`` shows of the one it covers: ``(mode, path)`` for each of
+    its home, its ``keep`` paths (``rw``) and the runtime's Python (``ro``) that lies under
+    ``/tmp`` (resolved; directories that exist), outer paths first: for a home
+    ``/tmp/w/home`` and a repository ``/tmp/w/testbed``, ``[("rw", "/tmp/w/home"), ("rw",
+    "/tmp/w/testbed")]``, then the Python's prefix if it lies under ``/tmp`` too."""
+    wanted = [("rw", p) for p in (judge.home, *judge.keep)]
+    wanted += [("ro", p) for p in (sys.prefix, sys.base_prefix)]
+    kept: dict[str, str] = {}
+    for mode, path in wanted:
+        real = os.path.realpath(path)
+        if real.startswith("/tmp/") and os.path.isdir(real):
+            kept[real] = "rw" if kept.get(real) == "rw" else mode
+    return [(kept[p], p) for p in sorted(kept, key=lambda p: (p.count("/"), p))]
 
 
 class Sandbox(Protocol):
@@ -225,8 +255,15 @@ class LocalSandbox:
             "swe-hide",
             str(len(hidden)),
             *hidden,
-            "fresh-tmp" if judge is not None and judge.fresh_tmp else "same-tmp",
+            *self._tmp_args(judge),
         ]
+
+    @staticmethod
+    def _tmp_args(judge: Judge | None) -> list[str]:
+        if judge is None:
+            return ["same-tmp"]
+        kept = kept_under_tmp(judge)
+        return ["fresh-tmp", _stage(judge), str(len(kept)), *(x for pair in kept for x in pair)]
 
     def check(self) -> None:
         """Raise :class:`IsolationUnavailableError` if commands cannot be isolated here."""
@@ -286,11 +323,34 @@ class LocalSandbox:
         cap: int,
         judge: Judge | None = None,
     ) -> CommandResult:
-        output = _Capped(cap)
         env = _environment(self.env)
+        stage = None
         if judge is not None:
-            tmp = "/tmp" if judge.fresh_tmp else os.path.join(judge.home, "tmp")
-            env.update({"HOME": judge.home, "TMPDIR": tmp, **judge.env})
+            env.update({"HOME": judge.home, "TMPDIR": "/tmp", **judge.env})
+            if self.isolate:
+                stage = _stage(judge)
+                os.mkdir(stage, 0o700)
+        try:
+            return self._watch(
+                argv, cwd=cwd, timeout=timeout, stdin=stdin, cap=cap, judge=judge, env=env
+            )
+        finally:
+            if stage is not None:
+                with contextlib.suppress(OSError):
+                    os.rmdir(stage)
+
+    def _watch(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        timeout: float,
+        stdin: bytes,
+        cap: int,
+        judge: Judge | None,
+        env: dict[str, str],
+    ) -> CommandResult:
+        output = _Capped(cap)
         process = subprocess.Popen(
             [*self._prefix(judge), *argv],
             cwd=cwd,
@@ -337,6 +397,12 @@ class LocalSandbox:
             text += f"\n[the command was killed after {timeout:g} s]"
             code = 124
         return CommandResult(code, text, timed_out=timed_out, truncated=bool(output.dropped))
+
+
+def _stage(judge: Judge) -> str:
+    """Where a judge's fresh ``/tmp`` is put together before it moves onto ``/tmp``: an empty
+    directory beside its home (the runtime's, made for the run and removed after it)."""
+    return judge.home.rstrip("/") + ".tmp-stage"
 
 
 def _kill(process: subprocess.Popen[bytes]) -> None:
