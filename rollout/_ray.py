@@ -48,8 +48,9 @@ def init_local(num_cpus: int | None = None, **kwargs: Any) -> None:
     or the ``RAY_ADDRESS`` environment variable).
 
     A new local Ray is started even when another runs on this machine (Ray's own ``ray.init()``
-    would join the last one started there). ``num_cpus`` and further keyword arguments go to
-    :func:`ray.init`; ``include_dashboard`` can be turned back on. Does nothing if Ray is
+    would join the last one started there). ``num_cpus`` sizes a Ray it starts (one it joins
+    has its own CPUs: ignored there, where Ray would refuse it); further keyword arguments go
+    to :func:`ray.init`; ``include_dashboard`` can be turned back on. Does nothing if Ray is
     already initialized. A Ray that does not start, or cannot be joined, is
     :class:`~rollout.failures.RayStartError` (one line: what failed and Ray's own first line;
     the whole of Ray's exception in ``__cause__``); an ``address`` (or ``RAY_ADDRESS``) where
@@ -61,6 +62,8 @@ def init_local(num_cpus: int | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("address", "local")
     if kwargs.get("address") == "local":
         start_reaper()  # this process starts Ray's processes: they must not outlive it
+    else:
+        num_cpus = None  # joining: the cluster's CPUs are its own
     loopback_only()
     kwargs.setdefault("include_dashboard", False)
     kwargs.setdefault("_node_ip_address", "127.0.0.1")

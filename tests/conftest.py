@@ -20,6 +20,7 @@ from tests._k8s import KubeCluster, tools_dir
 from tests._nobody import unprivileged_python
 from tests._oracles import TAU2, Tau2Oracle, oracle_python
 from tests._redis import RedisServer
+from tests._session_ray import SessionRay
 from tests._wheel import build_wheel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,6 +100,14 @@ async def chat_endpoint() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     yield f"http://127.0.0.1:{port}/v1", requests
     await runner.cleanup()
+
+
+@pytest.fixture(scope="session")
+def session_ray() -> Iterator[SessionRay]:
+    """The session's one local Ray (tests/_session_ray.py), which tests join with its ``env``
+    (``RAY_ADDRESS``) where Ray is not their subject: one Ray start, not one per test."""
+    with SessionRay() as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +208,7 @@ LANES = ("k8s", "oracle", "ray", "process", "unit")
 LANE_FIXTURES: dict[str, frozenset[str]] = {
     "k8s": K8S_FIXTURES,
     "oracle": frozenset({"tau2_oracle"}),
-    "ray": frozenset({"ray_address", "local_ray"}),
+    "ray": frozenset({"session_ray", "local_ray"}),
     "process": frozenset(
         {
             "probe_runtime",

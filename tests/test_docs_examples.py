@@ -2,7 +2,11 @@
 
 One test per block, named by page and the line of its fence (``docs/sdk.md:121``). A block runs
 with ``sys.executable`` in a fresh temporary directory, its output captured, and passes when it
-ends without an exception. An HTML comment on the lines just above a fence changes that:
+ends without an exception. Blocks without set-ups that start no Ray share one driver process
+(each in a directory and a namespace of its own: see ``_batch_of``), so that Python's start-up,
+the imports and the local engine's templates are paid once; a block that starts Ray
+(``rollout.init_local``) joins the test session's one Ray instead, by ``RAY_ADDRESS``
+(tests/_session_ray.py). An HTML comment on the lines just above a fence changes that:
 
 ``<!-- fragment: REASON -->``
     Not run, on purpose: a signature listing, a snippet with placeholders for a user's own
@@ -382,23 +386,66 @@ def _session_of(block: Block) -> list[Block]:
     return page[start : end + 1]
 
 
+# Sessions without set-ups share one driver process (the batch), each in a directory and a
+# namespace of its own, in reading order: Python's start-up, the imports and the process's local
+# engine (a template started by one block serves the next) are paid once, not per block. A
+# session that starts Ray keeps a process of its own: Ray initialized by one block must not be
+# what makes another block work.
+_STARTS_RAY = re.compile(r"\binit_local\(|\bRolloutPool\(|\bray\.init\(")
+
+
+def _batched(session: list[Block]) -> bool:
+    return (
+        not session[0].setups
+        and session[0].file is None
+        and not any(_STARTS_RAY.search(block.code) for block in session)
+    )
+
+
+def _batch_of(block: Block) -> list[list[Block]]:
+    """The sessions that run in one driver process with ``block``'s."""
+    session = _session_of(block)
+    if not _batched(session):
+        return [session]
+    batch: list[list[Block]] = []
+    for other in RUNNING:
+        if other.file is None and not any(other in s for s in batch):
+            candidate = _session_of(other)
+            if candidate[0] is other and _batched(candidate):
+                batch.append(candidate)
+    return batch
+
+
 # -- running ---------------------------------------------------------------------------------------
 
 DRIVER = f"""
-import json, sys, traceback
-namespace = {{"__name__": "__main__"}}
-for block in json.load(open(sys.argv[1], encoding="utf-8")):
-    print({MARK!r}, "start", block["id"], flush=True)
-    try:
-        code = compile("\\n" * block["line"] + block["code"], block["page"], "exec")
-        exec(code, namespace)
-    except BaseException:
+import json, os, signal, sys, traceback
+
+
+def out_of_time(signum, frame):
+    raise TimeoutError("the session ran past {SESSION_TIMEOUT:g} s: a hang?")
+
+
+signal.signal(signal.SIGALRM, out_of_time)
+for session in json.load(open(sys.argv[1], encoding="utf-8")):
+    os.chdir(session["cwd"])
+    namespace = {{"__name__": "__main__"}}
+    signal.alarm(int({SESSION_TIMEOUT!r}))  # each session's own guard against a hang
+    for block in session["blocks"]:
+        for stream in (sys.stdout, sys.stderr):
+            print({MARK!r}, "start", block["id"], file=stream, flush=True)
+        try:
+            code = compile("\\n" * block["line"] + block["code"], block["page"], "exec")
+            exec(code, namespace)
+        except BaseException:
+            sys.stdout.flush()
+            traceback.print_exc()
+            sys.stderr.flush()
+            print({MARK!r}, "failed", block["id"], flush=True)
+            break  # the rest of this session never runs; the next session does
         sys.stdout.flush()
-        traceback.print_exc()
-        print({MARK!r}, "failed", block["id"], flush=True)
-        sys.exit(1)
-    sys.stdout.flush()
-    print({MARK!r}, "ok", block["id"], flush=True)
+        print({MARK!r}, "ok", block["id"], flush=True)
+    signal.alarm(0)
 """
 
 
@@ -421,22 +468,38 @@ def _base_env(tmp: Path) -> dict[str, str]:
     return env
 
 
-def run_session(blocks: list[Block], tmp: Path) -> dict[str, Outcome]:
+def run_sessions(
+    sessions: list[list[Block]], tmp: Path, ray_env: dict[str, str] | None = None
+) -> dict[str, Outcome]:
+    """Run ``sessions`` (one, or several without set-ups: :func:`_batch_of`) in one driver
+    process, each in a directory of its own under ``tmp`` and a namespace of its own;
+    ``ray_env``: the Ray that a block starting one joins instead (``RAY_ADDRESS``)."""
     tmp.mkdir(parents=True)
+    blocks = [block for session in sessions for block in session]
     with contextlib.ExitStack() as stack:
         ctx = Context(tmp, BLOCKS, stack, tmp, _base_env(tmp))
+        ctx.env.update(ray_env or {})
         for name in blocks[0].setups:
             SETUPS[name](ctx)
-        sources = []
-        for block in blocks:
-            code = block.code
-            for old, new in ctx.rewrites:
-                code = code.replace(old, new)
-            sources.append({"id": block.id, "page": block.page, "line": block.line, "code": code})
+        sources, plan = [], []
+        for session in sessions:
+            cwd = ctx.cwd
+            if len(sessions) > 1:  # batched: no set-ups, so the working directory is ctx.tmp's
+                cwd = tmp / re.sub(r"\W", "_", session[0].id)
+                cwd.mkdir()
+            plan.append({"cwd": str(cwd), "blocks": []})
+            for block in session:
+                code = block.code
+                for old, new in ctx.rewrites:
+                    code = code.replace(old, new)
+                source = {"id": block.id, "page": block.page, "line": block.line, "code": code}
+                sources.append(source)
+                plan[-1]["blocks"].append(source)
         if ctx.pytest:
             return {blocks[0].id: _run_pytest(ctx, sources[0]["code"])}
         script = tmp / "blocks.json"
-        script.write_text(json.dumps(sources), encoding="utf-8")
+        script.write_text(json.dumps(plan), encoding="utf-8")
+        timeout = SESSION_TIMEOUT * len(sessions) + 60  # the driver times each session out
         try:
             done = subprocess.run(
                 [sys.executable, "-c", DRIVER, str(script)],
@@ -444,26 +507,26 @@ def run_session(blocks: list[Block], tmp: Path) -> dict[str, Outcome]:
                 env=ctx.env,
                 capture_output=True,
                 text=True,
-                timeout=SESSION_TIMEOUT,
+                timeout=timeout,
                 check=False,
             )
             stdout, stderr = done.stdout, done.stderr
         except subprocess.TimeoutExpired as exc:
             stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
             stderr = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
-            stderr += f"\n(no end within {SESSION_TIMEOUT:g} s)"
+            stderr += f"\n(no end within {timeout:g} s)"
     outcomes = {}
     for block, source in zip(blocks, sources, strict=True):
         started = f"{MARK} start {block.id}\n"
         if started not in stdout:
             outcomes[block.id] = Outcome(
-                False, "", f"never ran (an earlier block failed)\n{stderr}"
+                False, "", f"never ran (an earlier block of its session failed)\n{stderr[-6000:]}"
             )
             continue
-        own = stdout.split(started, 1)[1]
+        own = stdout.split(started, 1)[1].split(f"{MARK} ", 1)[0]
+        own_err = stderr.split(started, 1)[-1].split(f"{MARK} ", 1)[0]  # its part, if marked
         ok = f"{MARK} ok {block.id}\n" in stdout
-        own = own.split(f"{MARK} ", 1)[0]
-        log = f"stdout:\n{own}\nstderr:\n{stderr[-6000:]}"
+        log = f"stdout:\n{own}\nstderr:\n{own_err[-6000:]}"
         outcomes[block.id] = Outcome(ok, own, log, source["code"])
     return outcomes
 
@@ -529,15 +592,22 @@ def _python_file_check(ctx_tmp: Path, block: Block) -> Outcome:
     return Outcome(done.returncode == 0, done.stdout, done.stdout + done.stderr[-6000:])
 
 
+# the batch's first test runs its sessions (each under the driver's own SESSION_TIMEOUT guard)
+@pytest.mark.timeout(SESSION_TIMEOUT * 2)
 @pytest.mark.parametrize("block", RUNNING, ids=[b.id for b in RUNNING])
-def test_docs_example(block: Block, session_dir: Path) -> None:
+def test_docs_example(block: Block, session_dir: Path, request: pytest.FixtureRequest) -> None:
     if block.file is not None and not block.setups:
         outcome = _python_file_check(session_dir, block)
         assert outcome.ok, f"{block.id} (the file {block.file}) fails its check:\n{outcome.log}"
         return
     if block.id not in _RESULTS:
-        session = _session_of(block)
-        _RESULTS.update(run_session(session, session_dir / re.sub(r"\W", "_", session[0].id)))
+        sessions = _batch_of(block)
+        name = re.sub(r"\W", "_", sessions[0][0].id) + ("-batch" if len(sessions) > 1 else "")
+        starts_ray = any(_STARTS_RAY.search(b.code) for s in sessions for b in s)
+        # a block that starts Ray (rollout.init_local) joins the session's, as RAY_ADDRESS
+        # makes it: the page's point is the pool, not Ray's start (test_rollout_faults's is)
+        ray_env = request.getfixturevalue("session_ray").env if starts_ray else None
+        _RESULTS.update(run_sessions(sessions, session_dir / name, ray_env))
     outcome = _RESULTS[block.id]
     assert outcome.ok, f"{block.id} failed:\n{outcome.log}"
     missing = unmatched_claims(outcome.code, outcome.output)

@@ -44,8 +44,8 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubProcess]:
 
 
 # The local engine's run of the kit is docs/testing.md's example, which the docs' tests run as
-# it is written (a pytest module, every check): test_the_docs_run_the_kit_over_the_local_engine
-# keeps it there.
+# it is written (a pytest module, every check in one call, one engine):
+# test_the_docs_run_the_kit_over_the_local_engine keeps it there.
 @pytest.fixture(params=["daemon", "hub", pytest.param("kubernetes", marks=_K8S)])
 def factory(
     request: pytest.FixtureRequest,
@@ -76,8 +76,7 @@ def test_the_docs_run_the_kit_over_the_local_engine() -> None:
         for block in RUNNING
         if block.page == "docs/testing.md"
         and "pytest" in block.setups
-        and "check_sandbox_engine(LocalEngine, only=[check])" in block.code
-        and '@pytest.mark.parametrize("check", ENGINE_CHECKS)' in block.code
+        and "check_sandbox_engine(LocalEngine) == list(ENGINE_CHECKS)" in block.code
     ]
     assert len(runs) == 1, [block.id for block in RUNNING if block.page == "docs/testing.md"]
 

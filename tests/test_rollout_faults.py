@@ -37,7 +37,7 @@ from tests._paced_policy import write_tasks
 
 ROOT = Path(__file__).resolve().parent.parent
 TERMINAL = "mini-terminal@1.0.0"
-EPISODES = 12
+EPISODES = 8  # two waves: a kill after the first 2 records lands mid-run, with 6 still to go
 CONCURRENCY = 4
 PAUSE = 1.5  # seconds each episode sleeps in its instance: time to kill things mid-episode
 MARK = "AENV_FAULT_SUITE_RUN"

@@ -11,7 +11,9 @@ components."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ from tests._chat_server import (
     tokens,
 )
 from tests._cli import aenv as run_cli
+from tests._session_ray import SessionRay
 
 TERMINAL = "mini-terminal@1.0.0"
 REAL = f"{TERMINAL}/execute_command"
@@ -272,12 +275,21 @@ def test_a_policy_run_records_its_calls_as_a_conversation(tmp_path: Path) -> Non
     assert read_trajectories(out / "trajectories.parquet") == [row]
 
 
-def test_a_base_url_run_on_a_ray_pool_records_the_same(tmp_path: Path) -> None:
+def test_a_base_url_run_on_a_ray_pool_records_the_same(
+    tmp_path: Path, session_ray: SessionRay
+) -> None:
     tasks = write_tasks(tmp_path / "tasks.jsonl", "42")
     out = tmp_path / "run"
     with ChatServer() as server:
-        done = aenv_rollout(
-            TERMINAL, "-n", "1", "-c", "1", *model_options(server.url, out, tasks), cwd=tmp_path
+        # a subprocess that joins the session's Ray: no Ray stays initialized in this process
+        command = [sys.executable, "-m", "aenv_cli", "rollout", TERMINAL, "-n", "1", "-c", "1"]
+        done = subprocess.run(
+            [*command, *model_options(server.url, out, tasks)],
+            cwd=tmp_path,
+            env={**os.environ, **session_ray.env},
+            capture_output=True,
+            text=True,
+            timeout=240,
         )
         assert done.returncode == 0, done.stderr
     (row,) = read_trajectories(out)

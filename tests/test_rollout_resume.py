@@ -103,7 +103,7 @@ def test_retry_failed_leaves_one_row_per_episode_in_both_files(tmp_path: Path) -
     tasks = _tasks(tmp_path / "tasks.jsonl", stall_unless=str(marker))
     common = ["--tasks", str(tasks), "--policy", "tests._flaky_policy:policy"]
     common += ["--episode-timeout", "8", "--retries", "0", "--out", str(out)]
-    first = _rollout("-n", "3", *common)
+    first = _rollout("-n", "3", "-c", "3", *common)  # (the last -c wins) 3 time-outs at once: 8 s
     assert first.returncode == 1  # episodes that did not end ok
     assert {r["outcome"] for r in _lines(out)} == {"timeout"}
     marker.touch()

@@ -5,6 +5,7 @@ endpoint as the policy (a real HTTP server on loopback that answers like one), a
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from aenv_ray.errors import ConfigurationError, EnvironmentNotFoundError
 from rollout.sources import SDKSource
 from rollout.synthesis import AgentEnv, OpenAIPolicy, synthesize
 from tests._cli import aenv as run_cli
+from tests._session_ray import SessionRay
 
 ROOT = Path(__file__).resolve().parent.parent
 ENVS = ROOT / "tests" / "envs"
@@ -190,12 +192,18 @@ def test_the_cli_runs_writes_and_reports(tmp_path: Path) -> None:
     assert "not both" in both.stderr
 
 
-def test_the_cli_runs_on_a_ray_pool_by_default_and_resumes(tmp_path: Path) -> None:
-    # a subprocess: the driver starts Ray (or joins the session's, RAY_ADDRESS), which must not
-    # stay initialized in the test process
+def test_the_cli_runs_on_a_ray_pool_by_default_and_resumes(
+    tmp_path: Path, session_ray: SessionRay
+) -> None:
+    # a subprocess: the driver joins the session's Ray (RAY_ADDRESS), which must not stay
+    # initialized in the test process
     command = [sys.executable, "-m", "aenv_cli", "rollout", TERMINAL, "-c", "2"]
     first = subprocess.run(
-        [*command, "-n", "4", "--out", str(tmp_path)], capture_output=True, text=True, timeout=240
+        [*command, "-n", "4", "--out", str(tmp_path)],
+        env={**os.environ, **session_ray.env},
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert first.returncode == 0, first.stderr
     recorded = rows(tmp_path)
