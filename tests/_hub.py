@@ -115,7 +115,17 @@ class HubProcess:
             *self.extra,
         ]
 
-    def start(self, timeout: float = 60.0) -> HubProcess:
+    def start(self, timeout: float = 120.0) -> HubProcess:
+        """Start the hub and return once it serves; a hub that does not (it exited, or did not
+        say it serves within ``timeout`` s: a generous deadline on a loaded machine) is killed
+        before the error is raised, so that no test leaves one running behind it."""
+        try:
+            return self._start(timeout)
+        except BaseException:
+            self.kill()
+            raise
+
+    def _start(self, timeout: float) -> HubProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with self.log.open("wb") as log:  # a fresh log: "EnvHub on" means this start
             self.proc = subprocess.Popen(

@@ -9,7 +9,7 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from aiohttp import web
@@ -22,6 +22,9 @@ from tests._oracles import TAU2, Tau2Oracle, oracle_python
 from tests._redis import RedisServer
 from tests._session_ray import SessionRay
 from tests._wheel import build_wheel
+
+if TYPE_CHECKING:
+    from tests._hub import HubProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,6 +58,32 @@ def warm_engine() -> SandboxEngine:
     whose subject is not an engine's own lifecycle, faults or limits (those make their own):
     never close it, and leave no instance behind (``async with Environment(...)``)."""
     return named_engine("local")
+
+
+@pytest.fixture(scope="session")
+def shared_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubProcess]:
+    """One hub for the session (``aenv serve``: auth on, the local engine, SQLite, 200 failed
+    authentications a minute allowed: tests send wrong keys on purpose), for the tests whose
+    subject is not the hub's own lifecycle, flags or limits (those start hubs of their own).
+    Each module makes keys of its own (``tests._hub.new_key(tenant, shared_hub.store)``); what
+    a test publishes or starts has a name of its own (``unique``), and it ends what it starts.
+    A bundle pushed once is load-checked once for the whole session (the store remembers)."""
+    from tests._hub import HubProcess
+
+    data_dir = tmp_path_factory.mktemp("shared-hub")
+    with HubProcess(data_dir, auth=True, engine="local", extra=["--auth-failures", "200"]) as hub:
+        yield hub
+
+
+@pytest.fixture(scope="session")
+def open_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubProcess]:
+    """One hub without auth for the session (``aenv serve --no-auth``, the local engine,
+    SQLite), as on a developer's machine: for tests of what such a hub answers (no keys) whose
+    subject is not its lifecycle or flags. What a test publishes has a name of its own."""
+    from tests._hub import HubProcess
+
+    with HubProcess(tmp_path_factory.mktemp("open-hub"), auth=False) as hub:
+        yield hub
 
 
 @pytest.fixture(scope="session")
@@ -218,6 +247,7 @@ LANE_FIXTURES: dict[str, frozenset[str]] = {
             "redis_url",
             "unprivileged",
             "shared_hub",
+            "open_hub",
             "warm_engine",
         }
     ),

@@ -12,7 +12,6 @@ import json
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +60,10 @@ def test_init_with_aenvironments_options(tmp_path: Path) -> None:
     assert "must be a version" in bad.stderr
 
 
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubProcess]:
-    with HubProcess(tmp_path_factory.mktemp("hub"), auth=False) as process:
-        yield process
+@pytest.fixture
+def hub(open_hub: HubProcess) -> HubProcess:
+    """The session's hub without auth (tests/conftest.py); aenv-demo is published here only."""
+    return open_hub
 
 
 def test_push_list_get_instances_and_service_create(hub: HubProcess, tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,18 +55,11 @@ class Hub:
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
-    # test_every_route_but_health_needs_a_key sends 62 wrong keys in a few seconds: past the
-    # default --auth-failures (tests/test_hub_abuse.py tests that limit itself)
-    proc = HubProcess(
-        tmp_path_factory.mktemp("hub"),
-        auth=True,
-        engine="local",
-        extra=["--auth-failures", "200"],
-    )
-    alice, bob = new_key("alice", proc.store), new_key("bob", proc.store)
-    with proc:
-        yield Hub(proc, alice, bob)
+def hub(shared_hub: HubProcess) -> Hub:
+    """The session's hub (tests/conftest.py: auth on, the local engine, and --auth-failures
+    200, since test_every_route_but_health_needs_a_key sends 62 wrong keys in a few seconds;
+    tests/test_hub_abuse.py tests that limit itself), with keys of this module's own."""
+    return Hub(shared_hub, new_key("alice", shared_hub.store), new_key("bob", shared_hub.store))
 
 
 @pytest.fixture
@@ -278,7 +271,7 @@ async def test_tenants_see_only_their_own(hub: Hub, alice: HubClient, bob: HubCl
 
 
 async def test_an_expired_instance_is_reaped(hub: Hub, alice: HubClient) -> None:
-    doc = await alice.create_instance(MINI, ttl=2)
+    doc = await alice.create_instance(MINI, ttl=1)  # short: the test waits it out
     iid = doc["id"]
     assert doc["state"] == "running"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -24,11 +24,11 @@ MINI = "mini-terminal@1.0.0"
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[HubProcess, str, str]]:
-    proc = HubProcess(tmp_path_factory.mktemp("idem"), auth=True, engine="inprocess")
-    alice, bob = new_key("alice", proc.store), new_key("bob", proc.store)
-    with proc:
-        yield proc, alice, bob
+def hub(shared_hub: HubProcess) -> tuple[HubProcess, str, str]:
+    """The session's hub (tests/conftest.py: auth on, the local engine), with keys of this
+    module's own."""
+    alice, bob = new_key("alice", shared_hub.store), new_key("bob", shared_hub.store)
+    return shared_hub, alice, bob
 
 
 @pytest.fixture

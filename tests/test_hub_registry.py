@@ -13,8 +13,6 @@ import json
 import os
 import shutil
 import socket
-import subprocess
-import sys
 import tarfile
 import time
 import uuid
@@ -39,6 +37,7 @@ from aenv_ray.hub import HubClient
 from envhub.keys import create_key, revoke_key
 from envhub.store import open_store
 from tests._cli import aenv as run_cli
+from tests._cli import environment
 from tests._hub import HubProcess, eventually, raw
 from tests._redis import RedisServer
 
@@ -75,8 +74,14 @@ def _store_url(kind: str, tmp: Path, redis: RedisServer | None) -> str:
 
 @pytest.fixture(scope="module", params=["sqlite", "redis"])
 def hub(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
-    """A hub with auth on, engine in-process, on each store."""
-    redis = request.getfixturevalue("redis_server") if request.param == "redis" else None
+    """A hub with auth on, engine in-process, on each store: on SQLite the session's
+    (``shared_hub``: nothing here tests its lifecycle or flags, and every name published here
+    is the test's own), on Redis one of this module's, with keys of this module's own."""
+    if request.param == "sqlite":
+        shared: HubProcess = request.getfixturevalue("shared_hub")
+        yield Hub(shared, asyncio.run(_keys(shared.store)))
+        return
+    redis = request.getfixturevalue("redis_server")
     tmp = tmp_path_factory.mktemp(f"hub-{request.param}")
     store = _store_url(request.param, tmp, redis)
     keys = asyncio.run(_keys(store))
@@ -112,7 +117,6 @@ def unique(prefix: str) -> str:
 def test_new_user_walkthrough(hub: Hub, tmp_path: Path) -> None:
     name = unique("demo")
     env = hub.env()
-    run = {"cwd": tmp_path, "env": env, "capture_output": True, "text": True, "timeout": 120}
     cli = {"cwd": tmp_path, "environ": env}  # the CLI in this process (tests/_cli.py)
     assert run_cli("init", name, **cli).returncode == 0  # type: ignore[arg-type]
     built = run_cli("build", name, "--json", "--no-image", **cli)  # type: ignore[arg-type]
@@ -130,19 +134,17 @@ def test_new_user_walkthrough(hub: Hub, tmp_path: Path) -> None:
         "config"
     ]["artifacts"]
 
-    script = (
-        "import asyncio\n"
-        "from aenv_ray import Environment\n"
-        "async def main():\n"
-        f"    async with Environment('{name}@1.0.0') as env:\n"
-        "        print((await env.call_tool('add_note', {'text': 'buy milk'})).text)\n"
-        "        print(await env.call_reward({'expected': 'milk'}))\n"
-        "asyncio.run(main())\n"
-    )
-    episode = subprocess.run([sys.executable, "-c", script], **run)  # type: ignore[call-overload]
-    assert episode.returncode == 0, episode.stderr
-    assert "buy milk" in episode.stdout
-    assert "1.0" in episode.stdout.splitlines()[-1]
+    # the user's script, in this process with the user's environment (the hub and key from
+    # AENV_SYSTEM_URL and AENV_API_KEY, as a script of theirs reads them)
+    async def episode() -> tuple[str, float]:
+        async with Environment(f"{name}@1.0.0") as instance:
+            note = (await instance.call_tool("add_note", {"text": "buy milk"})).text
+            return note, await instance.call_reward({"expected": "milk"})
+
+    with environment(environ=env, cwd=tmp_path):
+        note, reward = asyncio.run(episode())
+    assert "buy milk" in note
+    assert reward == 1.0
 
     dest = tmp_path / "pulled"
     pulled = run_cli("pull", f"{name}@1.0.0", "--dest", str(dest), **cli)  # type: ignore[arg-type]
@@ -252,24 +254,46 @@ async def test_a_name_belongs_to_the_tenant_that_published_it(hub: Hub, tmp_path
         await alice.push(build_bundle(make_project(tmp_path, name, "2.0.0")).data)
 
 
+ORPHAN = b"bundle bytes of a push that never finished"
+
+
+@pytest.fixture(scope="module")
+def old_store_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
+    """A hub started (once) on a store that hubs of before left behind: name claims from
+    before name keys (only the exact name's claim, and an old squat), and the bundle of a
+    push killed between storing it and recording its version. The tests of what a hub does
+    with such a store when it starts share it."""
+    tmp = tmp_path_factory.mktemp("old-store")
+    store_url = f"sqlite:///{tmp}/hub.db"
+
+    async def seed() -> dict[str, str]:
+        keys = await _keys(store_url)
+        store = await open_store(store_url)
+        try:
+            await store.create("names", "old-notes", {"tenant": "alice", "at": 1.0})
+            await store.create("names", "Old_Notes", {"tenant": "bob", "at": 2.0})  # a squat
+            await store.put_blob(digest_of(ORPHAN), ORPHAN)
+            await store.put("uploads", digest_of(ORPHAN), {"started_at": time.time() - 7200})
+        finally:
+            await store.aclose()
+        return keys
+
+    keys = asyncio.run(seed())
+    with HubProcess(tmp, store=store_url) as process:
+        yield Hub(process, keys)
+
+
 async def test_names_claimed_before_lookalike_checks_are_guarded_after_an_upgrade(
-    tmp_path: Path,
+    old_store_hub: Hub, tmp_path: Path
 ) -> None:
     # a store written by a hub from before name keys: only the exact name's claim
-    store_url = f"sqlite:///{tmp_path}/hub.db"
-    keys = await _keys(store_url)
-    store = await open_store(store_url)
-    await store.create("names", "old-notes", {"tenant": "alice", "at": 1.0})
-    await store.create("names", "Old_Notes", {"tenant": "bob", "at": 2.0})  # an old squat
-    await store.aclose()
-    with HubProcess(tmp_path, store=store_url) as process:
-        async with HubClient(process.url, api_key=keys["bob"]) as bob:
-            for squat in ("old-notes", "OLD-NOTES", "Old_Notes", "o1d-notes"):
-                with pytest.raises(PermissionDeniedError, match="belongs to tenant `alice`"):
-                    await bob.push(build_bundle(make_project(tmp_path, squat)).data)
-        async with HubClient(process.url, api_key=keys["alice"]) as alice:
-            published = await alice.push(build_bundle(make_project(tmp_path, "old-notes")).data)
-            assert published["publisher"] == "alice"
+    async with old_store_hub.client("bob") as bob:
+        for squat in ("old-notes", "OLD-NOTES", "Old_Notes", "o1d-notes"):
+            with pytest.raises(PermissionDeniedError, match="belongs to tenant `alice`"):
+                await bob.push(build_bundle(make_project(tmp_path, squat)).data)
+    async with old_store_hub.client("alice") as alice:
+        published = await alice.push(build_bundle(make_project(tmp_path, "old-notes")).data)
+        assert published["publisher"] == "alice"
 
 
 async def test_requests_need_a_valid_key(hub: Hub) -> None:
@@ -437,20 +461,13 @@ async def test_a_crash_mid_push_leaves_no_partial_version(tmp_path: Path) -> Non
             assert (await client.push(bundle.data))["digest"] == bundle.digest
 
 
-async def test_a_restarted_hub_drops_bundles_of_pushes_that_crashed(tmp_path: Path) -> None:
+async def test_a_restarted_hub_drops_bundles_of_pushes_that_crashed(old_store_hub: Hub) -> None:
     # what a hub killed between storing a bundle and recording its version leaves behind
-    store_url = f"sqlite:///{tmp_path}/hub.db"
-    store = await open_store(store_url)
-    orphan = b"bundle bytes of a push that never finished"
-    await store.put_blob(digest_of(orphan), orphan)
-    await store.put("uploads", digest_of(orphan), {"started_at": time.time() - 7200})
-    await store.aclose()
-    with HubProcess(tmp_path, store=store_url, auth=False):
-        pass
-    store = await open_store(store_url)
+    # (ORPHAN, in old_store_hub's store before it started) is gone once the hub serves
+    store = await open_store(old_store_hub.process.store)
     try:
-        assert await store.get_blob(digest_of(orphan)) is None
-        assert await store.get("uploads", digest_of(orphan)) is None
+        assert await store.get_blob(digest_of(ORPHAN)) is None
+        assert await store.get("uploads", digest_of(ORPHAN)) is None
     finally:
         await store.aclose()
 
@@ -470,7 +487,8 @@ async def test_a_restarted_hub_keeps_versions_and_live_instances_and_reaps_expir
             keeper = await client.create_instance(f"{name}@1.0.0", ttl="1h")
             brief = await client.create_instance(f"{name}@1.0.0", ttl=2)
         process.kill()  # a crash: no cleanup at all
-        await asyncio.sleep(3)  # brief's TTL runs out while the hub is down
+        # brief's TTL runs out while the hub is down: until its expiry, not a fixed time
+        await asyncio.sleep(max(0.0, brief["expires_at"] - time.time()) + 0.05)
         process.start()
         async with HubClient(process.url, api_key=keys["alice"]) as client:
             assert (await client.get_version(name, "1.0.0"))["digest"] == bundle.digest

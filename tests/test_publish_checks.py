@@ -16,7 +16,7 @@ import os
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterator
+import uuid
 from pathlib import Path
 
 import aiohttp
@@ -124,10 +124,11 @@ def test_a_hostile_projects_import_time_code_never_runs_in_the_cli(tmp_path: Pat
 # -- the hub, on receiving a bundle ------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubProcess]:
-    with HubProcess(tmp_path_factory.mktemp("hub"), auth=False) as process:
-        yield process
+@pytest.fixture
+def hub(open_hub: HubProcess) -> HubProcess:
+    """The session's hub without auth (tests/conftest.py): the names these tests push are
+    their own and never published."""
+    return open_hub
 
 
 def assert_no_hub_path(text: str, hub: HubProcess) -> None:
@@ -155,26 +156,35 @@ async def test_the_hub_refuses_a_bundle_that_does_not_load_and_shows_none_of_its
             await client.get_version(name, "1.0.0")  # nothing was published
 
 
-async def test_a_failing_store_is_answered_without_the_hubs_paths(tmp_path: Path) -> None:
+async def test_a_failing_store_is_answered_without_the_hubs_paths(hub: HubProcess) -> None:
     """A document changed outside the hub makes the store fail: the 503 says so, without the
-    store file's path."""
-    with HubProcess(tmp_path / "hub", auth=False) as process:
-        db = process.store.removeprefix("sqlite:///")
-        with sqlite3.connect(db) as connection:
-            connection.execute(
-                "INSERT INTO docs (kind, key, doc) VALUES ('versions', 'x@1', 'not json')"
-            )
+    store file's path. (The session's hub: the document is taken out again afterwards.)"""
+    db = hub.store.removeprefix("sqlite:///")
+    key = f"broken-{uuid.uuid4().hex[:8]}@1"
+    with sqlite3.connect(db) as connection:
+        connection.execute(
+            "INSERT INTO docs (kind, key, doc) VALUES ('versions', ?, 'not json')", (key,)
+        )
+    try:
         async with (
             aiohttp.ClientSession() as session,
-            session.get(f"{process.url}/v1/envs") as answer,
+            session.get(f"{hub.url}/v1/envs") as answer,
         ):
             assert answer.status == 503
             body = json.loads(await answer.text())
-        assert body["type"] == "StoreError"
-        assert "is not JSON" in body["error"]
-        assert "<hub>" in body["error"]
-        assert_no_hub_path(json.dumps(body), process)
-        assert db not in body["error"]
+    finally:
+        with sqlite3.connect(db) as connection:
+            connection.execute("DELETE FROM docs WHERE kind = 'versions' AND key = ?", (key,))
+    assert body["type"] == "StoreError"
+    assert "is not JSON" in body["error"]
+    assert "<hub>" in body["error"]
+    assert_no_hub_path(json.dumps(body), hub)
+    assert db not in body["error"]
+    async with (  # the store is whole again
+        aiohttp.ClientSession() as session,
+        session.get(f"{hub.url}/v1/envs") as answer,
+    ):
+        assert answer.status == 200, await answer.text()
 
 
 def test_scrub_paths_keeps_what_is_not_below_a_root() -> None:
