@@ -81,6 +81,13 @@ def _instance_processes(daemon_pid: int) -> list[int]:
     return processes_of(f"--owner\0{daemon_pid}-")
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 async def until(predicate: Any, what: str, seconds: float = 20.0) -> None:
     deadline = time.monotonic() + seconds
     while not predicate():
@@ -337,8 +344,9 @@ async def test_a_cancelled_create_leaves_no_instance(state_dir: Path) -> None:
         async with aiohttp.ClientSession(connector=connector) as raw:
             body = {"env": "mini-terminal@1.0.0", "project": str(project)}
             posting = asyncio.ensure_future(raw.post("http://engine/v1/instances", json=body))
-            await until(
-                lambda: bool(processes_of(f"local_backend.zygote\0{project}\0")),
+            shown = f"local_backend.zygote\0{project}\0".encode()  # this daemon's only: the
+            await until(  # session's other engines may run mini-terminal zygotes of their own
+                lambda: any(shown in _cmdline(p) for p in _instance_processes(pid)),
                 "the mini-terminal create to reach the daemon",
             )
             posting.cancel()

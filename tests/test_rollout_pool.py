@@ -534,15 +534,20 @@ def test_synthesis_retries_the_episodes_a_killed_pool_actor_cut(tmp_path: Path) 
 
 
 def _zygote_of(actor_pid: int) -> int:
-    """The template process of the local engine running in ``actor_pid`` (its child)."""
+    """The zygote of the local engine running in ``actor_pid``: its child (the engine's first,
+    exec'd cold), or a child of its launcher (a later one, forked warm: ``_launcher.py``)."""
+    found: dict[int, tuple[int, list[bytes]]] = {}
     for pid in processes_of(f"--owner\0{actor_pid}-"):
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()
-            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            words = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
         except OSError:
             continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == actor_pid and b"local_backend.zygote" in command:
+        found[pid] = (int(stat.rsplit(")", 1)[1].split()[1]), words)
+    launchers = {pid for pid, (_, words) in found.items() if b"--launcher" in words}
+    for pid, (ppid, words) in found.items():
+        zygote = b"local_backend.zygote" in words and pid not in launchers
+        if zygote and (ppid == actor_pid or ppid in launchers):
             return pid
     raise AssertionError(f"no zygote under pool actor {actor_pid}")
 
