@@ -19,6 +19,7 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -247,6 +248,19 @@ async def _waits_or_creates(other: HubProcess, store_url: str, intents: int) -> 
         await store.aclose()
 
 
+async def _created_on_both(
+    a: tuple[HubProcess, HubClient], b: tuple[HubProcess, HubClient], idem: str
+) -> tuple[asyncio.Task[dict[str, Any]], asyncio.Task[dict[str, Any]]]:
+    """The create of ``idem`` sent to hub A, then (A's intent recorded) retried on hub B, and
+    B has taken it up: both under way (the daemon frozen by the caller)."""
+    (first_hub, first), (second_hub, second) = a, b
+    at_first = asyncio.create_task(first.create_instance(MINI, ttl=600, idempotency_key=idem))
+    await _intents(first_hub.store, 1)
+    at_second = asyncio.create_task(second.create_instance(MINI, ttl=600, idempotency_key=idem))
+    await _waits_or_creates(second_hub, first_hub.store, intents=1)
+    return at_first, at_second
+
+
 async def test_a_create_retried_on_another_hub_while_under_way_gets_the_same_instance(
     hub: tuple[HubProcess, str], other_hub: HubProcess
 ) -> None:
@@ -261,14 +275,9 @@ async def test_a_create_retried_on_another_hub_while_under_way_gets_the_same_ins
     ):
         before = set(await _live(daemon))
         with _daemon_frozen(process):
-            at_first = asyncio.create_task(
-                first.create_instance(MINI, ttl=600, idempotency_key=idem)
+            at_first, at_second = await _created_on_both(
+                (process, first), (other_hub, second), idem
             )
-            await _intents(process.store, 1)
-            at_second = asyncio.create_task(
-                second.create_instance(MINI, ttl=600, idempotency_key=idem)
-            )
-            await _waits_or_creates(other_hub, process.store, intents=1)
         made, retried = await asyncio.gather(at_first, at_second)
         assert retried["id"] == made["id"]
         for client in (first, second):
@@ -293,14 +302,9 @@ async def test_a_create_retried_on_another_hub_after_the_first_died_is_made_once
     ):
         before = set(await _live(daemon))
         with _daemon_frozen(process):
-            at_first = asyncio.create_task(
-                first.create_instance(MINI, ttl=600, idempotency_key=idem)
+            at_first, at_second = await _created_on_both(
+                (process, first), (other_hub, second), idem
             )
-            await _intents(process.store, 1)
-            at_second = asyncio.create_task(
-                second.create_instance(MINI, ttl=600, idempotency_key=idem)
-            )
-            await _waits_or_creates(other_hub, process.store, intents=1)
             dead_id = _hub_id(process)
             process.kill()
             await asyncio.gather(at_first, return_exceptions=True)
