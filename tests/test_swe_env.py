@@ -64,36 +64,51 @@ def _write(repo: Path, files: dict[str, str]) -> None:
         (repo / name).write_text(text)
 
 
-def make_dataset(root: Path) -> dict[str, Any]:
-    """``root/rows.jsonl`` and ``root/acme__shapes``: a repository whose base commit has a
-    bug, then upstream's fix and its test as later commits. The row, with its fix commit."""
-    repo = root / "acme__shapes"
+def write_dataset(
+    root: Path,
+    repository: str,
+    row: dict[str, Any],
+    files: tuple[dict[str, str], dict[str, str], dict[str, str]],
+    messages: tuple[str, str] = ("fix", "test"),
+) -> dict[str, Any]:
+    """``root/rows.jsonl`` with ``row`` and its repository ``root/<repository>``: a base commit
+    of ``files[0]``, then upstream's fix (``files[1]``) and its test (``files[2]``) as later
+    commits, whose diffs are the row's ``patch`` and ``test_patch``. The row, with its
+    ``base_commit`` and (not in the file) its ``fix_commit``."""
+    repo = root / repository
     repo.mkdir(parents=True)
     _git(repo, "init", "-q", "-b", "main")
-    _write(repo, BASE_FILES)
+    _write(repo, files[0])
     _git(repo, "add", "-A")
     _git(repo, "commit", "-qm", "base")
     base = _git(repo, "rev-parse", "HEAD").strip()
-    _write(repo, {"shapes/area.py": FIXED_AREA})
+    _write(repo, files[1])
     patch = _git(repo, "diff")
-    _git(repo, "commit", "-qam", "fix rectangle")
+    _git(repo, "commit", "-qam", messages[0])
     fix_commit = _git(repo, "rev-parse", "HEAD").strip()
-    _write(repo, {"tests/test_area.py": NEW_TESTS})
+    _write(repo, files[2])
     test_patch = _git(repo, "diff")
-    _git(repo, "commit", "-qam", "test rectangle")
+    _git(repo, "commit", "-qam", messages[1])
+    commits = {"base_commit": base, "patch": patch, "test_patch": test_patch}
+    named = {key: row[key] for key in ("instance_id", "repo")}  # the fields' order as upstream's
+    row = {**named, **commits, **{k: v for k, v in row.items() if k not in named}}
+    (root / "rows.jsonl").write_text(json.dumps(row) + "\n")
+    return {**row, "fix_commit": fix_commit}
+
+
+def make_dataset(root: Path) -> dict[str, Any]:
+    """``root/rows.jsonl`` and ``root/acme__shapes``: a repository whose base commit has a
+    bug, then upstream's fix and its test as later commits. The row, with its fix commit."""
     row = {
         "instance_id": "acme__shapes-1",
         "repo": "acme/shapes",
-        "base_commit": base,
-        "patch": patch,
-        "test_patch": test_patch,
         "problem_statement": "rectangle(w, h) adds instead of multiplying.",
         "FAIL_TO_PASS": json.dumps(["tests/test_area.py::test_rectangle"]),
         "PASS_TO_PASS": json.dumps(["tests/test_area.py::test_square"]),
         "test_cmd": "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -rA -p no:cacheprovider",
     }
-    (root / "rows.jsonl").write_text(json.dumps(row) + "\n")
-    return {**row, "fix_commit": fix_commit}
+    files = (BASE_FILES, {"shapes/area.py": FIXED_AREA}, {"tests/test_area.py": NEW_TESTS})
+    return write_dataset(root, "acme__shapes", row, files, ("fix rectangle", "test rectangle"))
 
 
 @pytest.fixture(scope="module")
