@@ -83,7 +83,14 @@ from k8s_backend.manifests import (
 )
 from k8s_backend.reaper import LEASE_SECONDS, Housekeeper, release_lease, take_lease
 from k8s_backend.service_controller import KubernetesServices
-from k8s_backend.state import instance_id, last_words, pod_info, runtime_message, startup_failure
+from k8s_backend.state import (
+    instance_id,
+    last_words,
+    pod_info,
+    runtime_message,
+    startup_failure,
+    startup_wait,
+)
 from k8s_backend.templates import PodTemplatePolicy
 from k8s_backend.tokens import TokenKey, new_nonce
 from k8s_backend.tokens import digest as token_digest
@@ -399,10 +406,12 @@ class KubernetesEngine:
                     raise problem
                 left = deadline - time.monotonic()
                 if left <= 0:
+                    waiting = startup_wait(pod)
                     raise StartupTimeoutError(
                         f"pod {name} was not Ready within {timeout:g} s "
-                        f"(phase {(pod.get('status') or {}).get('phase', '?')}); see "
-                        f"`kubectl -n {self.namespace} describe pod {name}`",
+                        f"(phase {(pod.get('status') or {}).get('phase', '?')}"
+                        + (f"; {waiting}" if waiting else "")
+                        + f"); see `kubectl -n {self.namespace} describe pod {name}`",
                         timeout=timeout,
                     )
                 with contextlib.suppress(TimeoutError):  # the loop's check above reports it

@@ -20,6 +20,7 @@ memory than deployConfig.memory)'
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping
 from datetime import datetime
@@ -45,6 +46,7 @@ __all__ = [
     "runtime_message",
     "slim",
     "startup_failure",
+    "startup_wait",
     "timestamp",
 ]
 
@@ -52,6 +54,18 @@ _IMAGE_PROBLEMS = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
 )
 _CONFIG_PROBLEMS = frozenset({"CreateContainerConfigError", "CreateContainerError"})
+# The scheduler's reasons that pass on their own within seconds: a claim the provisioner is still
+# binding, a node that is starting or under pressure it will shed (its taints). Any other reason
+# (Insufficient cpu/memory, affinity, a missing claim, a cordoned node) waits for a person.
+_PASSING_SCHEDULER_REASONS = (
+    "unbound immediate persistentvolumeclaims",
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unreachable",
+    "node.kubernetes.io/memory-pressure",
+    "node.kubernetes.io/disk-pressure",
+    "node.kubernetes.io/pid-pressure",
+    "node.kubernetes.io/network-unavailable",
+)
 _DELETIONS = (TerminationReason.DELETED, TerminationReason.EXPIRED)
 _DETAILS = {
     TerminationReason.EXPIRED: "its TTL ran out",
@@ -244,7 +258,7 @@ def pod_info(
         url = f"http://{ip}:{_port(pod)}" if state is InstanceState.RUNNING else None
         if state is InstanceState.PENDING:
             problem = startup_failure(pod)
-            detail = str(problem) if problem else ""
+            detail = str(problem) if problem else startup_wait(pod)
     return InstanceInfo(
         id=iid,
         env_ref=str(notes.get(ANNOTATION_ENV, "")),
@@ -264,11 +278,17 @@ def startup_failure(pod: Mapping[str, Any]) -> AEnvError | None:
     """Why a pending pod will not come up without someone acting, as the error its create
     raises: the scheduler's Unschedulable (a :class:`CapacityError` quoting it), an image that
     cannot be pulled (named), a container the kubelet cannot create. None while it may still
-    start."""
+    start, which includes the scheduler's reasons that pass by themselves (a claim still being
+    bound, a node not ready yet or under pressure: :func:`startup_wait` says which), waited on
+    within the create's deadline."""
     meta = pod.get("metadata") or {}
     name = meta.get("name", "?")
     scheduled = _condition(pod, "PodScheduled")
-    if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
+    if (
+        scheduled.get("status") == "False"
+        and scheduled.get("reason") == "Unschedulable"
+        and not _passes(str(scheduled.get("message", "")))
+    ):
         return CapacityError(
             f"pod {name} cannot be scheduled: {scheduled.get('message', 'no node fits it')}. "
             "Free capacity, lower deployConfig.cpu/memory, or add nodes"
@@ -288,3 +308,40 @@ def startup_failure(pod: Mapping[str, Any]) -> AEnvError | None:
                 f"pod {name}: container {status.get('name')} cannot be created ({why}: {said})"
             )
     return None
+
+
+def startup_wait(pod: Mapping[str, Any]) -> str:
+    """What a pending pod waits on that passes by itself (a claim still binding, a node under
+    pressure, an image being pulled), in the cluster's words; "" when there is nothing to say.
+    A create that runs out of time quotes it, so the user knows which wait was too long.
+
+    >>> startup_wait({"status": {"conditions": [{"type": "PodScheduled", "status": "False",
+    ...     "reason": "Unschedulable", "message": "0/1 nodes are available: 1 pod has unbound "
+    ...     "immediate PersistentVolumeClaims."}]}})
+    'not scheduled: 0/1 nodes are available: 1 pod has unbound immediate PersistentVolumeClaims.'
+    """
+    scheduled = _condition(pod, "PodScheduled")
+    if scheduled.get("status") == "False":
+        return f"not scheduled: {scheduled.get('message') or scheduled.get('reason', '?')}"
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        waiting = (status.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason"):
+            said = waiting.get("message")
+            return f"container {status.get('name')}: {waiting['reason']}" + (
+                f" ({said})" if said else ""
+            )
+    return ""
+
+
+def _passes(message: str) -> bool:
+    """Whether every reason the scheduler gives for not placing a pod passes by itself.
+
+    The message reads ``0/3 nodes are available: 1 REASON, 2 REASON.``, a newer scheduler
+    adding `` preemption: ...``; a message without that shape is judged whole."""
+    said = message.lower().split(" preemption:", 1)[0]
+    _, _, reasons = said.partition("nodes are available:")
+    parts = [part.strip(" .") for part in re.split(r",\s*(?=\d+ )", reasons or said)]
+    parts = [part for part in parts if part]
+    return bool(parts) and all(
+        any(passing in part for passing in _PASSING_SCHEDULER_REASONS) for part in parts
+    )

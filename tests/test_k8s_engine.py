@@ -42,7 +42,7 @@ from k8s_backend import HostProcess, KubernetesEngine
 from k8s_backend._api import Kube, WatchExpired, connect, translate
 from k8s_backend._cache import PodCache
 from k8s_backend.manifests import ANNOTATION_ENV, ANNOTATION_EXPIRES, LABEL_INSTANCE
-from k8s_backend.state import pod_info, startup_failure
+from k8s_backend.state import pod_info, startup_failure, startup_wait
 from tests._k8s import KubeCluster
 
 REPO = str(Path(__file__).resolve().parent.parent)
@@ -172,6 +172,72 @@ def test_a_pod_that_will_never_start_says_why_as_the_error_its_create_raises() -
     assert "r.io/demo:1.0.0" in str(error)
     assert "ImagePullBackOff" in str(error)
     assert startup_failure(_pod({"phase": "Pending"})) is None
+
+
+def _unschedulable(message: str) -> dict[str, Any]:
+    return _pod(
+        {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": message,
+                }
+            ],
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        # a claim the provisioner binds a second later (seen on the real node)
+        "0/1 nodes are available: 1 pod has unbound immediate PersistentVolumeClaims.",
+        "0/2 nodes are available: 1 node(s) had taint {node.kubernetes.io/not-ready: }, that the "
+        "pod didn't tolerate, 1 node(s) had taint {node.kubernetes.io/memory-pressure: }, that "
+        "the pod didn't tolerate.",
+        "0/1 nodes are available: 1 node(s) had taint {node.kubernetes.io/disk-pressure: }, that "
+        "the pod didn't tolerate. preemption: 0/1 nodes are available: 1 Preemption is not "
+        "helpful for scheduling.",
+    ],
+)
+def test_a_scheduling_wait_that_passes_by_itself_is_waited_on_and_quoted(message: str) -> None:
+    pod = _unschedulable(message)
+    assert startup_failure(pod) is None  # the create keeps waiting within its deadline
+    assert startup_wait(pod) == f"not scheduled: {message}"
+    assert pod_info(pod).detail == f"not scheduled: {message}"
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "0/3 nodes are available: 3 Insufficient cpu.",
+        # one passing reason does not make the others pass
+        "0/2 nodes are available: 1 Insufficient memory, 1 node(s) had taint "
+        "{node.kubernetes.io/not-ready: }, that the pod didn't tolerate.",
+        '0/1 nodes are available: 1 persistentvolumeclaim "data" not found.',
+        "0/1 nodes are available: 1 node(s) were unschedulable.",
+    ],
+)
+def test_a_scheduling_refusal_that_needs_a_person_fails_at_once(message: str) -> None:
+    error = startup_failure(_unschedulable(message))
+    assert isinstance(error, CapacityError)
+    assert message.rstrip(".") in str(error)
+
+
+def test_an_image_being_pulled_is_a_wait_not_a_failure() -> None:
+    pod = _pod(
+        {
+            "phase": "Pending",
+            "containerStatuses": [
+                {"name": "runtime", "state": {"waiting": {"reason": "ContainerCreating"}}}
+            ],
+        }
+    )
+    assert startup_failure(pod) is None
+    assert startup_wait(pod) == "container runtime: ContainerCreating"
 
 
 # -- API errors, translated in one place ----------------------------------------------------------
