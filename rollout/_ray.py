@@ -76,8 +76,28 @@ def init_local(num_cpus: int | None = None, **kwargs: Any) -> None:
         ray.init(num_cpus=num_cpus, **kwargs)
     except Exception as exc:  # Ray raises plain exceptions (ConnectionError, Exception, ...)
         cause = next((line for line in str(exc).splitlines() if line.strip()), "")
+        if _refused_unauthenticated(exc):
+            raise RayStartError(
+                f"{what}: it asks for token authentication and this process did not offer it "
+                "(a Ray that `ray.init` or `ray start` starts asks for it by default since Ray "
+                "2.60): set RAY_AUTH_MODE=token, with the cluster's token in ~/.ray/auth_token, "
+                "RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN"
+            ) from exc
         raise RayStartError(f"{what}: {type(exc).__name__}: {cause[:300]}") from exc
     log.info("local ray started", extra={"num_cpus": num_cpus, "address": "127.0.0.1"})
+
+
+def _refused_unauthenticated(exc: BaseException) -> bool:
+    """Whether Ray's exception (or one it was raised from) is the cluster refusing a driver
+    that offered no token; Ray's own message says so three exceptions down."""
+    seen: BaseException | None = exc
+    for _ in range(10):  # a chain, not a loop: bounded all the same
+        if seen is None:
+            return False
+        if isinstance(seen, rex.AuthenticationError) or "InvalidAuthToken" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _check_answers(address: str | None, what: str, timeout: float = 5.0) -> None:

@@ -29,6 +29,7 @@ from tests._chat_server import REFUSALS, ChatServer, refusing, reply
 from tests._cli import CHILD
 from tests._cli import aenv as run_cli
 from tests._paced_policy import write_tasks as paced_tasks
+from tests._session_ray import SessionRay
 from tests.test_rollout_records import write_tasks  # the same tasks file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -248,6 +249,26 @@ def test_a_ray_that_cannot_start_is_one_line_with_the_alternatives(tmp_path: Pat
     assert "RAY_ADDRESS=HOST:PORT" in line
     assert "Traceback" not in done.stderr
     assert len(done.stderr.splitlines()) <= 3, done.stderr
+
+
+def test_joining_a_ray_that_asks_for_a_token_without_one_says_how_to_give_it(
+    tmp_path: Path, session_ray: SessionRay
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
+    # subprocess: the failed ray.init must not touch this process's Ray state
+    done = subprocess.run(
+        [*CHILD, "rollout", TERMINAL, "-n", "1", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**env, "RAY_ADDRESS": session_ray.address},
+    )
+    assert done.returncode == 1, done.stderr
+    (line,) = error_lines(done.stderr)
+    assert f"could not join the Ray at {session_ray.address}" in line
+    assert "set RAY_AUTH_MODE=token" in line
+    assert "Traceback" not in done.stderr
 
 
 def test_ctrl_c_exits_130_writes_what_is_done_and_says_how_to_resume(tmp_path: Path) -> None:
