@@ -14,6 +14,8 @@ import importlib
 
 import pytest
 
+from builtin_envs.tau2.errors import Tau2DataError
+from tests._tau2 import require_tau2_data
 from tests.test_architecture import PACKAGES, ROOT
 
 
@@ -39,7 +41,11 @@ def test_the_modules_are_found() -> None:
 
 @pytest.mark.parametrize("name", MODULES)
 async def test_module_doctests(name: str) -> None:
-    module = importlib.import_module(name)
+    try:
+        module = importlib.import_module(name)
+    except Tau2DataError:
+        require_tau2_data()  # skips with the one line that says how to get the data
+        raise
     finder = doctest.DocTestFinder(exclude_empty=True)
     tests = [t for t in finder.find(module) if t.examples]
     if not tests:
