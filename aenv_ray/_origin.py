@@ -14,11 +14,19 @@ asks which engine, or which mode, it has:
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Protocol
 from urllib.parse import urlparse, urlunparse
 
 from aenv_ray import protocol as p
-from aenv_ray.engine import InstanceInfo, InstanceSpec, InstanceState, Route, SandboxEngine
+from aenv_ray.engine import (
+    InstanceInfo,
+    InstanceSpec,
+    InstanceState,
+    Route,
+    SandboxEngine,
+    end_watcher,
+)
 from aenv_ray.errors import AEnvError, ConfigurationError
 
 __all__ = [
@@ -77,9 +85,17 @@ class Origin(Protocol):
         """Where the instance's standard MCP endpoint is."""
         ...
 
+    def watch_end(self, callback: Callable[[InstanceInfo], None]) -> None:
+        """Call ``callback(info)`` once, from any thread, if the engine sees the instance end
+        (an engine that cannot tell never calls it); until :meth:`close`."""
+        ...
+
 
 class _Unforkable:
     why = ""
+
+    def watch_end(self, callback: Callable[[InstanceInfo], None]) -> None:
+        return None  # nobody here can tell: a dead server is found by calling it
 
     async def ended(self) -> InstanceInfo | None:
         return None
@@ -170,6 +186,7 @@ class Engined:
         self.info = adopted
         self.owns_engine = owns_engine
         self.instance_id: str | None = adopted.id if adopted else None
+        self._unwatch: Callable[[], None] | None = None
 
     async def open(self, timeout: float) -> Route:
         if self.info is None:
@@ -178,7 +195,15 @@ class Engined:
             self.instance_id = self.info.id
         return await self.engine.route(self.info)
 
+    def watch_end(self, callback: Callable[[InstanceInfo], None]) -> None:
+        watcher = end_watcher(self.engine)
+        if watcher is not None and self.info is not None:
+            self._unwatch = watcher.on_end(self.info.id, callback)
+
     async def close(self) -> None:
+        unwatch, self._unwatch = self._unwatch, None
+        if unwatch is not None:
+            unwatch()  # its end is ours from here: nobody need be told
         info, self.info = self.info, None
         if info is not None:
             with contextlib.suppress(AEnvError):

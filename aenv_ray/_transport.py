@@ -63,6 +63,7 @@ class InstanceClient:
         self._wire: WireClient | None = None
         self._answered = False
         self._closed = False
+        self._ended = ""
         # nothing listening yet (a runtime still starting): tried again within the window
         self._reconnect = Backoff(first=0.02, most=0.25, jitter=0.1, within=reconnect_window)
 
@@ -79,6 +80,8 @@ class InstanceClient:
                 self._wire = WireClient(
                     self.base_url, connect_timeout=self.connect_timeout, headers=self.headers
                 )
+                if self._ended:
+                    self._wire.end(self._ended)
             except ValueError as exc:
                 raise ConfigurationError(
                     f"`{self.env_name}`: cannot talk to {self.base_url}: {exc}", **self._context()
@@ -129,6 +132,12 @@ class InstanceClient:
         except ConnectFailed as exc:
             raise self._unreachable(exc) from exc
         except Disconnected as exc:
+            if self._ended:
+                raise InstanceBrokenError(
+                    f"`{self.env_name}` at {self.base_url}: {self._ended}; create a new "
+                    "environment",
+                    **self._context(),
+                ) from exc
             if self._closed:
                 raise InstanceClosedError(
                     f"`{self.env_name}` was released during {method} {path}", **self._context()
@@ -167,12 +176,22 @@ class InstanceClient:
 
     def _resend(self, exc: Exception) -> bool:
         """Whether a read that failed with ``exc`` may be sent again: its connection dropped
-        (the error it becomes is retryable) and nobody released the instance meanwhile."""
+        (the error it becomes is retryable) and nobody released or ended the instance
+        meanwhile."""
         return (
             isinstance(exc, Disconnected)
             and not self._closed
+            and not self._ended
             and is_retryable(self._broken(exc, "GET", ""))
         )
+
+    def end(self, reason: str) -> None:
+        """The instance is gone for good (its engine said so): requests in flight and later
+        ones fail at once (:class:`InstanceBrokenError` saying ``reason``), never by waiting
+        for a silent address to time out."""
+        self._ended = reason
+        if self._wire is not None:
+            self._wire.end(reason)
 
     def _broken(self, exc: Exception, method: str, path: str) -> InstanceBrokenError:
         return InstanceBrokenError(

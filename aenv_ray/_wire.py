@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 from aenv_ray.protocol import MAX_RESPONSE_BYTES
@@ -394,8 +395,10 @@ class WireClient:
         self._heads: dict[bytes, tuple[int, bool, int, int]] = {}
         self._idle: list[_Connection] = []
         self._busy: set[_Connection] = set()
+        self._connecting: set[asyncio.Future[Any]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        self._ended = ""  # why the server is gone for good (:meth:`end`), "" while it may answer
 
     async def request(
         self,
@@ -414,6 +417,8 @@ class WireClient:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._rebind(loop)
+        if self._ended:
+            raise Disconnected(self._ended, received=False, reused=False)
         deadline = loop.time() + timeout
         data, rest = self._build(method, path, body, headers)
         fresh = False
@@ -450,6 +455,19 @@ class WireClient:
         self._idle.clear()
         self._busy.clear()
 
+    def end(self, reason: str) -> None:
+        """The server is gone for good (someone who knows said so, e.g. an engine that saw its
+        pod deleted): every request in flight, connecting or waiting for its answer, and every
+        later one fails at once with :class:`Disconnected` saying ``reason``. On a real network
+        a vanished address does not refuse, it stays silent: without this a request would wait
+        for its whole timeout. Call it on the client's loop."""
+        self._ended = reason
+        for future in self._connecting:
+            future.cancel()
+        for conn in (*self._idle, *self._busy):
+            conn.abort()  # the request waiting on it fails with Disconnected
+        self._idle.clear()
+
     # -- connections ---------------------------------------------------------------------------
     def _rebind(self, loop: asyncio.AbstractEventLoop) -> None:
         for conn in self._idle:  # they belong to the previous loop, which may be closed
@@ -481,21 +499,33 @@ class WireClient:
         limit = min(self.connect_timeout, left)
         if limit <= 0:
             raise TimeoutError(f"no whole answer within {timeout:g} s")
+        # a task of its own, so that end() can stop it without cancelling the caller
+        connecting = asyncio.ensure_future(
+            loop.create_connection(
+                lambda: _Connection(self._heads, self.max_body),
+                self.host,
+                self.port,
+                ssl=self._ssl,
+                server_hostname=self.host if self._ssl else None,
+            )
+        )
+        self._connecting.add(connecting)
         try:
             async with asyncio.timeout(limit):
-                _, conn = await loop.create_connection(
-                    lambda: _Connection(self._heads, self.max_body),
-                    self.host,
-                    self.port,
-                    ssl=self._ssl,
-                    server_hostname=self.host if self._ssl else None,
-                )
+                _, conn = await connecting
         except TimeoutError:
             raise TimeoutError(
                 f"connecting to {self.host}:{self.port} took over {limit:g} s"
             ) from None
         except OSError as exc:  # refused, unreachable, unknown host, TLS (ssl.SSLError)
             raise ConnectFailed(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._ended and connecting.cancelled() and not (task and task.cancelling()):
+                raise Disconnected(self._ended, received=False, reused=False) from None
+            raise
+        finally:
+            self._connecting.discard(connecting)
         if self._closed:
             conn.abort()
             raise Disconnected("the client was closed", received=False, reused=False)

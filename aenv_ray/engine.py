@@ -22,7 +22,7 @@ import builtins
 import enum
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -33,6 +33,7 @@ from aenv_ray.extras import EXTRAS, install_hint
 __all__ = [
     "DEFAULT_TTL",
     "ENGINE_GROUP",
+    "EndWatchingEngine",
     "InstanceInfo",
     "InstanceSpec",
     "InstanceState",
@@ -46,6 +47,7 @@ __all__ = [
     "WarmPoolEngine",
     "check_engine_name",
     "default_engine",
+    "end_watcher",
     "engine_names",
     "info_from_json",
     "info_to_json",
@@ -361,6 +363,26 @@ class ServiceEngine(Protocol):
     async def targets(self, service_id: str) -> builtins.list[Route]:
         """How to reach each ready replica (for a proxy: called per request, kept cheap)."""
         ...
+
+
+@runtime_checkable
+class EndWatchingEngine(Protocol):
+    """An engine that learns of an instance's end by itself (the Kubernetes engine's watch):
+    an :class:`~aenv_ray.Environment` on it hears at once that its instance is gone, instead
+    of waiting for a silent address to time out (on a real network a deleted pod's IP does
+    not refuse connections: it stays silent)."""
+
+    def on_end(
+        self, instance_id: str, callback: Callable[[InstanceInfo], None]
+    ) -> Callable[[], None]:
+        """Call ``callback(info)`` once, from any thread, when instance ``instance_id`` ends
+        (at once if it has); returns the function that cancels that."""
+        ...
+
+
+def end_watcher(engine: object) -> EndWatchingEngine | None:
+    """``engine`` as an :class:`EndWatchingEngine`, or None when it cannot tell."""
+    return engine if isinstance(engine, EndWatchingEngine) else None
 
 
 def service_engine(engine: object) -> ServiceEngine | None:

@@ -318,6 +318,13 @@ class Environment:
                 env_name=self.env_name,
                 instance_id=self.instance_id,
             )
+            loop = asyncio.get_running_loop()
+
+            def ended(info: InstanceInfo) -> None:  # from the engine's thread
+                with contextlib.suppress(RuntimeError):  # the loop closed: nobody to tell
+                    loop.call_soon_threadsafe(self._instance_ended, info)
+
+            origin.watch_end(ended)
             try:
                 await self._wait_until_healthy()
                 await self._read_info()
@@ -326,7 +333,8 @@ class Environment:
                 self._client = None
                 await origin.close()
                 raise
-            self._state = EnvironmentState.OPEN
+            # the engine may have seen it end meanwhile (_instance_ended): then it is BROKEN
+            self._state = EnvironmentState.OPEN if self._broken is None else self._state
             log.info("environment ready", extra={"env": self.env_name, "url": base_url})
             return True
 
@@ -358,9 +366,30 @@ class Environment:
             return Engined(named_engine(self._engine), spec=spec)
         return Engined(self._engine or default_engine(), spec=spec)
 
+    def _instance_ended(self, info: InstanceInfo) -> None:
+        """The engine saw the instance end (a pod deleted behind our back, evicted, OOMKilled):
+        calls in flight and later ones fail at once with its account, never by timing out
+        against an address that no longer answers."""
+        if self._state is EnvironmentState.CLOSED or self._client is None:
+            return  # released: its end is ours
+        cls = (
+            InstanceExpiredError
+            if info.reason is TerminationReason.EXPIRED
+            else InstanceBrokenError
+        )
+        self._state = EnvironmentState.BROKEN
+        self._broken = cls(
+            f"`{self.env_name}`: {info.describe_end()}; create a new environment",
+            env_name=self.env_name,
+            instance_id=info.id,
+        )
+        self._client.end(info.describe_end())
+
     async def _why_broken(self, exc: InstanceBrokenError) -> AEnvError:
         """The engine's account of a dead instance, when it has one (the environment is then
         ``BROKEN``: its instance is gone for good)."""
+        if self._broken is not None:  # the engine told us first (:meth:`_instance_ended`)
+            return self._broken
         info = await self._origin.ended() if self._origin is not None else None
         if info is None:
             return exc

@@ -15,9 +15,10 @@ import contextlib
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
-from aenv_ray.engine import InstanceInfo, TerminationReason
+from aenv_ray.engine import InstanceInfo, InstanceState, TerminationReason
 from aenv_ray.errors import (
     AEnvError,
     AuthenticationError,
@@ -60,6 +61,7 @@ class PodCache:
         self._hints: dict[str, TerminationReason] = {}
         self._free: dict[str, dict[str, dict[str, Any]]] = {}  # pool -> iid -> free pod
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]] = {}
+        self._enders: dict[str, list[Callable[[InstanceInfo], None]]] = {}  # see on_end
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._response: Any = None
@@ -122,6 +124,39 @@ class PodCache:
             if not waiting:
                 self._waiters.pop(iid, None)
 
+    def on_end(self, iid: str, callback: Callable[[InstanceInfo], None]) -> Callable[[], None]:
+        """Call ``callback(info)`` once when instance ``iid`` ends (its pod deleted, being
+        deleted, or terminated), from the watch thread; at once, here, if it has. Returns the
+        function that cancels it."""
+        with self._lock:
+            tomb = self._tombs.get(iid)
+            if tomb is None:
+                self._enders.setdefault(iid, []).append(callback)
+        if tomb is not None:
+            callback(tomb)
+            return _nothing
+        pod = self.pod(iid)
+        if pod is not None:
+            self._ended(iid, pod)
+
+        def cancel() -> None:
+            with self._lock:
+                waiting = self._enders.get(iid, [])
+                waiting[:] = [c for c in waiting if c is not callback]
+                if not waiting:
+                    self._enders.pop(iid, None)
+
+        return cancel
+
+    def _ended(self, iid: str, pod: dict[str, Any]) -> None:
+        """Tell who waits for instance ``iid``'s end if ``pod`` says it ended."""
+        info = self.info(pod)
+        if info.state is not InstanceState.TERMINATED:
+            return
+        with self._lock:
+            told = self._enders.pop(iid, [])
+        _tell(told, info)
+
     # -- writing -----------------------------------------------------------------------------
     def hint(self, iid: str, reason: TerminationReason) -> None:
         """This process is ending instance ``iid`` for ``reason``: its tombstone will say so."""
@@ -146,7 +181,10 @@ class PodCache:
             self._pods[iid] = pod
             wake = self._waiters.pop(iid, [])
             wake += self._index(iid, pod)
+            watched = iid in self._enders
         _wake(wake)
+        if watched:
+            self._ended(iid, pod)
 
     def remove(self, pod: dict[str, Any], *, reason: TerminationReason | None = None) -> None:
         """Pod ``pod`` is gone: leave its tombstone."""
@@ -161,7 +199,10 @@ class PodCache:
             while len(self._tombs) > TOMBSTONES:
                 self._tombs.popitem(last=False)
             wake += self._waiters.pop(iid, [])
+            told = self._enders.pop(iid, [])
+            tomb = self._tombs[iid]
         _wake(wake)
+        _tell(told, tomb)
 
     def _index(
         self, iid: str, pod: dict[str, Any] | None, *, pool: str | None = None
@@ -279,6 +320,18 @@ def _wake(waiting: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]])
     for loop, future in waiting:
         with contextlib.suppress(RuntimeError):  # that loop has closed: nobody waits there
             loop.call_soon_threadsafe(_done, future)
+
+
+def _tell(callbacks: list[Callable[[InstanceInfo], None]], info: InstanceInfo) -> None:
+    for callback in callbacks:
+        try:
+            callback(info)
+        except Exception:  # one listener's bug must not stop the watch
+            log.exception("an instance-end callback failed", extra={"instance": info.id})
+
+
+def _nothing() -> None:
+    return None
 
 
 def _done(future: asyncio.Future[None]) -> None:

@@ -439,6 +439,16 @@ class KubernetesEngine:
         with contextlib.suppress(AEnvError):
             await self._run(self._delete_by_name, name, iid, TerminationReason.DELETED)
 
+    def on_end(
+        self, instance_id: str, callback: Callable[[InstanceInfo], None]
+    ) -> Callable[[], None]:
+        """Call ``callback(info)`` once, from the watch's thread, when the instance's pod is
+        deleted, starts being deleted or terminates (at once if it has): an
+        :class:`~aenv_ray.Environment` on this engine fails its calls with the pod's end within
+        the watch's latency, instead of waiting on a pod IP that went silent
+        (:class:`~aenv_ray.engine.EndWatchingEngine`). Returns the function that cancels it."""
+        return self._cache.on_end(instance_id, callback)
+
     async def get(self, instance_id: str) -> InstanceInfo:
         """The instance's state, from the watch's cache (a miss asks the API once)."""
         await self._ready()

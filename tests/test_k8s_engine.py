@@ -8,7 +8,10 @@ across an engine restart, a dead engine's pods reclaimed, the SDK on the engine,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -31,6 +34,7 @@ from aenv_ray import (
     ConfigurationError,
     Environment,
     EnvironmentState,
+    InstanceBrokenError,
     InstanceSpec,
     InstanceState,
     NotSupportedError,
@@ -475,6 +479,72 @@ async def test_a_pod_deleted_behind_the_engines_back_ends_its_environment(
         assert env.state is EnvironmentState.BROKEN
         await env.release()
     finally:
+        await engine.aclose()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _processes_of_instance(iid: str) -> list[int]:
+    """Pids of this host's processes of instance ``iid`` (the test kubelet's pods are host
+    processes carrying the pod's environment)."""
+    mark = f"AENV_INSTANCE_ID={iid}".encode() + b"\0"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if mark in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.k8s
+@pytest.mark.timeout(2400)
+async def test_a_call_to_a_pod_gone_silent_fails_with_the_watchs_word_not_a_timeout(
+    cluster: KubeCluster, namespace: str
+) -> None:
+    """On a real network a deleted pod's IP does not refuse: it stays silent. Here the pod's
+    processes are stopped (silent, their connections open) and the pod is deleted with a long
+    grace period: the call in flight must fail with the engine's account of the deletion while
+    the process is still there, not wait for its timeout or for the kill."""
+    if not cluster.runs_host_processes:
+        pytest.skip("needs the test kubelet (pods as host processes, to stop them)")
+    engine = cluster.engine(namespace)
+    stopped: list[int] = []
+    try:
+        env = Environment("mini-terminal@1.0.0", engine=engine, ttl=600)
+        await env.initialize()
+        assert env.instance_id is not None
+        assert (await env.call_tool("execute_command", {"command": "echo up"})).structured
+        stopped = _processes_of_instance(env.instance_id)
+        assert stopped, "no process of the pod found"
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        in_flight = asyncio.create_task(
+            env.call_tool("execute_command", {"command": "echo silent"}, timeout=600)
+        )
+        await asyncio.sleep(0.5)  # sent, and unanswered: the runtime is stopped
+        assert not in_flight.done()
+        pod_name = f"aenv-mini-terminal-{env.instance_id}"
+        _core(cluster).delete_namespaced_pod(pod_name, namespace, grace_period_seconds=300)
+        with pytest.raises(InstanceBrokenError, match="deleted") as raised:
+            await asyncio.wait_for(in_flight, 120)  # a bound for a broken build, not a timing
+        assert "create a new environment" in str(raised.value)
+        # the process was never killed: the error came from the watch, not a dropped connection
+        assert all(_alive(pid) for pid in stopped)
+        assert env.state is EnvironmentState.BROKEN
+        with pytest.raises(InstanceBrokenError, match="deleted"):  # and at once after
+            await env.call_tool("execute_command", {"command": "echo again"})
+        await env.release()
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         await engine.aclose()
 
 

@@ -558,3 +558,96 @@ def test_a_client_moves_to_a_new_event_loop(probe_runtime: RuntimeProcess) -> No
         for loop in (first, second):
             loop.run_until_complete(asyncio.sleep(0.01))  # let closed transports finish
             loop.close()
+
+
+# -- an instance its engine saw end -------------------------------------------------------------
+ENDED = "instance i-1 ended: deleted (its pod was deleted)"
+
+
+async def test_an_ended_instance_fails_the_call_waiting_for_its_answer_at_once() -> None:
+    async def silent(reader: Reader, writer: Writer, n: int, request: bytes) -> None:
+        received.set()
+        await reader.read()  # a pod IP gone silent: never answers, never closes
+
+    received = asyncio.Event()
+    async with client_for(silent) as (client, server):
+        call = asyncio.create_task(client.request("GET", "/x", timeout=600, max_retries=3))
+        await received.wait()
+        client.end(ENDED)
+        with pytest.raises(InstanceBrokenError, match=r"ended: deleted"):
+            await asyncio.wait_for(call, 60)  # a bound for a broken build, not a timing
+        # a read is not sent again, and a later call does not even connect
+        with pytest.raises(InstanceBrokenError, match=r"ended: deleted"):
+            await client.request("POST", "/y", {}, timeout=600)
+        assert len(server.requests) == 1
+        assert server.connections == 1
+
+
+async def test_an_ended_instance_fails_a_connect_that_gets_no_answer() -> None:
+    import socket
+
+    # a listener that never accepts, its queue full: the kernel drops further SYNs, so a
+    # connect hangs as it does towards an address nobody holds any more
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    queued = []
+    for _ in range(4):
+        s = socket.socket()
+        s.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            s.connect(("127.0.0.1", port))
+        queued.append(s)
+    client = InstanceClient(
+        f"http://127.0.0.1:{port}",
+        connect_timeout=600,
+        reconnect_window=0.2,
+        env_name="raw@1",
+        instance_id="i-1",
+    )
+    try:
+        call = asyncio.create_task(client.request("POST", "/x", {}, timeout=600))
+        await asyncio.sleep(0.3)
+        assert not call.done()  # still connecting
+        client.end(ENDED)
+        with pytest.raises(InstanceBrokenError, match=r"ended: deleted"):
+            await asyncio.wait_for(call, 60)  # a bound for a broken build, not a timing
+    finally:
+        await client.aclose()
+        for s in queued:
+            s.close()
+        listener.close()
+
+
+async def test_a_call_cancelled_while_connecting_is_cancelled_not_ended() -> None:
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    queued = []
+    for _ in range(4):
+        s = socket.socket()
+        s.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            s.connect(("127.0.0.1", port))
+        queued.append(s)
+    wire = WireClient(f"http://127.0.0.1:{port}", connect_timeout=600)
+    try:
+        call = asyncio.create_task(wire.request("GET", "/x", timeout=600))
+        await asyncio.sleep(0.3)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        # a connect timing out is still a timeout (the connect's own task is cancelled too)
+        with pytest.raises(TimeoutError, match="connecting to"):
+            await WireClient(f"http://127.0.0.1:{port}", connect_timeout=0.2).request(
+                "GET", "/x", timeout=5
+            )
+    finally:
+        await wire.aclose()
+        for s in queued:
+            s.close()
+        listener.close()
