@@ -27,6 +27,7 @@ HTTP routes. The constructor keeps the seeds' parameters.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import time
