@@ -238,6 +238,10 @@ class JudgeReport(pydantic.BaseModel):
     """``{"path", "type"}``: FIFOs, sockets and device nodes of the workspace, not copied."""
     links_out: list[dict[str, str]] = pydantic.Field(default_factory=list)
     """``{"path", "target"}``: links whose target resolves outside the workspace, removed."""
+    ignored: list[dict[str, str]] = pydantic.Field(default_factory=list)
+    """``{"path", "type", "why"}``: what of the instance's environment the judge did not take:
+    a ``variable`` (``path`` is its name: ``LD_PRELOAD``, ``PYTHONPATH``, ``XDG_CONFIG_HOME``...)
+    or a ``PATH directory`` in a place the agent writes (its home, ``/tmp``, the workspace)."""
     seconds: float = 0.0
     """From the first process ended to the reward's answer."""
     error_type: str | None = None

@@ -22,7 +22,8 @@ all episode (module globals, patched builtins, a planted ``os.environ``). Instea
    (``links_out``), absolute links into the workspace point into the copy.
 4. the reward runs there, validated against its own signature, and its value comes back as JSON
    on a pipe only the judge writes; the seed removes the judge's directory once it ended, and
-   what the judge started ends with the call.
+   what the judge started ends with the call: the seed is a child subreaper, and kills every
+   process that comes to it, whatever session it started (a browser's) or left.
 
 What the judge did comes back with the value (:class:`aenv_ray.protocol.JudgeReport`). A judge
 that cannot run raises :class:`aenv_ray.errors.JudgeUnavailableError`, never a reward.
@@ -63,30 +64,106 @@ from aenv_ray.protocol import MAX_RESPONSE_BYTES
 from aenv_ray.registry import DefinitionRegistry, Registered
 from sandbox_runtime import contain
 
-__all__ = ["DROPPED_VARIABLES", "Judge", "JudgeOutcome", "copy_workspace", "judge_environment"]
+__all__ = [
+    "AGENT_PLACES",
+    "DROPPED_VARIABLES",
+    "Judge",
+    "JudgeOutcome",
+    "copy_workspace",
+    "judge_environment",
+    "judge_ignored",
+]
 
-DROPPED_VARIABLES = ("PYTHON", "LD_", "PYTEST_", "BASH_ENV", "ENV", "PERL5", "NODE_OPTIONS")
+DROPPED_VARIABLES = (
+    "PYTHON",
+    "LD_",
+    "PYTEST_",
+    "BASH_ENV",
+    "ENV",
+    "PERL5",
+    "NODE_OPTIONS",
+    "XDG_",
+    "FONTCONFIG_",
+    "CHROME_",
+    "CHROMIUM_",
+    "GTK_",
+    "GIO_",
+)
 """Prefixes of the variables a judge never inherits (unless ``deployConfig.env`` sets them):
-what makes an interpreter or the loader run code of someone's choosing."""
+what makes an interpreter or the loader run code of someone's choosing, and what points a
+program's settings elsewhere than the image and the judge's fresh home (``XDG_*`` directories,
+fontconfig's and Chromium's settings)."""
+AGENT_PLACES = ("/tmp", "/var/tmp", "/dev/shm")
+"""Directories every agent may write: never on a judge's ``PATH`` (nor the instance's home,
+temporary directory and workspace)."""
 _MAX_MESSAGE = 64 << 20
 _MAX_LISTED = 100  # processes, removed files, links named in the report (the counts are whole)
 _PR_SET_DUMPABLE = 4
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 _JUDGE_END_WAIT = 5.0  # seconds the seed waits for a judge it was told to end
 
 
 def judge_environment(environ: Mapping[str, str], config_env: Mapping[str, str]) -> dict[str, str]:
     """The variables a judge starts from: ``environ`` (what the instance started with) without
-    :data:`DROPPED_VARIABLES`, then the definition's own ``config_env`` (``deployConfig.env``).
+    :data:`DROPPED_VARIABLES`, then the definition's own ``config_env`` (``deployConfig.env``);
+    ``PATH`` without its relative directories and those in a place the agent writes (its home,
+    ``TMPDIR``, ``AENV_WORKSPACE``, :data:`AGENT_PLACES`): a program planted there, first on
+    ``PATH``, would run in the judge's place. :func:`judge_ignored` names what was left out.
 
         >>> judge_environment({"PATH": "/bin", "PYTHONPATH": "/x", "LD_PRELOAD": "e.so"}, {})
         {'PATH': '/bin'}
         >>> judge_environment({"PYTHONPATH": "/x"}, {"PYTHONPATH": "/lib"})
         {'PYTHONPATH': '/lib'}
+        >>> judge_environment({"HOME": "/w", "PATH": "/w/.local/bin:/tmp/b:bin:/usr/bin"}, {})
+        {'HOME': '/w', 'PATH': '/usr/bin'}
     """
-    kept = {k: v for k, v in environ.items() if not k.startswith(DROPPED_VARIABLES)}
+    return _environment_and_ignored(environ, config_env)[0]
+
+
+def judge_ignored(
+    environ: Mapping[str, str], config_env: Mapping[str, str]
+) -> list[dict[str, str]]:
+    """What :func:`judge_environment` left out: ``{"path", "type", "why"}`` for each variable
+    (``type`` ``variable``, ``path`` its name) and each ``PATH`` directory (``PATH directory``).
+
+        >>> judge_ignored({"HOME": "/w", "PATH": "/w/bin:/bin", "LD_PRELOAD": "e.so"}, {})[1]
+        {'path': '/w/bin', 'type': 'PATH directory', 'why': 'in a place the agent writes (/w)'}
+    """
+    return _environment_and_ignored(environ, config_env)[1]
+
+
+def _environment_and_ignored(
+    environ: Mapping[str, str], config_env: Mapping[str, str]
+) -> tuple[dict[str, str], list[dict[str, str]]]:
+    kept: dict[str, str] = {}
+    ignored: list[dict[str, str]] = []
+    for name, value in environ.items():
+        if name.startswith(DROPPED_VARIABLES) and name not in config_env:
+            why = "it runs code or points settings elsewhere than the image"
+            ignored.append({"path": name, "type": "variable", "why": why})
+        elif not name.startswith(DROPPED_VARIABLES):
+            kept[name] = value
     kept.update(config_env)
-    return kept
+    if "PATH" in kept:
+        places = [*AGENT_PLACES]
+        places += [environ[k] for k in ("HOME", "TMPDIR", "AENV_WORKSPACE") if environ.get(k)]
+        roots = [os.path.normpath(p) for p in places if os.path.isabs(p)]
+        directories = []
+        for directory in kept["PATH"].split(os.pathsep):
+            place = next(
+                (r for r in roots if r != "/" and _inside(os.path.normpath(directory), r)), None
+            )
+            if not os.path.isabs(directory):
+                why = "a relative directory"
+            elif place is not None:
+                why = f"in a place the agent writes ({place})"
+            else:
+                directories.append(directory)
+                continue
+            ignored.append({"path": directory, "type": "PATH directory", "why": why})
+        kept["PATH"] = os.pathsep.join(directories)
+    return kept, ignored
 
 
 # -- the workspace copy --------------------------------------------------------------------------
@@ -296,6 +373,7 @@ def _seed_loop(state: _SeedState, channel: socket.socket) -> NoReturn:
             _, status = os.waitpid(pid, 0)
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)  # what it left in its session
+            _end_orphans()  # and in sessions of their own (a browser): they came to the seed
             if isinstance(scratch, str):  # here, not in the judge: a judge killed leaves none
                 shutil.rmtree(scratch, ignore_errors=True)
             _send(channel, {"exit": os.waitstatus_to_exitcode(status)})
@@ -305,10 +383,31 @@ def _seed_loop(state: _SeedState, channel: socket.socket) -> NoReturn:
         os._exit(code)
 
 
+def _end_orphans() -> None:
+    """Kill and reap every process left under the seed: what a judge started and left behind,
+    in whatever session, comes to the seed (a child subreaper) when its parent ends; killed
+    again until none is left (a process killed leaves its own children to the seed)."""
+    me = os.getpid()
+    while True:
+        left = []
+        for name in os.listdir("/proc"):
+            if name.isdigit() and (found := contain.process_stat(name)) and found[0] == me:
+                left.append(int(name))
+        if not left:
+            return
+        for pid in left:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in left:
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, 0)
+
+
 def _become_seed(state: _SeedState, channel: socket.socket) -> NoReturn:
     """In the process that will be the seed: its own descriptors, default signals, dying with
-    the runtime."""
+    the runtime, and the reaper of what its judges leave."""
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     _prctl(_PR_SET_DUMPABLE, 0)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM, signal.SIGCHLD):
         with contextlib.suppress(ValueError, OSError):
@@ -454,8 +553,11 @@ class Judge:
         env_ref: str,
         environment: dict[str, str],
         workspace: str,
+        ignored: list[dict[str, str]] | None = None,
     ) -> None:
         self.registry = registry
+        self.ignored = list(ignored or [])
+        """What of the instance's environment the judge left out (:func:`judge_ignored`)."""
         self.project = project
         self.env_ref = env_ref
         self.environment = environment
@@ -566,6 +668,7 @@ class Judge:
                 "scope": "pid namespace" if tracker.whole_namespace else "descendants",
                 "seed": self.source,
                 "judge_pid": pid,
+                "ignored": self.ignored[:_MAX_LISTED],
                 "seconds": round(time.monotonic() - started, 4),
             }
         raw = answer.get("copy")

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from aenv_ray import Environment, ToolErrorKind
+from aenv_ray import Environment, JudgeReport, ToolErrorKind
 from aenv_ray.testing import RuntimeProcess
 from builtin_envs.demos import mini_program as demo
 from tests._cli import aenv as run_cli
@@ -383,6 +383,8 @@ async def test_the_reward_counts_what_the_page_shows(runtime: RuntimeProcess) ->
     async with runtime.environment() as env:
         await env.call_function("reset_project", {})
         nothing = await env.call_reward({"expected_text": ["Weather"]})
+        # graded by the judge (tests/test_reward_exploits_mini_program.py), which says so
+        assert JudgeReport.model_validate(nothing.pop("judge")).scope == "descendants"
         assert nothing == {
             "reward": 0.0,
             "checks": {"page index.html": False},

@@ -6,11 +6,19 @@ runtime), driven over the DevTools protocol on a pipe (``--remote-debugging-pipe
 reach). Each render opens a new tab, serves the project's files at
 ``http://mini-program.invalid/`` from the project itself (every request is answered by
 :func:`render` through the protocol's ``Fetch`` domain; anything else is refused: the page
-reaches no network), waits for the load event and a short settle, and reads the text in an
-isolated JavaScript world (the page's scripts cannot replace the functions it uses). Text is
-visible when it is laid out with a size, inside the page, not clipped away by an ancestor, not
-transparent, not the colour of its background, and not covered at its centre by another
-element; ``document.body.innerText`` with the other text nodes emptied is the page's text.
+reaches no network, loopback included), waits for the load event and a short settle, and
+reads the text in an isolated JavaScript world (the page's scripts cannot replace the functions
+it uses). Text is visible when it is laid out with a size, inside the page, not clipped away by
+an ancestor, not transparent, not the colour of its background, and not covered at its centre
+by another element; ``document.body.innerText`` with the other text nodes emptied is the
+page's text.
+
+Chromium is never one the agent could have planted (:func:`_chromium`: not from a temporary,
+home or workspace directory, nor from one on ``PATH``), and starts with the variables of
+:func:`browser_environment` only, in a fresh profile. The reward runs in the judge
+(``config.json``'s ``"reward": {"judge": true}``): there every process of the agent's has
+ended, ``HOME`` and ``TMPDIR`` are fresh and the project is a copy, so the Chromium a reward
+starts is the judge's own and ends with it.
 
 May import: the standard library, ``aenv_ray.errors``.
 """
@@ -36,7 +44,13 @@ from urllib.parse import unquote, urlsplit
 
 from aenv_ray.errors import ConfigurationError
 
-__all__ = ["ORIGIN", "BrowserUnavailableError", "Rendered", "render"]
+__all__ = [
+    "ORIGIN",
+    "BrowserUnavailableError",
+    "Rendered",
+    "browser_environment",
+    "render",
+]
 
 ORIGIN = "http://mini-program.invalid"
 """Where the page is served from while it is rendered (a name no resolver answers)."""
@@ -130,32 +144,123 @@ class BrowserUnavailableError(ConfigurationError):
 
 @dataclass(frozen=True)
 class Rendered:
-    """A page's visible text (whitespace collapsed), or why it could not be read."""
+    """A page's visible text (whitespace collapsed), or why it could not be read; ``ignored``:
+    the programs and ``PATH`` directories passed over to start Chromium (``{"path", "type",
+    "why"}``: in a place the agent writes)."""
 
     text: str
     error: str | None = None
+    ignored: tuple[dict[str, str], ...] = ()
+
+    @classmethod
+    def of(cls, browser: _Browser, text: str, error: str | None = None) -> Rendered:
+        return cls(text, error, tuple(browser.ignored))
 
 
-def _chromium() -> str:
-    for name in (os.environ.get("MINI_PROGRAM_CHROMIUM") or "", "chromium", "chromium-browser"):
-        found = shutil.which(name) if name else None
-        if found:
-            return found
+_SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
+_KEPT_VARIABLES = ("PATH", "HOME", "TMPDIR", "LANG", "LANGUAGE", "TZ")
+_NAMED_VARIABLES = ("XDG_", "FONTCONFIG_", "CHROME", "GTK_", "GIO_", "LD_", "DBUS_", "GOOGLE_")
+"""Prefixes of the variables Chromium, its libraries or its wrapper read; when this process
+has one, the reward's ``ignored`` names it (Chromium starts without)."""
+
+
+def _untrusted(directory: str) -> str | None:
+    """Why Chromium is not run from ``directory`` (a directory of ``PATH``, or where
+    ``MINI_PROGRAM_CHROMIUM`` lies): it is relative, or in a place the agent's code writes (a
+    temporary directory, the home directory, the workspace, a directory this process may
+    write while it is not root); None: a place of the image's."""
+    if not os.path.isabs(directory):
+        return "a relative directory"
+    real = os.path.realpath(directory)
+    homes = {os.path.expanduser("~")}
+    with contextlib.suppress(KeyError, ImportError):
+        import pwd
+
+        homes.add(pwd.getpwuid(os.getuid()).pw_dir)
+    places = [
+        *(("a temporary directory", p) for p in (*_SCRATCH, tempfile.gettempdir())),
+        *(("the home directory", h) for h in homes if h not in ("", "/")),
+        *(("the workspace", w) for w in (os.environ.get("AENV_WORKSPACE"), os.getcwd()) if w),
+    ]
+    for what, place in places:
+        root = os.path.realpath(place)
+        if root != "/" and (real == root or real.startswith(root.rstrip("/") + "/")):
+            return f"in {what} ({place})"
+    if os.geteuid() != 0 and os.access(real, os.W_OK):
+        return "writable by the runtime's user"
+    return None
+
+
+def _chromium(ignored: list[dict[str, str]] | None = None) -> str:
+    """The Chromium to run: ``MINI_PROGRAM_CHROMIUM``, else ``chromium`` or ``chromium-browser``
+    in a directory of ``PATH`` the agent cannot have written (:func:`_untrusted`); each one
+    passed over is added to ``ignored`` (``{"path", "type", "why"}``)."""
+    chosen = os.environ.get("MINI_PROGRAM_CHROMIUM") or ""
+    candidates = [chosen] if chosen else []
+    for directory in _trusted_path(ignored):
+        candidates += [os.path.join(directory, n) for n in ("chromium", "chromium-browser")]
+    for path in candidates:
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            continue
+        why = _untrusted(os.path.dirname(path)) or (
+            None if os.geteuid() == 0 or not os.access(path, os.W_OK) else "writable"
+        )
+        if why is None:
+            return path
+        if ignored is not None:
+            ignored.append({"path": path, "type": "executable", "why": why})
     raise BrowserUnavailableError(
         "mini-program: no Chromium to render the page with: install Debian's `chromium` "
-        "(apt-get install chromium) or set MINI_PROGRAM_CHROMIUM to its path"
+        "(apt-get install chromium) or set MINI_PROGRAM_CHROMIUM to its path (one the agent "
+        "cannot write: not in a temporary, home or workspace directory)"
     )
+
+
+def _trusted_path(ignored: list[dict[str, str]] | None = None) -> list[str]:
+    """The directories of ``PATH`` the agent cannot have written, in order (the others that
+    exist are added to ``ignored``: Chromium's start, a shell script on Debian, runs none of
+    their programs)."""
+    kept: list[str] = []
+    for directory in (os.environ.get("PATH") or os.defpath).split(os.pathsep):
+        if directory in kept:
+            continue
+        why = _untrusted(directory) if directory else "an empty entry"
+        if why is None:
+            kept.append(directory)
+        elif ignored is not None and directory and os.path.isdir(directory):
+            ignored.append({"path": directory, "type": "PATH directory", "why": why})
+    return kept
+
+
+def browser_environment(ignored: list[dict[str, str]] | None = None) -> dict[str, str]:
+    """The variables Chromium starts with: ``PATH`` (its trusted directories only), ``HOME``,
+    ``TMPDIR``, the locale and the time zone of this process; nothing else (no ``LD_*``,
+    ``FONTCONFIG_*``, ``XDG_*``, ``CHROME_*`` or ``CHROMIUM_*`` of anyone's choosing: fontconfig
+    and Chromium read their settings from the image's files and the fresh ``HOME``). Those of
+    :data:`_NAMED_VARIABLES` left out are added to ``ignored``."""
+    kept = {k: v for k, v in os.environ.items() if k in _KEPT_VARIABLES or k.startswith("LC_")}
+    kept["PATH"] = os.pathsep.join(_trusted_path()) or "/usr/bin:/bin"
+    kept.setdefault("HOME", tempfile.gettempdir())
+    if ignored is not None:
+        ignored += [
+            {"path": name, "type": "variable", "why": "not passed to Chromium"}
+            for name in sorted(os.environ)
+            if name.startswith(_NAMED_VARIABLES) and name not in kept
+        ]
+    return kept
 
 
 class _Browser:
     """One headless Chromium and its protocol pipe."""
 
     def __init__(self) -> None:
+        self.ignored: list[dict[str, str]] = []
+        executable = _chromium(self.ignored)
         self.profile = tempfile.mkdtemp(prefix="mini-program-chromium-")
         to_browser_r, self._to_browser = os.pipe()
         self._from_browser, from_browser_w = os.pipe()
         argv = [
-            _chromium(),
+            executable,
             "--headless",
             "--no-sandbox",
             "--disable-gpu",
@@ -169,6 +274,7 @@ class _Browser:
             "--no-default-browser-check",
             "--mute-audio",
             "--proxy-server=127.0.0.1:9",
+            "--proxy-bypass-list=<-loopback>",  # loopback too: a WebSocket reaches no server
             f"--user-agent={_USER_AGENT}",
             f"--user-data-dir={self.profile}",
             "--window-size=1280,800",
@@ -193,6 +299,8 @@ class _Browser:
                 pass_fds=(3, 4),  # what child() makes of the pipe's ends
                 preexec_fn=child,  # only dup2 and prctl, before exec
                 start_new_session=True,
+                env=browser_environment(self.ignored),
+                cwd=self.profile,
             )
         finally:
             os.close(to_browser_r)
@@ -403,9 +511,9 @@ def render(entry: str, read: Callable[[str], bytes | None], timeout: float = 20.
         deadline = time.monotonic() + timeout
         navigated = browser.call("Page.navigate", {"url": f"{ORIGIN}/{entry}"}, session)
         if navigated.get("errorText"):
-            return Rendered("", f"the page did not open: {navigated['errorText']}")
+            return Rendered.of(browser, "", f"the page did not open: {navigated['errorText']}")
         if not loaded.wait(max(deadline - time.monotonic(), 0.1)):
-            return Rendered("", f"the page did not finish loading in {timeout:g} s")
+            return Rendered.of(browser, "", f"the page did not finish loading in {timeout:g} s")
         world = browser.call(
             "Page.createIsolatedWorld",
             {"frameId": navigated["frameId"], "worldName": "mini-program-judge"},
@@ -425,10 +533,10 @@ def render(entry: str, read: Callable[[str], bytes | None], timeout: float = 20.
         )
         value = answer.get("result", {}).get("value")
         if not isinstance(value, str):
-            return Rendered("", f"the page's text could not be read: {answer}"[:500])
-        return Rendered(" ".join(value.split()))
+            return Rendered.of(browser, "", f"the page's text could not be read: {answer}"[:500])
+        return Rendered.of(browser, " ".join(value.split()))
     except TimeoutError as exc:
-        return Rendered("", f"the page's scripts did not yield: {exc}")
+        return Rendered.of(browser, "", f"the page's scripts did not yield: {exc}")
     finally:
         if session:
             browser.on(session, None)

@@ -5,8 +5,9 @@ project directory with file tools, runs Python in it, checks the code with ``val
 person opens the result in a browser through the live preview (``await env.preview_url()``):
 the runtime serves the project directory (:mod:`aenv_ray.preview`).
 
-The project is ``$AENV_WORKSPACE/project`` (``/workspace/project`` in an engine's instance),
-else a private temporary directory (``aenv run``), made on first use: by the health check (which
+The project is ``$AENV_WORKSPACE/project`` (``/workspace/project`` in an engine's instance;
+``aenv run``: a private temporary directory, exported as ``AENV_WORKSPACE`` at import), made on
+first use: by the health check (which
 every ``Environment`` calls before its first call), a tool, a function or the reward.
 """
 
@@ -34,17 +35,32 @@ _lock = threading.Lock()
 _project: Project | None = None
 
 
+def _workspace() -> Path:
+    """``AENV_WORKSPACE``; without it (``aenv run``), a private temporary directory made now,
+    at import, and exported as ``AENV_WORKSPACE`` (so the judge, whose seed is forked after the
+    import, copies it), removed when the runtime exits."""
+    workspace = os.environ.get("AENV_WORKSPACE")
+    if not workspace:
+        workspace = tempfile.mkdtemp(prefix="aenv-mini-program-")
+        atexit.register(_remove, workspace, os.getpid())
+        os.environ["AENV_WORKSPACE"] = workspace
+    return Path(workspace)
+
+
+def _remove(directory: str, owner: int) -> None:
+    if os.getpid() == owner:  # not in a fork of the runtime's
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+_workspace()
+
+
 def project() -> Project:
     """This instance's project (made, and served as the preview, on first use)."""
     global _project
     with _lock:
         if _project is None:
-            workspace = os.environ.get("AENV_WORKSPACE")
-            if workspace:
-                root = Path(workspace) / "project"
-            else:  # aenv run: a directory of our own, removed when the runtime exits
-                root = Path(tempfile.mkdtemp(prefix="aenv-mini-program-")) / "project"
-                atexit.register(shutil.rmtree, root.parent, True)
+            root = _workspace() / "project"
             _project = Project(root)
             set_preview_directory(root)
         return _project
@@ -228,6 +244,12 @@ def page_reward(
     script, a `<noscript>`, a hidden or covered element, or one a script removed, is not shown).
     Below 1.0, `reason` says which checks failed.
 
+    It runs in the judge (``config.json``): every process the agent started is ended first, and
+    the page is read from a copy of the project (links out of it removed) by a Chromium of the
+    judge's own, with a fresh home and temporary directory and the image's environment; the
+    result's ``judge`` says what was ended or removed, ``ignored`` which programs and ``PATH``
+    directories in the agent's reach were passed over to start Chromium.
+
     Args:
         expected_text: texts the page must show (case-sensitive, whitespace collapsed).
         expected_files: project files that must exist.
@@ -258,6 +280,8 @@ def page_reward(
 
         rendered = render(entry, read, timeout=_render_timeout())
         result["shown"] = rendered.text[:2000]
+        if rendered.ignored:
+            result["ignored"] = list(rendered.ignored)
         if rendered.error:
             result["render_error"] = rendered.error
         for text in expected_text:
