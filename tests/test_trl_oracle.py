@@ -19,6 +19,10 @@ import pytest
 
 from tests._oracles import ROOT, TRL, oracle_python
 
+# a guard against a hang, not a measurement: importing torch, transformers and trl costs ~20 s of
+# CPU, the 3 steps a few; on 2 cores shared by many, the wall clock is several times that
+pytestmark = pytest.mark.timeout(900)
+
 DRIVER = ROOT / "tests" / "_trl_train.py"
 GOOD = "echo 42 > out.txt"
 BAD = "echo 7 > out.txt"
