@@ -603,9 +603,18 @@ def _python_file_check(ctx_tmp: Path, block: Block) -> Outcome:
     return Outcome(done.returncode == 0, done.stdout, done.stdout + done.stderr[-6000:])
 
 
+# set-ups that run a trainer's own package in its virtual environment: the `oracle` lane's
+ORACLE_SETUPS = frozenset({"trl-venv"})
+
+
+def _param(block: Block) -> object:
+    oracle = ORACLE_SETUPS.intersection(block.setups)
+    return pytest.param(block, id=block.id, marks=[pytest.mark.oracle] if oracle else [])
+
+
 # the batch's first test runs its sessions (each under the driver's own SESSION_TIMEOUT guard)
 @pytest.mark.timeout(SESSION_TIMEOUT * 2)
-@pytest.mark.parametrize("block", RUNNING, ids=[b.id for b in RUNNING])
+@pytest.mark.parametrize("block", [_param(b) for b in RUNNING])
 def test_docs_example(block: Block, session_dir: Path, request: pytest.FixtureRequest) -> None:
     if block.file is not None and not block.setups:
         outcome = _python_file_check(session_dir, block)
