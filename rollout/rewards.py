@@ -1,7 +1,7 @@
 """The one reading of what an environment's reward returns, for every consumer of rewards:
 ``aenv rollout`` (:mod:`rollout.synthesis`), the gymnasium wrappers (:mod:`rollout.gym`), RLlib
-(:mod:`rollout.rllib`, over the gym wrapper) and AReaL (:mod:`rollout.areal`, over
-:func:`rollout.synthesis.play_episode`).
+(:mod:`rollout.rllib`, over the gym wrapper), AReaL (:mod:`rollout.areal`, over
+:func:`rollout.synthesis.play_episode`) and TRL (:mod:`rollout.trl`'s ``get_reward``).
 
 A reward returns one of:
 

@@ -120,6 +120,9 @@ def _install(oracle: Oracle, target: Path) -> None:
         _run([uv, "venv", "--quiet", "--python", interpreter, str(target)])
         # compiled now: where PYTHONDONTWRITEBYTECODE is set, each run would compile again
         pip = [uv, "pip", "install", "--quiet", "--compile-bytecode", "--python", str(python)]
+        # uv does not read pip's find-links, where this machine's CPU build of torch lies
+        for links in os.environ.get("PIP_FIND_LINKS", "").split():
+            pip += ["--find-links", links]
     else:
         if interpreter.startswith(">="):
             raise RuntimeError(f"{oracle.name} needs Python {interpreter}, and there is no uv")
@@ -223,7 +226,26 @@ AENVIRONMENT = Oracle(
     env_variable="AENV_AENVIRONMENT_ORACLE_PYTHON",
 )
 
-ORACLES = (TAU2, SWEBENCH, TERMINAL_BENCH, AENVIRONMENT)
+# TRL's GRPOTrainer (tests/test_trl_oracle.py, docs/training.md's TRL example): trl without its
+# dependency list, then what its trainer imports; torch pinned to the CPU build on this disk (a
+# bare `torch` is a CUDA build of several GB); aenv-ray itself from this checkout (editable, with
+# the `ray` extra `rollout` needs), so the venv runs this checkout's adapter.
+TRL = Oracle(
+    name="trl",
+    no_deps=("trl==1.16.0",),
+    packages=(
+        "torch==2.13.0",
+        "transformers==5.25.0",
+        "accelerate==1.16.0",
+        "datasets==5.2.0",
+        "tokenizers==0.23.3",
+        "--editable",
+        f"{ROOT}[ray]",
+    ),
+    env_variable="AENV_TRL_ORACLE_PYTHON",
+)
+
+ORACLES = (TAU2, SWEBENCH, TERMINAL_BENCH, AENVIRONMENT, TRL)
 TAU2_DRIVER = ROOT / "tests" / "tau2_golden" / "oracle_driver.py"
 
 

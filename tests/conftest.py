@@ -282,6 +282,7 @@ FILE_LANES: dict[str, str] = {
             "test_swe_grading.py",
             "test_tau2_oracle_live.py",
             "test_terminal_bench_parser.py",
+            "test_trl_oracle.py",
         ),
         "oracle",
     ),

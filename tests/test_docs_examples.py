@@ -39,6 +39,10 @@ the imports and the local engine's templates are paid once; a block that starts 
     - ``chat-stand-in``: for rollout.md's RL example: the deterministic OpenAI-compatible
       server of the rollout tests (``tests/_chat_server.ChatServer``: byte-level token ids and
       logprobs, as vLLM returns them), whose URL replaces ``http://127.0.0.1:8000/v1``.
+    - ``trl-venv``: for training.md's TRL example: the block runs with the interpreter of TRL's
+      own virtual environment (tests/_oracles.py's ``TRL``: trl, transformers, torch's CPU
+      build and this checkout's aenv-ray), made once; where it cannot be made the test skips
+      saying why (under ``AENV_REQUIRE_ORACLES=1``, fails).
     - ``pytest``: the block is a test module: run by pytest (``asyncio_mode=auto``, as this
       repository's tests), which must pass at least one test.
     - ``continues``: the block goes on from the previous Python block of its page, in the same
@@ -76,6 +80,7 @@ from aenv_ray.testing import RuntimeProcess
 from tests._chat_server import AgentModel, ChatServer
 from tests._cli import aenv as run_cli
 from tests._hub import HubProcess, new_key
+from tests._oracles import TRL, oracle_python
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
@@ -264,6 +269,7 @@ class Context:
     env: dict[str, str]
     rewrites: list[tuple[str, str]] = field(default_factory=list)
     pytest: bool = False
+    python: str = sys.executable  # the interpreter the blocks run with
 
     def run(self, *args: str, cwd: Path | None = None) -> str:
         """``aenv ARGS`` in this process (tests/_cli.py), with the session's environment."""
@@ -347,6 +353,10 @@ def chat_stand_in(ctx: Context) -> None:
     ctx.rewrites.append(("http://127.0.0.1:8000/v1", model.url))
 
 
+def trl_venv(ctx: Context) -> None:
+    ctx.python = str(oracle_python(TRL))
+
+
 def pytest_module(ctx: Context) -> None:
     ctx.pytest = True
 
@@ -366,6 +376,7 @@ SETUPS: dict[str, Callable[[Context], None]] = {
     "notes-project": notes_project,
     "pytest": pytest_module,
     "repo-root": repo_root,
+    "trl-venv": trl_venv,
 }
 
 BLOCKS, MARKER_PROBLEMS = _all_blocks()
@@ -502,7 +513,7 @@ def run_sessions(
         timeout = SESSION_TIMEOUT * len(sessions) + 60  # the driver times each session out
         try:
             done = subprocess.run(
-                [sys.executable, "-c", DRIVER, str(script)],
+                [ctx.python, "-c", DRIVER, str(script)],
                 cwd=ctx.cwd,
                 env=ctx.env,
                 capture_output=True,
@@ -592,9 +603,18 @@ def _python_file_check(ctx_tmp: Path, block: Block) -> Outcome:
     return Outcome(done.returncode == 0, done.stdout, done.stdout + done.stderr[-6000:])
 
 
+# set-ups that run a trainer's own package in its virtual environment: the `oracle` lane's
+ORACLE_SETUPS = frozenset({"trl-venv"})
+
+
+def _param(block: Block) -> object:
+    oracle = ORACLE_SETUPS.intersection(block.setups)
+    return pytest.param(block, id=block.id, marks=[pytest.mark.oracle] if oracle else [])
+
+
 # the batch's first test runs its sessions (each under the driver's own SESSION_TIMEOUT guard)
 @pytest.mark.timeout(SESSION_TIMEOUT * 2)
-@pytest.mark.parametrize("block", RUNNING, ids=[b.id for b in RUNNING])
+@pytest.mark.parametrize("block", [_param(b) for b in RUNNING])
 def test_docs_example(block: Block, session_dir: Path, request: pytest.FixtureRequest) -> None:
     if block.file is not None and not block.setups:
         outcome = _python_file_check(session_dir, block)
