@@ -1,0 +1,98 @@
+"""``aenv openenv serve ENV@VERSION``: serve an aenv-ray environment to OpenEnv's clients.
+
+OpenEnv's endpoints (``/ws``, ``/mcp``, ``/health``, ``/schema``, ``/reset``, ``/step``;
+:mod:`aenv_openenv.server`), one instance per session on the engine ``--engine`` names, at most
+``--max-concurrent-envs`` at once. Stops on Ctrl-C or SIGTERM, releasing every instance.
+
+May import: typer, ``aenv_ray``; inside commands: ``aenv_openenv``, uvicorn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+from collections.abc import Iterator
+from typing import Annotated, Any
+
+import typer
+
+from aenv_cli._common import EXIT_USAGE, die
+
+__all__ = ["app"]
+
+app = typer.Typer(help="OpenEnv: serve an environment to OpenEnv's clients.", no_args_is_help=True)
+
+
+@app.command("serve")
+def serve(
+    env: Annotated[str, typer.Argument(help="the environment, name@version (built-ins too)")],
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port")] = 8000,
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="the engine that makes each session's instance: local, daemon, kubernetes"
+        ),
+    ] = "local",
+    max_concurrent_envs: Annotated[
+        int,
+        typer.Option(
+            "--max-concurrent-envs",
+            min=1,
+            help="sessions (instances) at once; one more is refused with CAPACITY_REACHED",
+        ),
+    ] = 1,
+) -> None:
+    """Serve ENV to OpenEnv clients (GenericEnvClient, MCPToolClient, TRL's OpenEnv support)."""
+    import uvicorn
+
+    from aenv_ray.engine import check_engine_name
+    from aenv_ray.errors import ConfigurationError
+    from aenv_ray.resolve import resolve_environment
+
+    try:
+        check_engine_name(engine)
+    except ConfigurationError as exc:
+        die(str(exc), EXIT_USAGE)
+    resolve_environment(env)  # an unknown one exits 2 naming what there is, before serving
+    from aenv_openenv import create_app
+
+    print(
+        f"aenv openenv: serving {env} on http://{host}:{port} (engine {engine}, at most "
+        f"{max_concurrent_envs} sessions)",
+        file=sys.stderr,
+        flush=True,
+    )
+    config = uvicorn.Config(
+        create_app(env, engine=engine, max_concurrent_envs=max_concurrent_envs),
+        host=host,
+        port=port,
+        log_level="warning",
+        ws="websockets",
+    )
+    _Server(config).run()
+
+
+def _server_class() -> type:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, stopped by SIGINT or SIGTERM as a finished command (exit 0), where
+        uvicorn raises the signal again once it has shut down."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            stops = (signal.SIGINT, signal.SIGTERM)
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in stops}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return Server
+
+
+def _Server(config: Any) -> Any:
+    return _server_class()(config)
