@@ -1,5 +1,8 @@
 """aenv_openenv: aenv-ray in OpenEnv's interface, both ways.
 
+Owns the OpenEnv server over aenv-ray instances, the provider that runs an OpenEnv server in
+an instance, and the relay tools inside it:
+
 - **OpenEnv's clients on aenv-ray environments**: :class:`OpenEnvServer` (:func:`create_app`,
   ``aenv openenv serve ENV@VERSION``) serves any aenv-ray environment, the built-ins included,
   at OpenEnv's endpoints (``/ws``, ``/mcp``, ``/health``, ``/schema``, ``/reset``, ``/step``):

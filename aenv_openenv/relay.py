@@ -6,11 +6,9 @@ its ``pyproject.toml``) becomes an aenv-ray environment with a ``config.json`` a
 by the runtime)::
 
     # src/openenv_server.py
-    from pathlib import Path
-
     from aenv_openenv.relay import serve_openenv
 
-    serve_openenv(app="server.app:app", project=Path(__file__).resolve().parents[1])
+    serve_openenv("server.app:app")
 
 :func:`serve_openenv` registers the tools below. ``openenv_start`` starts the OpenEnv server
 (``PYTHON -m uvicorn APP``, a process kept for the episode) on the instance's own loopback and
@@ -19,12 +17,13 @@ Nothing listens outside the instance: every byte goes through the runtime's tool
 local engine and on Kubernetes alike (:class:`aenv_openenv.provider.AenvRayProvider` is the
 other end).
 
-``PYTHON`` must have the OpenEnv server's packages (openenv-core and its pins) and be visible
-inside the instance: the argument ``python``, else ``$AENV_OPENENV_PYTHON``, else the runtime's
-own interpreter. On the local engine an instance sees the host's Python installation and
-virtual environment, the project and ``/data`` (its ``datasource``): a virtual environment made
-from the same Python and given as the datasource runs as ``/data/bin/python``. On Kubernetes it
-is the image's.
+The server runs in the project's directory (``project``; by default the one whose ``src/`` the
+runtime loaded). ``PYTHON`` must have the OpenEnv server's packages (openenv-core and its pins)
+and be visible inside the instance: the argument ``python``, else ``$AENV_OPENENV_PYTHON`` (set
+it in ``config.json``'s ``deployConfig.env``), else the runtime's own interpreter. On the
+local engine an instance sees the host's Python installation and virtual environment, the
+project and ``/data`` (its ``datasource``): a virtual environment made from the same Python and
+given as the datasource runs as ``/data/bin/python``. On Kubernetes it is the image's.
 
 May import: ``aenv_ray``, httpx (the HTTP relay), websockets (the WebSocket relay).
 """
@@ -55,14 +54,29 @@ _START_TIMEOUT = 120.0
 class _Inner:
     """The OpenEnv server of this instance and the WebSocket connections to it."""
 
-    def __init__(self, app: str, project: Path, python: str | None) -> None:
+    def __init__(self, app: str, project: Path | None, python: str | None) -> None:
         self.app = app
-        self.project = project
+        self._project = project
         self.python = python
         self.url: str | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.sockets: dict[str, ClientConnection] = {}
         self.log = Path(os.environ.get("TMPDIR", "/tmp")) / "openenv-server.log"
+
+    @property
+    def project(self) -> Path:
+        """The OpenEnv project's directory: the one given, else the project whose ``src/`` the
+        runtime put on ``sys.path`` (the directory holding it and ``config.json``)."""
+        if self._project is not None:
+            return self._project
+        for entry in sys.path:
+            code = Path(entry or ".")
+            if code.name == "src" and (code.parent / "config.json").is_file():
+                return code.parent
+        raise RuntimeError(
+            "serve_openenv: no project directory (no src/ beside a config.json on sys.path): "
+            "pass project=PATH"
+        )
 
     def interpreter(self) -> str:
         return self.python or os.environ.get("AENV_OPENENV_PYTHON") or sys.executable
@@ -120,11 +134,12 @@ class _Inner:
 
 
 def serve_openenv(
-    app: str = "server.app:app", *, project: Path | str, python: str | None = None
+    app: str = "server.app:app", *, project: Path | str | None = None, python: str | None = None
 ) -> None:
     """Register the relay tools of the OpenEnv server ``app`` (uvicorn's ``module:attribute``,
-    imported from ``project``, the OpenEnv project's directory) in the project being loaded."""
-    inner = _Inner(app, Path(project), python)
+    imported from ``project``, the OpenEnv project's directory; see the module) in the project
+    being loaded."""
+    inner = _Inner(app, Path(project) if project is not None else None, python)
 
     @register_tool(timeout=_START_TIMEOUT + 10)
     async def openenv_start(env: dict[str, str] | None = None) -> dict[str, Any]:

@@ -173,13 +173,9 @@ app = create_app(
 '''
 
 RELAY = """
-from pathlib import Path
-
 from aenv_openenv.relay import serve_openenv
 
-serve_openenv(
-    "server.app:app", project=Path(__file__).resolve().parents[1], python="/data/bin/python"
-)
+serve_openenv("server.app:app")
 """
 
 
@@ -195,7 +191,14 @@ def _counter_project(root: Path) -> Path:
     (root / "src").mkdir()
     (root / "src" / "openenv_server.py").write_text(RELAY)
     (root / "config.json").write_text(
-        json.dumps({"name": "counter-openenv", "version": "1.0.0", "description": "counter"})
+        json.dumps(
+            {
+                "name": "counter-openenv",
+                "version": "1.0.0",
+                "description": "OpenEnv's counter",
+                "deployConfig": {"env": {"AENV_OPENENV_PYTHON": "/data/bin/python"}},
+            }
+        )
     )
     return root
 
