@@ -39,6 +39,12 @@ the imports and the local engine's templates are paid once; a block that starts 
     - ``chat-stand-in``: for rollout.md's RL example: the deterministic OpenAI-compatible
       server of the rollout tests (``tests/_chat_server.ChatServer``: byte-level token ids and
       logprobs, as vLLM returns them), whose URL replaces ``http://127.0.0.1:8000/v1``.
+    - ``openenv-python``: the block runs with OpenEnv's interpreter (its own virtual
+      environment, tests/_oracles.py's ``OPENENV``), not this one: OpenEnv's client code.
+    - ``openenv-served``: ``aenv openenv serve mini-terminal@1.0.0`` (at most 2 sessions, the
+      local engine) on a free port, whose URL replaces ``http://127.0.0.1:8000`` in the block.
+    - ``openenv-counter``: an OpenEnv project, ``counter/`` (tests/_openenv.py), on
+      ``AENV_ENV_PATH``, and OpenEnv's virtual environment in ``OPENENV_VENV``.
     - ``pytest``: the block is a test module: run by pytest (``asyncio_mode=auto``, as this
       repository's tests), which must pass at least one test.
     - ``continues``: the block goes on from the previous Python block of its page, in the same
@@ -76,6 +82,7 @@ from aenv_ray.testing import RuntimeProcess
 from tests._chat_server import AgentModel, ChatServer
 from tests._cli import aenv as run_cli
 from tests._hub import HubProcess, new_key
+from tests._openenv import OpenEnvServe
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
@@ -264,6 +271,7 @@ class Context:
     env: dict[str, str]
     rewrites: list[tuple[str, str]] = field(default_factory=list)
     pytest: bool = False
+    python: str = sys.executable  # the interpreter the blocks run with
 
     def run(self, *args: str, cwd: Path | None = None) -> str:
         """``aenv ARGS`` in this process (tests/_cli.py), with the session's environment."""
@@ -347,6 +355,26 @@ def chat_stand_in(ctx: Context) -> None:
     ctx.rewrites.append(("http://127.0.0.1:8000/v1", model.url))
 
 
+def openenv_python(ctx: Context) -> None:
+    from tests._oracles import OPENENV, oracle_python
+
+    ctx.python = str(oracle_python(OPENENV))
+
+
+def openenv_served(ctx: Context) -> None:
+    server = ctx.stack.enter_context(OpenEnvServe("mini-terminal@1.0.0", env=ctx.env))
+    ctx.rewrites.append(("http://127.0.0.1:8000", server.url))
+
+
+def openenv_counter(ctx: Context) -> None:
+    from tests._openenv import counter_project
+    from tests._oracles import OPENENV, oracle_python
+
+    counter_project(ctx.tmp / "counter")
+    ctx.env["AENV_ENV_PATH"] = str(ctx.tmp)
+    ctx.env["OPENENV_VENV"] = str(oracle_python(OPENENV).parent.parent)
+
+
 def pytest_module(ctx: Context) -> None:
     ctx.pytest = True
 
@@ -364,6 +392,9 @@ SETUPS: dict[str, Callable[[Context], None]] = {
     "hub-notes": hub_notes,
     "mini-terminal-served": mini_terminal_served,
     "notes-project": notes_project,
+    "openenv-counter": openenv_counter,
+    "openenv-python": openenv_python,
+    "openenv-served": openenv_served,
     "pytest": pytest_module,
     "repo-root": repo_root,
 }
@@ -502,7 +533,7 @@ def run_sessions(
         timeout = SESSION_TIMEOUT * len(sessions) + 60  # the driver times each session out
         try:
             done = subprocess.run(
-                [sys.executable, "-c", DRIVER, str(script)],
+                [ctx.python, "-c", DRIVER, str(script)],
                 cwd=ctx.cwd,
                 env=ctx.env,
                 capture_output=True,

@@ -14,11 +14,7 @@ from ours, fastmcp >= 3). The clients run there (tests/openenv_driver.py); aenv-
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,21 +23,11 @@ import pytest
 
 from aenv_openenv import AenvRayProvider
 from aenv_ray import Environment
+from tests._openenv import OpenEnvServe, counter_project, health
 from tests._oracles import OPENENV, oracle_python
 
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = ROOT / "tests" / "openenv_driver.py"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _health(url: str) -> dict[str, Any]:
-    with urllib.request.urlopen(url + "/health", timeout=5) as answer:
-        return dict(json.loads(answer.read()))
 
 
 def _drive(python: Path, scenario: str, url: str) -> dict[str, Any]:
@@ -63,27 +49,10 @@ def openenv_python() -> Path:
 
 @pytest.fixture(scope="module")
 def terminal_server() -> Iterator[str]:
-    """``aenv openenv serve`` in a process of its own (subprocess: a server that runs until
+    """``aenv openenv serve mini-terminal@1.0.0`` (subprocess: a server that runs until
     stopped), on the local engine, at most 2 sessions."""
-    port = _free_port()
-    command = [sys.executable, "-m", "aenv_cli", "openenv", "serve", "mini-terminal@1.0.0"]
-    command += ["--port", str(port), "--max-concurrent-envs", "2", "--engine", "local"]
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            _health(url)
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"aenv openenv serve did not serve: {proc.communicate()[1][-2000:]}")
-            time.sleep(0.1)  # its interpreter is starting: nothing else to wait on
-    yield url
-    proc.terminate()
-    _, stderr = proc.communicate(timeout=30)
-    assert proc.returncode == 0, stderr[-2000:]  # SIGTERM: done, every instance released
+    with OpenEnvServe("mini-terminal@1.0.0", sessions=2) as server:
+        yield server.url
 
 
 def test_openenv_clients_play_a_builtin_served_by_aenv(
@@ -120,93 +89,16 @@ def test_openenv_clients_play_a_builtin_served_by_aenv(
     assert mcp["step"]["tool_name"] == "execute_command"  # OpenEnv's CallToolObservation
     assert mcp["step"]["result"]["output"].strip() == "stepped"
     # none left behind: every session's slot (and instance) released
-    assert _health(terminal_server)["sessions"] == {"active_sessions": 0, "max_sessions": 2}
+    assert health(terminal_server)["sessions"] == {"active_sessions": 0, "max_sessions": 2}
 
 
 # -- an OpenEnv environment inside an aenv-ray instance -------------------------------------
-
-COUNTER_APP = '''
-"""A counter: each step adds its amount; the reward is the total, done at 10 or more."""
-
-from uuid import uuid4
-
-from openenv.core.env_server import create_app
-from openenv.core.env_server.interfaces import Environment
-from openenv.core.env_server.types import Action, Observation, State
-
-
-class AddAction(Action):
-    amount: int
-
-
-class CounterObservation(Observation):
-    total: int
-
-
-class CounterEnvironment(Environment):
-    SUPPORTS_CONCURRENT_SESSIONS = True
-
-    def __init__(self):
-        self._state = State(episode_id=str(uuid4()), step_count=0)
-        self.total = 0
-
-    def reset(self, seed=None, episode_id=None, **kwargs):
-        self._state = State(episode_id=episode_id or str(uuid4()), step_count=0)
-        self.total = 0
-        return CounterObservation(total=0, done=False, reward=0.0)
-
-    def step(self, action):
-        self._state.step_count += 1
-        self.total += action.amount
-        return CounterObservation(
-            total=self.total, done=self.total >= 10, reward=float(self.total)
-        )
-
-    @property
-    def state(self):
-        return self._state
-
-
-app = create_app(
-    CounterEnvironment, AddAction, CounterObservation, env_name="counter", max_concurrent_envs=2
-)
-'''
-
-RELAY = """
-from aenv_openenv.relay import serve_openenv
-
-serve_openenv("server.app:app")
-"""
-
-
-def _counter_project(root: Path) -> Path:
-    """An OpenEnv project (server/app.py, its pyproject.toml) made an aenv-ray environment by a
-    config.json and one module in src/."""
-    (root / "server").mkdir(parents=True)
-    (root / "server" / "__init__.py").write_text("")
-    (root / "server" / "app.py").write_text(COUNTER_APP)
-    (root / "pyproject.toml").write_text(
-        '[project]\nname = "counter-env"\nversion = "0.1.0"\ndependencies = ["openenv==0.10.0"]\n'
-    )
-    (root / "src").mkdir()
-    (root / "src" / "openenv_server.py").write_text(RELAY)
-    (root / "config.json").write_text(
-        json.dumps(
-            {
-                "name": "counter-openenv",
-                "version": "1.0.0",
-                "description": "OpenEnv's counter",
-                "deployConfig": {"env": {"AENV_OPENENV_PYTHON": "/data/bin/python"}},
-            }
-        )
-    )
-    return root
 
 
 def test_an_openenv_environment_runs_in_an_aenv_instance(
     openenv_python: Path, tmp_path: Path
 ) -> None:
-    project = _counter_project(tmp_path / "counter")
+    project = counter_project(tmp_path / "counter")
     venv = openenv_python.parent.parent  # the OpenEnv server's packages, as the datasource
 
     def make(ref: str, env_vars: dict[str, str]) -> Environment:
@@ -215,7 +107,7 @@ def test_an_openenv_environment_runs_in_an_aenv_instance(
     with AenvRayProvider(environment_factory=make) as provider:
         url = provider.start_container("counter-openenv@1.0.0")
         provider.wait_for_ready(url)
-        assert _health(url) == {"status": "healthy"}  # OpenEnv's own server answers
+        assert health(url) == {"status": "healthy"}  # OpenEnv's own server answers
         seen = _drive(openenv_python, "counter", url)
         instance = provider.environment
         assert instance is not None
