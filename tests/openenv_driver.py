@@ -17,11 +17,14 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
+import urllib.request
 from typing import Any
 
 from openenv.core import GenericEnvClient
 from openenv.core.env_server.mcp_types import CallToolAction
 from openenv.core.mcp_client import MCPToolClient
+from websockets.sync.client import connect
 
 
 def _run(env: Any, command: str) -> dict[str, Any]:
@@ -72,9 +75,31 @@ def terminal(base_url: str) -> dict[str, Any]:
         seen["b_reward_of_a"] = b.step(
             {"tool": "reward", "arguments": {"path": "out.txt", "expected": "from-a"}}
         ).reward
+    seen["idle"] = _idle(base_url)  # the server releases a closed session's instance, then its slot
     seen["after_close"] = _refusal(base_url)
     seen["mcp"] = asyncio.run(_mcp(base_url))
+    seen["vanished"] = _vanish(base_url)
     return seen
+
+
+def _idle(base_url: str) -> dict[str, int]:
+    """The server's sessions once none is open (or as they are after 30 s)."""
+    deadline = time.monotonic() + 30
+    while True:
+        with urllib.request.urlopen(base_url + "/health", timeout=5) as answer:
+            sessions = dict(json.loads(answer.read())["sessions"])
+        if sessions["active_sessions"] == 0 or time.monotonic() > deadline:
+            return sessions
+        time.sleep(0.1)  # a release in progress on the server: nothing here to wait on
+
+
+def _vanish(base_url: str) -> str:
+    """A client that goes away mid-episode without OpenEnv's ``close``: its WebSocket closes."""
+    ws_url = base_url.replace("http://", "ws://") + "/ws"
+    with connect(ws_url) as ws:
+        ws.send(json.dumps({"type": "reset", "data": {}}))
+        answer = json.loads(ws.recv(timeout=60))
+    return str(answer["type"])
 
 
 async def _mcp(base_url: str) -> dict[str, Any]:
