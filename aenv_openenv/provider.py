@@ -86,12 +86,8 @@ def bridge_app(env: Environment) -> Starlette:
         await ws.accept()
         socket_id = (await _tool(env, "openenv_ws_open", {"path": path}))["socket"]
         try:
-            # a refusal (capacity) comes before the client says anything
-            first = await _tool(env, "openenv_ws_send", {"socket_id": socket_id, "wait": 0.2})
-            for frame in first["frames"]:
-                await ws.send_text(frame)
-            if first["closed"]:
-                return
+            # a refusal (capacity) the server sent at once is read after the client's first
+            # frame, as OpenEnv's client reads it: the answer to what it sent
             while True:
                 text = await ws.receive_text()
                 answer = await _tool(env, "openenv_ws_send", {"socket_id": socket_id, "text": text})

@@ -49,6 +49,7 @@ from aenv_ray import keep_processes, register_tool
 __all__ = ["serve_openenv"]
 
 _START_TIMEOUT = 120.0
+_CALL_TIMEOUT = 600.0  # a request or a step of the OpenEnv server: as long as the runtime's default
 
 
 class _Inner:
@@ -150,7 +151,7 @@ def serve_openenv(
         """
         return await inner.start(dict(env or {}))
 
-    @register_tool
+    @register_tool(timeout=_CALL_TIMEOUT)
     async def openenv_http(
         method: str, path: str, body: str = "", content_type: str = "application/json"
     ) -> dict[str, Any]:
@@ -164,7 +165,7 @@ def serve_openenv(
         """
         if not path.startswith("/"):
             raise ValueError("path starts with /")
-        async with httpx.AsyncClient(timeout=60.0) as client:
+        async with httpx.AsyncClient(timeout=_CALL_TIMEOUT - 10) as client:
             response = await client.request(
                 method,
                 inner.base() + path,
@@ -191,8 +192,10 @@ def serve_openenv(
         inner.sockets[socket_id] = await connect(ws_url, max_size=None, open_timeout=30)
         return {"socket": socket_id}
 
-    @register_tool
-    async def openenv_ws_send(socket_id: str, text: str = "", wait: float = 60.0) -> dict[str, Any]:
+    @register_tool(timeout=_CALL_TIMEOUT)
+    async def openenv_ws_send(
+        socket_id: str, text: str = "", wait: float = _CALL_TIMEOUT - 10
+    ) -> dict[str, Any]:
         """Send one frame (none when ``text`` is empty) and return the next frame the server
         sends, or that it closed.
 

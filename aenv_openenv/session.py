@@ -162,7 +162,11 @@ class ToolSession:
             if self._used:
                 old = self.environment
                 fresh = self._make()
-                await fresh.initialize()
+                try:
+                    await fresh.initialize()
+                except BaseException:
+                    await fresh.release()
+                    raise
                 self._env = fresh
                 await old.release()
             env = self.environment
