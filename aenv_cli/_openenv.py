@@ -43,6 +43,14 @@ def serve(
             help="sessions (instances) at once; one more is refused with CAPACITY_REACHED",
         ),
     ] = 1,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            help="require `Authorization: Bearer TOKEN` on every request and WebSocket "
+            "(OpenEnv clients: headers=...); without it anyone who reaches the port can play",
+            envvar="AENV_OPENENV_TOKEN",
+        ),
+    ] = None,
 ) -> None:
     """Serve ENV to OpenEnv clients (GenericEnvClient, MCPToolClient, TRL's OpenEnv support)."""
     import uvicorn
@@ -58,6 +66,13 @@ def serve(
     resolve_environment(env)  # an unknown one exits 2 naming what there is, before serving
     from aenv_openenv import create_app
 
+    if token is None and host not in ("127.0.0.1", "localhost", "::1"):
+        print(
+            f"aenv openenv: warning: serving on {host} without --token: anyone who reaches "
+            "the port can open sessions (instances)",
+            file=sys.stderr,
+        )
+
     print(
         f"aenv openenv: serving {env} on http://{host}:{port} (engine {engine}, at most "
         f"{max_concurrent_envs} sessions)",
@@ -65,7 +80,7 @@ def serve(
         flush=True,
     )
     config = uvicorn.Config(
-        create_app(env, engine=engine, max_concurrent_envs=max_concurrent_envs),
+        create_app(env, engine=engine, max_concurrent_envs=max_concurrent_envs, token=token),
         host=host,
         port=port,
         log_level="warning",

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -40,6 +41,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route, WebSocketRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from aenv_openenv.session import REWARD_ACTION, ActionError, ToolSession
@@ -47,7 +49,7 @@ from aenv_ray import Environment
 from aenv_ray.engine import SandboxEngine
 from aenv_ray.errors import AEnvError, CapacityError
 
-__all__ = ["OpenEnvServer", "create_app"]
+__all__ = ["OpenEnvServer", "create_app", "require_token"]
 
 log = logging.getLogger("aenv_openenv")
 
@@ -480,12 +482,43 @@ async def _json_body(request: Request) -> Any:
         return None
 
 
+def require_token(app: ASGIApp, token: str) -> ASGIApp:
+    """``app`` behind a bearer token: an HTTP request or a WebSocket whose ``Authorization``
+    is not ``Bearer TOKEN`` is refused (HTTP 401; a WebSocket is closed with 1008 before it is
+    accepted) and never reaches ``app``. OpenEnv's clients send it with
+    ``GenericEnvClient(base_url, headers={"Authorization": "Bearer TOKEN"})``."""
+    expected = f"Bearer {token}".encode()
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            given = dict(scope.get("headers", [])).get(b"authorization", b"")
+            if not hmac.compare_digest(given, expected):
+                if scope["type"] == "http":
+                    refusal = JSONResponse(
+                        {"detail": "missing or wrong Authorization: Bearer token"},
+                        status_code=401,
+                    )
+                    await refusal(scope, receive, send)
+                else:
+                    await send({"type": "websocket.close", "code": 1008})
+                return
+        await app(scope, receive, send)
+
+    return guarded
+
+
 def create_app(
-    env_ref: str, *, engine: SandboxEngine | str | None = None, max_concurrent_envs: int = 1
-) -> Starlette:
-    """The OpenEnv endpoints for ``env_ref`` as an ASGI app (``uvicorn.run(create_app(...))``).
+    env_ref: str,
+    *,
+    engine: SandboxEngine | str | None = None,
+    max_concurrent_envs: int = 1,
+    token: str | None = None,
+) -> ASGIApp:
+    """The OpenEnv endpoints for ``env_ref`` as an ASGI app (``uvicorn.run(create_app(...))``);
+    with ``token``, behind it (:func:`require_token`).
 
     >>> create_app("mini-terminal@1.0.0", max_concurrent_envs=4).routes[0].path
     '/health'
     """
-    return OpenEnvServer(env_ref, engine=engine, max_concurrent_envs=max_concurrent_envs).app()
+    app = OpenEnvServer(env_ref, engine=engine, max_concurrent_envs=max_concurrent_envs).app()
+    return require_token(app, token) if token else app

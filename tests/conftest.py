@@ -267,7 +267,7 @@ FILE_LANES: dict[str, str] = {
             "test_k8s_manifests.py",
             "test_k8s_templates.py",
             "test_loader.py",
-            "test_openenv_cli.py",
+            "test_openenv_unit.py",
             "test_pod_template_policy.py",
             "test_registry.py",
             "test_tau2_core.py",
