@@ -30,11 +30,12 @@ def serve(
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port")] = 8000,
     engine: Annotated[
-        str,
+        str | None,
         typer.Option(
-            help="the engine that makes each session's instance: local, daemon, kubernetes"
+            help="the engine that makes each session's instance: local, daemon, kubernetes "
+            "(default: the SDK's: a hub when AENV_SYSTEM_URL is set, else AENV_ENGINE, else local)"
         ),
-    ] = "local",
+    ] = None,
     max_concurrent_envs: Annotated[
         int,
         typer.Option(
@@ -60,10 +61,14 @@ def serve(
     from aenv_ray.resolve import resolve_environment
 
     try:
-        check_engine_name(engine)
+        if engine is not None:
+            check_engine_name(engine)
     except ConfigurationError as exc:
         die(str(exc), EXIT_USAGE)
-    resolve_environment(env)  # an unknown one exits 2 naming what there is, before serving
+    from aenv_ray.settings import get_settings
+
+    if engine is not None or not get_settings().system_url:  # a hub resolves its own names
+        resolve_environment(env)  # an unknown one exits 2 naming what there is, before serving
     from aenv_openenv import create_app
 
     if token is None and host not in ("127.0.0.1", "localhost", "::1"):
@@ -74,8 +79,8 @@ def serve(
         )
 
     print(
-        f"aenv openenv: serving {env} on http://{host}:{port} (engine {engine}, at most "
-        f"{max_concurrent_envs} sessions)",
+        f"aenv openenv: serving {env} on http://{host}:{port} (engine {engine or 'default'}, "
+        f"at most {max_concurrent_envs} sessions)",
         file=sys.stderr,
         flush=True,
     )
