@@ -43,6 +43,7 @@ from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from aenv_openenv.server import require_token
 from aenv_ray import Environment
 from aenv_ray.engine import SandboxEngine
 from aenv_ray.errors import AEnvError, ConfigurationError, InstanceClosedError
@@ -124,6 +125,9 @@ class AenvRayProvider:
         server_env: environment variables of the OpenEnv server's process.
         environment_factory: replaces how the instance's :class:`~aenv_ray.Environment` is made
             (``image, env_vars -> Environment``), e.g. from a project directory.
+        token: the bridge then requires ``Authorization: Bearer TOKEN`` (:attr:`headers`; pass
+            them to the client: ``GenericEnvClient(base_url, headers=provider.headers)``);
+            without one, whoever shares this machine's loopback can use the bridge.
 
         >>> AenvRayProvider("echo-openenv@1.0.0").base_url is None
         True
@@ -137,18 +141,25 @@ class AenvRayProvider:
         datasource: str = "",
         server_env: dict[str, str] | None = None,
         environment_factory: Any = None,
+        token: str | None = None,
     ) -> None:
         self.env = env
         self.engine = engine
         self.datasource = datasource
         self.server_env = dict(server_env or {})
         self._factory = environment_factory
+        self.token = token
         self.base_url: str | None = None
         self.environment: Environment | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: uvicorn.Server | None = None
         self._serving: asyncio.Task[None] | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What an OpenEnv client sends to the bridge (``{}`` without a token)."""
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     # -- OpenEnv's ContainerProvider ------------------------------------------------------------
 
@@ -258,8 +269,13 @@ class AenvRayProvider:
             listener.bind(("127.0.0.1", port or 0))
             listener.listen(128)
             port = int(listener.getsockname()[1])
+            app = bridge_app(env)
             config = uvicorn.Config(
-                bridge_app(env), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+                require_token(app, self.token) if self.token else app,
+                host="127.0.0.1",
+                port=port,
+                log_level="warning",
+                lifespan="off",
             )
             server = uvicorn.Server(config)
             self._serving = asyncio.get_running_loop().create_task(server.serve([listener]))

@@ -484,8 +484,8 @@ async def _json_body(request: Request) -> Any:
 
 def require_token(app: ASGIApp, token: str) -> ASGIApp:
     """``app`` behind a bearer token: an HTTP request or a WebSocket whose ``Authorization``
-    is not ``Bearer TOKEN`` is refused (HTTP 401; a WebSocket is closed with 1008 before it is
-    accepted) and never reaches ``app``. OpenEnv's clients send it with
+    is not ``Bearer TOKEN`` is refused (HTTP 401; a WebSocket's handshake is answered HTTP 403,
+    never accepted) and never reaches ``app``. OpenEnv's clients send it with
     ``GenericEnvClient(base_url, headers={"Authorization": "Bearer TOKEN"})``."""
     expected = f"Bearer {token}".encode()
 

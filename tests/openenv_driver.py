@@ -32,9 +32,9 @@ def _run(env: Any, command: str) -> dict[str, Any]:
     return {"observation": result.observation, "reward": result.reward, "done": result.done}
 
 
-def _refusal(base_url: str) -> str:
+def _refusal(base_url: str, headers: dict[str, str] | None = None) -> str:
     try:
-        with GenericEnvClient(base_url=base_url).sync() as extra:
+        with GenericEnvClient(base_url=base_url, headers=headers).sync() as extra:
             extra.reset()
     except Exception as exc:  # OpenEnv raises RuntimeError (or ConnectionError) for a refusal
         return f"{type(exc).__name__}: {exc}"
@@ -118,7 +118,9 @@ async def _mcp(base_url: str) -> dict[str, Any]:
 
 def counter(base_url: str) -> dict[str, Any]:
     seen: dict[str, Any] = {}
-    with GenericEnvClient(base_url=base_url).sync() as env:
+    headers = {"Authorization": f"Bearer {TOKEN}"} if TOKEN else None
+    seen["without_token"] = _refusal(base_url) if TOKEN else None
+    with GenericEnvClient(base_url=base_url, headers=headers).sync() as env:
         first = env.reset()
         seen["reset"] = {"observation": first.observation, "done": first.done}
         steps = [env.step({"amount": amount}) for amount in (2, 3)]
@@ -127,13 +129,16 @@ def counter(base_url: str) -> dict[str, Any]:
         seen["final"] = {"total": final.observation["total"], "reward": final.reward}
         seen["done"] = final.done
         seen["state"] = env.state()
-        with GenericEnvClient(base_url=base_url).sync() as other:
+        with GenericEnvClient(base_url=base_url, headers=headers).sync() as other:
             other.reset()
             seen["other"] = other.step({"amount": 1}).observation["total"]
-            seen["third"] = _refusal(base_url)
+            seen["third"] = _refusal(base_url, headers)
     return seen
 
 
+TOKEN = ""  # the bridge's token (a third argument), if it has one
+
 if __name__ == "__main__":
     scenario, url = sys.argv[1], sys.argv[2]
+    TOKEN = sys.argv[3] if len(sys.argv) > 3 else ""
     print(json.dumps({"terminal": terminal, "counter": counter}[scenario](url)))

@@ -31,9 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DRIVER = ROOT / "tests" / "openenv_driver.py"
 
 
-def _drive(python: Path, scenario: str, url: str) -> dict[str, Any]:
+def _drive(python: Path, scenario: str, url: str, *extra: str) -> dict[str, Any]:
     done = subprocess.run(
-        [str(python), str(DRIVER), scenario, url],
+        [str(python), str(DRIVER), scenario, url, *extra],
         capture_output=True,
         text=True,
         timeout=120,
@@ -118,13 +118,13 @@ def test_an_openenv_environment_runs_in_an_aenv_instance(
     def make(ref: str, env_vars: dict[str, str]) -> Environment:
         return Environment.from_project(project, datasource=str(venv))
 
-    with AenvRayProvider(environment_factory=make) as provider:
+    with AenvRayProvider(environment_factory=make, token="t0ken") as provider:
         url = provider.start_container("counter-openenv@1.0.0")
         provider.wait_for_ready(url)
-        assert health(url) == {"status": "healthy"}  # OpenEnv's own server answers
-        seen = _drive(openenv_python, "counter", url)
+        seen = _drive(openenv_python, "counter", url, "t0ken")
         instance = provider.environment
         assert instance is not None
+    assert "rejected WebSocket connection: HTTP 403" in seen["without_token"]
     assert seen["reset"]["observation"]["total"] == 0
     assert seen["steps"] == [{"total": 2, "reward": 2.0}, {"total": 5, "reward": 5.0}]
     assert seen["final"] == {"total": 10, "reward": 10.0}
