@@ -32,7 +32,8 @@ run.
 May import: typer, rich, pydantic (a project's validation errors), packaging (the wheel
 ``aenv build`` writes), ``aenv_ray``; lazily, inside functions: ``sandbox_runtime`` (``aenv
 run``), ``local_backend`` (the host's warnings before a rollout), ``rollout``, ``envhub`` (the
-hub and its keys), ``builtin_envs`` (the built-ins' own commands), platformdirs. Engines are
+hub and its keys), ``builtin_envs`` (the built-ins' own commands), ``aenv_openenv`` (``aenv openenv
+serve``), uvicorn, platformdirs. Engines are
 made by name (``aenv_ray.engine.new_engine``). Must not import at import time: ray,
 kubernetes, gymnasium, the runtime.
 """

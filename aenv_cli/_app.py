@@ -14,7 +14,17 @@ from typing import Annotated, Any
 
 import typer
 
-from aenv_cli import _build, _hub, _instance, _project, _rollout, _serve, _service, _tau2
+from aenv_cli import (
+    _build,
+    _hub,
+    _instance,
+    _openenv,
+    _project,
+    _rollout,
+    _serve,
+    _service,
+    _tau2,
+)
 from aenv_cli._common import EXIT_FAILURE, EXIT_USAGE, error_line, json_format
 from aenv_ray import __version__
 from aenv_ray.errors import AEnvError, ConfigurationError, EnvironmentNotFoundError
@@ -91,6 +101,7 @@ app.add_typer(_instance.app, name="instance")
 app.command("instances", hidden=True)(_instance.instances)
 app.add_typer(_service.app, name="service")
 app.add_typer(_tau2.app, name="tau2")
+app.add_typer(_openenv.app, name="openenv")
 
 
 def _click_errors() -> tuple[type[BaseException], ...]:

@@ -245,7 +245,27 @@ TRL = Oracle(
     env_variable="AENV_TRL_ORACLE_PYTHON",
 )
 
-ORACLES = (TAU2, SWEBENCH, TERMINAL_BENCH, AENVIRONMENT, TRL)
+# OpenEnv (its PyPI package openenv 0.10.0): GenericEnvClient, MCPToolClient and the server an
+# OpenEnv environment project runs (create_app) import these; not gradio, huggingface_hub or
+# openai, which only its CLI and web interface import. fastmcp >= 3, which aenv-ray's own
+# environment does not have: hence a virtual environment of its own (tests/test_openenv.py).
+OPENENV = Oracle(
+    name="openenv",
+    no_deps=("openenv==0.10.0",),
+    packages=(
+        "fastapi==0.165.0",
+        "fastmcp==3.4.11",
+        "httpx==0.28.1",
+        "pydantic==2.14.4",
+        "PyYAML==6.0.4",
+        "requests==2.34.2",
+        "uvicorn==0.55.0",
+        "websockets==17.4",
+    ),
+    env_variable="AENV_OPENENV_ORACLE_PYTHON",
+)
+
+ORACLES = (TAU2, SWEBENCH, TERMINAL_BENCH, AENVIRONMENT, TRL, OPENENV)
 TAU2_DRIVER = ROOT / "tests" / "tau2_golden" / "oracle_driver.py"
 
 

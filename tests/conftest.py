@@ -267,6 +267,7 @@ FILE_LANES: dict[str, str] = {
             "test_k8s_manifests.py",
             "test_k8s_templates.py",
             "test_loader.py",
+            "test_openenv_unit.py",
             "test_pod_template_policy.py",
             "test_registry.py",
             "test_tau2_core.py",
@@ -278,6 +279,7 @@ FILE_LANES: dict[str, str] = {
     **dict.fromkeys(
         (
             "test_aenv_oracle.py",
+            "test_openenv.py",
             "test_swe_env.py",
             "test_swe_grading.py",
             "test_tau2_oracle_live.py",

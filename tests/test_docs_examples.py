@@ -43,6 +43,12 @@ the imports and the local engine's templates are paid once; a block that starts 
       own virtual environment (tests/_oracles.py's ``TRL``: trl, transformers, torch's CPU
       build and this checkout's aenv-ray), made once; where it cannot be made the test skips
       saying why (under ``AENV_REQUIRE_ORACLES=1``, fails).
+    - ``openenv-python``: the block runs with OpenEnv's interpreter (its own virtual
+      environment, tests/_oracles.py's ``OPENENV``), not this one: OpenEnv's client code.
+    - ``openenv-served``: ``aenv openenv serve mini-terminal@1.0.0`` (at most 2 sessions, the
+      local engine) on a free port, whose URL replaces ``http://127.0.0.1:8000`` in the block.
+    - ``openenv-counter``: an OpenEnv project, ``counter/`` (tests/_openenv.py), on
+      ``AENV_ENV_PATH``, and OpenEnv's virtual environment in ``OPENENV_VENV``.
     - ``pytest``: the block is a test module: run by pytest (``asyncio_mode=auto``, as this
       repository's tests), which must pass at least one test.
     - ``continues``: the block goes on from the previous Python block of its page, in the same
@@ -81,6 +87,7 @@ from tests._chat_server import AgentModel, ChatServer
 from tests._cli import aenv as run_cli
 from tests._hub import HubProcess, new_key
 from tests._oracles import TRL, oracle_python
+from tests._openenv import OpenEnvServe
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
@@ -355,6 +362,24 @@ def chat_stand_in(ctx: Context) -> None:
 
 def trl_venv(ctx: Context) -> None:
     ctx.python = str(oracle_python(TRL))
+def openenv_python(ctx: Context) -> None:
+    from tests._oracles import OPENENV, oracle_python
+
+    ctx.python = str(oracle_python(OPENENV))
+
+
+def openenv_served(ctx: Context) -> None:
+    server = ctx.stack.enter_context(OpenEnvServe("mini-terminal@1.0.0", env=ctx.env))
+    ctx.rewrites.append(("http://127.0.0.1:8000", server.url))
+
+
+def openenv_counter(ctx: Context) -> None:
+    from tests._openenv import counter_project
+    from tests._oracles import OPENENV, oracle_python
+
+    counter_project(ctx.tmp / "counter")
+    ctx.env["AENV_ENV_PATH"] = str(ctx.tmp)
+    ctx.env["OPENENV_VENV"] = str(oracle_python(OPENENV).parent.parent)
 
 
 def pytest_module(ctx: Context) -> None:
@@ -374,6 +399,9 @@ SETUPS: dict[str, Callable[[Context], None]] = {
     "hub-notes": hub_notes,
     "mini-terminal-served": mini_terminal_served,
     "notes-project": notes_project,
+    "openenv-counter": openenv_counter,
+    "openenv-python": openenv_python,
+    "openenv-served": openenv_served,
     "pytest": pytest_module,
     "repo-root": repo_root,
     "trl-venv": trl_venv,
@@ -604,7 +632,7 @@ def _python_file_check(ctx_tmp: Path, block: Block) -> Outcome:
 
 
 # set-ups that run a trainer's own package in its virtual environment: the `oracle` lane's
-ORACLE_SETUPS = frozenset({"trl-venv"})
+ORACLE_SETUPS = frozenset({"trl-venv", "openenv-python", "openenv-counter"})
 
 
 def _param(block: Block) -> object:
