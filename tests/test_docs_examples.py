@@ -631,7 +631,8 @@ def _python_file_check(ctx_tmp: Path, block: Block) -> Outcome:
     return Outcome(done.returncode == 0, done.stdout, done.stdout + done.stderr[-6000:])
 
 
-# set-ups that run a trainer's own package in its virtual environment: the `oracle` lane's
+# set-ups that run an original's own package (a trainer, OpenEnv) in its virtual environment:
+# the `oracle` lane's
 ORACLE_SETUPS = frozenset({"trl-venv", "openenv-python", "openenv-counter"})
 
 
