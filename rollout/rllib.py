@@ -24,7 +24,7 @@ Must not import: kubernetes (engines are injected).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -109,8 +109,16 @@ class TokenCodec:
         return self.detokenize(ids)
 
 
-class NumericToolEnv(gymnasium.Env[np.ndarray, np.ndarray]):
-    """A :class:`~rollout.gym.ToolEnv` whose observations and actions are integer arrays."""
+class NumericToolEnv(gymnasium.Env[np.ndarray, Any]):
+    """A :class:`~rollout.gym.ToolEnv` whose observations and actions are arrays of integers.
+
+    Observations hold the codec's values as ``observation_dtype`` (default float32, what
+    RLlib's torch models take; ``None``: the codec's own dtype).
+
+    With ``actions`` (a menu of tool calls, dicts or JSON text) the action space is
+    ``Discrete(len(actions))`` and action ``i`` is ``actions[i]``: what a small policy can learn
+    in a few iterations. Without it, a ``MultiDiscrete`` array that decodes to the call's text.
+    """
 
     metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012  (gymnasium's class attribute)
 
@@ -121,17 +129,34 @@ class NumericToolEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         codec: Codec | None = None,
         max_observation_len: int = 4096,
         max_action_len: int = 1024,
+        actions: Sequence[str | Mapping[str, Any]] | None = None,
+        observation_dtype: Any = np.float32,
     ) -> None:
         if max_observation_len < 1 or max_action_len < 1:
             raise ValueError("max_observation_len and max_action_len must be >= 1")
+        if actions is not None and not actions:
+            raise ValueError("actions, when given, must name at least one tool call")
         self.env = env
         self.codec: Codec = codec or ByteCodec()
         self.max_observation_len = max_observation_len
         self.max_action_len = max_action_len
         high, dtype = self.codec.high, self.codec.dtype
-        self.observation_space = spaces.Box(0, high, (max_observation_len,), dtype=dtype)
-        # one categorical choice per position: what a policy over bytes or tokens emits
-        self.action_space = spaces.MultiDiscrete(np.full(max_action_len, high + 1, dtype=np.int64))
+        # float32 by default: RLlib's torch models take float input (its connectors cast nothing)
+        self.observation_dtype = np.dtype(observation_dtype or dtype)
+        self.observation_space = spaces.Box(
+            0, high, (max_observation_len,), dtype=self.observation_dtype.type
+        )
+        self.actions: tuple[str | Mapping[str, Any], ...] | None = (
+            None if actions is None else tuple(actions)
+        )
+        self.action_space: spaces.Space[Any]
+        if self.actions is not None:
+            self.action_space = spaces.Discrete(len(self.actions))
+        else:
+            # one categorical choice per position: what a policy over bytes or tokens emits
+            self.action_space = spaces.MultiDiscrete(
+                np.full(max_action_len, high + 1, dtype=np.int64)
+            )
 
     def encode_action(self, action: str | dict[str, Any]) -> np.ndarray:
         """The array that decodes to ``action`` (a JSON tool call, or its dict)."""
@@ -147,12 +172,20 @@ class NumericToolEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         text, info = self.env.reset(seed=seed, options=options)
         return self._observe(text), {**info, "text": text}
 
-    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        text, reward, terminated, truncated, info = self.env.step(self.codec.decode(action))
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """One step: ``action`` is an index into ``actions``, or an array of the codec."""
+        call: Any
+        if self.actions is not None:
+            if not self.action_space.contains(action):
+                raise ValueError(f"action {action!r} is not in {self.action_space}")
+            call = self.actions[int(action)]
+        else:
+            call = self.codec.decode(action)
+        text, reward, terminated, truncated, info = self.env.step(call)
         return self._observe(text), float(reward), terminated, truncated, {**info, "text": text}
 
     def _observe(self, text: str) -> np.ndarray:
-        return self.codec.encode(text, self.max_observation_len)
+        return self.codec.encode(text, self.max_observation_len).astype(self.observation_dtype)
 
     def close(self) -> None:
         self.env.close()
@@ -171,15 +204,27 @@ def register(
     codec: Codec | None = None,
     max_observation_len: int = 4096,
     max_action_len: int = 1024,
+    actions: Sequence[str | Mapping[str, Any]] | None = None,
+    observation_dtype: Any = np.float32,
+    pool: Any = None,
     **make_env_options: Any,
 ) -> str:
     """Register ``env_name`` with ``ray.tune.register_env``; return the registered name.
 
     RLlib calls the creator with its ``env_config`` (an ``EnvContext``, a dict): those keys
-    override ``make_env_options`` (``tasks``, ``max_steps``, ...).
+    override ``make_env_options`` (``tasks``, ``max_steps``, ...). ``pool``: a
+    :class:`~rollout.pool.RolloutPool` whose warm instances every environment leases
+    (``source=PoolSource(pool)``; the pool travels to RLlib's env runners with the creator),
+    instead of creating its own. ``actions``: a menu of tool calls, the action space
+    ``Discrete(len(actions))`` (see :class:`NumericToolEnv`).
     """
     require_extra("rllib", "rollout.rllib.register")
     from ray.tune.registry import register_env
+
+    if pool is not None:
+        from rollout.sources import PoolSource
+
+        make_env_options["source"] = PoolSource(pool)
 
     registered = name or rllib_name(env_name)
 
@@ -189,6 +234,8 @@ def register(
             codec=codec,
             max_observation_len=max_observation_len,
             max_action_len=max_action_len,
+            actions=actions,
+            observation_dtype=observation_dtype,
         )
 
     def creator(env_config: dict[str, Any] | None = None) -> gymnasium.Env[Any, Any] | Any:
