@@ -113,7 +113,9 @@ class NumericToolEnv(gymnasium.Env[np.ndarray, Any]):
     """A :class:`~rollout.gym.ToolEnv` whose observations and actions are arrays of integers.
 
     Observations hold the codec's values as ``observation_dtype`` (default float32, what
-    RLlib's torch models take; ``None``: the codec's own dtype).
+    RLlib's torch models take; ``None``: the codec's own dtype), divided by the codec's
+    largest value when ``normalize`` (the default: inputs in ``[0, 1]``, as a network wants
+    them; a float dtype only). :meth:`decode_observation` gives an observation's text back.
 
     With ``actions`` (a menu of tool calls, dicts or JSON text) the action space is
     ``Discrete(len(actions))`` and action ``i`` is ``actions[i]``: what a small policy can learn
@@ -131,6 +133,7 @@ class NumericToolEnv(gymnasium.Env[np.ndarray, Any]):
         max_action_len: int = 1024,
         actions: Sequence[str | Mapping[str, Any]] | None = None,
         observation_dtype: Any = np.float32,
+        normalize: bool = True,
     ) -> None:
         if max_observation_len < 1 or max_action_len < 1:
             raise ValueError("max_observation_len and max_action_len must be >= 1")
@@ -143,8 +146,11 @@ class NumericToolEnv(gymnasium.Env[np.ndarray, Any]):
         high, dtype = self.codec.high, self.codec.dtype
         # float32 by default: RLlib's torch models take float input (its connectors cast nothing)
         self.observation_dtype = np.dtype(observation_dtype or dtype)
+        if normalize and self.observation_dtype.kind != "f":
+            raise ValueError(f"normalize needs a float dtype, not {self.observation_dtype}")
+        self.normalize = normalize
         self.observation_space = spaces.Box(
-            0, high, (max_observation_len,), dtype=self.observation_dtype.type
+            0, 1 if normalize else high, (max_observation_len,), dtype=self.observation_dtype.type
         )
         self.actions: tuple[str | Mapping[str, Any], ...] | None = (
             None if actions is None else tuple(actions)
@@ -185,7 +191,15 @@ class NumericToolEnv(gymnasium.Env[np.ndarray, Any]):
         return self._observe(text), float(reward), terminated, truncated, {**info, "text": text}
 
     def _observe(self, text: str) -> np.ndarray:
-        return self.codec.encode(text, self.max_observation_len).astype(self.observation_dtype)
+        array = self.codec.encode(text, self.max_observation_len).astype(self.observation_dtype)
+        return array / self.observation_dtype.type(self.codec.high) if self.normalize else array
+
+    def decode_observation(self, observation: np.ndarray) -> str:
+        """The text an observation encodes (its padding dropped)."""
+        values = np.asarray(observation, dtype=np.float64)
+        if self.normalize:
+            values = values * self.codec.high
+        return self.codec.decode(np.rint(values).astype(self.codec.dtype))
 
     def close(self) -> None:
         self.env.close()
@@ -206,6 +220,7 @@ def register(
     max_action_len: int = 1024,
     actions: Sequence[str | Mapping[str, Any]] | None = None,
     observation_dtype: Any = np.float32,
+    normalize: bool = True,
     pool: Any = None,
     **make_env_options: Any,
 ) -> str:
@@ -236,6 +251,7 @@ def register(
             max_action_len=max_action_len,
             actions=actions,
             observation_dtype=observation_dtype,
+            normalize=normalize,
         )
 
     def creator(env_config: dict[str, Any] | None = None) -> gymnasium.Env[Any, Any] | Any:
