@@ -5,7 +5,7 @@
 The training runs in a driver process of its own (tests/_rllib_train.py) that joins the session's
 Ray: RLlib's actors and the pool end with that driver's job, and no Ray stays initialized here.
 It is small on purpose (a 16-unit layer, 64-step batches, 2 iterations): seconds of training,
-proving it runs end to end, not that it learns (benchmarks/rllib_corridor.py shows that).
+proving it runs end to end, not that it learns (benchmarks/bench_rllib.py shows that).
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def test_ppo_trains_on_environments_leasing_pool_instances(session_ray: SessionR
     assert report["episodes"] > 0
     # every step RLlib sampled was a tool call on a leased instance, every episode end a reward
     assert report["tool_calls"] == report["steps"]
-    assert 0 < report["rewards"] <= report["episodes"] + 2  # +2: episodes still open at the end
+    assert report["rewards"] == report["episodes"] > 0  # open episodes have not asked yet
     assert report["acquired"] >= 2  # the env runner's two environments leased
     assert all(math.isfinite(value) for value in report["learner"].values()), report["learner"]
     assert all(0.0 <= value <= 1.0 for value in report["returns"]), report["returns"]
