@@ -2,19 +2,27 @@
 
 RLlib's episodes treat a ``str`` observation as a sequence and split it into characters, and its
 models need arrays. :class:`NumericToolEnv` wraps :class:`rollout.gym.ToolEnv` so that
-observations and actions are fixed-length integer arrays: UTF-8 bytes (:class:`ByteCodec`, the
-default) or token ids of any tokenizer (:class:`TokenCodec`): a ``Box`` observation and a
-``MultiDiscrete`` action (one choice per position). An action array is decoded to
-text and handed to the text environment (a JSON tool call, see :mod:`rollout.gym`); what does
-not decode to a valid action is the agent's error, answered as an observation.
+observations and actions are fixed-length arrays: UTF-8 bytes (:class:`ByteCodec`, the
+default) or token ids of any tokenizer (:class:`TokenCodec`): a float32 ``Box`` observation
+(the values divided by the largest, by default) and either a ``Discrete`` action over a menu
+of tool calls (``actions=``) or a ``MultiDiscrete`` one (one choice per position). An action
+array is decoded to text and handed to the text environment (a JSON tool call, see
+:mod:`rollout.gym`); what does not decode to a valid action is the agent's error, answered as
+an observation.
 
     from ray.rllib.algorithms.ppo import PPOConfig
     import rollout.rllib
     name = rollout.rllib.register("mini-terminal@1.0.0", max_observation_len=2048)
     config = PPOConfig().environment(name, env_config={"max_steps": 20})
 
+    # what PPO learns in a few iterations: an actions menu (Discrete), RLlib's env runners
+    # leasing warm instances of a RolloutPool (docs/training.md#rllib)
+    name = rollout.rllib.register("corridor@1.0.0", pool=pool, actions=[{"tool": "left"},
+                                  {"tool": "right"}], max_observation_len=48)
+
 :func:`register` calls ``ray.tune.register_env(name, creator)``; the creator merges RLlib's
-``env_config`` into the options of :func:`rollout.gym.make_env`. Needs ``ray[rllib]``
+``env_config`` into the options of :func:`rollout.gym.make_env`. Training needs torch, which
+the extra leaves out (docs/training.md#rllib). Needs ``ray[rllib]``
 (``pip install 'aenv-ray[rllib]'``, from a checkout ``pip install -e '.[rllib]'``), which
 pins gymnasium 1.2.2.
 

@@ -85,6 +85,40 @@ def test_a_task_whose_reward_arguments_are_refused_still_raises() -> None:
         env.close()
 
 
+# -- the spaces ------------------------------------------------------------------------------
+
+
+def test_an_actions_menu_is_a_discrete_space_and_observations_are_normalized() -> None:
+    import numpy as np
+
+    from rollout.gym import make_env
+    from rollout.rllib import NumericToolEnv
+
+    env = NumericToolEnv(make_env(TERMINAL), actions=[ECHO, '{"tool": "submit"}'])
+    try:
+        assert env.action_space == gymnasium.spaces.Discrete(2)
+        assert env.observation_space.dtype == np.float32
+        assert float(env.observation_space.high.max()) == 1.0
+        with pytest.raises(ValueError, match="not in Discrete"):
+            env.step(2)  # checked before any instance is asked
+    finally:
+        env.close()
+    text_env = make_env(TERMINAL)
+    try:
+        with pytest.raises(ValueError, match="float dtype"):
+            NumericToolEnv(text_env, observation_dtype=np.uint8)
+        with pytest.raises(ValueError, match="at least one"):
+            NumericToolEnv(text_env, actions=[])
+    finally:
+        text_env.close()
+    raw = NumericToolEnv(make_env(TERMINAL), observation_dtype=None, normalize=False)
+    try:
+        assert raw.observation_space.dtype == np.uint8  # the codec's own
+        assert float(raw.observation_space.high.max()) == 255
+    finally:
+        raw.close()
+
+
 # -- PPO trains ------------------------------------------------------------------------------
 
 
