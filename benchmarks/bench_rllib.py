@@ -1,7 +1,7 @@
 """RLlib benchmark: PPO (new API stack, torch on CPU) on ``examples/corridor``, on aenv-ray and
 on a plain gymnasium twin of it, in one run.
 
-    .venv/bin/python benchmarks/bench_rllib.py                 # about 4 minutes on 2 cores
+    .venv/bin/python benchmarks/bench_rllib.py                 # about 5 minutes on 2 loaded cores
     .venv/bin/python benchmarks/bench_rllib.py --iterations 4  # shorter
 
 - **Learning.** PPO trains ``--iterations`` times on ``corridor@1.0.0`` (the agent must walk to
