@@ -8,7 +8,7 @@ hub client), the runtime that serves an environment (``sandbox_runtime``), the l
 extra           brings                                             for
 ==============  =================================================  ==============================
 ``ray``         ray, gymnasium, numpy                              ``rollout`` (pools, gym, jobs)
-``rllib``       ray[rllib]                                         ``rollout.rllib``
+``rllib``       ray[rllib] (not torch: see docs/training.md)       ``rollout.rllib``
 ``kubernetes``  kubernetes, urllib3                                ``k8s_backend``
 ``hub``         fastapi, cryptography                              ``envhub`` (``aenv serve``)
 ``redis``       redis (and ``hub``)                                EnvHub's ``redis://`` store

@@ -17,7 +17,13 @@ import gymnasium.error
 
 from aenv_ray import ToolResult
 from aenv_ray.envref import did_you_mean
-from aenv_ray.errors import AEnvError, ConfigurationError, FunctionError, FunctionNotFoundError
+from aenv_ray.errors import (
+    AEnvError,
+    ConfigurationError,
+    FunctionError,
+    FunctionErrorKind,
+    FunctionNotFoundError,
+)
 from rollout.rewards import split_reward
 from rollout.sources import InstanceHandle, InstanceSource
 
@@ -278,8 +284,22 @@ class Episode:
 
     async def _reward(self, instance: InstanceHandle) -> tuple[float | None, dict[str, Any] | None]:
         """``(reward, components)`` of the episode (:func:`rollout.rewards.split_reward`: every
-        form ``aenv rollout`` takes); ``None``: the environment does not score it."""
-        value = await instance.call_reward(dict(self.task.reward_arguments))
+        form ``aenv rollout`` takes); ``None``: the environment does not score it.
+
+        A task without ``reward_arguments`` (no tasks given: the empty task) asks the reward
+        with none; a reward that needs some (or no reward at all) leaves the episode unscored
+        (``None``) instead of failing it. A task's own arguments refused raise.
+        """
+        try:
+            value = await instance.call_reward(dict(self.task.reward_arguments))
+        except FunctionError as exc:
+            unanswerable = isinstance(exc, FunctionNotFoundError) or (
+                exc.kind is FunctionErrorKind.INVALID_ARGUMENTS
+                or exc.error_type == FunctionErrorKind.INVALID_ARGUMENTS.value
+            )
+            if self.task.reward_arguments or not unanswerable:
+                raise
+            return None, None
         try:
             return split_reward(value)
         except ValueError as exc:

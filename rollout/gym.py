@@ -44,7 +44,10 @@ The episode protocol:
   ``aenv rollout`` takes (:func:`rollout.rewards.split_reward`: a number, ``{"reward": x,
   ...components}``, AEnvironment's ``{"score": x, ...}``); the last step's info adds
   ``"reward_components"`` (the object's other keys, or None) and ``"scored"`` (False for
-  ``{"reward": null}``, an episode the environment does not score: its reward is 0.0).
+  ``{"reward": null}``, an episode the environment does not score: its reward is 0.0). A task
+  without ``reward_arguments`` (no tasks: the empty task) asks the reward with none; where the
+  reward needs some (mini-terminal's does), or there is no reward, the episode ends unscored
+  the same way instead of failing.
 - **close()** releases the instance and stops the private event-loop thread. Infrastructure
   failures (a dead instance, a timeout) raise typed :mod:`aenv_ray.errors`.
 

@@ -2,19 +2,27 @@
 
 RLlib's episodes treat a ``str`` observation as a sequence and split it into characters, and its
 models need arrays. :class:`NumericToolEnv` wraps :class:`rollout.gym.ToolEnv` so that
-observations and actions are fixed-length integer arrays: UTF-8 bytes (:class:`ByteCodec`, the
-default) or token ids of any tokenizer (:class:`TokenCodec`): a ``Box`` observation and a
-``MultiDiscrete`` action (one choice per position). An action array is decoded to
-text and handed to the text environment (a JSON tool call, see :mod:`rollout.gym`); what does
-not decode to a valid action is the agent's error, answered as an observation.
+observations and actions are fixed-length arrays: UTF-8 bytes (:class:`ByteCodec`, the
+default) or token ids of any tokenizer (:class:`TokenCodec`): a float32 ``Box`` observation
+(the values divided by the largest, by default) and either a ``Discrete`` action over a menu
+of tool calls (``actions=``) or a ``MultiDiscrete`` one (one choice per position). An action
+array is decoded to text and handed to the text environment (a JSON tool call, see
+:mod:`rollout.gym`); what does not decode to a valid action is the agent's error, answered as
+an observation.
 
     from ray.rllib.algorithms.ppo import PPOConfig
     import rollout.rllib
     name = rollout.rllib.register("mini-terminal@1.0.0", max_observation_len=2048)
     config = PPOConfig().environment(name, env_config={"max_steps": 20})
 
+    # what PPO learns in a few iterations: an actions menu (Discrete), RLlib's env runners
+    # leasing warm instances of a RolloutPool (docs/training.md#rllib)
+    name = rollout.rllib.register("corridor@1.0.0", pool=pool, actions=[{"tool": "left"},
+                                  {"tool": "right"}], max_observation_len=48)
+
 :func:`register` calls ``ray.tune.register_env(name, creator)``; the creator merges RLlib's
-``env_config`` into the options of :func:`rollout.gym.make_env`. Needs ``ray[rllib]``
+``env_config`` into the options of :func:`rollout.gym.make_env`. Training needs torch, which
+the extra leaves out (docs/training.md#rllib). Needs ``ray[rllib]``
 (``pip install 'aenv-ray[rllib]'``, from a checkout ``pip install -e '.[rllib]'``), which
 pins gymnasium 1.2.2.
 
@@ -24,7 +32,7 @@ Must not import: kubernetes (engines are injected).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -109,8 +117,18 @@ class TokenCodec:
         return self.detokenize(ids)
 
 
-class NumericToolEnv(gymnasium.Env[np.ndarray, np.ndarray]):
-    """A :class:`~rollout.gym.ToolEnv` whose observations and actions are integer arrays."""
+class NumericToolEnv(gymnasium.Env[np.ndarray, Any]):
+    """A :class:`~rollout.gym.ToolEnv` whose observations and actions are arrays of integers.
+
+    Observations hold the codec's values as ``observation_dtype`` (default float32, what
+    RLlib's torch models take; ``None``: the codec's own dtype), divided by the codec's
+    largest value when ``normalize`` (the default: inputs in ``[0, 1]``, as a network wants
+    them; a float dtype only). :meth:`decode_observation` gives an observation's text back.
+
+    With ``actions`` (a menu of tool calls, dicts or JSON text) the action space is
+    ``Discrete(len(actions))`` and action ``i`` is ``actions[i]``: what a small policy can learn
+    in a few iterations. Without it, a ``MultiDiscrete`` array that decodes to the call's text.
+    """
 
     metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012  (gymnasium's class attribute)
 
@@ -121,17 +139,38 @@ class NumericToolEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         codec: Codec | None = None,
         max_observation_len: int = 4096,
         max_action_len: int = 1024,
+        actions: Sequence[str | Mapping[str, Any]] | None = None,
+        observation_dtype: Any = np.float32,
+        normalize: bool = True,
     ) -> None:
         if max_observation_len < 1 or max_action_len < 1:
             raise ValueError("max_observation_len and max_action_len must be >= 1")
+        if actions is not None and not actions:
+            raise ValueError("actions, when given, must name at least one tool call")
         self.env = env
         self.codec: Codec = codec or ByteCodec()
         self.max_observation_len = max_observation_len
         self.max_action_len = max_action_len
         high, dtype = self.codec.high, self.codec.dtype
-        self.observation_space = spaces.Box(0, high, (max_observation_len,), dtype=dtype)
-        # one categorical choice per position: what a policy over bytes or tokens emits
-        self.action_space = spaces.MultiDiscrete(np.full(max_action_len, high + 1, dtype=np.int64))
+        # float32 by default: RLlib's torch models take float input (its connectors cast nothing)
+        self.observation_dtype = np.dtype(observation_dtype or dtype)
+        if normalize and self.observation_dtype.kind != "f":
+            raise ValueError(f"normalize needs a float dtype, not {self.observation_dtype}")
+        self.normalize = normalize
+        self.observation_space = spaces.Box(
+            0, 1 if normalize else high, (max_observation_len,), dtype=self.observation_dtype.type
+        )
+        self.actions: tuple[str | Mapping[str, Any], ...] | None = (
+            None if actions is None else tuple(actions)
+        )
+        self.action_space: spaces.Space[Any]
+        if self.actions is not None:
+            self.action_space = spaces.Discrete(len(self.actions))
+        else:
+            # one categorical choice per position: what a policy over bytes or tokens emits
+            self.action_space = spaces.MultiDiscrete(
+                np.full(max_action_len, high + 1, dtype=np.int64)
+            )
 
     def encode_action(self, action: str | dict[str, Any]) -> np.ndarray:
         """The array that decodes to ``action`` (a JSON tool call, or its dict)."""
@@ -147,12 +186,28 @@ class NumericToolEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         text, info = self.env.reset(seed=seed, options=options)
         return self._observe(text), {**info, "text": text}
 
-    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        text, reward, terminated, truncated, info = self.env.step(self.codec.decode(action))
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """One step: ``action`` is an index into ``actions``, or an array of the codec."""
+        call: Any
+        if self.actions is not None:
+            if not self.action_space.contains(action):
+                raise ValueError(f"action {action!r} is not in {self.action_space}")
+            call = self.actions[int(action)]
+        else:
+            call = self.codec.decode(action)
+        text, reward, terminated, truncated, info = self.env.step(call)
         return self._observe(text), float(reward), terminated, truncated, {**info, "text": text}
 
     def _observe(self, text: str) -> np.ndarray:
-        return self.codec.encode(text, self.max_observation_len)
+        array = self.codec.encode(text, self.max_observation_len).astype(self.observation_dtype)
+        return array / self.observation_dtype.type(self.codec.high) if self.normalize else array
+
+    def decode_observation(self, observation: np.ndarray) -> str:
+        """The text an observation encodes (its padding dropped)."""
+        values = np.asarray(observation, dtype=np.float64)
+        if self.normalize:
+            values = values * self.codec.high
+        return self.codec.decode(np.rint(values).astype(self.codec.dtype))
 
     def close(self) -> None:
         self.env.close()
@@ -171,15 +226,28 @@ def register(
     codec: Codec | None = None,
     max_observation_len: int = 4096,
     max_action_len: int = 1024,
+    actions: Sequence[str | Mapping[str, Any]] | None = None,
+    observation_dtype: Any = np.float32,
+    normalize: bool = True,
+    pool: Any = None,
     **make_env_options: Any,
 ) -> str:
     """Register ``env_name`` with ``ray.tune.register_env``; return the registered name.
 
     RLlib calls the creator with its ``env_config`` (an ``EnvContext``, a dict): those keys
-    override ``make_env_options`` (``tasks``, ``max_steps``, ...).
+    override ``make_env_options`` (``tasks``, ``max_steps``, ...). ``pool``: a
+    :class:`~rollout.pool.RolloutPool` whose warm instances every environment leases
+    (``source=PoolSource(pool)``; the pool travels to RLlib's env runners with the creator),
+    instead of creating its own. ``actions``: a menu of tool calls, the action space
+    ``Discrete(len(actions))`` (see :class:`NumericToolEnv`).
     """
     require_extra("rllib", "rollout.rllib.register")
     from ray.tune.registry import register_env
+
+    if pool is not None:
+        from rollout.sources import PoolSource
+
+        make_env_options["source"] = PoolSource(pool)
 
     registered = name or rllib_name(env_name)
 
@@ -189,6 +257,9 @@ def register(
             codec=codec,
             max_observation_len=max_observation_len,
             max_action_len=max_action_len,
+            actions=actions,
+            observation_dtype=observation_dtype,
+            normalize=normalize,
         )
 
     def creator(env_config: dict[str, Any] | None = None) -> gymnasium.Env[Any, Any] | Any:
