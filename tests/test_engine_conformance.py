@@ -18,12 +18,11 @@ from typing import Any
 import pytest
 
 from aenv_ray import InstanceInfo, InstanceSpec, InstanceState, NotSupportedError, Route
-from aenv_ray.engine import SandboxEngine
+from aenv_ray.engine import SandboxEngine, named_engine
 from aenv_ray.hub import HubClient, RemoteEngine
 from aenv_ray.testing import ENGINE_CHECKS, ConformanceError, check_sandbox_engine
 from local_backend import LocalEngine
 from local_backend.client import DaemonEngine
-from tests._hub import HubProcess
 from tests._k8s import KubeCluster
 
 _K8S = [pytest.mark.k8s, pytest.mark.timeout(2400)]
@@ -35,12 +34,6 @@ def daemon_dir() -> Iterator[Path]:
     yield path
     asyncio.run(DaemonEngine(path).shutdown())
     shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubProcess]:
-    with HubProcess(tmp_path_factory.mktemp("conformance"), auth=False) as process:
-        yield process
 
 
 # The local engine's run of the kit is docs/testing.md's example, which the docs' tests run as
@@ -57,7 +50,8 @@ def factory(
         cluster: KubeCluster = request.getfixturevalue("kube_cluster")
         namespace = cluster.namespace("conformance")
         return lambda: cluster.engine(namespace)
-    url = request.getfixturevalue("hub").url
+    # the session's hub without auth: the kit's checks hold on a hub other tests use too
+    url = request.getfixturevalue("open_hub").url
     return lambda: RemoteEngine(HubClient(url))
 
 
@@ -85,17 +79,23 @@ def test_the_docs_run_the_kit_over_the_local_engine() -> None:
 
 
 class _Lying:
-    """A local engine that breaks one rule of the contract, chosen by ``lie``."""
+    """A local engine that breaks one rule of the contract, chosen by ``lie``: the session's
+    warm one (its mini-terminal template serves every lie), closed as a client of its own
+    would be (what it made is deleted); an engine of its own where closing is the lie."""
 
     name = "lying"
 
     def __init__(self, lie: str) -> None:
-        self.inner = LocalEngine()
+        self.own = lie == "keeps_instances"
+        self.inner: SandboxEngine = LocalEngine() if self.own else named_engine("local")
         self.lie = lie
         self.closes_instances = lie != "keeps_instances"
+        self.made: list[str] = []
 
     async def create(self, spec: InstanceSpec, *, timeout: float = 60.0) -> InstanceInfo:
-        return await self.inner.create(spec, timeout=timeout)
+        info = await self.inner.create(spec, timeout=timeout)
+        self.made.append(info.id)
+        return info
 
     async def get(self, instance_id: str) -> InstanceInfo:
         info = await self.inner.get(instance_id)
@@ -130,12 +130,19 @@ class _Lying:
         if self.lie == "fork_fresh":  # children that start from nothing, not from the parent
             parent = await self.inner.get(instance_id)
             spec = InstanceSpec(parent.env_ref, ttl=600.0)
-            fresh = [await self.inner.create(spec, timeout=timeout) for _ in range(n)]
+            fresh = [await self.create(spec, timeout=timeout) for _ in range(n)]
             return [_with_parent(i, instance_id) for i in fresh]
-        return await self.inner.fork(instance_id, n, timeout=timeout)
+        children = await self.inner.fork(instance_id, n, timeout=timeout)
+        self.made.extend(c.id for c in children)
+        return children
 
     async def aclose(self) -> None:
-        await self.inner.aclose()
+        if self.own:
+            await self.inner.aclose()
+            return
+        made, self.made = self.made, []
+        for iid in made:  # the shared engine stays open: what this client made goes
+            await self.inner.delete(iid)
 
 
 def _with_parent(info: InstanceInfo, parent: str) -> InstanceInfo:

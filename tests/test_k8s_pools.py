@@ -40,6 +40,7 @@ from rollout.lease import Owner
 from rollout.spec import PoolSpec
 from tests._hub import HubProcess, eventually, new_key, run
 from tests._k8s import KubeCluster
+from tests._session_ray import SessionRay
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(2400)]
 
@@ -454,11 +455,13 @@ def test_warm_pools_need_an_engine_that_keeps_them(tmp_path: Path) -> None:
 
 
 async def test_aenv_rollout_through_a_hub_claims_its_warm_pods_and_calls_through_its_proxy(
-    cluster: KubeCluster, namespace: str, tmp_path: Path
+    cluster: KubeCluster, namespace: str, tmp_path: Path, session_ray: SessionRay
 ) -> None:
     """With a hub configured, the Ray pool's actors create through the hub (which claims from
     its warm pool) and, told to (AENV_HUB_ROUTE=proxy, as when pod IPs are not routable from
-    the Ray cluster), call through the hub's proxy."""
+    the Ray cluster), call through the hub's proxy. The run joins the session's Ray: its pool
+    actors get the hub engine the driver made, so nothing of theirs comes from their own
+    environment."""
     env = {
         "KUBECONFIG": str(cluster.kubeconfig),
         "AENV_K8S_NAMESPACE": namespace,
@@ -482,6 +485,7 @@ async def test_aenv_rollout_through_a_hub_claims_its_warm_pods_and_calls_through
             "AENV_API_KEY": key,
             "AENV_HUB_ROUTE": "proxy",
             "PYTHONPATH": str(ROOT),
+            **session_ray.env,
         }
         done = await asyncio.to_thread(
             subprocess.run,

@@ -1,8 +1,10 @@
 """``DaemonEngine``: the SandboxEngine contract over a real local engine daemon.
 
-Each test gets a state directory of its own (short: it holds the daemon's Unix socket); the
-daemon is started on demand by the client, its instances are real and called over loopback,
-and every daemon is shut down in teardown.
+A test of the daemon's own start, end or faults gets a state directory of its own (short: it
+holds the daemon's Unix socket); the tests of what a running daemon answers share one daemon
+for the module (``shared``: its templates warm after the first create). The daemon is started
+on demand by the client, its instances are real and called over loopback, and every daemon is
+shut down in teardown.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from aenv_ray import (
     ConfigurationError,
     Environment,
     EnvironmentNotFoundError,
+    InstanceInfo,
     InstanceNotFoundError,
     InstanceSpec,
     InstanceState,
@@ -53,6 +56,23 @@ async def engine(state_dir: Path) -> AsyncIterator[DaemonEngine]:
     yield engine
     await engine.shutdown()
     assert not _daemon_alive(state_dir)
+
+
+@pytest.fixture(scope="module")
+def shared_dir() -> Iterator[Path]:
+    """The state directory of the module's one daemon, shut down after the module."""
+    path = Path(tempfile.mkdtemp(prefix="aenv-d-"))
+    yield path
+    asyncio.run(DaemonEngine(path).shutdown())
+    assert not _daemon_alive(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def shared(shared_dir: Path) -> AsyncIterator[DaemonEngine]:
+    """A client of the module's daemon (each test's own: closing it leaves the daemon up)."""
+    async with DaemonEngine(shared_dir) as engine:
+        yield engine
 
 
 def _pid(state_dir: Path) -> int:
@@ -95,10 +115,11 @@ async def until(predicate: Any, what: str, seconds: float = 20.0) -> None:
         await asyncio.sleep(0.05)
 
 
-async def test_create_by_project_and_by_name_get_list_renew_delete(engine: DaemonEngine) -> None:
-    assert isinstance(engine, SandboxEngine)
-    assert engine.name == "local-daemon"
-    info = await engine.create(hostile_spec(ttl=120, owner="alice", labels={"run": "a"}))
+async def test_create_by_project_and_by_name_get_list_renew_delete(shared: DaemonEngine) -> None:
+    assert isinstance(shared, SandboxEngine)
+    assert shared.name == "local-daemon"
+    before = {i.id for i in await shared.list()}  # the module's other tests' instances
+    info = await shared.create(hostile_spec(ttl=120, owner="alice", labels={"run": "a"}))
     assert info.state is InstanceState.RUNNING
     assert info.env_ref == "hostile@1.0.0"
     assert info.owner == "alice"
@@ -107,38 +128,42 @@ async def test_create_by_project_and_by_name_get_list_renew_delete(engine: Daemo
     assert 119 < info.expires_at - info.created_at <= 120
     assert (await call(info, "identity"))["env"]["AENV_INSTANCE_ID"] == info.id
 
-    terminal = await engine.create(InstanceSpec("mini-terminal@1.0.0"))
+    terminal = await shared.create(InstanceSpec("mini-terminal@1.0.0"))
     assert terminal.state is InstanceState.RUNNING
     assert terminal.env_ref == "mini-terminal@1.0.0"
     said = await call(terminal, "execute_command", {"command": "echo hi"})
     assert said == {"output": "hi\n", "returncode": 0}
 
-    assert await engine.get(info.id) == info
-    assert [i.id for i in await engine.list()] == [terminal.id, info.id]  # newest first
-    assert [i.id for i in await engine.list(env_ref="hostile")] == [info.id]
-    assert [i.id for i in await engine.list(env_ref="mini-terminal@1.0.0")] == [terminal.id]
+    assert await shared.get(info.id) == info
 
-    renewed = await engine.renew(info.id, 3600)
+    def new(infos: list[InstanceInfo]) -> list[str]:
+        return [i.id for i in infos if i.id not in before]
+
+    assert new(await shared.list()) == [terminal.id, info.id]  # newest first
+    assert new(await shared.list(env_ref="hostile")) == [info.id]
+    assert new(await shared.list(env_ref="mini-terminal@1.0.0")) == [terminal.id]
+
+    renewed = await shared.renew(info.id, 3600)
     assert renewed.expires_at is not None
     assert renewed.expires_at > info.expires_at + 3000
     assert renewed.owner == "alice"
     assert renewed.labels == {"run": "a"}
 
-    ended = await engine.delete(info.id)
+    ended = await shared.delete(info.id)
     assert ended.state is InstanceState.TERMINATED
     assert ended.reason is TerminationReason.DELETED
-    assert await engine.delete(info.id) == ended  # idempotent
-    assert await engine.get(info.id) == ended
+    assert await shared.delete(info.id) == ended  # idempotent
+    assert await shared.get(info.id) == ended
     with pytest.raises(httpx.TransportError):
         async with httpx.AsyncClient() as http:
             await http.get(f"{info.url}/aenv/v1/info", timeout=5)
-    await engine.delete(terminal.id)
+    await shared.delete(terminal.id)
 
 
-async def test_fork(engine: DaemonEngine) -> None:
-    parent = await engine.create(hostile_spec(labels={"job": "7"}))
+async def test_fork(shared: DaemonEngine) -> None:
+    parent = await shared.create(hostile_spec(labels={"job": "7"}))
     await call(parent, "remember", {"key": "stage", "value": "set up"})
-    children = await engine.fork(parent.id, 2)
+    children = await shared.fork(parent.id, 2)
     assert len(children) == 2
     assert len({c.id for c in children} | {parent.id}) == 3
     for child in children:
@@ -147,47 +172,47 @@ async def test_fork(engine: DaemonEngine) -> None:
         assert child.labels == {"job": "7"}
         async with Environment.attach(child.url or "", token=child.token) as env:
             assert await env.call_function("recall", {"key": "stage"}) == "set up"
-    listed = {i.id: i for i in await engine.list()}
+    listed = {i.id: i for i in await shared.list()}
     assert all(listed[c.id].parent == parent.id for c in children)
 
 
-async def test_storage_reaches_the_instance(engine: DaemonEngine, tmp_path: Path) -> None:
+async def test_storage_reaches_the_instance(shared: DaemonEngine, tmp_path: Path) -> None:
     storage = tmp_path / "storage"
     storage.mkdir()
     os.chmod(storage, 0o777)  # the instances' root may be nobody on the host
-    info = await engine.create(hostile_spec(storage=str(storage)))
+    info = await shared.create(hostile_spec(storage=str(storage)))
     me = await call(info, "identity")
     where = me["env"].get("AENV_STORAGE", "/storage")  # namespaces: mounted at /storage
     assert (await call(info, "write_file", {"path": f"{where}/x", "text": "kept"}))["ok"]
     assert (storage / "x").read_text() == "kept"
 
 
-async def test_errors_come_back_typed(engine: DaemonEngine, tmp_path: Path) -> None:
+async def test_errors_come_back_typed(shared: DaemonEngine, tmp_path: Path) -> None:
     with pytest.raises(EnvironmentNotFoundError, match=r"no environment `no-such-env@9\.9\.9`"):
-        await engine.create(InstanceSpec("no-such-env@9.9.9"))
+        await shared.create(InstanceSpec("no-such-env@9.9.9"))
     with pytest.raises(InstanceNotFoundError, match="no instance `nope`") as caught:
-        await engine.get("nope")
+        await shared.get("nope")
     assert caught.value.instance_id == "nope"
     for attempt in (
-        engine.delete("nope"),
-        engine.renew("nope", 60),
-        engine.fork("nope", 1),
-        engine.get("a/../b"),  # never a path of the API
-        engine.get(""),
+        shared.delete("nope"),
+        shared.renew("nope", 60),
+        shared.fork("nope", 1),
+        shared.get("a/../b"),  # never a path of the API
+        shared.get(""),
     ):
         with pytest.raises(InstanceNotFoundError):
             await attempt
     with pytest.raises(ConfigurationError, match="`ttl`: duration `-5`"):
-        await engine.create(hostile_spec(ttl=-5))
+        await shared.create(hostile_spec(ttl=-5))
     with pytest.raises(ConfigurationError, match="project"):
-        await engine.create(InstanceSpec("x@1", project=str(tmp_path / "nowhere")))
+        await shared.create(InstanceSpec("x@1", project=str(tmp_path / "nowhere")))
     with pytest.raises(ConfigurationError, match="is not a directory"):
-        await engine.create(hostile_spec(storage=str(tmp_path / "nowhere")))
-    info = await engine.create(hostile_spec())
+        await shared.create(hostile_spec(storage=str(tmp_path / "nowhere")))
+    info = await shared.create(hostile_spec())
     with pytest.raises(ConfigurationError, match="n >= 1"):
-        await engine.fork(info.id, 0)
+        await shared.fork(info.id, 0)
     with pytest.raises(ConfigurationError, match="`ttl`: duration `-1`"):
-        await engine.renew(info.id, -1)
+        await shared.renew(info.id, -1)
 
 
 async def test_started_on_demand_and_instances_outlive_the_client(

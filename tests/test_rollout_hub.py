@@ -32,6 +32,7 @@ from envhub.store import open_store
 from rollout._instance_pool import InstancePool
 from rollout.spec import HubEngine, PoolSpec
 from tests._hub import HubProcess, new_key
+from tests._session_ray import SessionRay
 
 ROOT = Path(__file__).resolve().parent.parent
 AENV = [sys.executable, "-m", "aenv_cli"]
@@ -119,18 +120,20 @@ async def test_an_instance_whose_creation_is_cancelled_is_deleted_at_the_hub(
 
 
 def test_both_paths_create_their_instances_through_the_configured_hub_and_leave_none(
-    hub: tuple[HubProcess, str], tmp_path: Path
+    hub: tuple[HubProcess, str], tmp_path: Path, session_ray: SessionRay
 ) -> None:
     process, key = hub
     env = {**os.environ, "AENV_SYSTEM_URL": process.url, "AENV_API_KEY": key}
     ids: dict[str, set[str]] = {}
     for path in ("--ray", "--no-ray"):
         out = tmp_path / path.strip("-")
-        # subprocess: the --ray path starts a Ray of its own, which this process must not keep
+        # the --ray path joins the session's Ray (its pool actors get the hub engine the
+        # driver made): what is checked is where the instances are made, not Ray's start
+        joins = session_ray.env if path == "--ray" else {}
         done = subprocess.run(
             [*AENV, "rollout", "mini-terminal@1.0.0", "-n", "2", "-c", "2", path, "-o", str(out)],
             cwd=ROOT,
-            env={**env, "PYTHONPATH": str(ROOT)},
+            env={**env, **joins, "PYTHONPATH": str(ROOT)},
             capture_output=True,
             text=True,
             timeout=600,

@@ -102,12 +102,13 @@ def test_retry_failed_leaves_one_row_per_episode_in_both_files(tmp_path: Path) -
     out, marker = tmp_path / "run", tmp_path / "now-it-works"
     tasks = _tasks(tmp_path / "tasks.jsonl", stall_unless=str(marker))
     common = ["--tasks", str(tasks), "--policy", "tests._flaky_policy:policy"]
-    common += ["--episode-timeout", "8", "--retries", "0", "--out", str(out)]
-    first = _rollout("-n", "3", "-c", "3", *common)  # (the last -c wins) 3 time-outs at once: 8 s
+    common += ["--retries", "0", "--out", str(out)]
+    # (the last -c wins) 3 time-outs at once: 2 s (the limit is no part of the run's identity)
+    first = _rollout("-n", "3", "-c", "3", "--episode-timeout", "2", *common)
     assert first.returncode == 1  # episodes that did not end ok
     assert {r["outcome"] for r in _lines(out)} == {"timeout"}
     marker.touch()
-    again = _rollout("-n", "3", "--retry-failed", *common)
+    again = _rollout("-n", "3", "--retry-failed", "--episode-timeout", "120", *common)
     assert again.returncode == 0, again.stderr
     lines = _lines(out)
     assert [r["outcome"] for r in lines] == ["ok"] * 3
