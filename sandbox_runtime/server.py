@@ -55,9 +55,6 @@ _MAIN_THREAD_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGALRM}
 
 
 _LAZY_MODULES = (
-    "anyio._backends._asyncio",
-    "anyio.streams.stapled",
-    "anyio.streams.tls",
     "concurrent.futures.thread",
     "encodings.idna",
     "httptools",
@@ -74,6 +71,8 @@ def warm_imports() -> None:
 
     A template process calls this before it forks: a child must never start with a module
     half-imported by a thread that does not exist in it (its import lock would stay held).
+    The fast path's modules only: FastMCP and what it imports while serving are imported by
+    the first MCP request (:mod:`sandbox_runtime._lazy_mcp`, under a lock ``os.fork`` takes).
     """
     import importlib
 
