@@ -394,7 +394,16 @@ class RuntimeApp:
                 off = ConfigurationError("MCP is not enabled on this runtime")
                 await _send_json(send, 404, _error_body(off))
             else:
-                mcp_app = await self.mcp.app()
+                try:
+                    mcp_app = await self.mcp.app()
+                except Exception as exc:  # the next MCP request tries again
+                    log.exception("the MCP app did not start")
+                    failed = ConfigurationError(
+                        f"this runtime's MCP endpoint did not start ({type(exc).__name__}: "
+                        f"{exc}); the fast path ({p.FAST_CALL_PATH}) still serves the tools"
+                    )
+                    await _send_json(send, 500, _error_body(failed))
+                    return
                 await mcp_app(scope, receive, send)
         elif path == p.FAST_TOOLS_PATH and method == "GET":
             await _send_raw(send, self._tools_bytes())

@@ -18,9 +18,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
+from sandbox_runtime import RuntimeServer, load_project
 from sandbox_runtime._lazy_mcp import LazyMCP, Receive, Scope, Send
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -188,3 +190,21 @@ def test_a_fork_after_a_build_can_build_again() -> None:
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert LazyMCP(lambda: _App(3)).build().number == 3
+
+
+async def test_an_mcp_app_that_does_not_start_is_an_error_answer() -> None:
+    server = RuntimeServer(load_project(PROBE), sockets=[])
+
+    def recipe() -> _App:
+        raise ValueError("a schema FastMCP refuses")
+
+    server.app.mcp = LazyMCP(recipe)
+    transport = httpx.ASGITransport(app=server.app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+        answer = await http.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+        tools = await http.get("/aenv/v1/tools")
+    assert answer.status_code == 500
+    body = answer.json()
+    assert body["type"] == "ConfigurationError"
+    assert "MCP endpoint did not start (ValueError: a schema FastMCP refuses)" in body["error"]
+    assert tools.status_code == 200  # the fast path still serves
