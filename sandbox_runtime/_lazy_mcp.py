@@ -20,7 +20,8 @@ A build holds a process-wide lock for its imports, and :func:`os.fork` takes tha
 (``os.register_at_fork``): a fork of a running instance (the local engine's ``fork``), made on
 another thread, never starts with FastMCP half-imported by a thread that does not exist in it.
 If a build fails, the request that waited for it fails (HTTP 500) and the next MCP request
-tries again.
+tries again. The build's memory (~39 MiB of modules) is the instance's own: a local instance
+no longer shares it with its template.
 """
 
 from __future__ import annotations
