@@ -6,7 +6,8 @@
 Measured in one run, next to baselines from the same run (the machine is noisy):
 
 - **baseline**: a bare ``python -c pass`` from the same interpreter, and a cold subprocess start
-  of the runtime (``python -m sandbox_runtime``) until its first answered call;
+  of the runtime (``python -m sandbox_runtime``) until its first answered call (wall time, and
+  the runtime's own CPU time by then, median);
 - **create -> first call**: ``LocalEngine.create`` of the echo environment, then one tool call
   over a raw aiohttp POST (the SDK's own set-up, health and info, is shown apart);
 - **fork -> first call**: ``LocalEngine.fork`` of a running instance, then one call;
@@ -80,7 +81,11 @@ async def first_call(
             await asyncio.sleep(0.001)
 
 
-def cold_runtime(n: int) -> list[float]:
+def cold_runtime(n: int) -> tuple[list[float], list[float]]:
+    """Wall times of a cold runtime's start and first call, and the runtime's own CPU by then
+    (an instance only called on the fast path: it never imports FastMCP)."""
+    cpus: list[float] = []
+
     async def one() -> float:
         started = time.perf_counter()
         runtime = RuntimeProcess(ECHO)
@@ -88,10 +93,11 @@ def cold_runtime(n: int) -> list[float]:
         async with aiohttp.ClientSession() as http:
             await first_call(http, runtime.url)
         elapsed = time.perf_counter() - started
+        cpus.append(_cpu(runtime.pid))
         await asyncio.to_thread(runtime.stop)
         return elapsed
 
-    return [asyncio.run(one()) for _ in range(n)]
+    return [asyncio.run(one()) for _ in range(n)], cpus
 
 
 async def engine_runs(engine: LocalEngine, n: int, concurrent: int) -> dict[str, object]:
@@ -236,7 +242,7 @@ def main() -> int:
     concurrent = 50 if args.quick else 200
 
     bare = bare_python(n)
-    cold = cold_runtime(2 if args.quick else 4)
+    cold, cold_cpus = cold_runtime(2 if args.quick else 4)
     firsts = first_instances(2 if args.quick else 5)
     engine = LocalEngine()
     try:
@@ -251,7 +257,7 @@ def main() -> int:
         f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}"
     )
     print(f"  python -c pass           {ms(bare)}")
-    print(f"  cold runtime start+call  {ms(cold)}")
+    print(f"  cold runtime start+call  {ms(cold)}; its CPU {statistics.median(cold_cpus):.2f} s")
     print(f"  create -> first call     {ms(creates)}")
     print(f"  SDK open+call+release    {ms(results['sdk'])}")  # type: ignore[arg-type]
     print(f"  fork -> first call       {ms(results['fork'])}")  # type: ignore[arg-type]

@@ -1,12 +1,17 @@
 """Zygotes forked warm from a launcher instead of exec'd cold.
 
-A zygote spends most of its start importing the runtime (FastMCP and its ~600 pydantic models,
-uvicorn: ~1.5 s of CPU) before it does anything of its own definition. An engine's first zygote
-therefore forks a **launcher** right after those imports, before anything else (its user and pid
+A zygote spends most of its start importing the runtime (pydantic, the SDK's models, uvicorn:
+~0.5 s of CPU) before it does anything of its own definition. An engine's first zygote therefore
+forks a **launcher** right after those imports, before anything else (its user and pid
 namespaces, cgroups, template root): a process in the host's namespaces with the runtime
 imported, the zygote's exec-time environment block and nothing of any definition. Every later
 zygote of that engine is forked from it and runs :func:`local_backend.zygote.main` with its own
 arguments, as a cold one would, minus the imports.
+
+What it holds is the fast path's imports only (``sandbox_runtime.warm_imports``), not FastMCP
+(~600 pydantic models, ~1.8 s of CPU): the runtime builds its MCP side on an instance's first
+MCP request (``sandbox_runtime._lazy_mcp``), and most instances never get one; importing it here
+would cost every engine that much for the few instances MCP clients talk to.
 
 The engine talks to its launcher over a ``SOCK_SEQPACKET`` pair (:mod:`local_backend._channel`):
 

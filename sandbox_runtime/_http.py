@@ -2,9 +2,10 @@
 
 No framework sits on the hot path: a request to ``/aenv/v1/call`` is read, parsed with orjson,
 dispatched and answered in a handful of function calls (~0.1 ms of server CPU). Everything under
-``/mcp`` is handed to FastMCP's streamable-HTTP app, so standard MCP clients keep working. The
-MCP app's lifespan (its session manager) starts with the first MCP request, not with the server:
-an instance that is only called on the fast path never pays for it.
+``/mcp`` is handed to FastMCP's streamable-HTTP app, so standard MCP clients keep working. That
+app is built, and its lifespan (its session manager) started, by the first MCP request
+(:mod:`sandbox_runtime._lazy_mcp`), not with the server: an instance that is only called on the
+fast path never imports FastMCP.
 
 Routes (on every port the runtime listens on):
 
@@ -47,14 +48,11 @@ few set lookups per request.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
 import hmac
 import logging
 import math
 import os
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -81,6 +79,7 @@ from sandbox_runtime import _limits
 from sandbox_runtime._budget import ArgumentBudget, TooLargeForMemory
 from sandbox_runtime._dispatch import CallFailed, Dispatcher
 from sandbox_runtime._last_word import Waiting
+from sandbox_runtime._lazy_mcp import LazyMCP, Receive, Scope, Send
 from sandbox_runtime._preview import PreviewRoute
 from sandbox_runtime._runner import WorkerStuckError
 
@@ -88,11 +87,6 @@ __all__ = ["RuntimeApp"]
 
 log = logging.getLogger("sandbox_runtime.http")
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 MAX_BODY = p.MAX_REQUEST_BYTES
 _JSON_HEADERS = [(b"content-type", b"application/json")]
@@ -194,7 +188,7 @@ class RuntimeApp:
     """Route requests to the dispatcher, or to the MCP app for ``/mcp``."""
 
     def __init__(
-        self, dispatcher: Dispatcher, *, mcp_app: ASGIApp | None = None, token: str | None = None
+        self, dispatcher: Dispatcher, *, mcp: LazyMCP | None = None, token: str | None = None
     ) -> None:
         self.dispatcher = dispatcher
         self.budget = ArgumentBudget()
@@ -205,8 +199,8 @@ class RuntimeApp:
         self._good_hosts: set[bytes] = set()
         self._good_types: set[bytes] = {b"application/json"}
         self.set_token(token)
-        self.mcp_app = mcp_app
-        self._mcp_lifespan = _LazyLifespan(mcp_app) if mcp_app is not None else None
+        self.mcp = mcp
+        """The MCP app, built by the first MCP request (None: MCP is off)."""
         registry = dispatcher.registry
         self._tools_payload = orjson.dumps(
             {"tools": [entry.describe() for entry in registry.tools.values()]}
@@ -337,7 +331,7 @@ class RuntimeApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "lifespan":
-            await _lifespan(receive, send, self._mcp_lifespan)
+            await _lifespan(receive, send, self.mcp)
             return
         if kind != "http":
             return
@@ -396,12 +390,21 @@ class RuntimeApp:
         if path == p.FAST_CALL_PATH and method == "POST":
             await self._fast_call(receive, send)
         elif path == p.MCP_PATH or path.startswith(p.MCP_PATH + "/"):
-            if self.mcp_app is None or self._mcp_lifespan is None:
+            if self.mcp is None:
                 off = ConfigurationError("MCP is not enabled on this runtime")
                 await _send_json(send, 404, _error_body(off))
             else:
-                await self._mcp_lifespan.started()
-                await self.mcp_app(scope, receive, send)
+                try:
+                    mcp_app = await self.mcp.app()
+                except Exception as exc:  # the next MCP request tries again
+                    log.exception("the MCP app did not start")
+                    failed = ConfigurationError(
+                        f"this runtime's MCP endpoint did not start ({type(exc).__name__}: "
+                        f"{exc}); the fast path ({p.FAST_CALL_PATH}) still serves the tools"
+                    )
+                    await _send_json(send, 500, _error_body(failed))
+                    return
+                await mcp_app(scope, receive, send)
         elif path == p.FAST_TOOLS_PATH and method == "GET":
             await _send_raw(send, self._tools_bytes())
         elif path == p.FAST_INFO_PATH and method == "GET":
@@ -560,7 +563,7 @@ async def _send_raw(send: Send, body: bytes, status: int = 200) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-async def _lifespan(receive: Receive, send: Send, mcp: _LazyLifespan | None) -> None:
+async def _lifespan(receive: Receive, send: Send, mcp: LazyMCP | None) -> None:
     """The server's lifespan: nothing to start; at shutdown, stop the MCP app if it started."""
     while True:
         message = await receive()
@@ -571,60 +574,3 @@ async def _lifespan(receive: Receive, send: Send, mcp: _LazyLifespan | None) -> 
                 await mcp.shutdown()
             await send({"type": "lifespan.shutdown.complete"})
             return
-
-
-class _LazyLifespan:
-    """Run an ASGI app's lifespan on demand: started by the first caller of :meth:`started`,
-    on the serving loop, and kept running until :meth:`shutdown`."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-        self._startup: asyncio.Future[None] | None = None
-        self._inbox: asyncio.Queue[Message] | None = None
-        self._stopped: asyncio.Event | None = None
-        self._task: asyncio.Task[None] | None = None
-
-    async def started(self) -> None:
-        """Return once the app's startup completed (raise if it failed)."""
-        if self._startup is None:
-            loop = asyncio.get_running_loop()
-            self._startup = loop.create_future()
-            self._inbox = asyncio.Queue()
-            self._inbox.put_nowait({"type": "lifespan.startup"})
-            self._stopped = asyncio.Event()
-            scope = {"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}
-            self._task = loop.create_task(self._run(scope))
-        await asyncio.shield(self._startup)
-
-    async def _run(self, scope: Scope) -> None:
-        inbox, startup, stopped = self._inbox, self._startup, self._stopped
-        assert inbox is not None
-        assert startup is not None
-        assert stopped is not None
-
-        async def send(message: Message) -> None:
-            kind = message["type"]
-            if kind == "lifespan.startup.complete" and not startup.done():
-                startup.set_result(None)
-            elif kind == "lifespan.startup.failed" and not startup.done():
-                failure = message.get("message")
-                startup.set_exception(RuntimeError(f"MCP start-up failed: {failure}"))
-            elif kind.startswith("lifespan.shutdown"):
-                stopped.set()
-
-        try:
-            await self.app(scope, inbox.get, send)
-        except Exception as exc:
-            log.exception("MCP lifespan failed")
-            if not startup.done():
-                startup.set_exception(RuntimeError(f"MCP start-up failed: {exc}"))
-        finally:
-            stopped.set()
-
-    async def shutdown(self) -> None:
-        """Ask a started app to shut down and wait (a few seconds at most)."""
-        if self._task is None or self._inbox is None or self._stopped is None:
-            return
-        self._inbox.put_nowait({"type": "lifespan.shutdown"})
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopped.wait(), 5)

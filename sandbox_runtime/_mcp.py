@@ -7,10 +7,15 @@ error messages of the fast path, and its result passes the same checks
 MCP's JSON parser lets NaN and infinity through, so the arguments are checked for them too. A
 middleware answers calls to unknown tools with our "did you mean" message instead of FastMCP's
 generic one.
+
+Imported by the first MCP request only (:mod:`sandbox_runtime._lazy_mcp`): a runtime only called
+on the fast path never imports FastMCP or the MCP SDK.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 from typing import Any
 
 from fastmcp import FastMCP
@@ -28,6 +33,22 @@ from sandbox_runtime._runner import WorkerStuckError
 __all__ = ["build_mcp_app"]
 
 _CONTENT = TypeAdapter(ContentBlock)
+
+_SERVING_MODULES = (
+    "anyio._backends._asyncio",
+    "anyio.streams.stapled",
+    "anyio.streams.tls",
+    "fastmcp.server.context",
+    "fastmcp.server.elicitation",
+    "fastmcp.server.providers.prefab_payload",
+    "fastmcp.server.providers.prefab_synthesis",
+    "fastmcp.server.transforms.catalog",
+    "key_value.aio.adapters.pydantic",
+    "key_value.aio.stores.memory",
+)
+"""What FastMCP imports lazily while it serves its first requests (found by comparing
+``sys.modules`` before and after a first session): imported with the app, under the build's
+lock, so that a fork of the running instance never catches one half-imported."""
 
 
 def _to_mcp(result: ToolResult) -> MCPToolResult:
@@ -82,6 +103,9 @@ def build_mcp_app(dispatcher: Dispatcher, *, name: str, version: str) -> Any:
     """
     # One schema for every client: the fast path and MCP list the same JSON schema, so FastMCP
     # must not inline `$defs` on its side only.
+    for module in _SERVING_MODULES:
+        with contextlib.suppress(ImportError):  # another FastMCP version: imported when used
+            importlib.import_module(module)
     server = FastMCP(name=name, version=version, dereference_schemas=False)
     server.add_middleware(_UnknownTools(dispatcher))
     for entry in dispatcher.registry.tools.values():

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -40,6 +41,7 @@ from sandbox_runtime import _limits, contain
 from sandbox_runtime._dispatch import STUCK_GRACE, Dispatcher
 from sandbox_runtime._http import RuntimeApp
 from sandbox_runtime._judge import Judge, judge_environment, judge_ignored
+from sandbox_runtime._lazy_mcp import ASGIApp, LazyMCP
 from sandbox_runtime._loader import LoadedProject
 from sandbox_runtime._runner import SyncRunner
 from sandbox_runtime._watchdog import BROKEN_EXIT_CODE, Watchdog
@@ -53,15 +55,10 @@ _MAIN_THREAD_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGALRM}
 
 
 _LAZY_MODULES = (
-    "anyio._backends._asyncio",
-    "anyio.streams.stapled",
-    "anyio.streams.tls",
     "concurrent.futures.thread",
     "encodings.idna",
-    "fastmcp.server.transforms.catalog",
     "httptools",
     "sandbox_runtime._loader",
-    "sandbox_runtime._mcp",
     "uvicorn.lifespan.on",
     "uvicorn.protocols.http.flow_control",
     "uvicorn.protocols.http.httptools_impl",
@@ -74,6 +71,8 @@ def warm_imports() -> None:
 
     A template process calls this before it forks: a child must never start with a module
     half-imported by a thread that does not exist in it (its import lock would stay held).
+    The fast path's modules only: FastMCP and what it imports while serving are imported by
+    the first MCP request (:mod:`sandbox_runtime._lazy_mcp`, under a lock ``os.fork`` takes).
     """
     import importlib
 
@@ -150,13 +149,11 @@ class RuntimeServer:
             debug=debug,
             watchdog=self.watchdog,
         )
-        mcp_app = None
-        if enable_mcp:
-            from sandbox_runtime._mcp import build_mcp_app
-
+        mcp = None
+        if enable_mcp:  # built by the first MCP request: FastMCP is not imported before
             env = project.config
-            mcp_app = build_mcp_app(self.dispatcher, name=env.name, version=env.version)
-        self.app = RuntimeApp(self.dispatcher, mcp_app=mcp_app, token=token)
+            mcp = LazyMCP(functools.partial(_build_mcp, self.dispatcher, env.name, env.version))
+        self.app = RuntimeApp(self.dispatcher, mcp=mcp, token=token)
         if token_sha256 is not None:
             self.app.set_token_sha256(token_sha256)
         self.ready = threading.Event()  # set once the HTTP server serves
@@ -332,6 +329,13 @@ class RuntimeServer:
                 loop.call_soon_threadsafe(server.request_exit)
         if self._loop_thread is not None:
             self._loop_thread.join(timeout=5)
+
+
+def _build_mcp(dispatcher: Dispatcher, name: str, version: str) -> ASGIApp:
+    from sandbox_runtime._mcp import build_mcp_app  # FastMCP: ~1.5 s of CPU to import
+
+    app: ASGIApp = build_mcp_app(dispatcher, name=name, version=version)
+    return app
 
 
 def _loop_setting() -> str:

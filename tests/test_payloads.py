@@ -25,6 +25,7 @@ from aenv_ray.testing import RuntimeProcess
 UNRULY = Path(__file__).resolve().parent / "envs" / "unruly"
 JSON = {"content-type": "application/json"}
 MCP = {**JSON, "accept": "application/json, text/event-stream"}
+MCP_TIMEOUT = 60.0  # seconds: what an MCP SDK client allows (the official ones: 30 to 60 s)
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +148,8 @@ def _mcp_call(url: str, arguments: bytes) -> dict[str, Any]:
         b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": '
         b'{"name": "takes_anything", "arguments": ' + arguments + b"}}"
     )
-    answer = httpx.post(url, content=body, headers=MCP)
+    # the runtime's first MCP request builds its MCP side (~2 s of CPU): a client waits for it
+    answer = httpx.post(url, content=body, headers=MCP, timeout=MCP_TIMEOUT)
     assert answer.status_code == 200
     data = next(line for line in answer.text.splitlines() if line.startswith("data:"))
     return orjson.loads(data[5:])["result"]  # type: ignore[no-any-return]
@@ -176,7 +178,7 @@ def test_mcp_results_are_checked_like_the_fast_paths(unruly: RuntimeProcess) -> 
         b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": '
         b'{"name": "not_a_number", "arguments": {"kind": "nan"}}}'
     )
-    answer = httpx.post(unruly.mcp_url, content=body, headers=MCP)
+    answer = httpx.post(unruly.mcp_url, content=body, headers=MCP, timeout=MCP_TIMEOUT)
     data = next(line for line in answer.text.splitlines() if line.startswith("data:"))
     result = orjson.loads(data[5:])["result"]
     assert result["isError"] is True
