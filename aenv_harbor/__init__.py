@@ -11,7 +11,8 @@ runs each trial in an instance of the ``harbor-box@1.0.0`` project this package 
     >>> parse_dockerfile("FROM python:3.13\\nWORKDIR /app").workdir
     '/app'
 
-May import: aenv_ray, the standard library; lazily, inside functions: harbor, aenv_harbor.environment.
+May import: aenv_ray, the standard library; lazily, inside functions: harbor,
+aenv_harbor.environment.
 Must not import: local_backend, k8s_backend, envhub, rollout, sandbox_runtime, aenv_cli.
 """
 

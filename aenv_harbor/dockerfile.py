@@ -23,7 +23,8 @@ instruction        becomes
 
 Anything else is refused with :class:`UnmappableTaskError` naming the line and why.
 
-    >>> plan = parse_dockerfile("FROM ubuntu:24.04\\nWORKDIR /app\\nENV GREETING=hi\\nRUN echo $GREETING")
+    >>> text = "FROM ubuntu:24.04\\nWORKDIR /app\\nENV GREETING=hi\\nRUN echo $GREETING"
+    >>> plan = parse_dockerfile(text)
     >>> plan.base, plan.workdir, plan.env, [step.argument for step in plan.steps]
     ('ubuntu:24.04', '/app', {'GREETING': 'hi'}, ['echo $GREETING'])
 
@@ -40,7 +41,10 @@ from dataclasses import dataclass, field
 
 from aenv_ray.errors import ConfigurationError
 
-__all__ = ["DockerPlan", "Step", "UnmappableTaskError", "parse_dockerfile"]
+__all__ = ["DEFAULT_PATH", "DockerPlan", "Step", "UnmappableTaskError", "parse_dockerfile"]
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+"""``PATH`` in the box unless an ``ENV`` sets it (as in Docker images); ``$PATH`` expands to it."""
 
 IGNORED = frozenset(
     {"CMD", "ENTRYPOINT", "EXPOSE", "LABEL", "VOLUME", "STOPSIGNAL", "MAINTAINER", "HEALTHCHECK"}
@@ -142,7 +146,7 @@ def parse_dockerfile(text: str, *, where: str = "Dockerfile") -> DockerPlan:
         keyword, _, argument = instruction.partition(" ")
         keyword = keyword.upper()
         argument = argument.strip()
-        variables = {**build_args, **plan.env}
+        variables = {"PATH": DEFAULT_PATH, **build_args, **plan.env}
         if keyword == "FROM":
             if plan.base is not None:
                 raise refuse(
@@ -208,9 +212,7 @@ def _copy(
 ) -> Step:
     assert callable(refuse)
     try:
-        words = (
-            json.loads(argument) if argument.startswith("[") else shlex.split(argument)
-        )
+        words = json.loads(argument) if argument.startswith("[") else shlex.split(argument)
     except ValueError:
         raise refuse(line, f"{keyword} `{argument}` cannot be read") from None
     chmod = None
@@ -235,7 +237,9 @@ def _copy(
         if "://" in source:
             raise refuse(line, f"{keyword} {source}: the instance has no network to fetch it")
         if keyword == "ADD" and source.endswith((".tar", ".tar.gz", ".tgz", ".tar.xz", ".tar.bz2")):
-            raise refuse(line, f"ADD {source}: unpacking archives is not mapped; use COPY and RUN tar")
+            raise refuse(
+                line, f"ADD {source}: unpacking archives is not mapped; use COPY and RUN tar"
+            )
         normal = posixpath.normpath(source)
         if normal.startswith("..") or posixpath.isabs(normal):
             raise refuse(line, f"{keyword} {source}: outside the task's environment/ directory")

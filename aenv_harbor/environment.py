@@ -19,25 +19,29 @@ import os
 import shlex
 import tarfile
 import uuid
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.models.task.config import NetworkMode, TaskOS
 
+from aenv_harbor.dockerfile import (
+    DEFAULT_PATH,
+    DockerPlan,
+    UnmappableTaskError,
+    parse_dockerfile,
+)
 from aenv_ray import Environment
 from aenv_ray.engine import SandboxEngine, new_engine
-from aenv_ray.settings import get_settings
 from aenv_ray.errors import AEnvError
-from aenv_harbor.dockerfile import DockerPlan, UnmappableTaskError, parse_dockerfile
+from aenv_ray.settings import get_settings
 
 __all__ = ["AenvRayEnvironment", "CommandTimeoutError", "TaskBuildError"]
 
 BOX = "harbor-box@1.0.0"
 BOX_DIR = Path(__file__).resolve().parent / "box"
 CHUNK = 6 << 20  # raw bytes per call (base64 makes 8 MiB, under the runtime's request limit)
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NO_LIMIT = 86400.0  # a day: the most a call may take
 _engines: dict[str, SandboxEngine] = {}
 
@@ -50,6 +54,31 @@ class CommandTimeoutError(AEnvError, RuntimeError):
 class TaskBuildError(UnmappableTaskError):
     """A ``RUN`` line (or a ``COPY``) of the task's Dockerfile failed in the instance at
     ``start``: the message names the line and what it printed."""
+
+
+def _pack(members: list[tuple[Path, str]], *, recursive: bool = True) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for path, name in members:
+            archive.add(path, arcname=name, recursive=recursive)
+    return buffer.getvalue()
+
+
+def _write_member(data: bytes, name: str, target: Path, source: str) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+        member = archive.getmember(name)
+        if not member.isfile():
+            raise IsADirectoryError(f"{source} in the instance is not a file")
+        extracted = archive.extractfile(member)
+        assert extracted is not None
+        target.write_bytes(extracted.read())
+
+
+def _extract(data: bytes, target: Path) -> None:
+    target.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+        archive.extractall(target, filter="data")
 
 
 def _engine(name: str) -> SandboxEngine:
@@ -86,8 +115,10 @@ class AenvRayEnvironment(BaseEnvironment):
         return EnvironmentCapabilities(disable_internet=True)
 
     def _validate_definition(self) -> None:
-        """Map the task's Dockerfile now, so what cannot be mapped is refused before any
-        instance starts."""
+        """Check that the task has a Dockerfile and nothing this provider cannot run (as
+        Harbor's Docker provider checks its files here). The Dockerfile is mapped at
+        :meth:`start`, so a line that cannot be mapped fails that trial, before its instance
+        starts, rather than the whole job."""
         env_dir = Path(self.environment_dir)
         for name in ("docker-compose.yaml", "docker-compose.yml", "compose.yaml"):
             if (env_dir / name).exists():
@@ -109,7 +140,6 @@ class AenvRayEnvironment(BaseEnvironment):
                     else ""
                 )
             )
-        self._plan = parse_dockerfile(dockerfile.read_text(), where=str(dockerfile))
 
     @property
     def plan(self) -> DockerPlan:
@@ -125,6 +155,9 @@ class AenvRayEnvironment(BaseEnvironment):
     async def start(self, force_build: bool) -> None:
         """Create the instance and replay the Dockerfile's steps (``force_build`` changes
         nothing: nothing is cached between trials but the engine's warm template)."""
+        dockerfile = Path(self.environment_dir) / "Dockerfile"
+        text = await asyncio.to_thread(dockerfile.read_text)
+        self._plan = parse_dockerfile(text, where=str(dockerfile))
         settings = get_settings()
         env_path = os.pathsep.join(filter(None, [str(BOX_DIR), settings.env_path]))
         environment = Environment(
@@ -153,12 +186,18 @@ class AenvRayEnvironment(BaseEnvironment):
                 if not local.exists():
                     raise TaskBuildError(f"{where}: COPY {source}: no such file in environment/")
                 target = step.argument
-                if local.is_dir():
-                    await self.upload_dir(local, target)
-                else:
-                    if target.endswith("/") or len(step.sources) > 1:
-                        target = target.rstrip("/") + "/" + local.name
-                    await self.upload_file(local, target)
+                try:
+                    if local.is_dir():
+                        await self.upload_dir(local, target)
+                    else:
+                        if target.endswith("/") or len(step.sources) > 1:
+                            target = target.rstrip("/") + "/" + local.name
+                        await self.upload_file(local, target)
+                except AEnvError as exc:
+                    raise TaskBuildError(
+                        f"{where}: COPY {source} {step.argument}: {exc} (the instance's /usr and "
+                        "/etc are read-only in the box)"
+                    ) from exc
                 if step.chmod:
                     await self.exec(f"chmod -R {step.chmod} {shlex.quote(target)}", user="root")
             return
@@ -178,7 +217,7 @@ class AenvRayEnvironment(BaseEnvironment):
             await environment.release()
 
     def _network_off(self) -> bool:
-        return self._network_policy.network_mode != NetworkMode.PUBLIC
+        return bool(self._network_policy.network_mode != NetworkMode.PUBLIC)
 
     async def _exec_box(
         self,
@@ -290,46 +329,31 @@ class AenvRayEnvironment(BaseEnvironment):
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         """Copy a local file to ``target_path`` in the box (its directory made; an existing
         file replaced), as ``docker cp`` does."""
-        source = Path(source_path)
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as archive:
-            archive.add(source, arcname=Path(target_path).name, recursive=False)
-        await self._untar(buffer.getvalue(), str(Path(target_path).parent))
+        name = PurePosixPath(target_path).name
+        data = await asyncio.to_thread(_pack, [(Path(source_path), name)], recursive=False)
+        await self._untar(data, str(PurePosixPath(target_path).parent))
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
         """Copy a local directory's contents into ``target_dir`` in the box (made if needed;
         files there are replaced, others kept), as ``docker cp DIR/. :TARGET`` does."""
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as archive:
-            for child in sorted(Path(source_dir).iterdir()):
-                archive.add(child, arcname=child.name)
-        await self._untar(buffer.getvalue(), target_dir)
+        children = await asyncio.to_thread(lambda: sorted(Path(source_dir).iterdir()))
+        data = await asyncio.to_thread(_pack, [(child, child.name) for child in children])
+        await self._untar(data, target_dir)
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
         """Copy a file of the box to a local path (its directory made)."""
-        path = Path(source_path)
+        path = PurePosixPath(source_path)
         data = await self._tar(
             f"tar -cf - -C {shlex.quote(str(path.parent))} {shlex.quote(path.name)}",
             source_path,
         )
-        target = Path(target_path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(fileobj=io.BytesIO(data)) as archive:
-            member = archive.getmember(path.name)
-            if not member.isfile():
-                raise IsADirectoryError(f"{source_path} in the instance is not a file")
-            extracted = archive.extractfile(member)
-            assert extracted is not None
-            target.write_bytes(extracted.read())
+        await asyncio.to_thread(_write_member, data, path.name, Path(target_path), source_path)
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
         """Copy a directory of the box into a local one (made; files replaced), as ``docker cp
         :SOURCE/. DIR`` does."""
         data = await self._tar(f"tar -cf - -C {shlex.quote(source_dir)} .", source_dir)
-        target = Path(target_dir)
-        target.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(fileobj=io.BytesIO(data)) as archive:
-            archive.extractall(target, filter="data")
+        await asyncio.to_thread(_extract, data, Path(target_dir))
 
     async def fork_rollouts(self, n: int) -> list[AenvRayEnvironment]:
         """``n`` started environments whose boxes equal this one's now (files, and what runs

@@ -24,6 +24,7 @@ Functions (called by :mod:`aenv_harbor`'s provider, never by an agent):
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import shutil
 import signal
@@ -35,7 +36,7 @@ from aenv_ray import register_function
 
 HERE = Path(__file__).resolve().parent
 ENTER = HERE / "enter.sh"
-SYSTEM = ("usr", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "opt")
+SYSTEM = ("usr", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 MAX_CHUNK = 8 << 20
 _lock = threading.Lock()
 _ready: list[Path] = []
@@ -95,10 +96,8 @@ def _chroot() -> str:
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 @register_function(timeout=86400.0)
