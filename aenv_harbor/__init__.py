@@ -1,4 +1,8 @@
-"""aenv-ray as a Harbor environment provider: Harbor's tasks in aenv-ray instances.
+"""aenv_harbor: aenv-ray as a Harbor environment provider, Harbor's tasks in aenv-ray instances.
+
+Owns the provider (:class:`AenvRayEnvironment`, in ``aenv_harbor.environment``), the mapping of
+a task's Dockerfile (``aenv_harbor.dockerfile``) and the ``harbor-box`` project its instances
+serve (``aenv_harbor/box``). It composes engines by name only, through ``aenv_ray``.
 
 ``harbor run -p TASK_DIR -a oracle --env aenv_harbor:AenvRayEnvironment`` (``--ek
 engine=kubernetes`` for another engine, by the names ``aenv_ray.engine.new_engine`` knows)
@@ -11,31 +15,34 @@ runs each trial in an instance of the ``harbor-box@1.0.0`` project this package 
     >>> parse_dockerfile("FROM python:3.13\\nWORKDIR /app").workdir
     '/app'
 
-May import: aenv_ray, the standard library; lazily, inside functions: harbor,
-aenv_harbor.environment.
+May import: aenv_ray, the standard library; lazily, inside functions: harbor.
 Must not import: local_backend, k8s_backend, envhub, rollout, sandbox_runtime, aenv_cli.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["AenvRayEnvironment", "CommandTimeoutError", "TaskBuildError", "UnmappableTaskError"]
+from aenv_harbor.dockerfile import DockerPlan, UnmappableTaskError, parse_dockerfile
+
+if TYPE_CHECKING:
+    from aenv_harbor.environment import AenvRayEnvironment as AenvRayEnvironment
+    from aenv_harbor.environment import CommandTimeoutError as CommandTimeoutError
+    from aenv_harbor.environment import TaskBuildError as TaskBuildError
+
+# The provider's names load Harbor (Python 3.12+) when first named, as Harbor's
+# `--env aenv_harbor:AenvRayEnvironment` does: they are not in __all__, whose names import
+# without Harbor.
+__all__ = ["DockerPlan", "UnmappableTaskError", "parse_dockerfile"]
 
 _HARBOR = ("AenvRayEnvironment", "CommandTimeoutError", "TaskBuildError")
 
 
 def __getattr__(name: str) -> Any:
-    """The provider loads Harbor when first named (``aenv_harbor:AenvRayEnvironment``)."""
+    """``AenvRayEnvironment``, ``CommandTimeoutError`` and ``TaskBuildError``, from
+    ``aenv_harbor.environment`` (which needs the ``harbor`` extra)."""
     if name in _HARBOR:
-        from aenv_ray.extras import require_extra
-
-        require_extra("harbor", "aenv_harbor's Harbor provider (Python 3.12+)")
         from aenv_harbor import environment
 
         return getattr(environment, name)
-    if name == "UnmappableTaskError":
-        from aenv_harbor.dockerfile import UnmappableTaskError
-
-        return UnmappableTaskError
     raise AttributeError(f"module 'aenv_harbor' has no attribute {name!r}")

@@ -7,7 +7,7 @@ aenv-ray (``local``, ``daemon``, ``kubernetes``). The task's ``environment/Docke
 mapped by :mod:`aenv_harbor.dockerfile`; what cannot be mapped is refused before an instance
 starts (:class:`~aenv_harbor.dockerfile.UnmappableTaskError`).
 
-May import: aenv_ray, harbor, the standard library.
+May import: aenv_ray, harbor, the standard library (after ``require_extra("harbor")``).
 """
 
 from __future__ import annotations
@@ -22,20 +22,24 @@ import uuid
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from harbor.environments.base import BaseEnvironment, ExecResult
-from harbor.environments.capabilities import EnvironmentCapabilities
-from harbor.models.task.config import NetworkMode, TaskOS
+from aenv_ray.extras import require_extra
 
-from aenv_harbor.dockerfile import (
+require_extra("harbor", "aenv_harbor's Harbor provider (Python 3.12+)")
+
+from harbor.environments.base import BaseEnvironment, ExecResult  # noqa: E402
+from harbor.environments.capabilities import EnvironmentCapabilities  # noqa: E402
+from harbor.models.task.config import NetworkMode, TaskOS  # noqa: E402
+
+from aenv_harbor.dockerfile import (  # noqa: E402
     DEFAULT_PATH,
     DockerPlan,
     UnmappableTaskError,
     parse_dockerfile,
 )
-from aenv_ray import Environment
-from aenv_ray.engine import SandboxEngine, new_engine
-from aenv_ray.errors import AEnvError
-from aenv_ray.settings import get_settings
+from aenv_ray import Environment  # noqa: E402
+from aenv_ray.engine import SandboxEngine, new_engine  # noqa: E402
+from aenv_ray.errors import AEnvError  # noqa: E402
+from aenv_ray.settings import get_settings  # noqa: E402
 
 __all__ = ["AenvRayEnvironment", "CommandTimeoutError", "TaskBuildError"]
 
