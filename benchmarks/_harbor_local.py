@@ -3,11 +3,13 @@
 ``LocalProcessEnvironment`` gives each trial a root directory on this machine (the host's
 ``/usr``, ``/etc``, ``/bin``... bound into it at each command, everything else a private
 directory) and runs each command as ``unshare --mount`` + ``chroot`` + ``bash -c``: no
-instance, no runtime, no engine, no isolation beyond the chroot. Files are copied straight
-into and out of the root directory. It needs root (``unshare``, ``mount``, ``chroot``) and
+instance, no runtime, no engine, no isolation beyond the chroot. The Dockerfile is mapped as
+aenv-ray maps it (``aenv_harbor.dockerfile``: ``WORKDIR``, ``ENV``, ``RUN`` at start; ``COPY``
+is left out: the benchmark's task has none). Files are copied straight into and out of the
+root directory. It needs root (``unshare``, ``mount``, ``chroot``) and
 Harbor (Python 3.12+); it is a yardstick, never a way to run untrusted agents.
 
-May import: harbor, the standard library.
+May import: harbor, aenv_harbor.dockerfile, the standard library.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from typing import Any
 from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
 
+from aenv_harbor.dockerfile import DEFAULT_PATH, DockerPlan, parse_dockerfile
+
 SYSTEM = ("usr", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "dev", "proc")
-PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class LocalProcessEnvironment(BaseEnvironment):
@@ -32,7 +35,7 @@ class LocalProcessEnvironment(BaseEnvironment):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._root: Path | None = None
-        self._workdir = "/"
+        self._plan = DockerPlan()
         super().__init__(*args, **kwargs)
 
     @staticmethod
@@ -45,9 +48,7 @@ class LocalProcessEnvironment(BaseEnvironment):
 
     def _validate_definition(self) -> None:
         dockerfile = Path(self.environment_dir) / "Dockerfile"
-        for line in dockerfile.read_text().splitlines():
-            if line.upper().startswith("WORKDIR"):
-                self._workdir = line.split(None, 1)[1].strip()
+        self._plan = parse_dockerfile(dockerfile.read_text(), where=str(dockerfile))
 
     def _inside(self, path: str) -> Path:
         assert self._root is not None
@@ -61,9 +62,14 @@ class LocalProcessEnvironment(BaseEnvironment):
                 (root / name).symlink_to(os.readlink(source))
             elif source.is_dir():
                 (root / name).mkdir()
-        for name in ("tmp", "root", self._workdir.lstrip("/")):
+        for name in ("tmp", "root", self._plan.workdir.lstrip("/")):
             (root / name).mkdir(parents=True, exist_ok=True)
         self._root = root
+        for step in self._plan.steps:
+            if step.kind == "run":
+                done = await self.exec(step.argument, cwd=step.workdir)
+                if done.return_code != 0:
+                    raise RuntimeError(f"RUN {step.argument}: {done.stderr}")
         await self.ensure_dirs(self._mount_targets(writable_only=True))
 
     async def stop(self, delete: bool) -> None:
@@ -86,7 +92,12 @@ class LocalProcessEnvironment(BaseEnvironment):
             for name in SYSTEM
             if (self._root / name).is_dir() and not (self._root / name).is_symlink()
         )
-        variables = {"PATH": PATH, "HOME": "/root", **(self._merge_env(env) or {})}
+        variables = {
+            "PATH": DEFAULT_PATH,
+            "HOME": "/root",
+            **self._plan.env,
+            **(self._merge_env(env) or {}),
+        }
         inner = shlex.join(
             [
                 "/usr/sbin/chroot",
@@ -96,7 +107,7 @@ class LocalProcessEnvironment(BaseEnvironment):
                 *(f"{k}={v}" for k, v in variables.items()),
                 "/bin/bash",
                 "-c",
-                f"cd {shlex.quote(cwd or self._workdir)} && {command}",
+                f"cd {shlex.quote(cwd or self._plan.workdir)} && {command}",
             ]
         )
         proc = await asyncio.create_subprocess_exec(
