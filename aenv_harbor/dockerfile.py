@@ -243,7 +243,7 @@ def _copy(
         normal = posixpath.normpath(source)
         if normal.startswith("..") or posixpath.isabs(normal):
             raise refuse(line, f"{keyword} {source}: outside the task's environment/ directory")
-    if not posixpath.isabs(target):
-        keep_slash = target.endswith("/")
-        target = posixpath.join(plan.workdir, target) + ("/" if keep_slash else "")
+    keep_slash = target.endswith(("/", "/.")) or target == "."  # a directory, as Docker reads it
+    target = posixpath.normpath(posixpath.join(plan.workdir, target))
+    target += "/" if keep_slash and target != "/" else ""
     return Step("copy", target, line, tuple(sources), chmod, plan.workdir, dict(plan.env))
