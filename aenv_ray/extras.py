@@ -14,6 +14,7 @@ extra           brings                                             for
 ``redis``       redis (and ``hub``)                                EnvHub's ``redis://`` store
 ``parquet``     pyarrow                                            Parquet trajectories
 ``builtins``    pytest                                             terminal-bench's graded tests
+``harbor``      harbor (Python 3.12+)                              ``aenv_harbor`` (Harbor tasks)
 ``all``         every extra above                                  ``scripts/setup``
 ==============  =================================================  ==============================
 
@@ -50,6 +51,7 @@ EXTRAS: Mapping[str, tuple[str, ...]] = {
     "redis": ("fastapi", "cryptography", "redis"),
     "parquet": ("pyarrow",),
     "builtins": ("pytest",),
+    "harbor": ("harbor",),
 }
 """The top-level modules each extra installs (the ones its users import), by extra."""
 

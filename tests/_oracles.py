@@ -41,10 +41,14 @@ class Oracle:
     packages: tuple[str, ...]
     env_variable: str  # names an interpreter to use instead (an oracle installed elsewhere)
     python: tuple[int, int] | None = None  # the Python it needs at least, when newer than ours
+    checkout: bool = False  # and aenv-ray from this checkout (editable, with its dependencies)
 
     @property
     def key(self) -> str:
-        spec = json.dumps([self.no_deps, self.packages, sys.version_info[:2], self.python])
+        parts: list[object] = [self.no_deps, self.packages, sys.version_info[:2], self.python]
+        if self.checkout:
+            parts.append(str(ROOT))
+        spec = json.dumps(parts)
         return f"{self.name}-{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
 
 
@@ -128,9 +132,12 @@ def _install(oracle: Oracle, target: Path) -> None:
             raise RuntimeError(f"{oracle.name} needs Python {interpreter}, and there is no uv")
         _run([interpreter, "-m", "venv", str(target)])
         pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    _run([*pip, "--no-deps", *oracle.no_deps])
+    if oracle.no_deps:
+        _run([*pip, "--no-deps", *oracle.no_deps])
     if oracle.packages:
         _run([*pip, *oracle.packages])
+    if oracle.checkout:
+        _run([*pip, "-e", str(ROOT)])
 
 
 def ensure_oracle(oracle: Oracle) -> Path:
@@ -265,7 +272,19 @@ OPENENV = Oracle(
     env_variable="AENV_OPENENV_ORACLE_PYTHON",
 )
 
-ORACLES = (TAU2, SWEBENCH, TERMINAL_BENCH, AENVIRONMENT, TRL, OPENENV)
+# Harbor (the Terminal-Bench 2 framework) with its dependencies, and aenv-ray from this checkout:
+# `harbor run --env aenv_harbor:AenvRayEnvironment` (tests/test_harbor.py); Python 3.12+
+HARBOR = Oracle(
+    name="harbor",
+    no_deps=(),
+    packages=("harbor==0.25.0",),
+    env_variable="AENV_HARBOR_ORACLE_PYTHON",
+    python=(3, 12),
+    checkout=True,
+)
+
+ORACLES = (TAU2, SWEBENCH, TERMINAL_BENCH, AENVIRONMENT, TRL, OPENENV, HARBOR)
+
 TAU2_DRIVER = ROOT / "tests" / "tau2_golden" / "oracle_driver.py"
 
 

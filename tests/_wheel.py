@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = (
     "aenv",
     "aenv_cli",
+    "aenv_harbor",
     "aenv_openenv",
     "aenv_ray",
     "builtin_envs",

@@ -263,6 +263,7 @@ FILE_LANES: dict[str, str] = {
             "test_envref.py",
             "test_errors.py",
             "test_hub_limits.py",
+            "test_harbor_dockerfile.py",
             "test_hub_names.py",
             "test_k8s_manifests.py",
             "test_k8s_templates.py",
@@ -279,6 +280,7 @@ FILE_LANES: dict[str, str] = {
     **dict.fromkeys(
         (
             "test_aenv_oracle.py",
+            "test_harbor.py",
             "test_openenv.py",
             "test_swe_env.py",
             "test_swe_grading.py",

@@ -51,6 +51,9 @@ the imports and the local engine's templates are paid once; a block that starts 
       ``AENV_ENV_PATH``, and OpenEnv's virtual environment in ``OPENENV_VENV``.
     - ``pytest``: the block is a test module: run by pytest (``asyncio_mode=auto``, as this
       repository's tests), which must pass at least one test.
+    - ``harbor-venv``: the block runs with the Python of Harbor's own virtual environment
+      (tests/_oracles.py ``HARBOR``: Python 3.12, ``harbor==0.25.0``, aenv-ray from this
+      checkout), first on ``PATH``; skipped where it cannot be installed (ecosystem.md).
     - ``continues``: the block goes on from the previous Python block of its page, in the same
       process and under its set-ups: a page that builds a pool once and uses it in later
       sections (rollout.md), or one Ray shared by sections that each need one (rollout.md's
@@ -86,8 +89,8 @@ from aenv_ray.testing import RuntimeProcess
 from tests._chat_server import AgentModel, ChatServer
 from tests._cli import aenv as run_cli
 from tests._hub import HubProcess, new_key
-from tests._oracles import TRL, oracle_python
 from tests._openenv import OpenEnvServe
+from tests._oracles import HARBOR, TRL, oracle_python
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
@@ -386,6 +389,13 @@ def pytest_module(ctx: Context) -> None:
     ctx.pytest = True
 
 
+def harbor_venv(ctx: Context) -> None:
+    # Harbor (Python 3.12+) in its own virtual environment, with aenv-ray from this checkout
+    ctx.python = str(oracle_python(HARBOR))
+    ctx.env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # Harbor's litellm: no fetch at import
+    ctx.env["PATH"] = f"{Path(ctx.python).parent}{os.pathsep}{ctx.env.get('PATH', '')}"
+
+
 def continues(ctx: Context) -> None:
     raise AssertionError("`continues` joins the previous block's session; it sets nothing up")
 
@@ -396,6 +406,7 @@ SETUPS: dict[str, Callable[[Context], None]] = {
     "continues": continues,
     "guess-project": guess_project,
     "guess-served": guess_served,
+    "harbor-venv": harbor_venv,
     "hub-notes": hub_notes,
     "mini-terminal-served": mini_terminal_served,
     "notes-project": notes_project,
@@ -633,7 +644,7 @@ def _python_file_check(ctx_tmp: Path, block: Block) -> Outcome:
 
 # set-ups that run an original's own package (a trainer, OpenEnv) in its virtual environment:
 # the `oracle` lane's
-ORACLE_SETUPS = frozenset({"trl-venv", "openenv-python", "openenv-counter"})
+ORACLE_SETUPS = frozenset({"trl-venv", "openenv-python", "openenv-counter", "harbor-venv"})
 
 
 def _param(block: Block) -> object:
