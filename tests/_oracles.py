@@ -41,15 +41,39 @@ class Oracle:
     packages: tuple[str, ...]
     env_variable: str  # names an interpreter to use instead (an oracle installed elsewhere)
     python: tuple[int, int] | None = None  # the Python it needs at least, when newer than ours
-    checkout: bool = False  # and aenv-ray from this checkout (editable, with its dependencies)
+    checkout: bool = False  # and aenv-ray, run from the checkout at hand (see CHECKOUT_VARIABLE)
+    checkout_extras: tuple[str, ...] = ()  # aenv-ray's extras it needs there
 
     @property
     def key(self) -> str:
         parts: list[object] = [self.no_deps, self.packages, sys.version_info[:2], self.python]
         if self.checkout:
-            parts.append(str(ROOT))
+            parts += [self.checkout_extras, _declared()]
         spec = json.dumps(parts)
         return f"{self.name}-{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
+
+
+CHECKOUT_VARIABLE = "AENVRAY_ORACLE_CHECKOUT"
+"""The checkout an oracle venv with ``checkout=True`` runs aenv-ray from. Such a venv is made
+once per machine, not once per clone (CI clones afresh; a trainer's venv takes minutes): it
+holds aenv-ray's dependencies and entry points (an editable install of the checkout that made
+it), and a ``.pth`` line that puts this variable's directory first on ``sys.path``. This module
+sets it to its own checkout, so every process a test starts runs the code under test."""
+os.environ[CHECKOUT_VARIABLE] = str(ROOT)
+
+_CHECKOUT_PTH = (
+    "import os, sys; p = os.environ.get('AENVRAY_ORACLE_CHECKOUT'); p and sys.path.insert(0, p)\n"
+)
+
+
+def _declared() -> str:
+    """A digest of what an install of aenv-ray brings (dependencies, extras, entry points):
+    a venv with the checkout is made again when that changes, not when the code does."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = {k: project.get(k) for k in ("dependencies", "optional-dependencies", "entry-points")}
+    return hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:12]
 
 
 # tau2-bench as NVIDIA packages it (the data's README): the evaluator, the registry, the agent's
@@ -137,7 +161,13 @@ def _install(oracle: Oracle, target: Path) -> None:
     if oracle.packages:
         _run([*pip, *oracle.packages])
     if oracle.checkout:
-        _run([*pip, "-e", str(ROOT)])
+        extras = f"[{','.join(oracle.checkout_extras)}]" if oracle.checkout_extras else ""
+        _run([*pip, "-e", f"{ROOT}{extras}"])
+        where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+        purelib = subprocess.run(
+            [str(python), "-c", where], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        (Path(purelib) / "aenv_oracle_checkout.pth").write_text(_CHECKOUT_PTH)
 
 
 def ensure_oracle(oracle: Oracle) -> Path:
@@ -235,8 +265,8 @@ AENVIRONMENT = Oracle(
 
 # TRL's GRPOTrainer (tests/test_trl_oracle.py, docs/training.md's TRL example): trl without its
 # dependency list, then what its trainer imports; torch pinned to the CPU build on this disk (a
-# bare `torch` is a CUDA build of several GB); aenv-ray itself from this checkout (editable, with
-# the `ray` extra `rollout` needs), so the venv runs this checkout's adapter.
+# bare `torch` is a CUDA build of several GB); aenv-ray with the `ray` extra `rollout` needs, run
+# from the checkout under test (CHECKOUT_VARIABLE), so the venv runs this checkout's adapter.
 TRL = Oracle(
     name="trl",
     no_deps=("trl==1.16.0",),
@@ -246,10 +276,10 @@ TRL = Oracle(
         "accelerate==1.16.0",
         "datasets==5.2.0",
         "tokenizers==0.23.3",
-        "--editable",
-        f"{ROOT}[ray]",
     ),
     env_variable="AENV_TRL_ORACLE_PYTHON",
+    checkout=True,
+    checkout_extras=("ray",),
 )
 
 # OpenEnv (its PyPI package openenv 0.10.0): GenericEnvClient, MCPToolClient and the server an

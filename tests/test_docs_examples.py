@@ -365,6 +365,8 @@ def chat_stand_in(ctx: Context) -> None:
 
 def trl_venv(ctx: Context) -> None:
     ctx.python = str(oracle_python(TRL))
+
+
 def openenv_python(ctx: Context) -> None:
     from tests._oracles import OPENENV, oracle_python
 
