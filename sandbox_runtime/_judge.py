@@ -19,7 +19,11 @@ all episode (module globals, patched builtins, a planted ``os.environ``). Instea
    ``deployConfig.env`` sets them), and a **copy of the workspace** as its working directory
    (``AENV_WORKSPACE``): regular files, directories and links only; FIFOs, sockets and device
    nodes are left out (``removed``), links whose target resolves outside the copy are removed
-   (``links_out``), absolute links into the workspace point into the copy.
+   (``links_out``), absolute links into the workspace point into the copy; holes of sparse
+   files stay holes, and past :class:`WorkspaceLimits` the copy stops and the episode is graded
+   0 with the limit named (``over_limit``: the agent's failure, never the judge's). Then a
+   fresh ``/tmp``, ``/var/tmp`` and ``/dev/shm`` (:func:`fresh_scratch_places`: a user and
+   mount namespace of its own; where the host refuses, ``fresh_refused`` says so).
 4. the reward runs there, validated against its own signature, and its value comes back as JSON
    on a pipe only the judge writes; the seed removes the judge's directory once it ended, and
    what the judge started ends with the call: the seed is a child subreaper, and kills every
