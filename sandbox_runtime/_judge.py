@@ -426,21 +426,36 @@ def _mount(source: str | None, target: str, kind: str | None, flags: int, data: 
         raise OSError(code, f"mount {source or kind or ''} on {target}: {os.strerror(code)}")
 
 
-def _kept_under_places(scratch: str, project: str) -> list[tuple[str, str]]:
+def _kept_under_places(scratch: str, project: str, workspace: str) -> list[tuple[str, str]]:
     """What a judge's fresh places must still show of the ones they cover: ``(mode, path)``
-    for its scratch (``rw``), the project and the directories Python imports from (``ro``),
-    those that lie in one of :data:`AGENT_PLACES` (resolved; directories that exist), outer
-    paths first. Nothing the agent wrote: the scratch is the judge's, made after the agent's
-    processes ended; the project and Python are the image's."""
-    wanted = [("rw", scratch)]
-    wanted += [("ro", p) for p in (project, sys.prefix, sys.base_prefix, *sys.path) if p]
+    for its scratch (``rw``), the project and the directories Python imports from (``ro``;
+    none in the agent's ``workspace``), those that lie in one of :data:`AGENT_PLACES`
+    (resolved; directories that exist), outer paths first; a read-only one inside another is
+    shown by that one. Nothing the agent wrote: the scratch is the judge's, made after the
+    agent's processes ended; the project and Python are the image's."""
+    ours = os.path.realpath(workspace)
+    wanted = [("rw", scratch), ("ro", project)]
+    wanted += [
+        ("ro", p)
+        for p in (sys.prefix, sys.base_prefix, *sys.path)
+        if p and (ours == "/" or not _inside(os.path.realpath(p), ours))
+    ]
     places = [os.path.realpath(p) for p in AGENT_PLACES]
     kept: dict[str, str] = {}
     for mode, path in wanted:
-        real = os.path.realpath(path)
-        if any(real != place and _inside(real, place) for place in places) and os.path.isdir(real):
+        real = os.path.realpath(path) if path else ""
+        if (
+            real
+            and any(real != place and _inside(real, place) for place in places)
+            and os.path.isdir(real)
+        ):
             kept[real] = "rw" if kept.get(real) == "rw" else mode
-    return [(kept[p], p) for p in sorted(kept, key=lambda p: (p.count("/"), p))]
+    ordered: list[tuple[str, str]] = []
+    for path in sorted(kept, key=lambda p: (p.count("/"), p)):
+        if kept[path] == "ro" and any(_inside(path, outer) for _, outer in ordered):
+            continue
+        ordered.append((kept[path], path))
+    return ordered
 
 
 def fresh_scratch_places(keep: list[tuple[str, str]]) -> dict[str, Any]:
@@ -748,7 +763,8 @@ def _judge_main(
                     else "make every file of the workspace readable by the runtime"
                 )
             ) from None
-        fresh = fresh_scratch_places(_kept_under_places(scratch, state.project))
+        kept = _kept_under_places(scratch, state.project, workspace)
+        fresh = fresh_scratch_places(kept)
         if contain._confining:  # the runtime confines what it starts: so is the judge
             contain.confine_self()
         os.environ.update(HOME=home, TMPDIR=tmp, AENV_WORKSPACE=copy, PWD=copy)

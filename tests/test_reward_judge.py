@@ -285,6 +285,21 @@ async def test_a_fifo_planted_at_a_fixed_tmp_path_does_not_block_the_judge(
         assert listing["output"].strip() == "fifo"
 
 
+def test_what_the_fresh_tmp_shows_again_is_the_judges_and_the_images_never_the_workspace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sandbox_runtime._judge import _kept_under_places
+
+    assert str(tmp_path).startswith("/tmp/")
+    scratch, project, workspace = tmp_path / "scratch", tmp_path / "project", tmp_path / "ws"
+    for directory in (scratch, project / "src", workspace / "lib"):
+        directory.mkdir(parents=True)
+    # the project's src (inside the project: shown by it) and a directory of the workspace's
+    monkeypatch.setattr("sys.path", [str(project / "src"), str(workspace / "lib"), ""])
+    kept = _kept_under_places(str(scratch), str(project), str(workspace))
+    assert kept == [("ro", str(project)), ("rw", str(scratch))]
+
+
 def test_the_copy_keeps_links_inside_and_removes_those_that_resolve_outside(
     tmp_path: Path,
 ) -> None:
