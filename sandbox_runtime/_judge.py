@@ -214,8 +214,9 @@ _MAX_RELATIVE_PATH = 3000  # bytes: the copy's own prefix and PATH_MAX (4096) le
 
 class WorkspaceTooLarge(Exception):
     """The agent's workspace is past a :class:`WorkspaceLimits`: ``limit`` (``files``,
-    ``bytes``, ``allocated bytes``, ``depth`` or ``path length``), ``cap``, and ``path``
-    where it was found past it."""
+    ``bytes``, ``allocated bytes``, ``depth`` or ``path length``; ``room``: more on disk than
+    the judge's directory has room for, which the agent's own files took), ``cap``, and
+    ``path`` where it was found past it."""
 
     def __init__(self, limit: str, cap: int, path: str, found: int) -> None:
         self.limit, self.cap, self.path, self.found = limit, cap, path, found
@@ -223,6 +224,7 @@ class WorkspaceTooLarge(Exception):
             "files": "files and directories",
             "bytes": "bytes (apparent size of its files)",
             "allocated bytes": "bytes on disk",
+            "room": "bytes on disk, more than the judge's directory has room for",
             "depth": "directories deep",
             "path length": "bytes in one path",
         }[limit]
@@ -241,6 +243,7 @@ _LIMIT_KEYS = {
     "files": "maxWorkspaceFiles",
     "bytes": "maxWorkspaceBytes",
     "allocated bytes": "maxWorkspaceBytes",
+    "room": "the instance's free room (its memory and disk sizes)",
     "depth": "maxWorkspaceDepth",
     "path length": "maxWorkspaceDepth",
 }
@@ -252,14 +255,16 @@ def copy_workspace(
     *,
     skip: str | None = None,
     limits: WorkspaceLimits | None = None,
+    room: int | None = None,
 ) -> dict[str, Any]:
     """Copy the workspace ``source`` into the new directory ``target`` as the judge sees it (see
     the module's docstring); ``skip``: a path under ``source`` not to copy (the judge's own
     scratch). Returns ``files``, ``bytes`` (apparent), ``allocated`` (bytes on disk of the
     copy: holes of sparse files stay holes), ``removed`` (``{"path", "type"}``) and
     ``links_out`` (``{"path", "target"}``), paths relative to the workspace. Past ``limits``
-    (default :class:`WorkspaceLimits`), it stops and raises :class:`WorkspaceTooLarge`
-    before it copies what would pass them.
+    (default :class:`WorkspaceLimits`) or past ``room`` bytes on disk (the free room where
+    ``target`` is), it stops and raises :class:`WorkspaceTooLarge` before it copies what
+    would pass them.
 
         >>> import tempfile, pathlib
         >>> ws = pathlib.Path(tempfile.mkdtemp())
@@ -306,6 +311,8 @@ def copy_workspace(
                         raise WorkspaceTooLarge(
                             "allocated bytes", limits.bytes, rel, allocated + on_disk
                         )
+                    if room is not None and allocated + on_disk > room:
+                        raise WorkspaceTooLarge("room", room, rel, allocated + on_disk)
                 if stat.S_ISLNK(mode):
                     link = os.readlink(full)
                     if os.path.isabs(link) and _inside(os.path.normpath(link), source):
@@ -521,6 +528,19 @@ def fresh_scratch_places(keep: list[tuple[str, str]]) -> dict[str, Any]:
         for _, _, fd in opened:
             os.close(fd)
     return {"places": places, "kept": [path for _, path in keep]}
+
+
+_ROOM_MARGIN = 16 << 20  # bytes of the judge's directory's filesystem the copy leaves free
+
+
+def _room(directory: str) -> int | None:
+    """How many bytes a copy into ``directory`` may take: its filesystem's free room, less a
+    margin for the reward's own files; None when it cannot be told."""
+    try:
+        found = os.statvfs(directory)
+    except OSError:
+        return None
+    return max(0, found.f_bavail * found.f_frsize - _ROOM_MARGIN)
 
 
 def _scratch_base(workspace: str, limits: WorkspaceLimits) -> str | None:
@@ -744,7 +764,11 @@ def _judge_main(
         copy = os.path.join(scratch, "workspace")
         try:
             copied = copy_workspace(
-                workspace, copy, skip=os.path.realpath(scratch), limits=state.limits
+                workspace,
+                copy,
+                skip=os.path.realpath(scratch),
+                limits=state.limits,
+                room=_room(scratch),
             )
         except WorkspaceTooLarge as exc:  # the agent's doing: graded 0, the reward not run
             shutil.rmtree(copy, ignore_errors=True)

@@ -17,6 +17,8 @@ import os
 import shutil
 import signal
 import stat
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -300,6 +302,24 @@ def test_what_the_fresh_tmp_shows_again_is_the_judges_and_the_images_never_the_w
     assert kept == [("ro", str(project)), ("rw", str(scratch))]
 
 
+def test_where_the_kernel_refuses_a_namespace_the_judge_says_so() -> None:
+    # a process with two threads: the kernel refuses it a user namespace (EINVAL), as a host
+    # without user namespaces refuses every process
+    code = (
+        "import json, threading, time\n"
+        "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+        "from sandbox_runtime._judge import fresh_scratch_places\n"
+        "print(json.dumps(fresh_scratch_places([])))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    answer = json.loads(done.stdout)
+    assert answer["places"] == []
+    assert answer["refused"].startswith("the judge could not get a user namespace with a fresh")
+    assert answer["refused"].endswith("it graded on the instance's own")
+
+
 def test_the_copy_keeps_links_inside_and_removes_those_that_resolve_outside(
     tmp_path: Path,
 ) -> None:
@@ -358,7 +378,14 @@ def test_the_copy_keeps_holes_and_stops_at_its_limits(tmp_path: Path) -> None:
         "found": 1 << 40,
         "path": "sparse",
     }
+    # more on disk than the judge's directory has room for (the agent filled the instance)
+    os.truncate(source / "sparse", 64 << 20)
+    (source / "data").write_bytes(os.urandom(2 << 20))
+    with pytest.raises(WorkspaceTooLarge, match="room") as caught:
+        copy_workspace(str(source), str(tmp_path / "copy-room"), room=1 << 20)
+    assert caught.value.limit == "room"
     (source / "sparse").unlink()
+    (source / "data").unlink()
     deep = source / "/".join("d" * 10)
     deep.mkdir(parents=True)
     with pytest.raises(WorkspaceTooLarge, match="maxWorkspaceDepth"):
