@@ -551,14 +551,17 @@ def _scratch_base(workspace: str, limits: WorkspaceLimits) -> str | None:
     them, the copy stops anyway)."""
     try:
         need = seen = 0
-        for directory, _, names in os.walk(workspace):
+        for directory, subdirectories, names in os.walk(workspace):
             for name in names:
                 with contextlib.suppress(OSError):
                     need += os.lstat(os.path.join(directory, name)).st_blocks * 512
                 seen += 1
+                if seen > limits.files or need > limits.bytes:
+                    break
             if seen > limits.files or need > limits.bytes:
                 need = min(need, limits.bytes)
                 break
+            seen += len(subdirectories)
         tmp = os.statvfs(tempfile.gettempdir())
         room_tmp = tmp.f_bavail * tmp.f_frsize
         if room_tmp > 2 * need + (16 << 20):
