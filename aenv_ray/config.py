@@ -187,9 +187,15 @@ class BuildConfig(_Camel):
 
 class RewardConfig(_Camel):
     """How the reward runs: ``{"judge": true}`` runs it in the judge, as
-    ``@register_reward(judge=True)`` does (either one is enough; docs/environments.md)."""
+    ``@register_reward(judge=True)`` does (either one is enough; docs/environments.md).
+    ``maxWorkspaceFiles``, ``maxWorkspaceBytes`` (apparent size, and bytes on disk) and
+    ``maxWorkspaceDepth``: how much of the workspace the judge copies; a workspace past one of
+    them is graded 0, with a ``reason`` naming it (docs/security.md)."""
 
     judge: bool = False
+    max_workspace_files: int = Field(default=200_000, ge=1)
+    max_workspace_bytes: int = Field(default=4 << 30, ge=0)
+    max_workspace_depth: int = Field(default=128, ge=1)
 
 
 class TestConfig(_Camel):

@@ -234,6 +234,14 @@ class JudgeReport(pydantic.BaseModel):
     workspace_files: int = 0
     """Regular files copied into the judge's workspace."""
     workspace_bytes: int = 0
+    """Their apparent size (a sparse file's holes count)."""
+    workspace_allocated: int = 0
+    """What the copy occupies on disk (the holes of sparse files stay holes)."""
+    over_limit: dict[str, Any] | None = None
+    """``{"limit", "cap", "found", "path"}`` when the workspace was past one of the judge's
+    limits (``config.json``'s ``"reward"``: ``maxWorkspaceFiles``, ``maxWorkspaceBytes``,
+    ``maxWorkspaceDepth``): the reward did not run, the episode is graded 0 with a ``reason``
+    naming the limit (the agent's doing, never an infrastructure failure)."""
     removed: list[dict[str, str]] = pydantic.Field(default_factory=list)
     """``{"path", "type"}``: FIFOs, sockets and device nodes of the workspace, not copied."""
     links_out: list[dict[str, str]] = pydantic.Field(default_factory=list)
@@ -242,6 +250,16 @@ class JudgeReport(pydantic.BaseModel):
     """``{"path", "type", "why"}``: what of the instance's environment the judge did not take:
     a ``variable`` (``path`` is its name: ``LD_PRELOAD``, ``PYTHONPATH``, ``XDG_CONFIG_HOME``...)
     or a ``PATH directory`` in a place the agent writes (its home, ``/tmp``, the workspace)."""
+    fresh_places: list[str] = pydantic.Field(default_factory=list)
+    """The places every agent may write that the judge got fresh and empty (a tmpfs of its
+    own, in a mount namespace of its own): ``/tmp``, ``/var/tmp``, ``/dev/shm`` (those that
+    exist)."""
+    fresh_kept: list[str] = pydantic.Field(default_factory=list)
+    """What of the covered places the judge still shows, each at its own path: its own
+    directory (``rw``), the project and Python's directories (read-only)."""
+    fresh_refused: str | None = None
+    """Why the judge got no fresh places (the host refuses user namespaces): it graded on the
+    instance's own ``/tmp``, where the agent may have planted files (docs/security.md)."""
     seconds: float = 0.0
     """From the first process ended to the reward's answer."""
     error_type: str | None = None

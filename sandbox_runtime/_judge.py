@@ -19,7 +19,11 @@ all episode (module globals, patched builtins, a planted ``os.environ``). Instea
    ``deployConfig.env`` sets them), and a **copy of the workspace** as its working directory
    (``AENV_WORKSPACE``): regular files, directories and links only; FIFOs, sockets and device
    nodes are left out (``removed``), links whose target resolves outside the copy are removed
-   (``links_out``), absolute links into the workspace point into the copy.
+   (``links_out``), absolute links into the workspace point into the copy; holes of sparse
+   files stay holes, and past :class:`WorkspaceLimits` the copy stops and the episode is graded
+   0 with the limit named (``over_limit``: the agent's failure, never the judge's). Then a
+   fresh ``/tmp``, ``/var/tmp`` and ``/dev/shm`` (:func:`fresh_scratch_places`: a user and
+   mount namespace of its own; where the host refuses, ``fresh_refused`` says so).
 4. the reward runs there, validated against its own signature, and its value comes back as JSON
    on a pipe only the judge writes; the seed removes the judge's directory once it ended, and
    what the judge started ends with the call: the seed is a child subreaper, and kills every
@@ -37,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import errno
 import json
 import os
@@ -69,7 +74,10 @@ __all__ = [
     "DROPPED_VARIABLES",
     "Judge",
     "JudgeOutcome",
+    "WorkspaceLimits",
+    "WorkspaceTooLarge",
     "copy_workspace",
+    "fresh_scratch_places",
     "judge_environment",
     "judge_ignored",
 ]
@@ -181,28 +189,130 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def copy_workspace(source: str, target: str, *, skip: str | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class WorkspaceLimits:
+    """How much of a workspace the judge copies (``config.json``'s ``"reward"``:
+    ``maxWorkspaceFiles``, ``maxWorkspaceBytes``, ``maxWorkspaceDepth``). A workspace past one
+    of them is the agent's doing: the reward is not run, it is 0 with a ``reason`` naming the
+    limit (:class:`WorkspaceTooLarge`), never a judge that cannot run.
+
+    ``files``: entries (files, directories, links, the rest); ``bytes``: both the apparent size
+    of the regular files (what a reader reads: a sparse file of 1 TiB counts 1 TiB) and what
+    they occupy on disk; ``depth``: directories deep (and no path longer than 3,000 bytes).
+
+        >>> WorkspaceLimits().files
+        200000
+    """
+
+    files: int = 200_000
+    bytes: int = 4 << 30
+    depth: int = 128
+
+
+_MAX_RELATIVE_PATH = 3000  # bytes: the copy's own prefix and PATH_MAX (4096) leave room for it
+
+
+class WorkspaceTooLarge(Exception):
+    """The agent's workspace is past a :class:`WorkspaceLimits`: ``limit`` (``files``,
+    ``bytes``, ``allocated bytes``, ``depth`` or ``path length``; ``room``: more on disk than
+    the judge's directory has room for, which the agent's own files took), ``cap``, and
+    ``path`` where it was found past it."""
+
+    def __init__(self, limit: str, cap: int, path: str, found: int) -> None:
+        self.limit, self.cap, self.path, self.found = limit, cap, path, found
+        what = {
+            "files": "files and directories",
+            "bytes": "bytes (apparent size of its files)",
+            "allocated bytes": "bytes on disk",
+            "room": "bytes on disk, more than the judge's directory has room for",
+            "depth": "directories deep",
+            "path length": "bytes in one path",
+        }[limit]
+        super().__init__(
+            f"the workspace holds more than {cap} {what} (the judge's limit "
+            f"`{_LIMIT_KEYS[limit]}`): {found} at {path!r}; the judge copied no more of it "
+            "and graded the episode 0"
+        )
+
+    def report(self) -> dict[str, Any]:
+        """``{"limit", "cap", "found", "path"}`` (the judge's report's ``over_limit``)."""
+        return {"limit": self.limit, "cap": self.cap, "found": self.found, "path": self.path}
+
+
+_LIMIT_KEYS = {
+    "files": "maxWorkspaceFiles",
+    "bytes": "maxWorkspaceBytes",
+    "allocated bytes": "maxWorkspaceBytes",
+    "room": "the instance's free room (its memory and disk sizes)",
+    "depth": "maxWorkspaceDepth",
+    "path length": "maxWorkspaceDepth",
+}
+
+
+def copy_workspace(
+    source: str,
+    target: str,
+    *,
+    skip: str | None = None,
+    limits: WorkspaceLimits | None = None,
+    room: int | None = None,
+) -> dict[str, Any]:
     """Copy the workspace ``source`` into the new directory ``target`` as the judge sees it (see
     the module's docstring); ``skip``: a path under ``source`` not to copy (the judge's own
-    scratch). Returns ``files``, ``bytes``, ``removed`` (``{"path", "type"}``) and ``links_out``
-    (``{"path", "target"}``), paths relative to the workspace."""
+    scratch). Returns ``files``, ``bytes`` (apparent), ``allocated`` (bytes on disk of the
+    copy: holes of sparse files stay holes), ``removed`` (``{"path", "type"}``) and
+    ``links_out`` (``{"path", "target"}``), paths relative to the workspace. Past ``limits``
+    (default :class:`WorkspaceLimits`) or past ``room`` bytes on disk (the free room where
+    ``target`` is), it stops and raises :class:`WorkspaceTooLarge` before it copies what
+    would pass them.
+
+        >>> import tempfile, pathlib
+        >>> ws = pathlib.Path(tempfile.mkdtemp())
+        >>> for n in range(3): _ = (ws / f"f{n}").write_text("x")
+        >>> copy_workspace(str(ws), str(ws) + "-copy", limits=WorkspaceLimits(files=2))
+        Traceback (most recent call last):
+        ...
+        sandbox_runtime._judge.WorkspaceTooLarge: the workspace holds more than 2 files ...
+    """
+    limits = limits or WorkspaceLimits()
     source = os.path.realpath(source)
     removed: list[dict[str, str]] = []
     links: list[str] = []
-    files = size = 0
+    files = size = allocated = entries_seen = 0
     os.mkdir(target, 0o700)
     pending = [""]
     while pending:
         relative = pending.pop()
         here = os.path.join(source, relative) if relative else source
+        depth = relative.count("/") + 1 if relative else 0
+        if depth > limits.depth:
+            raise WorkspaceTooLarge("depth", limits.depth, relative, depth)
         with os.scandir(here) as entries:
             for entry in entries:
                 rel = os.path.join(relative, entry.name)
                 full = os.path.join(source, rel)
                 if skip is not None and full == skip:
                     continue
+                entries_seen += 1
+                if entries_seen > limits.files:
+                    raise WorkspaceTooLarge("files", limits.files, rel, entries_seen)
+                if len(os.fsencode(rel)) > _MAX_RELATIVE_PATH:
+                    raise WorkspaceTooLarge(
+                        "path length", _MAX_RELATIVE_PATH, rel[:200], len(os.fsencode(rel))
+                    )
                 dest = os.path.join(target, rel)
-                mode = entry.stat(follow_symlinks=False).st_mode
+                status = entry.stat(follow_symlinks=False)
+                mode = status.st_mode
+                if stat.S_ISREG(mode):
+                    if size + status.st_size > limits.bytes:
+                        raise WorkspaceTooLarge("bytes", limits.bytes, rel, size + status.st_size)
+                    on_disk = status.st_blocks * 512
+                    if allocated + on_disk > limits.bytes:
+                        raise WorkspaceTooLarge(
+                            "allocated bytes", limits.bytes, rel, allocated + on_disk
+                        )
+                    if room is not None and allocated + on_disk > room:
+                        raise WorkspaceTooLarge("room", room, rel, allocated + on_disk)
                 if stat.S_ISLNK(mode):
                     link = os.readlink(full)
                     if os.path.isabs(link) and _inside(os.path.normpath(link), source):
@@ -213,31 +323,67 @@ def copy_workspace(source: str, target: str, *, skip: str | None = None) -> dict
                     os.mkdir(dest, 0o700)
                     pending.append(rel)
                 elif stat.S_ISREG(mode):
-                    size += _copy_file(full, dest, mode)
+                    copied = _copy_file(full, dest, mode, limits.bytes - size)
+                    if size + copied > limits.bytes:  # it grew since its stat
+                        raise WorkspaceTooLarge("bytes", limits.bytes, rel, size + copied)
+                    size += copied
+                    allocated += os.lstat(dest).st_blocks * 512
                     files += 1
                 else:
                     removed.append({"path": rel, "type": _kind(mode)})
         os.chmod(os.path.join(target, relative), stat.S_IMODE(os.stat(here).st_mode) | 0o700)
     links_out = _drop_links_out(target, links)
-    return {"files": files, "bytes": size, "removed": removed, "links_out": links_out}
+    return {
+        "files": files,
+        "bytes": size,
+        "allocated": allocated,
+        "removed": removed,
+        "links_out": links_out,
+    }
 
 
-def _copy_file(source: str, dest: str, mode: int) -> int:
+def _copy_file(source: str, dest: str, mode: int, room: int) -> int:
     """Copy one regular file (never through a link: ``O_NOFOLLOW``) in the kernel
-    (``sendfile``); its mode kept, readable and writable by the judge. Returns its size."""
+    (``sendfile``), its data only: a hole of a sparse file (``SEEK_HOLE``) stays a hole; its
+    mode kept, readable and writable by the judge. Returns its size (past ``room`` bytes it
+    stops, and returns more than ``room``)."""
     reader = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         writer = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             os.fchmod(writer, stat.S_IMODE(mode) | 0o600)
+            end = os.fstat(reader).st_size
+            if end > room:
+                return end
             offset = 0
-            while sent := os.sendfile(writer, reader, offset, 1 << 30):
-                offset += sent
+            while offset < end:
+                try:
+                    data = os.lseek(reader, offset, os.SEEK_DATA)
+                except OSError as exc:
+                    if exc.errno != errno.ENXIO:  # ENXIO: only a hole is left
+                        raise
+                    break
+                try:
+                    hole = os.lseek(reader, data, os.SEEK_HOLE)
+                except OSError:
+                    hole = end
+                os.lseek(writer, data, os.SEEK_SET)
+                offset = data
+                while offset < hole and (
+                    sent := os.sendfile(writer, reader, offset, hole - offset)
+                ):
+                    offset += sent
+                if offset < hole:  # shorter than its size said: it ended there
+                    end = offset
+                    break
+            if offset > room:
+                return offset
+            os.ftruncate(writer, max(end, offset))
         finally:
             os.close(writer)
     finally:
         os.close(reader)
-    return offset
+    return max(end, offset)
 
 
 def _drop_links_out(target: str, links: list[str]) -> list[dict[str, str]]:
@@ -260,16 +406,162 @@ def _drop_links_out(target: str, links: list[str]) -> list[dict[str, str]]:
     return out
 
 
-def _scratch_base(workspace: str) -> str | None:
+# -- a fresh /tmp, /var/tmp and /dev/shm -----------------------------------------------------------
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWUSER = 0x10000000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
+_MNT_DETACH = 2
+_FRESH_SIZE = "1g"  # each fresh place's tmpfs at most (its pages count as the instance's memory)
+
+
+def _libc_call(name: str, *arguments: Any) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if getattr(libc, name)(*arguments) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"{name}: {os.strerror(code)}")
+
+
+def _mount(source: str | None, target: str, kind: str | None, flags: int, data: str = "") -> None:
+    def encode(value: str | None) -> bytes | None:
+        return value.encode() if value is not None else None
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    flags_c = ctypes.c_ulong(flags)
+    if libc.mount(encode(source), encode(target), encode(kind), flags_c, encode(data)):
+        code = ctypes.get_errno()
+        raise OSError(code, f"mount {source or kind or ''} on {target}: {os.strerror(code)}")
+
+
+def _kept_under_places(scratch: str, project: str, workspace: str) -> list[tuple[str, str]]:
+    """What a judge's fresh places must still show of the ones they cover: ``(mode, path)``
+    for its scratch (``rw``), the project and the directories Python imports from (``ro``;
+    none in the agent's ``workspace``), those that lie in one of :data:`AGENT_PLACES`
+    (resolved; directories that exist), outer paths first; a read-only one inside another is
+    shown by that one. Nothing the agent wrote: the scratch is the judge's, made after the
+    agent's processes ended; the project and Python are the image's."""
+    ours = os.path.realpath(workspace)
+    wanted = [("rw", scratch), ("ro", project)]
+    wanted += [
+        ("ro", p)
+        for p in (sys.prefix, sys.base_prefix, *sys.path)
+        if p and (ours == "/" or not _inside(os.path.realpath(p), ours))
+    ]
+    places = [os.path.realpath(p) for p in AGENT_PLACES]
+    kept: dict[str, str] = {}
+    for mode, path in wanted:
+        real = os.path.realpath(path) if path else ""
+        if (
+            real
+            and any(real != place and _inside(real, place) for place in places)
+            and os.path.isdir(real)
+        ):
+            kept[real] = "rw" if kept.get(real) == "rw" else mode
+    ordered: list[tuple[str, str]] = []
+    for path in sorted(kept, key=lambda p: (p.count("/"), p)):
+        if kept[path] == "ro" and any(_inside(path, outer) for _, outer in ordered):
+            continue
+        ordered.append((kept[path], path))
+    return ordered
+
+
+def fresh_scratch_places(keep: list[tuple[str, str]]) -> dict[str, Any]:
+    """Give this process (single-threaded: a judge) an empty ``/tmp``, ``/var/tmp`` and
+    ``/dev/shm`` of its own (:data:`AGENT_PLACES`): a user and mount namespace of its own (its
+    uid and gid the same), a fresh tmpfs on each place, then each ``(mode, path)`` of ``keep``
+    bound back at its own path (read-only for ``ro``), as the swe and terminal-bench judges do
+    for the commands they run. What the agent planted at a fixed path there (a file, a FIFO, a
+    fonts.conf, a Chromium profile) is out of sight; so is the agent's workspace when it lies
+    there (the judge grades its copy).
+
+    Returns ``{"places": [...], "kept": [...]}``; where the host refuses namespaces (no user
+    namespaces, a seccomp profile that forbids them), ``{"places": [], "refused": why}``: the
+    judge then grades on the instance's own places, and its report says so."""
+    places = [p for p in AGENT_PLACES if os.path.isdir(p) and not os.path.islink(p)]
+    opened: list[tuple[str, str, int]] = []
+    mounted: list[str] = []
+    entered = False
+    try:
+        uid, gid = os.geteuid(), os.getegid()
+        _libc_call("unshare", ctypes.c_int(_CLONE_NEWUSER | _CLONE_NEWNS))
+        entered = True
+        # its /proc/self files are its own only while it is dumpable (the seed is not); no
+        # process of the agent is left to trace it meanwhile
+        _prctl(_PR_SET_DUMPABLE, 1)
+        try:
+            for name, line in (
+                ("setgroups", "deny"),
+                ("uid_map", f"{uid} {uid} 1"),
+                ("gid_map", f"{gid} {gid} 1"),
+            ):
+                with open(f"/proc/self/{name}", "w") as handle:
+                    handle.write(line)
+        finally:
+            _prctl(_PR_SET_DUMPABLE, 0)
+        _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+        for mode, path in keep:  # opened in the new namespace: a bind's source must be in it
+            opened.append((mode, path, os.open(path, os.O_PATH | os.O_CLOEXEC | os.O_DIRECTORY)))
+        for place in places:
+            _mount(
+                "judge-tmp", place, "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode=1777,size={_FRESH_SIZE}"
+            )
+            mounted.append(place)
+        for mode, path, fd in opened:
+            os.makedirs(path, exist_ok=True)
+            _mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC)
+            mounted.append(path)
+            if mode == "ro":
+                noexec = _MS_NOEXEC if os.statvfs(path).f_flag & os.ST_NOEXEC else 0
+                flags = _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | noexec
+                _mount(None, path, None, flags)
+    except OSError as exc:
+        for path in reversed(mounted):  # back to the instance's places, as they were
+            with contextlib.suppress(OSError):
+                _libc_call("umount2", path.encode(), ctypes.c_int(_MNT_DETACH))
+        where = "in a user namespace of its own" if entered else "a user namespace"
+        return {
+            "places": [],
+            "refused": f"the judge could not get {where} with a fresh "
+            f"{', '.join(places)} ({exc}); it graded on the instance's own",
+        }
+    finally:
+        for _, _, fd in opened:
+            os.close(fd)
+    return {"places": places, "kept": [path for _, path in keep]}
+
+
+_ROOM_MARGIN = 16 << 20  # bytes of the judge's directory's filesystem the copy leaves free
+
+
+def _room(directory: str) -> int | None:
+    """How many bytes a copy into ``directory`` may take: its filesystem's free room, less a
+    margin for the reward's own files; None when it cannot be told."""
+    try:
+        found = os.statvfs(directory)
+    except OSError:
+        return None
+    return max(0, found.f_bavail * found.f_frsize - _ROOM_MARGIN)
+
+
+def _scratch_base(workspace: str, limits: WorkspaceLimits) -> str | None:
     """Where the judge's scratch goes: the temporary directory, unless the workspace would not
     fit there while it fits its own filesystem (then a hidden directory in the workspace, left
-    out of the copy); None: the temporary directory."""
+    out of the copy); None: the temporary directory. What the workspace needs is what its files
+    occupy on disk (a sparse file's holes are copied as holes), counted up to ``limits`` (past
+    them, the copy stops anyway)."""
     try:
-        need = 0
-        for directory, _, names in os.walk(workspace):
+        need = seen = 0
+        for directory, subdirectories, names in os.walk(workspace):
             for name in names:
                 with contextlib.suppress(OSError):
-                    need += os.lstat(os.path.join(directory, name)).st_size
+                    need += os.lstat(os.path.join(directory, name)).st_blocks * 512
+                seen += 1
+                if seen > limits.files or need > limits.bytes:
+                    break
+            if seen > limits.files or need > limits.bytes:
+                need = min(need, limits.bytes)
+                break
+            seen += len(subdirectories)
         tmp = os.statvfs(tempfile.gettempdir())
         room_tmp = tmp.f_bavail * tmp.f_frsize
         if room_tmp > 2 * need + (16 << 20):
@@ -349,6 +641,8 @@ class _SeedState:
     environment: dict[str, str]
     workspace: str
     env_ref: str
+    limits: WorkspaceLimits = WorkspaceLimits()
+    project: str = ""
 
 
 def _seed_loop(state: _SeedState, channel: socket.socket) -> NoReturn:
@@ -424,7 +718,7 @@ def _make_scratch(state: _SeedState) -> str | OSError:
     judge's temporary directory or, where the workspace does not fit there, in the workspace;
     or why it could not be made."""
     with _environment(state.environment):
-        base = _scratch_base(state.workspace)
+        base = _scratch_base(state.workspace, state.limits)
         try:
             return tempfile.mkdtemp(prefix=".aenv-judge-" if base else "aenv-judge-", dir=base)
         except OSError as exc:
@@ -458,8 +752,6 @@ def _judge_main(
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         os.set_inheritable(result, False)
         _only_descriptors({result})
-        if contain._confining:  # the runtime confines what it starts: so is the judge
-            contain.confine_self()
         workspace = state.workspace
         os.environ.clear()
         os.environ.update(state.environment)
@@ -474,7 +766,21 @@ def _judge_main(
         os.mkdir(tmp, 0o700)
         copy = os.path.join(scratch, "workspace")
         try:
-            copied = copy_workspace(workspace, copy, skip=os.path.realpath(scratch))
+            copied = copy_workspace(
+                workspace,
+                copy,
+                skip=os.path.realpath(scratch),
+                limits=state.limits,
+                room=_room(scratch),
+            )
+        except WorkspaceTooLarge as exc:  # the agent's doing: graded 0, the reward not run
+            shutil.rmtree(copy, ignore_errors=True)
+            answer = {
+                "ok": True,
+                "value": {"reward": 0.0, "reason": str(exc)},
+                "over_limit": exc.report(),
+            }
+            raise _Answered(answer) from None
         except OSError as exc:
             raise _Unavailable(
                 f"the judge could not copy the workspace {workspace} into {scratch}: {exc}; "
@@ -484,11 +790,17 @@ def _judge_main(
                     else "make every file of the workspace readable by the runtime"
                 )
             ) from None
+        kept = _kept_under_places(scratch, state.project, workspace)
+        fresh = fresh_scratch_places(kept)
+        if contain._confining:  # the runtime confines what it starts: so is the judge
+            contain.confine_self()
         os.environ.update(HOME=home, TMPDIR=tmp, AENV_WORKSPACE=copy, PWD=copy)
         tempfile.tempdir = None
         os.chdir(copy)
-        answer = {"ok": True, "copy": copied}
+        answer = {"ok": True, "copy": copied, "fresh": fresh}
         answer["value"] = _call(state.registry.reward, request.get("arguments"))
+    except _Answered as given:
+        answer = given.answer
     except _Unavailable as exc:
         answer = {"ok": False, "unavailable": str(exc)}
     except _Invalid as exc:
@@ -509,6 +821,14 @@ def _judge_main(
 
 class _Unavailable(Exception):
     """The judge could not grade (not the reward's failure)."""
+
+
+class _Answered(Exception):
+    """The judge has its answer without running the reward (a workspace past its limits)."""
+
+    def __init__(self, answer: dict[str, Any]) -> None:
+        super().__init__("answered")
+        self.answer = answer
 
 
 class _Invalid(Exception):
@@ -554,8 +874,11 @@ class Judge:
         environment: dict[str, str],
         workspace: str,
         ignored: list[dict[str, str]] | None = None,
+        limits: WorkspaceLimits | None = None,
     ) -> None:
         self.registry = registry
+        self.limits = limits or WorkspaceLimits()
+        """How much of the workspace the judge copies (past it: reward 0, ``over_limit``)."""
         self.ignored = list(ignored or [])
         """What of the instance's environment the judge left out (:func:`judge_ignored`)."""
         self.project = project
@@ -580,7 +903,14 @@ class Judge:
 
     def _fork_seed(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        state = _SeedState(self.registry, self.environment, self.workspace, self.env_ref)
+        state = _SeedState(
+            self.registry,
+            self.environment,
+            self.workspace,
+            self.env_ref,
+            self.limits,
+            self.project,
+        )
         with contain.runtime_fork():
             pid = os.fork()
             if pid == 0:
@@ -595,6 +925,7 @@ class Judge:
             "project": self.project,
             "environment": self.environment,
             "workspace": self.workspace,
+            "limits": dataclasses.asdict(self.limits),
             "fd": theirs.fileno(),
         }
         command = [sys.executable, "-I", "-c", _FRESH_SEED, json.dumps(settings)]
@@ -673,8 +1004,16 @@ class Judge:
             }
         raw = answer.get("copy")
         copied: dict[str, Any] = raw if isinstance(raw, dict) else {}
-        for key in ("files", "bytes"):
+        raw_fresh = answer.get("fresh")
+        fresh: dict[str, Any] = raw_fresh if isinstance(raw_fresh, dict) else {}
+        report["fresh_places"] = list(fresh.get("places", []))
+        report["fresh_kept"] = list(fresh.get("kept", []))[:_MAX_LISTED]
+        if fresh.get("refused"):
+            report["fresh_refused"] = str(fresh["refused"])
+        for key in ("files", "bytes", "allocated"):
             report[f"workspace_{key}"] = int(copied.get(key, 0))
+        if isinstance(answer.get("over_limit"), dict):
+            report["over_limit"] = answer["over_limit"]
         report["removed"] = list(copied.get("removed", []))[:_MAX_LISTED]
         report["links_out"] = list(copied.get("links_out", []))[:_MAX_LISTED]
         if timed_out:
@@ -809,5 +1148,7 @@ def fresh_seed(arguments: str) -> NoReturn:
         dict(settings["environment"]),
         str(settings["workspace"]),
         project.config.ref,
+        WorkspaceLimits(**settings.get("limits", {})),
+        str(settings["project"]),
     )
     _become_seed(state, channel)

@@ -40,7 +40,7 @@ from aenv_ray.net import bind_socket
 from sandbox_runtime import _limits, contain
 from sandbox_runtime._dispatch import STUCK_GRACE, Dispatcher
 from sandbox_runtime._http import RuntimeApp
-from sandbox_runtime._judge import Judge, judge_environment, judge_ignored
+from sandbox_runtime._judge import Judge, WorkspaceLimits, judge_environment, judge_ignored
 from sandbox_runtime._lazy_mcp import ASGIApp, LazyMCP
 from sandbox_runtime._loader import LoadedProject
 from sandbox_runtime._runner import SyncRunner
@@ -261,6 +261,7 @@ class RuntimeServer:
         if reward is None or not reward.judge or self.dispatcher.judge is not None:
             return
         ignored: list[dict[str, str]] = []
+        reward_config = self.project.config.reward
         if self.judge_environment is None:
             config_env = self.project.config.deploy_config.env
             self.judge_environment = judge_environment(os.environ, config_env)
@@ -272,6 +273,11 @@ class RuntimeServer:
             environment=self.judge_environment,
             workspace=os.environ.get("AENV_WORKSPACE") or os.getcwd(),
             ignored=ignored,
+            limits=WorkspaceLimits(
+                files=reward_config.max_workspace_files,
+                bytes=reward_config.max_workspace_bytes,
+                depth=reward_config.max_workspace_depth,
+            ),
         )
         try:
             judge.start(pristine=self._pristine)

@@ -17,6 +17,8 @@ import os
 import shutil
 import signal
 import stat
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -35,10 +37,16 @@ from aenv_ray.settings import Settings
 from aenv_ray.testing import RuntimeProcess
 from local_backend import LocalEngine
 from sandbox_runtime import load_project
-from sandbox_runtime._judge import copy_workspace, judge_environment
+from sandbox_runtime._judge import (
+    WorkspaceLimits,
+    WorkspaceTooLarge,
+    copy_workspace,
+    judge_environment,
+)
 
 HOSTILE = Path(__file__).parent / "envs" / "judge_hostile"
 ENGINES = ["local", "standalone"]
+CAPPED_FILES = 20
 
 in_instance = pytest.mark.asyncio(loop_scope="module")
 
@@ -55,6 +63,12 @@ def projects(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config["name"] = "judge-plain"
     del config["reward"]
     (plain / "config.json").write_text(json.dumps(config))
+    capped = root / "judge-capped-1.0.0"  # the judge, with a small limit on the workspace
+    shutil.copytree(HOSTILE, capped)
+    config = json.loads((capped / "config.json").read_text())
+    config["name"] = "judge-capped"
+    config["reward"]["maxWorkspaceFiles"] = CAPPED_FILES
+    (capped / "config.json").write_text(json.dumps(config))
     for path in [root, *root.rglob("*")]:  # an instance's root is `nobody` on the host
         path.chmod(0o755 if path.is_dir() else 0o644)
     return root
@@ -69,10 +83,15 @@ def engine() -> Iterator[LocalEngine]:
 
 @contextlib.asynccontextmanager
 async def episode(
-    where: str, judge: bool, projects: Path, engine: LocalEngine, tmp_path: Path
+    where: str,
+    judge: bool,
+    projects: Path,
+    engine: LocalEngine,
+    tmp_path: Path,
+    name: str | None = None,
 ) -> AsyncIterator[Environment]:
-    """A fresh instance of the task, with (``judge``) or without the judge."""
-    name = "judge-hostile" if judge else "judge-plain"
+    """A fresh instance of the task, with (``judge``) or without the judge (or ``name``)."""
+    name = name or ("judge-hostile" if judge else "judge-plain")
     if where == "local":
         settings = Settings(dummy_instance_ip=None, system_url=None, env_path=str(projects))
         async with Environment(f"{name}@1.0.0", engine=engine, settings=settings) as env:
@@ -225,6 +244,82 @@ async def test_links_out_of_the_workspace_and_fifos_never_reach_the_judge(
         assert "fifo" in listing["output"]
 
 
+# -- what the agent plants at a fixed path in /tmp, /var/tmp, /dev/shm -------------------------
+@in_instance
+@pytest.mark.parametrize("where", ENGINES)
+async def test_a_file_planted_at_a_fixed_tmp_path_does_not_reach_the_judge(
+    where: str, projects: Path, engine: LocalEngine, tmp_path: Path
+) -> None:
+    cache = f"/tmp/judge-hostile-cache-{os.getpid()}-{where}.json"  # the host's, standalone
+    plant = f'printf \'{{"answer": "42"}}\' > {cache}'
+    results: dict[bool, dict[str, Any]] = {}
+    try:
+        for judge in (False, True):
+            async with episode(where, judge, projects, engine, tmp_path) as env:
+                await _tool(env, "run", command=plant)
+                value = await env.call_reward({"expected": "42", "cache": cache})
+                assert isinstance(value, dict)
+                results[judge] = value
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(cache)
+    assert results[False]["reward"] == 1.0, "the control: the plant works without the judge"
+    assert results[False]["cached"] is True
+    assert results[True]["reward"] == 0.0, results[True]
+    assert results[True]["reason"] == "no answer.txt"
+    report = JudgeReport.model_validate(results[True]["judge"])
+    assert report.fresh_refused is None
+    assert report.fresh_places[0] == "/tmp"  # and /var/tmp, /dev/shm where the instance has them
+
+
+@in_instance
+async def test_a_fifo_planted_at_a_fixed_tmp_path_does_not_block_the_judge(
+    projects: Path, engine: LocalEngine, tmp_path: Path
+) -> None:
+    async with episode("local", True, projects, engine, tmp_path) as env:
+        await _tool(env, "run", command="mkfifo /tmp/cache.json")
+        await _tool(env, "write_file", path="answer.txt", content="42")
+        value = await env.call_reward({"expected": "42", "cache": "/tmp/cache.json"}, timeout=30)
+        assert value["reward"] == 1.0
+        assert "cached" not in value
+        # the agent's /tmp is as it left it
+        listing = await _tool(env, "run", command="test -p /tmp/cache.json && echo fifo")
+        assert listing["output"].strip() == "fifo"
+
+
+def test_what_the_fresh_tmp_shows_again_is_the_judges_and_the_images_never_the_workspace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sandbox_runtime._judge import _kept_under_places
+
+    assert str(tmp_path).startswith("/tmp/")
+    scratch, project, workspace = tmp_path / "scratch", tmp_path / "project", tmp_path / "ws"
+    for directory in (scratch, project / "src", workspace / "lib"):
+        directory.mkdir(parents=True)
+    # the project's src (inside the project: shown by it) and a directory of the workspace's
+    monkeypatch.setattr("sys.path", [str(project / "src"), str(workspace / "lib"), ""])
+    kept = _kept_under_places(str(scratch), str(project), str(workspace))
+    assert kept == [("ro", str(project)), ("rw", str(scratch))]
+
+
+def test_where_the_kernel_refuses_a_namespace_the_judge_says_so() -> None:
+    # a process with two threads: the kernel refuses it a user namespace (EINVAL), as a host
+    # without user namespaces refuses every process
+    code = (
+        "import json, threading, time\n"
+        "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+        "from sandbox_runtime._judge import fresh_scratch_places\n"
+        "print(json.dumps(fresh_scratch_places([])))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    answer = json.loads(done.stdout)
+    assert answer["places"] == []
+    assert answer["refused"].startswith("the judge could not get a user namespace with a fresh")
+    assert answer["refused"].endswith("it graded on the instance's own")
+
+
 def test_the_copy_keeps_links_inside_and_removes_those_that_resolve_outside(
     tmp_path: Path,
 ) -> None:
@@ -256,6 +351,76 @@ def test_the_copy_keeps_links_inside_and_removes_those_that_resolve_outside(
     assert (target / "dangling-in").is_symlink()
     assert stat.S_IMODE((target / "run.sh").stat().st_mode) & 0o111
     assert report["files"] == 2
+
+
+# -- a workspace the judge cannot copy is the agent's failure, never the judge's --------------
+def test_the_copy_keeps_holes_and_stops_at_its_limits(tmp_path: Path) -> None:
+    source = tmp_path / "ws"
+    source.mkdir()
+    with open(source / "sparse", "wb") as handle:  # 64 MiB apparent, 4 KiB of data
+        handle.seek(32 << 20)
+        handle.write(b"x" * 4096)
+        handle.truncate(64 << 20)
+    report = copy_workspace(str(source), str(tmp_path / "copy"))
+    copied = tmp_path / "copy" / "sparse"
+    assert copied.stat().st_size == 64 << 20
+    assert report["bytes"] == 64 << 20
+    assert report["allocated"] < 1 << 20, "the holes were written out"
+    with open(copied, "rb") as handle:
+        handle.seek(32 << 20)
+        assert handle.read(4097) == b"x" * 4096 + b"\0"
+    os.truncate(source / "sparse", 1 << 40)  # 1 TiB apparent, no more on disk
+    with pytest.raises(WorkspaceTooLarge, match="maxWorkspaceBytes") as caught:
+        copy_workspace(str(source), str(tmp_path / "copy-2"))
+    assert caught.value.report() == {
+        "limit": "bytes",
+        "cap": 4 << 30,
+        "found": 1 << 40,
+        "path": "sparse",
+    }
+    # more on disk than the judge's directory has room for (the agent filled the instance)
+    os.truncate(source / "sparse", 64 << 20)
+    (source / "data").write_bytes(os.urandom(2 << 20))
+    with pytest.raises(WorkspaceTooLarge, match="room") as caught:
+        copy_workspace(str(source), str(tmp_path / "copy-room"), room=1 << 20)
+    assert caught.value.limit == "room"
+    (source / "sparse").unlink()
+    (source / "data").unlink()
+    deep = source / "/".join("d" * 10)
+    deep.mkdir(parents=True)
+    with pytest.raises(WorkspaceTooLarge, match="maxWorkspaceDepth"):
+        copy_workspace(str(source), str(tmp_path / "copy-3"), limits=WorkspaceLimits(depth=5))
+
+
+@in_instance
+@pytest.mark.parametrize("where", ENGINES)
+async def test_a_workspace_past_the_judges_limits_is_graded_zero_with_the_limit_named(
+    where: str, projects: Path, engine: LocalEngine, tmp_path: Path
+) -> None:
+    async with episode(where, True, projects, engine, tmp_path, name="judge-capped") as env:
+        await _tool(env, "write_file", path="answer.txt", content="42")
+        assert (await _reward(env))["reward"] == 1.0
+        # a sparse file of 1 TiB: it occupies nothing, a byte-for-byte copy would fill the disk
+        await _tool(env, "run", command="truncate -s 1T big")
+        value = await _reward(env)
+        assert value["reward"] == 0.0
+        assert "maxWorkspaceBytes" in value["reason"]
+        report = JudgeReport.model_validate(value["judge"])
+        assert report.over_limit is not None
+        assert report.over_limit["limit"] == "bytes"
+        assert report.over_limit["path"] == "big"
+        # more files than the definition's maxWorkspaceFiles
+        await _tool(env, "run", command=f"rm big; mkdir many; touch many/f{{1..{CAPPED_FILES}}}")
+        value = await _reward(env)
+        assert value["reward"] == 0.0
+        assert f"more than {CAPPED_FILES} files" in value["reason"]
+        assert "maxWorkspaceFiles" in value["reason"]
+        report = JudgeReport.model_validate(value["judge"])
+        assert report.over_limit is not None
+        assert report.over_limit["limit"] == "files"
+        # the agent's workspace is as it left it; back under the limit, it is graded again
+        await _tool(env, "run", command="rm -r many")
+        assert (await _reward(env))["reward"] == 1.0
 
 
 def test_the_judges_variables_drop_what_runs_code_unless_the_definition_sets_it() -> None:
