@@ -278,6 +278,7 @@ FILE_LANES: dict[str, str] = {
     **dict.fromkeys(
         (
             "test_aenv_oracle.py",
+            "test_areal_oracle.py",
             "test_swe_env.py",
             "test_swe_grading.py",
             "test_tau2_oracle_live.py",
