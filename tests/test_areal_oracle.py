@@ -25,7 +25,7 @@ DRIVER = Path(__file__).parent / "areal_oracle" / "driver.py"
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", ["inline"])
+@pytest.mark.parametrize("mode", ["inline", "subproc"])
 def test_areal_records_the_environments_rewards_and_the_engines_tokens(
     mode: str, tmp_path: Path
 ) -> None:

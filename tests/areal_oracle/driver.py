@@ -123,6 +123,10 @@ async def main(mode: str) -> dict[str, Any]:
                 }
             )
         episodes.append(turns)
+    from areal.experimental.openai.proxy import workflow as proxy_workflow
+
+    if proxy_workflow._executor is not None:  # subproc mode's pool: its processes hold stdout
+        proxy_workflow._executor.shutdown(wait=True)
     return {"episodes": episodes, "generated": len(engine.PRODUCED)}
 
 
