@@ -313,7 +313,50 @@ HARBOR = Oracle(
     checkout=True,
 )
 
-ORACLES = (TAU2, SWEBENCH, TERMINAL_BENCH, AENVIRONMENT, TRL, OPENENV, HARBOR)
+
+
+# AReaL 1.0.4 (tests/test_areal_oracle.py): its OpenAI proxy server, client and workflow import
+# these (the versions of its own uv.lock where it pins them; its declared list pulls a hundred
+# more); sglang (no dependencies) for its tool-call parser; torch pinned to the CPU build on this
+# disk (a bare `torch` is a CUDA build of several GB); aenv-ray run from the checkout under test
+# (CHECKOUT_VARIABLE).
+# litellm without its exact pins (python-dotenv==1.0.1 conflicts with fastmcp's), then those it
+# imports.
+AREAL = Oracle(
+    name="areal",
+    no_deps=("areal==1.0.4", "sglang==0.5.10.post1", "litellm==1.83.7"),
+    packages=(
+        "torch==2.13.0",
+        "transformers==5.3.0",
+        "tokenizers==0.22.2",
+        "aiofiles==25.1.0",
+        "anthropic==0.97.0",
+        "colorlog==6.12.0",
+        "einops==0.8.2",
+        "fastapi==0.124.4",
+        "flask==3.1.3",
+        "hydra-core==1.4.0.dev1",
+        "ipython==9.19.1",
+        "lark==1.3.1",
+        "fastuuid==0.14.0",
+        "jsonschema==4.23.0",
+        "openai==2.30.0",
+        "tiktoken==0.12.0",
+        "numba==0.68.1",
+        "omegaconf==2.4.0.dev2",
+        "partial-json-parser==0.2.1.1.post7",
+        "pillow==13.0.0",
+        "psutil==7.2.2",
+        "pybase64==1.5.1",
+        "tenacity==9.2.1",
+        "torchdata==0.11.0",
+    ),
+    env_variable="AENV_AREAL_ORACLE_PYTHON",
+    checkout=True,
+    checkout_extras=("ray",),
+)
+
+ORACLES = (TAU2, SWEBENCH, TERMINAL_BENCH, AENVIRONMENT, TRL, OPENENV, HARBOR, AREAL)
 
 TAU2_DRIVER = ROOT / "tests" / "tau2_golden" / "oracle_driver.py"
 

@@ -280,6 +280,7 @@ FILE_LANES: dict[str, str] = {
     **dict.fromkeys(
         (
             "test_aenv_oracle.py",
+            "test_areal_oracle.py",
             "test_harbor.py",
             "test_openenv.py",
             "test_swe_env.py",

@@ -44,11 +44,11 @@ async def test_areal_runs_the_model_behind_its_proxy_and_returns_a_float(
     assert asyncio.iscoroutinefunction(workflow.run)
     async with httpx.AsyncClient() as client:
         reward = await workflow.run(TASK, base_url=url, api_key="session-key", http_client=client)
+        again, trajectory = await workflow.play(TASK, base_url=url, http_client=client)
     assert type(reward) is float
-    assert reward == 1.0
+    assert reward == again == 1.0
     assert requests[0]["model"] == "policy-model"
-    assert workflow.last_trajectory is not None
-    steps = workflow.last_trajectory.to_json()["steps"]
+    steps = trajectory.to_json()["steps"]
     assert [s["tool"] for s in steps] == [f"{TERMINAL}/execute_command"]  # the real name
 
 
@@ -63,11 +63,12 @@ async def test_areal_gives_its_policy_the_task_without_what_grades_it() -> None:
         await env.call_tool("execute_command", {"command": "echo 55 > answer.txt"})
 
     workflow = AEnvWorkflow(TERMINAL, policy=policy)
-    reward = await workflow.run({**TASK, "id": "a", "solution": "echo 55 > answer.txt"})
+    reward, trajectory = await workflow.play(
+        {**TASK, "id": "a", "solution": "echo 55 > answer.txt"}
+    )
     assert reward == 1.0  # the reward got its arguments
     assert given == [({"id": "a", "prompt": TASK["prompt"]},) * 2]
-    assert workflow.last_trajectory is not None
-    recorded = workflow.last_trajectory.to_json()["task"]
+    recorded = trajectory.to_json()["task"]
     assert recorded == {
         "id": "a",
         "prompt": TASK["prompt"],
@@ -100,10 +101,72 @@ async def test_areal_never_scores_an_episode_whose_instances_kept_failing(
         await workflow.run({"id": "t"})
 
 
-async def test_areal_without_a_model_says_what_to_pass() -> None:
-    with pytest.raises(ConfigurationError, match="base_url") as caught:
+async def test_areal_without_a_model_says_what_to_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    with pytest.raises(ConfigurationError, match="OPENAI_BASE_URL") as caught:
         await AEnvWorkflow(TERMINAL).run(TASK)
     assert type(caught.value) is ConfigurationError
+
+
+async def test_areal_subproc_mode_reads_the_proxy_from_openai_variables(
+    chat_endpoint: tuple[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AReaL's subproc mode calls ``run(data)`` alone, its proxy in ``OPENAI_BASE_URL`` and the
+    session's key in ``OPENAI_API_KEY``."""
+    url, requests = chat_endpoint
+    seen: list[str | None] = []
+    monkeypatch.setenv("OPENAI_BASE_URL", url)
+    monkeypatch.setenv("OPENAI_API_KEY", "session-key")
+
+    workflow = AEnvWorkflow(TERMINAL)
+    model = workflow._model_policy(TASK, {})
+    seen.append(getattr(model, "api_key", None))
+    assert await workflow.run(TASK) == 1.0
+    assert seen == ["session-key"]
+    assert requests[0]["messages"][-1] == {"role": "user", "content": TASK["prompt"]}
+
+
+async def test_areal_data_with_messages_opens_the_conversation_with_them(
+    chat_endpoint: tuple[str, list[dict[str, Any]]],
+) -> None:
+    url, requests = chat_endpoint
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Write the sum of 1..10 into answer.txt"},
+    ]
+    data = {"messages": messages, "reward_arguments": TASK["reward_arguments"]}
+    reward, trajectory = await AEnvWorkflow(TERMINAL).play(data, base_url=url)
+    assert reward == 1.0
+    assert requests[0]["messages"] == messages
+    assert trajectory.messages[:2] == messages
+
+
+async def test_areal_data_without_prompt_or_messages_is_refused(
+    chat_endpoint: tuple[str, list[dict[str, Any]]],
+) -> None:
+    url, requests = chat_endpoint
+    with pytest.raises(ConfigurationError, match="neither `prompt` nor `messages`"):
+        await AEnvWorkflow(TERMINAL).run({"reward_arguments": {}}, base_url=url)
+    with pytest.raises(ConfigurationError, match="list of chat messages"):
+        await AEnvWorkflow(TERMINAL).run({"messages": "hi"}, base_url=url)
+    assert requests == []
+
+
+async def test_areal_a_group_of_concurrent_runs_shares_nothing(
+    chat_endpoint: tuple[str, list[dict[str, Any]]],
+) -> None:
+    """AReaL's group (``group_size`` > 1) runs one workflow on the same data at once: each run
+    has its own episode, instance and record."""
+    url, _ = chat_endpoint
+    workflow = AEnvWorkflow(TERMINAL)
+    data = {**TASK, "id": "same"}
+    played = await asyncio.gather(*(workflow.play(data, base_url=url) for _ in range(3)))
+    assert [reward for reward, _ in played] == [1.0] * 3
+    trajectories = [trajectory for _, trajectory in played]
+    assert len({t.episode_id for t in trajectories}) == 3
+    assert len({t.instance_id for t in trajectories}) == 3
+    assert all(t.task_id == "same" and len(t.steps) == 1 for t in trajectories)
+    assert not hasattr(workflow, "last_trajectory")
 
 
 # -- RLlib -------------------------------------------------------------------------------------

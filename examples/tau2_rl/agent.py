@@ -5,8 +5,8 @@ the built-in ``tau2@1.0.0`` leased from a :class:`rollout.RolloutPool`: ``tau2_r
 the task on the instance (one warm instance serves any task), the model behind an
 OpenAI-compatible endpoint plays the agent with tau2's system prompt and tools, talking with
 tau2's user simulator (``builtin_envs.demos.tau2.DIALOGUE``) until the episode ends, and the
-return value is tau2's reward as a ``float``. The whole episode (conversation, tool calls, token
-usage and log-probabilities, reward components) is in ``workflow.last_trajectory``.
+return value is tau2's reward as a ``float``. ``workflow.play(data, ...)`` returns the whole
+episode too (conversation, tool calls, token usage and log-probabilities, reward components).
 
 Two entry points, as trainers call them:
 
@@ -34,6 +34,7 @@ from typing import Any
 from rollout import RolloutPool
 from rollout.areal import AEnvWorkflow
 from rollout.sources import PoolSource
+from rollout.trajectories import Trajectory
 
 ENV = "tau2@1.0.0"
 USER_VARIABLES = ("TAU2_USER_LLM", "TAU2_USER_LLM_API_BASE", "TAU2_USER_LLM_API_KEY")
@@ -99,9 +100,10 @@ class Tau2Workflow(AEnvWorkflow):
             episode_timeout=episode_timeout,
         )
 
-    async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
-        """Play tau2 task ``data`` (``domain``, ``task_id``); return its reward."""
-        return await super().run(tau2_task(data, split=self.split), **extra_kwargs)
+    async def play(self, data: dict[str, Any], **extra_kwargs: Any) -> tuple[float, Trajectory]:
+        """Play tau2 task ``data`` (``domain``, ``task_id``); return its reward and record
+        (``run`` returns the reward alone)."""
+        return await super().play(tau2_task(data, split=self.split), **extra_kwargs)
 
     def close(self) -> None:
         """Close the pool (its instances end)."""
