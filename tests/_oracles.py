@@ -314,7 +314,6 @@ HARBOR = Oracle(
 )
 
 
-
 # AReaL 1.0.4 (tests/test_areal_oracle.py): its OpenAI proxy server, client and workflow import
 # these (the versions of its own uv.lock where it pins them; its declared list pulls a hundred
 # more); sglang (no dependencies) for its tool-call parser; torch pinned to the CPU build on this
