@@ -102,10 +102,16 @@ class LaunchedZygote:
         ready, _, _ = select.select([self._pidfd], [], [], timeout)
         return bool(ready)
 
-    def __del__(self) -> None:
-        if self._pidfd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._pidfd)
+    def __del__(
+        self,
+        _close: Callable[[int], None] = os.close,
+        _suppress: type[contextlib.suppress] = contextlib.suppress,
+    ) -> None:
+        # only its defaults here: at interpreter exit the module's globals may already be None
+        fd, self._pidfd = self._pidfd, None
+        if fd is not None:
+            with _suppress(OSError):
+                _close(fd)
 
 
 class Launcher:

@@ -158,11 +158,13 @@ def _install(oracle: Oracle, target: Path) -> None:
         pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     if oracle.no_deps:
         _run([*pip, "--no-deps", *oracle.no_deps])
-    if oracle.packages:
-        _run([*pip, *oracle.packages])
-    if oracle.checkout:
+    checkout = []
+    if oracle.checkout:  # resolved with the pins, which it must not move
         extras = f"[{','.join(oracle.checkout_extras)}]" if oracle.checkout_extras else ""
-        _run([*pip, "-e", f"{ROOT}{extras}"])
+        checkout = ["-e", f"{ROOT}{extras}"]
+    if oracle.packages or checkout:
+        _run([*pip, *oracle.packages, *checkout])
+    if oracle.checkout:
         where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
         purelib = subprocess.run(
             [str(python), "-c", where], capture_output=True, text=True, check=True
