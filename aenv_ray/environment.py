@@ -373,27 +373,11 @@ class Environment:
         against an address that no longer answers."""
         if self._state is EnvironmentState.CLOSED or self._client is None:
             return  # released: its end is ours
-        cls = (
-            InstanceExpiredError
-            if info.reason is TerminationReason.EXPIRED
-            else InstanceBrokenError
-        )
-        self._state = EnvironmentState.BROKEN
-        self._broken = cls(
-            f"`{self.env_name}`: {info.describe_end()}; create a new environment",
-            env_name=self.env_name,
-            instance_id=info.id,
-        )
+        self._break(info)
         self._client.end(info.describe_end())
 
-    async def _why_broken(self, exc: InstanceBrokenError) -> AEnvError:
-        """The engine's account of a dead instance, when it has one (the environment is then
-        ``BROKEN``: its instance is gone for good)."""
-        if self._broken is not None:  # the engine told us first (:meth:`_instance_ended`)
-            return self._broken
-        info = await self._origin.ended() if self._origin is not None else None
-        if info is None:
-            return exc
+    def _break(self, info: InstanceInfo) -> AEnvError:
+        """Make the environment ``BROKEN`` by the engine's account ``info`` of its end."""
         cls = (
             InstanceExpiredError
             if info.reason is TerminationReason.EXPIRED
@@ -406,6 +390,16 @@ class Environment:
             instance_id=info.id,
         )
         return self._broken
+
+    async def _why_broken(self, exc: InstanceBrokenError) -> AEnvError:
+        """The engine's account of a dead instance, when it has one (the environment is then
+        ``BROKEN``: its instance is gone for good)."""
+        if self._broken is not None:  # the engine told us first (:meth:`_instance_ended`)
+            return self._broken
+        info = await self._origin.ended() if self._origin is not None else None
+        if info is None:
+            return exc
+        return self._break(info)
 
     async def _wait_until_healthy(self) -> None:
         assert self._client is not None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import orjson
 import pytest
@@ -564,6 +564,31 @@ def test_a_client_moves_to_a_new_event_loop(probe_runtime: RuntimeProcess) -> No
 ENDED = "instance i-1 ended: deleted (its pod was deleted)"
 
 
+@contextlib.contextmanager
+def _unanswered_port() -> Iterator[int]:
+    """A loopback port whose listener never accepts, its queue full: the kernel drops further
+    SYNs, so a connect hangs as it does towards an address nobody holds any more."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    queued = []
+    try:
+        for _ in range(4):
+            s = socket.socket()
+            queued.append(s)
+            s.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                s.connect(("127.0.0.1", port))
+        yield port
+    finally:
+        for s in queued:
+            s.close()
+        listener.close()
+
+
 async def test_an_ended_instance_fails_the_call_waiting_for_its_answer_at_once() -> None:
     async def silent(reader: Reader, writer: Writer, n: int, request: bytes) -> None:
         received.set()
@@ -584,70 +609,38 @@ async def test_an_ended_instance_fails_the_call_waiting_for_its_answer_at_once()
 
 
 async def test_an_ended_instance_fails_a_connect_that_gets_no_answer() -> None:
-    import socket
-
-    # a listener that never accepts, its queue full: the kernel drops further SYNs, so a
-    # connect hangs as it does towards an address nobody holds any more
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(0)
-    port = listener.getsockname()[1]
-    queued = []
-    for _ in range(4):
-        s = socket.socket()
-        s.setblocking(False)
-        with contextlib.suppress(BlockingIOError):
-            s.connect(("127.0.0.1", port))
-        queued.append(s)
-    client = InstanceClient(
-        f"http://127.0.0.1:{port}",
-        connect_timeout=600,
-        reconnect_window=0.2,
-        env_name="raw@1",
-        instance_id="i-1",
-    )
-    try:
-        call = asyncio.create_task(client.request("POST", "/x", {}, timeout=600))
-        await asyncio.sleep(0.3)
-        assert not call.done()  # still connecting
-        client.end(ENDED)
-        with pytest.raises(InstanceBrokenError, match=r"ended: deleted"):
-            await asyncio.wait_for(call, 60)  # a bound for a broken build, not a timing
-    finally:
-        await client.aclose()
-        for s in queued:
-            s.close()
-        listener.close()
+    with _unanswered_port() as port:
+        client = InstanceClient(
+            f"http://127.0.0.1:{port}",
+            connect_timeout=600,
+            reconnect_window=0.2,
+            env_name="raw@1",
+            instance_id="i-1",
+        )
+        try:
+            call = asyncio.create_task(client.request("POST", "/x", {}, timeout=600))
+            await asyncio.sleep(0.3)
+            assert not call.done()  # still connecting
+            client.end(ENDED)
+            with pytest.raises(InstanceBrokenError, match=r"ended: deleted"):
+                await asyncio.wait_for(call, 60)  # a bound for a broken build, not a timing
+        finally:
+            await client.aclose()
 
 
 async def test_a_call_cancelled_while_connecting_is_cancelled_not_ended() -> None:
-    import socket
-
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(0)
-    port = listener.getsockname()[1]
-    queued = []
-    for _ in range(4):
-        s = socket.socket()
-        s.setblocking(False)
-        with contextlib.suppress(BlockingIOError):
-            s.connect(("127.0.0.1", port))
-        queued.append(s)
-    wire = WireClient(f"http://127.0.0.1:{port}", connect_timeout=600)
-    try:
-        call = asyncio.create_task(wire.request("GET", "/x", timeout=600))
-        await asyncio.sleep(0.3)
-        call.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await call
-        # a connect timing out is still a timeout (the connect's own task is cancelled too)
-        with pytest.raises(TimeoutError, match="connecting to"):
-            await WireClient(f"http://127.0.0.1:{port}", connect_timeout=0.2).request(
-                "GET", "/x", timeout=5
-            )
-    finally:
-        await wire.aclose()
-        for s in queued:
-            s.close()
-        listener.close()
+    with _unanswered_port() as port:
+        wire = WireClient(f"http://127.0.0.1:{port}", connect_timeout=600)
+        try:
+            call = asyncio.create_task(wire.request("GET", "/x", timeout=600))
+            await asyncio.sleep(0.3)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            # a connect timing out is still a timeout (the connect's own task is cancelled too)
+            with pytest.raises(TimeoutError, match="connecting to"):
+                await WireClient(f"http://127.0.0.1:{port}", connect_timeout=0.2).request(
+                    "GET", "/x", timeout=5
+                )
+        finally:
+            await wire.aclose()
