@@ -49,6 +49,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from typing import NoReturn
 
 from local_backend import _channel, _linux
 
@@ -295,20 +296,35 @@ def _become_zygote(
     main: Callable[[list[str]], int],
     argv: list[str],
 ) -> None:
-    code = 1
-    try:
+    def body() -> int:
         selector.close()
         sock.close()
         for pidfd in children:
             os.close(pidfd)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         _linux.set_command_line([*_ZYGOTE, *argv])
-        code = main(argv)
+        return main(argv)
+
+    run_then_exit(body)
+
+
+def run_then_exit(body: Callable[[], int], *, last: Callable[[], None] | None = None) -> NoReturn:
+    """Run ``body`` and end the process with its code, without tearing the interpreter down:
+    what an uncaught exception prints is printed (code 1), ``SystemExit`` gives its code,
+    ``last`` runs (a log to close), the standard streams are flushed, then ``os._exit``. For
+    processes with nothing left to do at their end (a zygote, the engine daemon), where the
+    teardown of an interpreter that imported the runtime costs a second or more of CPU."""
+    code = 1
+    try:
+        code = body()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # as an uncaught exception ends a cold zygote
+    except BaseException:  # as an uncaught exception ends a process
         traceback.print_exc()
     finally:
+        if last is not None:
+            with contextlib.suppress(Exception):
+                last()
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()

@@ -54,9 +54,7 @@ import fcntl
 import logging
 import os
 import signal
-import sys
 import time
-import traceback
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -361,19 +359,9 @@ def _run_and_exit() -> None:
     """Run :func:`main`, then end without tearing the interpreter down (as a zygote ends):
     the engine, its socket and pid file are closed by then, and the teardown of a process that
     imported the engine and aiohttp only costs CPU while a client's ``shutdown`` waits."""
-    code = 1
-    try:
-        code = main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # what an uncaught exception prints, then the same end
-        traceback.print_exc()
-    finally:
-        logging.shutdown()  # the log file's last lines
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code)
+    from local_backend._launcher import run_then_exit
+
+    run_then_exit(main, last=logging.shutdown)  # the log file's last lines
 
 
 if __name__ == "__main__":

@@ -50,7 +50,6 @@ import socket
 import sys
 import tempfile
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -960,18 +959,9 @@ def _run_and_exit() -> None:
     streams flushed, then ``os._exit``. Nothing is left to do by then (instances, templates and
     cgroups are gone), and tearing down the interpreter of a process that imported the runtime
     costs a second or more of CPU on every engine's close."""
-    code = 1
-    try:
-        code = main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # what an uncaught exception prints, then the same end
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code)
+    from local_backend._launcher import run_then_exit
+
+    run_then_exit(main)
 
 
 if __name__ == "__main__":
