@@ -33,6 +33,9 @@ connection caps are :mod:`envhub.connections`'.
 ``GET    /v1/defences``                                  what the defences against abuse hold
 =======================================================  =========================================
 
+Beside them, out of the OpenAPI document, Prometheus' ``GET /metrics`` (:mod:`envhub.metrics`,
+who may scrape: :mod:`envhub.routes.metrics`).
+
 This module assembles the app: the routers (:mod:`envhub.routes`, one per concern, sharing one
 :class:`envhub.routes.context.Hub`), the guard, the error envelope and the lifespan (the control
 plane's upkeep and the proxy's client).
@@ -83,8 +86,9 @@ from aenv_ray.loadcheck import scrub_paths
 from envhub.control import ControlPlane
 from envhub.defences import FailureThrottle
 from envhub.guard import RequestGuard
+from envhub.metrics import HubMetrics
 from envhub.registry import VersionRegistry
-from envhub.routes import instances, meta, proxy, registry, services
+from envhub.routes import instances, meta, metrics, proxy, registry, services
 from envhub.routes.context import Hub, HubOptions
 from envhub.routes.forward import Forwarder
 from envhub.seal import SealedStore, TokenSeal, check_secret, hub_secret
@@ -189,6 +193,7 @@ def _error(exc: AEnvError, hidden: dict[str, str] | None = None) -> JSONResponse
 
 async def _aenv_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, AEnvError)  # registered for AEnvError only
+    request.app.state.hub.metrics.error(exc)
     return _error(exc, request.app.state.hidden_paths)
 
 
@@ -197,7 +202,9 @@ async def _invalid(request: Request, exc: Exception) -> JSONResponse:
     problems = "; ".join(
         f"`{'.'.join(str(p) for p in e['loc'] if p != 'body')}`: {e['msg']}" for e in exc.errors()
     )
-    return _error(ConfigurationError(f"invalid request: {problems}"))
+    error = ConfigurationError(f"invalid request: {problems}")
+    request.app.state.hub.metrics.error(error)
+    return _error(error)
 
 
 # -- the app ---------------------------------------------------------------------------------
@@ -235,6 +242,7 @@ def create_app(store: Store, engine: SandboxEngine, options: HubOptions | None =
     secret = options.secret if options.secret is not None else hub_secret(options.data_dir)
     store = SealedStore(store, TokenSeal(secret))
     versions = VersionRegistry(store, max_bundle=options.max_bundle, limits=options.limits)
+    hub_metrics = HubMetrics()
     control = ControlPlane(
         store,
         engine,
@@ -244,6 +252,7 @@ def create_app(store: Store, engine: SandboxEngine, options: HubOptions | None =
         sync_interval=options.sync_interval,
         limits=options.limits,
         warm=dict(options.warm),
+        metrics=hub_metrics,
     )
     app = FastAPI(
         title="EnvHub",
@@ -253,12 +262,12 @@ def create_app(store: Store, engine: SandboxEngine, options: HubOptions | None =
         responses=_ERRORS,
     )
     throttle = FailureThrottle(options.defences.auth_failures, window=options.defences.auth_window)
-    app.state.hub = Hub(options, store, versions, control, Forwarder(), throttle)
+    app.state.hub = Hub(options, store, versions, control, Forwarder(), throttle, hub_metrics)
     app.state.hidden_paths = hub_paths(options, store)
     app.add_middleware(RequestGuard, auth=options.auth)
     app.add_exception_handler(AEnvError, _aenv_error)
     app.add_exception_handler(RequestValidationError, _invalid)
     # in this order: the OpenAPI document lists the paths as the table above does
-    for module in (meta, registry, instances, services, proxy):
+    for module in (meta, registry, instances, services, proxy, metrics):
         app.include_router(module.router)
     return app

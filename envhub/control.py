@@ -48,7 +48,7 @@ predecessor's intents died with it; another hub's wait until its heartbeat lapse
 (:data:`HUB_LEASE`). Hubs on other stores never touch these instances (the ``aenv.store`` label).
 
 May import: the standard library, ``aenv_ray``, ``envhub`` (store, registry, resolve, limits,
-keys).
+keys, metrics).
 """
 
 from __future__ import annotations
@@ -102,6 +102,7 @@ from envhub.limits import (
     instance_ttl,
     over,
 )
+from envhub.metrics import HubMetrics
 from envhub.registry import VersionRegistry
 from envhub.resolve import Definition, resolve
 from envhub.store import Document, Store
@@ -193,6 +194,8 @@ class ControlPlane:
     startup_timeout: float = 120.0
     limits: Limits = field(default_factory=Limits)
     warm: Mapping[str, int] = field(default_factory=dict)  # ref -> free instances kept started
+    metrics: HubMetrics = field(default_factory=HubMetrics)  # the hub's (envhub.metrics)
+    warm_pool: str = WARM_POOL
     _warm_specs: dict[str, tuple[InstanceSpec, int]] = field(default_factory=dict, repr=False)
     _service_locks: dict[str, asyncio.Lock] = field(default_factory=dict, repr=False)
     _tenant_locks: dict[str, asyncio.Lock] = field(default_factory=dict, repr=False)
@@ -487,7 +490,21 @@ class ControlPlane:
                 return doc
         return None
 
-    async def _create_instance(
+    async def _create_instance(self, caller: Caller, env: str, **options: Any) -> Document:
+        """:meth:`_start_instance`, counted in the hub's metrics (creates, failures by kind,
+        the time of each successful one by source)."""
+        metrics = self.metrics
+        metrics.creates.inc()
+        started = time.perf_counter()
+        try:
+            doc, source = await self._start_instance(caller, env, **options)
+        except Exception as exc:
+            metrics.create_failures.labels(type(exc).__name__).inc()
+            raise
+        metrics.create_seconds.labels(source).observe(time.perf_counter() - started)
+        return doc
+
+    async def _start_instance(
         self,
         caller: Caller,
         env: str,
@@ -501,7 +518,9 @@ class ControlPlane:
         service: str | None = None,
         storage: str | None = None,
         idempotency_key: str | None = None,
-    ) -> Document:
+    ) -> tuple[Document, str]:
+        """Start an instance; its record and where it came from (``warm``: claimed from the
+        warm pool; ``engine``: started)."""
         limits = self.limits.for_tenant(caller.tenant)
         found = await self.resolve(caller, env)
         deploy = found.config.deploy_config
@@ -529,11 +548,13 @@ class ControlPlane:
             self._intent(caller.tenant) as marks,
         ):
             spec = replace(spec, labels={**spec.labels, **marks})
-            info = None
+            info, source = None, "warm"
             if service is None and self._claimable(spec):
                 assert isinstance(self.engine, WarmPoolEngine)
                 info = await self.engine.claim(spec, pool=WARM_POOL)
+                self.metrics.warm_claims.labels("empty" if info is None else "claimed").inc()
             if info is None:
+                source = "engine"
                 info = await self.engine.create(spec, timeout=self.startup_timeout)
             doc = self._record(info, caller.tenant, service=service)
             doc.update(
@@ -550,7 +571,11 @@ class ControlPlane:
             "instance created",
             extra={"instance": info.id, "env": found.ref, "tenant": caller.tenant},
         )
-        return doc
+        return doc, source
+
+    def warm_specs(self) -> dict[str, tuple[InstanceSpec, int]]:
+        """The warm pools this hub keeps: ref -> (the spec of its free instances, how many)."""
+        return dict(self._warm_specs)
 
     def _claimable(self, spec: InstanceSpec) -> bool:
         """A free warm instance can serve ``spec``: same definition, nothing else asked."""

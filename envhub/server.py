@@ -14,6 +14,7 @@ import ipaddress
 import logging
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import uvicorn
 
@@ -31,6 +32,9 @@ from envhub.connections import (
 from envhub.keys import LOCAL_TENANT
 from envhub.limits import Limits
 from envhub.store import open_store
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 __all__ = ["check_exposure", "is_loopback", "serve"]
 
@@ -72,9 +76,11 @@ async def serve(
     options: HubOptions,
     on_ready: Callable[[str], None] | None = None,
     log_level: str = "warning",
+    extend: Callable[[FastAPI], None] | None = None,
 ) -> None:
     """Serve the hub until SIGINT/SIGTERM. ``port=0`` picks a free one; ``on_ready`` gets the
-    URL once the socket listens and the control plane has synced with the engine."""
+    URL once the socket listens and the control plane has synced with the engine; ``extend``
+    gets the app before it serves (``aenv serve`` adds the UI's page with it)."""
     check_exposure(host, options.auth, options.limits)
     try:
         sock = bind_socket(host, port)
@@ -86,6 +92,8 @@ async def serve(
         sock.close()
         raise
     app = create_app(store, engine, options)
+    if extend is not None:
+        extend(app)
     bound = sock.getsockname()[1]
     defences = options.defences
     fd_limit = raise_fd_limit()

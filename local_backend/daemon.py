@@ -18,7 +18,13 @@ answers JSON over a Unix socket ``DIR/engine.sock`` (mode 0600: only its user):
 ``POST   /v1/instances/{id}/fork``          ``{"n", "timeout"?}`` -> ``{"instances": [...]}``
 ``POST   /v1/inspect``                      ``{"env", "project"?, "timeout"?}`` -> the manifest
                                             of the project loaded in a sandbox
+``GET    /metrics``                         Prometheus metrics (:mod:`local_backend._metrics`;
+                                            501 without the ``metrics`` extra)
 ==========================================  =================================================
+
+Prometheus cannot scrape a Unix socket: ``--metrics-port PORT`` (or ``AENV_DAEMON_METRICS_PORT``
+in the environment of whoever starts the daemon) serves ``GET /metrics``, and nothing else, on
+``127.0.0.1:PORT`` as well (docs/observability.md).
 
 ``env`` is a name (``NAME`` or ``NAME@VERSION``, found as ``aenv`` finds them: ``--env-path``,
 then the built-ins) unless ``project`` is given: an absolute project directory used as it is,
@@ -55,7 +61,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,9 +79,10 @@ from aenv_ray.errors import (
     InstanceNotFoundError,
     encode_error,
 )
+from local_backend._metrics import EngineMetrics
 from local_backend.engine import LocalEngine
 
-__all__ = ["IDEMPOTENCY_HEADER", "KEPT", "SOCKET_NAME", "main", "make_app"]
+__all__ = ["IDEMPOTENCY_HEADER", "KEPT", "METRICS_PORT_ENV", "SOCKET_NAME", "main", "make_app"]
 
 log = logging.getLogger("local_backend.daemon")
 
@@ -83,6 +90,9 @@ SOCKET_NAME = "engine.sock"
 PID_NAME = "engine.pid"
 _DEFAULT_TIMEOUT = 60.0
 IDEMPOTENCY_HEADER = "Idempotency-Key"  # as the hub's (aenv_ray.hub)
+METRICS_PORT_ENV = "AENV_DAEMON_METRICS_PORT"
+"""The variable naming the loopback port a daemon serves ``GET /metrics`` on (also
+``--metrics-port``); unset or empty: the Unix socket only."""
 KEPT = 600.0  # seconds a create's outcome answers a create sent again with its idempotency key
 
 
@@ -210,15 +220,69 @@ def _project(body: Mapping[str, Any], env_path: str) -> tuple[str, str]:
     return str(body.get("env") or path.name), str(path)
 
 
+def _scrape(engine: LocalEngine, metrics: EngineMetrics) -> Callable[..., Awaitable[web.Response]]:
+    """The ``GET /metrics`` handler: the instances counted now, then every metric."""
+
+    async def scrape(request: web.Request) -> web.Response:
+        if not metrics.available:
+            line = metrics.unavailable or "prometheus_client did not load"
+            return web.Response(text=line + "\n", status=501)
+        infos = await engine.list()
+        metrics.set_instances((i.state.value for i in infos), (s.value for s in InstanceState))
+        body, content_type = metrics.exposition(request.headers.get("Accept"))
+        response = web.Response(body=body)
+        response.headers["Content-Type"] = content_type
+        return response
+
+    return scrape
+
+
+def metrics_app(engine: LocalEngine, metrics: EngineMetrics) -> web.Application:
+    """An app serving ``GET /metrics`` alone (the daemon's loopback port for Prometheus)."""
+    app = web.Application()
+    app.router.add_get("/metrics", _scrape(engine, metrics))
+    return app
+
+
 def make_app(
-    engine: LocalEngine, env_path: str = "", *, activity: _Activity | None = None
+    engine: LocalEngine,
+    env_path: str = "",
+    *,
+    activity: _Activity | None = None,
+    metrics: EngineMetrics | None = None,
 ) -> web.Application:
-    """The daemon's HTTP API over ``engine`` (see the module docstring)."""
+    """The daemon's HTTP API over ``engine`` (see the module docstring), counting in
+    ``metrics`` (a new :class:`~local_backend._metrics.EngineMetrics` when not given)."""
     routes = web.RouteTableDef()
     creates = _Creates()
+    metrics = metrics or EngineMetrics()
+
+    @web.middleware
+    async def counted(request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            response: web.StreamResponse = await handler(request)
+            return response
+        except (AEnvError, ValueError, KeyError, TypeError) as exc:
+            kind = type(exc).__name__ if isinstance(exc, AEnvError) else "ConfigurationError"
+            resource = request.match_info.route.resource
+            where = resource.canonical if resource is not None else "other"
+            metrics.errors.labels(f"{request.method} {where}", kind).inc()
+            raise
 
     @routes.post("/v1/instances")
     async def create(request: web.Request) -> web.Response:
+        metrics.creates.inc()
+        started = time.perf_counter()
+        try:
+            response = await start(request)
+        except Exception as exc:
+            kind = type(exc).__name__ if isinstance(exc, AEnvError) else "ConfigurationError"
+            metrics.create_failures.labels(kind).inc()
+            raise
+        metrics.create_seconds.observe(time.perf_counter() - started)
+        return response
+
+    async def start(request: web.Request) -> web.Response:
         body = await request.json()
         ref, project = _project(body, env_path)
         spec = InstanceSpec(
@@ -283,17 +347,31 @@ def make_app(
         timeout = _seconds(body, "timeout") or _DEFAULT_TIMEOUT
         return web.json_response(await engine.inspect(project, timeout=timeout))
 
-    middlewares = [_errors] if activity is None else [activity.middleware, _errors]
+    middlewares = [_errors, counted]
+    if activity is not None:
+        middlewares.insert(0, activity.middleware)
     app = web.Application(middlewares=middlewares)
     app.add_routes(routes)
+    app.router.add_get("/metrics", _scrape(engine, metrics))
     return app
 
 
-async def _serve(state_dir: Path, idle_exit: float, env_path: str) -> None:
+async def _serve(
+    state_dir: Path, idle_exit: float, env_path: str, metrics_port: int | None = None
+) -> None:
     engine = LocalEngine()
     activity = _Activity()
-    runner = web.AppRunner(make_app(engine, env_path, activity=activity), access_log=None)
+    metrics = EngineMetrics()
+    runner = web.AppRunner(
+        make_app(engine, env_path, activity=activity, metrics=metrics), access_log=None
+    )
     await runner.setup()
+    scraped: web.AppRunner | None = None
+    if metrics_port is not None:  # loopback only: the counts, never the instance routes
+        scraped = web.AppRunner(metrics_app(engine, metrics), access_log=None)
+        await scraped.setup()
+        await web.TCPSite(scraped, "127.0.0.1", metrics_port).start()
+        log.info("engine daemon metrics", extra={"url": f"http://127.0.0.1:{metrics_port}"})
     path = state_dir / SOCKET_NAME
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
@@ -323,6 +401,8 @@ async def _serve(state_dir: Path, idle_exit: float, env_path: str) -> None:
                 break
     finally:
         await runner.cleanup()
+        if scraped is not None:
+            await scraped.cleanup()
         await engine.aclose()
         for name in (SOCKET_NAME, PID_NAME):
             with contextlib.suppress(FileNotFoundError):
@@ -341,7 +421,15 @@ def main(argv: list[str] | None = None) -> int:
         "--env-path", default=None, help="where names are looked up (default: AENV_ENV_PATH)"
     )
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help=f"also serve GET /metrics on 127.0.0.1:PORT (default: ${METRICS_PORT_ENV})",
+    )
     args = parser.parse_args(argv)
+    if args.metrics_port is None and os.environ.get(METRICS_PORT_ENV, "").strip():
+        args.metrics_port = int(os.environ[METRICS_PORT_ENV])
     configure_logging(args.log_level)
     state_dir = Path(args.state_dir)
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -351,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     except BlockingIOError:
         return 0
     env_path = Settings().env_path if args.env_path is None else args.env_path
-    asyncio.run(_serve(state_dir, args.idle_exit, env_path))
+    asyncio.run(_serve(state_dir, args.idle_exit, env_path, args.metrics_port))
     return 0
 
 

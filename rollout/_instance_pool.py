@@ -20,6 +20,7 @@ It owns a share of a :class:`~rollout.pool.RolloutPool`'s warm instances, each a
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 import time
@@ -47,7 +48,7 @@ from aenv_ray.errors import (
     LeaseLostError,
 )
 from rollout.lease import LeaseInfo, Owner
-from rollout.metrics import COUNTERS, LatencyHistogram, Phase
+from rollout.metrics import CALL_BUCKETS, COUNTERS, LatencyHistogram, Phase
 from rollout.spec import PoolSpec
 from rollout.stepping import StepResult
 
@@ -132,6 +133,10 @@ class InstancePool:
         self._last_report = 0.0
         self.phases = {p: LatencyHistogram() for p in Phase}
         self.counters = dict.fromkeys(COUNTERS, 0)
+        # for Prometheus (rollout.metrics.RayMetrics): plain counts here, published once a second
+        self.tool_calls: dict[tuple[str, str], int] = {}  # (tool, outcome) -> calls
+        self.tool_buckets: dict[str, list[int]] = {}  # tool -> calls per CALL_BUCKETS bucket
+        self.acquires = {"warm": 0, "waited": 0, "none": 0}  # acquire's results
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self, *, wait: float = 0.0) -> int:
@@ -227,6 +232,7 @@ class InstancePool:
         if self._shared is not None:
             return await self._claim(owner, wait, attempt, started)
         slot = self._pop_idle()
+        self.acquires["warm" if slot is not None else "waited" if wait > 0 else "none"] += 1
         if slot is None and wait > 0:
             waiter: asyncio.Future[_Slot] = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
@@ -239,6 +245,9 @@ class InstancePool:
                 with contextlib.suppress(ValueError):
                     self._waiters.remove(waiter)
         if slot is None:
+            if wait > 0:  # counted as waited above: it waited for nothing
+                self.acquires["waited"] -= 1
+                self.acquires["none"] += 1
             return Grant(None, len(self._idle))
         lease = self._lease(slot, owner)
         if attempt:
@@ -264,6 +273,7 @@ class InstancePool:
                 spec, pool=self.spec.name, timeout=max(0.0, deadline - time.monotonic())
             )
             if info is None:
+                self.acquires["none"] += 1
                 return Grant(None, self._idle_count())
             self._warm = WarmCount(max(0, self._warm.ready - 1), self._warm.starting)
             env = self.spec.adopt(self._engine, info)
@@ -283,6 +293,7 @@ class InstancePool:
             slot = _Slot(env, info.id, self.spec.ttl)
             self._slots[slot.instance_id] = slot
             lease = self._lease(slot, owner)
+            self.acquires["warm"] += 1  # claimed from the engine's shared warm pool
             if attempt:
                 self.counters["retried"] += 1
             self.phases[Phase.ACQUIRE].observe(time.perf_counter() - started)
@@ -356,7 +367,7 @@ class InstancePool:
         """``Environment.call_tool`` on the leased instance."""
         slot = self._slot(lease_id)
         return await self._timed(
-            slot, Phase.TOOL_CALL, slot.env.call_tool(name, arguments, timeout)
+            slot, Phase.TOOL_CALL, slot.env.call_tool(name, arguments, timeout), tool=name
         )
 
     async def call_function(
@@ -383,15 +394,28 @@ class InstancePool:
         tools: list[dict[str, Any]] = await self._timed(slot, None, slot.env.list_tools())
         return tools
 
-    async def _timed(self, slot: _Slot, phase: Phase | None, call: Awaitable[Any]) -> Any:
+    async def _timed(
+        self, slot: _Slot, phase: Phase | None, call: Awaitable[Any], tool: str | None = None
+    ) -> Any:
         started = time.perf_counter()
+        outcome = "ok"
         try:
-            return await call
+            result = await call
+            if tool is not None and getattr(result, "is_error", False):
+                kind = getattr(result, "error_kind", None)
+                outcome = kind.value if kind is not None else "error"
+            return result
         except (InstanceBrokenError, InstanceExpiredError) as exc:
+            outcome = type(exc).__name__
             self._mark_dead(slot, expired=isinstance(exc, InstanceExpiredError))
+            raise
+        except BaseException as exc:
+            outcome = type(exc).__name__
             raise
         finally:
             elapsed = time.perf_counter() - started
+            if tool is not None:
+                self._count_tool(tool, outcome, elapsed)
             if phase is not None:
                 self.phases[phase].observe(elapsed)
             if slot.first_call:
@@ -463,6 +487,18 @@ class InstancePool:
             leases.append(self._lease(child, owner))
         return leases
 
+    def _count_tool(self, tool: str, outcome: str, seconds: float) -> None:
+        """One tool call into the Prometheus counts: a name the instance does not know is
+        ``<unknown>`` (an agent's made-up names must not grow the series without bound)."""
+        if outcome == "not_found":
+            tool = "<unknown>"
+        key = (tool, outcome)
+        self.tool_calls[key] = self.tool_calls.get(key, 0) + 1
+        buckets = self.tool_buckets.get(tool)
+        if buckets is None:
+            buckets = self.tool_buckets[tool] = [0] * (len(CALL_BUCKETS) + 1)
+        buckets[bisect.bisect_left(CALL_BUCKETS, seconds)] += 1
+
     # -- stats -----------------------------------------------------------------------------------
     def report(self) -> dict[str, Any]:
         """Gauges, counters and latency histograms of this actor, as plain data."""
@@ -473,6 +509,10 @@ class InstancePool:
             "creating": self._creating,
             "counters": dict(self.counters),
             "phases": {p.value: h.to_dict() for p, h in self.phases.items()},
+            "size": self.size,
+            "tool_calls": [[tool, outcome, n] for (tool, outcome), n in self.tool_calls.items()],
+            "tool_buckets": {tool: list(b) for tool, b in self.tool_buckets.items()},
+            "acquires": dict(self.acquires),
         }
 
     # -- warm keeping ----------------------------------------------------------------------------

@@ -18,11 +18,23 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["COUNTERS", "LatencyHistogram", "Phase", "PhaseSummary", "PoolStats", "RayMetrics"]
+__all__ = [
+    "CALL_BUCKETS",
+    "COUNTERS",
+    "LatencyHistogram",
+    "Phase",
+    "PhaseSummary",
+    "PoolStats",
+    "RayMetrics",
+    "count_episode",
+]
 
 _RATIO = 1.04
 _LOG_RATIO = math.log(_RATIO)
 _SMALLEST = 1e-6  # seconds: the first bucket holds everything up to a microsecond
+
+CALL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0)
+"""Seconds: the bucket bounds of the Prometheus histogram of tool calls (the hub's too)."""
 
 COUNTERS = ("created", "broken", "expired", "retried", "reclaimed", "released", "acquired")
 """Counter names every pool actor reports (events since it started)."""
@@ -174,6 +186,33 @@ class RayMetrics:
             "aenv_rollout_instances", "instances by state", tag_keys=("pool", "state")
         )
         self._published = dict.fromkeys(COUNTERS, 0)
+        self._calls = metrics.Counter(
+            "aenv_rollout_tool_calls_total",
+            "tool calls by tool and outcome (ok, a tool error's kind, an exception's class)",
+            tag_keys=("pool", "tool", "outcome"),
+        )
+        self._call_seconds = metrics.Histogram(
+            "aenv_rollout_tool_call_duration_seconds",
+            "seconds of a tool call in the pool actor, by tool",
+            boundaries=list(CALL_BUCKETS),
+            tag_keys=("pool", "tool"),
+        )
+        self._errors = metrics.Counter(
+            "aenv_rollout_errors_total",
+            "tool calls that failed, by kind (a tool error's kind, an exception's class)",
+            tag_keys=("pool", "kind"),
+        )
+        self._acquires = metrics.Counter(
+            "aenv_rollout_acquires_total",
+            "acquires by result: warm (an idle instance at once), waited, none (nothing in time)",
+            tag_keys=("pool", "result"),
+        )
+        self._target = metrics.Gauge(
+            "aenv_rollout_warm_target", "warm instances the pool actor keeps", tag_keys=("pool",)
+        )
+        self._published_calls: dict[tuple[str, str], int] = {}
+        self._published_buckets: dict[str, list[int]] = {}
+        self._published_acquires: dict[str, int] = {}
 
     def publish(self, report: Mapping[str, Any]) -> None:
         """Export one actor's :meth:`InstancePool.report`."""
@@ -190,3 +229,56 @@ class RayMetrics:
                 self._published[name] = int(n)
         for state in ("idle", "leased", "creating"):
             self._instances.set(float(report[state]), tags={"pool": pool, "state": state})
+        self._target.set(float(report.get("size", 0)), tags={"pool": pool})
+        for tool, outcome, n in report.get("tool_calls", ()):
+            grown = int(n) - self._published_calls.get((tool, outcome), 0)
+            if grown > 0:
+                self._calls.inc(grown, tags={"pool": pool, "tool": tool, "outcome": outcome})
+                if outcome != "ok":
+                    self._errors.inc(grown, tags={"pool": pool, "kind": outcome})
+                self._published_calls[(tool, outcome)] = int(n)
+        for tool, counts in report.get("tool_buckets", {}).items():
+            before = self._published_buckets.get(tool) or [0] * len(counts)
+            tags = {"pool": pool, "tool": tool}
+            for index, (now, then) in enumerate(zip(counts, before, strict=True)):
+                # Ray's histogram takes one value at a time: a value inside the bucket, once per
+                # call counted in it since the last publish (off the call path, once a second)
+                value = _inside(index)
+                for _ in range(int(now) - int(then)):
+                    self._call_seconds.observe(value, tags=tags)
+            self._published_buckets[tool] = [int(c) for c in counts]
+        for result, n in report.get("acquires", {}).items():
+            grown = int(n) - self._published_acquires.get(result, 0)
+            if grown > 0:
+                self._acquires.inc(grown, tags={"pool": pool, "result": result})
+                self._published_acquires[result] = int(n)
+
+
+def _inside(index: int) -> float:
+    """A value inside bucket ``index`` of :data:`CALL_BUCKETS` (the last: past the last bound)."""
+    if index >= len(CALL_BUCKETS):
+        return CALL_BUCKETS[-1] * 2
+    low = CALL_BUCKETS[index - 1] if index else 0.0
+    return (low + CALL_BUCKETS[index]) / 2
+
+
+_episodes: Any = None
+
+
+def count_episode(pool: str, outcome: str) -> None:
+    """Count one episode's outcome (``aenv_rollout_episodes_total{pool,outcome}``, a Ray
+    metric of the driver's process) when Ray runs here; nothing otherwise."""
+    global _episodes
+    import ray
+
+    if not ray.is_initialized():
+        return
+    if _episodes is None:
+        from ray.util import metrics
+
+        _episodes = metrics.Counter(
+            "aenv_rollout_episodes_total",
+            "episodes by outcome (ok, agent_error, timeout, infrastructure_error)",
+            tag_keys=("pool", "outcome"),
+        )
+    _episodes.inc(1, tags={"pool": pool, "outcome": outcome})

@@ -13,6 +13,8 @@ lifespan).
 :mod:`.services`            ``/v1/services``: create, list, get, update, delete
 :mod:`.proxy`               ``.../proxy/{path}``: an instance's or a service's runtime, through the
                             hub
+:mod:`.metrics`             ``/metrics``: Prometheus' scrape (:mod:`envhub.metrics`), behind a
+                            scrape token or any API key
 ==========================  ======================================================================
 
 A router's handlers take the hub as a dependency (``hub: HubDep``, the :class:`~.context.Hub`

@@ -21,6 +21,7 @@ from envhub.control import ControlPlane
 from envhub.defences import Defences, FailureThrottle, peer_of
 from envhub.keys import LOCAL_TENANT, Caller, authenticate
 from envhub.limits import Limits
+from envhub.metrics import HubMetrics
 from envhub.registry import DEFAULT_MAX_BUNDLE, VersionRegistry
 from envhub.routes.forward import Forwarder
 from envhub.store import Store
@@ -45,6 +46,8 @@ class HubOptions:
     # not given, the hub keeps its own in data_dir/hub-secret
     secret: bytes | None = field(default=None, repr=False)
     defences: Defences = field(default_factory=Defences)  # timeouts, connection caps, auth throttle
+    # the bearer token a scraper of /metrics sends (docs/observability.md); None: any API key
+    metrics_token: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class Hub:
     control: ControlPlane
     forwarder: Forwarder  # the proxy's client to runtimes (opened by the app's lifespan)
     throttle: FailureThrottle  # failed authentications per client
+    metrics: HubMetrics = field(default_factory=HubMetrics)  # GET /metrics (envhub.metrics)
 
 
 def serving(request: Request) -> Hub:

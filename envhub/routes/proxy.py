@@ -13,6 +13,8 @@ An unknown or ended instance gets the words of the runtime's refusal of a wrong 
 
 from __future__ import annotations
 
+import time
+
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 
@@ -60,7 +62,11 @@ async def instance_proxy(iid: str, path: str, request: Request, who: Who) -> Res
             f"instance {iid} is {doc['state']} ({doc.get('reason') or 'not ready'})",
             instance_id=iid,
         )
-    return await hub.forwarder.forward(request, doc["url"], path, doc.get("token"))
+    started = time.perf_counter()
+    try:
+        return await hub.forwarder.forward(request, doc["url"], path, doc.get("token"))
+    finally:
+        hub.metrics.proxied_request("instance", path, time.perf_counter() - started)
 
 
 @router.api_route("/v1/services/{sid}/proxy/{path:path}", methods=_METHODS, tags=["services"])
@@ -71,4 +77,8 @@ async def service_proxy(sid: str, path: str, request: Request, who: Who) -> Resp
     if not targets:
         raise CapacityError(f"service {sid} has no running replica now; try again shortly")
     endpoint, token = targets[hub.forwarder.next_turn() % len(targets)]
-    return await hub.forwarder.forward(request, endpoint, path, token)
+    started = time.perf_counter()
+    try:
+        return await hub.forwarder.forward(request, endpoint, path, token)
+    finally:
+        hub.metrics.proxied_request("service", path, time.perf_counter() - started)
