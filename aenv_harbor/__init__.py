@@ -1,14 +1,18 @@
 """aenv_harbor: aenv-ray as a Harbor environment provider, Harbor's tasks in aenv-ray instances.
 
 Owns the provider (:class:`AenvRayEnvironment`, in ``aenv_harbor.environment``), the mapping of
-a task's Dockerfile (``aenv_harbor.dockerfile``) and the ``harbor-box`` project its instances
-serve (``aenv_harbor/box``). It composes engines by name only, through ``aenv_ray``.
+a task's Dockerfile (``aenv_harbor.dockerfile``), the ``harbor-box`` project its local
+instances serve (``aenv_harbor/box``), and on Kubernetes the task's derived image
+(``aenv_harbor.kube``) and the ``harbor-pod`` project its pods serve (``aenv_harbor/pod``).
+It composes engines by name only, through ``aenv_ray``.
 
 ``harbor run -p TASK_DIR -a oracle --env aenv_harbor:AenvRayEnvironment`` (``--ek
 engine=kubernetes`` for another engine, by the names ``aenv_ray.engine.new_engine`` knows)
 runs each trial in an instance of the ``harbor-box@1.0.0`` project this package ships
 (``aenv_harbor/box``), with the task's ``environment/Dockerfile`` mapped onto it
-(:mod:`aenv_harbor.dockerfile`). Harbor needs Python 3.12 or newer: ``pip install
+(:mod:`aenv_harbor.dockerfile`); on Kubernetes in a pod of ``harbor-pod@1.0.0``
+(``aenv_harbor/pod``) whose second container runs the task's own image, derived and built by
+the operator's builder (:mod:`aenv_harbor.kube`). Harbor needs Python 3.12 or newer: ``pip install
 'aenv-ray[harbor]'`` there. docs/ecosystem.md says what maps to what, and the limits.
 
     >>> from aenv_harbor.dockerfile import parse_dockerfile

@@ -1,11 +1,17 @@
 """``AenvRayEnvironment``: Harbor's environment provider on aenv-ray instances.
 
 ``harbor run -p TASK_DIR -a oracle --env aenv_harbor:AenvRayEnvironment`` runs each trial in an
-instance of ``harbor-box@1.0.0`` (this package's ``box/`` project) on the engine named by
-``--ek engine=NAME`` (else ``AENV_ENGINE``, else ``local``): the same names as everywhere in
-aenv-ray (``local``, ``daemon``, ``kubernetes``). The task's ``environment/Dockerfile`` is
-mapped by :mod:`aenv_harbor.dockerfile`; what cannot be mapped is refused before an instance
-starts (:class:`~aenv_harbor.dockerfile.UnmappableTaskError`).
+instance on the engine named by ``--ek engine=NAME`` (else ``AENV_ENGINE``, else ``local``): the
+same names as everywhere in aenv-ray (``local``, ``daemon``, ``kubernetes``).
+
+- On the local engines, an instance of ``harbor-box@1.0.0`` (this package's ``box/`` project):
+  the task's ``environment/Dockerfile`` is mapped by :mod:`aenv_harbor.dockerfile` onto a box
+  in the instance; what cannot be mapped is refused before an instance starts
+  (:class:`~aenv_harbor.dockerfile.UnmappableTaskError`).
+- On Kubernetes the pod is the box: an instance of ``harbor-pod@1.0.0`` (``pod/``), whose
+  second container runs the task's own image, derived and built by the operator's builder
+  (:mod:`aenv_harbor.kube`); ``--ek builder=...`` and ``--ek registry=...`` (else
+  ``AENV_HARBOR_BUILDER`` and ``AENV_HARBOR_REGISTRY``, else ``AENV_K8S_IMAGE_PREFIX``).
 
 May import: aenv_ray, harbor, the standard library (after ``require_extra("harbor")``).
 """
@@ -36,6 +42,14 @@ from aenv_harbor.dockerfile import (  # noqa: E402
     UnmappableTaskError,
     parse_dockerfile,
 )
+from aenv_harbor.kube import (  # noqa: E402
+    BUILDER_VARIABLE,
+    REGISTRY_VARIABLE,
+    build_image,
+    derived_dockerfile,
+    derived_tag,
+    seed_command,
+)
 from aenv_ray import Environment  # noqa: E402
 from aenv_ray.engine import SandboxEngine, new_engine  # noqa: E402
 from aenv_ray.errors import AEnvError  # noqa: E402
@@ -45,6 +59,9 @@ __all__ = ["AenvRayEnvironment", "CommandTimeoutError", "TaskBuildError"]
 
 BOX = "harbor-box@1.0.0"
 BOX_DIR = Path(__file__).resolve().parent / "box"
+POD = "harbor-pod@1.0.0"
+POD_DIR = Path(__file__).resolve().parent / "pod"
+POD_USER = 65534  # the Kubernetes engine's pods run as this user, never as root
 CHUNK = 6 << 20  # raw bytes per call (base64 makes 8 MiB, under the runtime's request limit)
 NO_LIMIT = 86400.0  # a day: the most a call may take
 _engines: dict[str, SandboxEngine] = {}
@@ -102,11 +119,29 @@ class AenvRayEnvironment(BaseEnvironment):
     :meth:`fork_rollouts` branches ``n`` started environments from this one's state.
     """
 
-    def __init__(self, *args: Any, engine: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        engine: str | None = None,
+        builder: str | None = None,
+        registry: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         self._engine_name = engine or get_settings().engine or "local"
+        self._builder = builder or os.environ.get(BUILDER_VARIABLE) or None
+        self._registry = (
+            registry or os.environ.get(REGISTRY_VARIABLE) or get_settings().k8s_image_prefix
+        )
         self._plan: DockerPlan | None = None
         self._env: Environment | None = None
+        self._workdir = "/"
+        self.image: str | None = None  # on Kubernetes: the task's image the pod runs
         super().__init__(*args, **kwargs)
+
+    @property
+    def on_kubernetes(self) -> bool:
+        """Whether the trial's box is a pod (the ``kubernetes`` engine)."""
+        return self._engine_name == "kubernetes"
 
     @staticmethod
     def type() -> str:
@@ -115,8 +150,9 @@ class AenvRayEnvironment(BaseEnvironment):
 
     @property
     def capabilities(self) -> EnvironmentCapabilities:
-        """No network is enforced per command; no GPUs, Windows, compose or host mounts."""
-        return EnvironmentCapabilities(disable_internet=True)
+        """No network is enforced per command on the local engines (a pod's network is the
+        pod's: not on Kubernetes); no GPUs, Windows, compose or host mounts."""
+        return EnvironmentCapabilities(disable_internet=not self.on_kubernetes)
 
     def _validate_definition(self) -> None:
         """Check that the task has a Dockerfile and nothing this provider cannot run (as
@@ -133,6 +169,13 @@ class AenvRayEnvironment(BaseEnvironment):
         if self.task_env_config.os == TaskOS.WINDOWS:
             raise UnmappableTaskError("a Windows task cannot run in a Linux instance")
         dockerfile = env_dir / "Dockerfile"
+        if self.on_kubernetes:
+            if not dockerfile.exists() and not self.task_env_config.docker_image:
+                raise UnmappableTaskError(
+                    f"{dockerfile} does not exist and the task names no docker_image: on "
+                    "Kubernetes the task's pod runs an image made from one of them"
+                )
+            return
         if not dockerfile.exists():
             image = self.task_env_config.docker_image
             raise UnmappableTaskError(
@@ -158,7 +201,12 @@ class AenvRayEnvironment(BaseEnvironment):
 
     async def start(self, force_build: bool) -> None:
         """Create the instance and replay the Dockerfile's steps (``force_build`` changes
-        nothing: nothing is cached between trials but the engine's warm template)."""
+        nothing: nothing is cached between trials but the engine's warm template). On
+        Kubernetes: build the task's image (once per content; again with ``force_build``),
+        create the pod, and copy the image's seed into its workspace."""
+        if self.on_kubernetes:
+            await self._start_pod(force_build)
+            return
         dockerfile = Path(self.environment_dir) / "Dockerfile"
         text = await asyncio.to_thread(dockerfile.read_text)
         self._plan = parse_dockerfile(text, where=str(dockerfile))
@@ -173,6 +221,7 @@ class AenvRayEnvironment(BaseEnvironment):
         await environment.initialize()
         self._env = environment
         plan = self.plan
+        self._workdir = plan.workdir
         made = await self.exec(f"mkdir -p {shlex.quote(plan.workdir)}", cwd="/", user="root")
         if made.return_code != 0:
             raise TaskBuildError(f"WORKDIR {plan.workdir}: {made.stderr}")
@@ -181,6 +230,64 @@ class AenvRayEnvironment(BaseEnvironment):
         # Harbor's output directories (/logs/agent, /logs/verifier, /logs/artifacts), as its
         # providers without host mounts make them
         await self.ensure_dirs(self._mount_targets(writable_only=True))
+
+    def _image_recipe(self, force_build: bool) -> tuple[str, Path | None]:
+        """The derived Dockerfile's text and its build context (None: no files): from the
+        task's ``docker_image`` unless ``force_build`` and there is a Dockerfile, as Harbor's
+        Docker provider chooses."""
+        dockerfile = Path(self.environment_dir) / "Dockerfile"
+        image = self.task_env_config.docker_image
+        workdir = self.task_env_config.workdir
+        paths = (workdir,) if workdir else ()  # writable too, whatever the image's WORKDIR
+        if image and not (force_build and dockerfile.exists()):
+            return derived_dockerfile(image=image, paths=paths), None
+        text = dockerfile.read_text()
+        return derived_dockerfile(text, paths=paths), Path(self.environment_dir)
+
+    async def _start_pod(self, force_build: bool) -> None:
+        text, context = await asyncio.to_thread(self._image_recipe, force_build)
+        if not self._builder or not self._registry:
+            missing = "builder" if not self._builder else "registry"
+            raise UnmappableTaskError(
+                f"on Kubernetes a Harbor task's pod runs its own image, which needs an image "
+                f"{missing}: set {BUILDER_VARIABLE} (a command line with {{tag}}, "
+                "{dockerfile} and {context}, e.g. `docker build -t {tag} -f {dockerfile} "
+                f"{{context}} && docker push {{tag}}`) and {REGISTRY_VARIABLE} (or "
+                "AENV_K8S_IMAGE_PREFIX), or --ek builder=... --ek registry=...; or run the "
+                "task on the local engine (--ek engine=local)"
+            )
+        tag = derived_tag(self._registry, text, context)
+        scratch = Path(self.environment_dir) if context is None else context
+        try:
+            await asyncio.to_thread(
+                build_image, self._builder, tag, text, scratch, force=force_build
+            )
+        except RuntimeError as exc:
+            raise TaskBuildError(f"building the task's image {tag} failed: {exc}") from exc
+        self.image = tag
+        settings = get_settings()
+        env_path = os.pathsep.join(filter(None, [str(POD_DIR), settings.env_path]))
+        environment = Environment(
+            POD,
+            datasource=tag,
+            engine=_engine(self._engine_name),
+            settings=settings.model_copy(update={"env_path": env_path}),
+            timeout=NO_LIMIT,
+            startup_timeout=600.0,
+        )
+        await environment.initialize()
+        self._env = environment
+        seeded = await self._exec_box(seed_command(), "/", {}, 600)
+        if seeded.return_code != 0:
+            said = (seeded.stderr or seeded.stdout).strip()[-2000:]
+            raise TaskBuildError(
+                f"the pod's image {tag} is not a derived Harbor image (aenv_harbor.kube.LAYER)"
+                if seeded.return_code == 3
+                else f"copying the image's seed into the pod's workspace failed: {said}"
+            )
+        self._workdir = (seeded.stdout.strip().splitlines() or ["/"])[-1]
+        await self.ensure_dirs(self._mount_targets(writable_only=True))
+        await self._upload_environment_dir_after_start()  # a prebuilt image's environment/
 
     async def _replay(self, step: Any) -> None:
         where = f"{self.environment_dir / 'Dockerfile'}:{step.line}"
@@ -234,14 +341,17 @@ class AenvRayEnvironment(BaseEnvironment):
         stdout_key: str | None = None,
     ) -> ExecResult:
         box = self._box()
-        variables = {"PATH": DEFAULT_PATH, "HOME": "/root", **self.plan.env, **env}
+        if self.on_kubernetes:  # the image's own ENV, as docker exec gives it
+            variables = dict(env)
+        else:
+            variables = {"PATH": DEFAULT_PATH, "HOME": "/root", **self.plan.env, **env}
         run_id = uuid.uuid4().hex
         arguments = {
             "command": command,
             "cwd": cwd,
             "env": variables,
             "timeout_sec": timeout_sec,
-            "no_network": self._network_off(),
+            "no_network": self._network_off() and not self.on_kubernetes,
             "stdin_key": stdin_key,
             "stdout_key": stdout_key,
             "run_id": run_id,
@@ -269,15 +379,19 @@ class AenvRayEnvironment(BaseEnvironment):
         task's ``workdir``, else the Dockerfile's ``WORKDIR``), with the Dockerfile's ``ENV``,
         Harbor's persistent environment and ``env``; past ``timeout_sec`` its processes are
         killed and :class:`CommandTimeoutError` is raised. ``user`` must be root (the only
-        user an instance maps)."""
+        user an instance maps; on Kubernetes every command runs as the pod's user, 65534)."""
         who = self._resolve_user(user)
         if who not in (None, "root", 0, "0"):
             raise UnmappableTaskError(
                 f"user {who!r}: an aenv-ray instance's user namespace maps only root, so a "
                 "command cannot run as another user (set the task's agent and verifier user "
                 "to root, or leave it unset)"
+                if not self.on_kubernetes
+                else f"user {who!r}: every command of a Kubernetes pod runs as its user "
+                f"({POD_USER}: the engine's pods never run as root), so a command cannot run as "
+                "another user (set the task's agent and verifier user to root, or leave it unset)"
             )
-        where = cwd or self.task_env_config.workdir or self.plan.workdir
+        where = cwd or self.task_env_config.workdir or self._workdir
         return await self._exec_box(command, where, self._merge_env(env) or {}, timeout_sec)
 
     async def _push(self, data: bytes) -> str:

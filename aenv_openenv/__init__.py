@@ -14,6 +14,12 @@ an instance, and the relay tools inside it:
   :func:`aenv_openenv.relay.serve_openenv`), on the local engine's warm templates or on
   Kubernetes (:mod:`aenv_openenv.provider`).
 
+- **OpenEnv's clients in a virtual environment of their own** (OpenEnv's pins are not
+  aenv-ray's): :class:`~aenv_openenv.process_provider.AenvRayProcessProvider` runs the
+  provider above in an ``aenv openenv provide`` child process and imports only the standard
+  library; this package's names load on first use, so importing that module loads no aenv-ray
+  code.
+
 OpenEnv's own package is never imported: it is what the users run on their side (its clients)
 or inside the instance (its server). docs/ecosystem.md says what maps to what, with the limits.
 
@@ -22,7 +28,26 @@ relay inside an instance, :mod:`aenv_openenv.relay`, imported by the project tha
 Engines are made by name.
 """
 
-from aenv_openenv.provider import AenvRayProvider
-from aenv_openenv.server import OpenEnvServer, create_app
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from aenv_openenv.provider import AenvRayProvider
+    from aenv_openenv.server import OpenEnvServer, create_app
 
 __all__ = ["AenvRayProvider", "OpenEnvServer", "create_app"]
+
+_WHERE = {
+    "AenvRayProvider": "aenv_openenv.provider",
+    "OpenEnvServer": "aenv_openenv.server",
+    "create_app": "aenv_openenv.server",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The package's names, imported on first use (see the module)."""
+    if name not in _WHERE:
+        raise AttributeError(f"module 'aenv_openenv' has no attribute {name!r}")
+    return getattr(importlib.import_module(_WHERE[name]), name)

@@ -43,6 +43,7 @@ from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from aenv_openenv.process_provider import ProviderFaces
 from aenv_openenv.server import require_token
 from aenv_ray import Environment
 from aenv_ray.engine import SandboxEngine
@@ -112,7 +113,7 @@ def bridge_app(env: Environment) -> Starlette:
     )
 
 
-class AenvRayProvider:
+class AenvRayProvider(ProviderFaces):
     """Runs an OpenEnv environment server in an aenv-ray instance (see the module).
 
     Args:
@@ -213,28 +214,6 @@ class AenvRayProvider:
         if thread is not None:
             thread.join(timeout=30)
         loop.close()
-
-    def close(self) -> None:
-        """``ContainerProvider.close``: the same as :meth:`stop_container`."""
-        self.stop_container()
-
-    # -- OpenEnv's RuntimeProvider --------------------------------------------------------------
-
-    def start(
-        self, port: int | None = None, env_vars: dict[str, str] | None = None, **kwargs: Any
-    ) -> str:
-        """``RuntimeProvider.start``: :meth:`start_container` of ``env``."""
-        return self.start_container(None, port=port, env_vars=env_vars)
-
-    def stop(self) -> None:
-        """``RuntimeProvider.stop``: :meth:`stop_container`."""
-        self.stop_container()
-
-    def __enter__(self) -> AenvRayProvider:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop_container()
 
     # -- the loop -------------------------------------------------------------------------------
 

@@ -24,6 +24,14 @@ on ``/reset`` and ``/step``) and nothing is created. A session ends, and its ins
 released, when its client sends ``close``, disconnects, or (made over ``/mcp``) sends
 ``openenv/session/close``; :meth:`OpenEnvServer.aclose` releases what is left.
 
+**Idle sessions** (``idle_timeout``, ``aenv openenv serve --idle-timeout``): a session no
+message has used for that long (none in progress) is closed by the server's reaper, its
+instance released and its slot freed. Its client is told when it comes back, never left
+waiting: on ``/ws`` its next message is answered with an error frame ``SESSION_EXPIRED`` (the
+connection stays open: ``reset`` there starts a new session), on ``/mcp`` with JSON-RPC error
+``-32000`` whose ``data.code`` is ``SESSION_EXPIRED``, and ``/ws?session_id=`` of it is refused
+the same way.
+
 May import: ``aenv_ray``, starlette.
 """
 
@@ -34,6 +42,8 @@ import contextlib
 import hmac
 import json
 import logging
+import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -46,7 +56,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from aenv_openenv.session import REWARD_ACTION, ActionError, ToolSession
 from aenv_ray import Environment
-from aenv_ray.engine import SandboxEngine
+from aenv_ray.engine import SandboxEngine, new_engine
 from aenv_ray.errors import AEnvError, CapacityError
 
 __all__ = ["OpenEnvServer", "create_app", "require_token"]
@@ -99,6 +109,11 @@ _STATE_SCHEMA: dict[str, Any] = {
 }
 
 
+SESSION_EXPIRED = "SESSION_EXPIRED"
+"""The error code of a message to a session the idle reaper closed."""
+_EXPIRED_KEPT = 10_000  # reaped sessions remembered, to tell their clients (oldest dropped)
+
+
 def _error_frame(message: str, code: str, **extra: Any) -> str:
     return json.dumps({"type": "error", "data": {"message": message, "code": code, **extra}})
 
@@ -117,11 +132,13 @@ def _rpc_result(result: Any, request_id: Any) -> dict[str, Any]:
 class OpenEnvServer:
     """The OpenEnv endpoints for the environment ``env_ref`` (any aenv-ray environment, the
     built-ins included), each session on an instance of its own made by ``engine`` (a name:
-    ``"local"``, ``"daemon"``, ``"kubernetes"``; an engine; or ``None``, the SDK's default).
+    ``"local"``, ``"daemon"``, ``"kubernetes"``, whose engine the server makes on first use and
+    closes in :meth:`aclose`; an engine; or ``None``, the SDK's default).
 
     ``make_environment`` replaces how an instance is made (it must return a new, not yet
     initialized :class:`~aenv_ray.Environment`); its default is ``Environment(env_ref,
-    engine=engine)``.
+    engine=engine)``. ``idle_timeout`` (seconds; ``None``: never) closes a session no message
+    has used for that long (see the module).
 
         >>> server = OpenEnvServer("mini-terminal@1.0.0", max_concurrent_envs=2)
         >>> server.capacity()
@@ -136,17 +153,33 @@ class OpenEnvServer:
         max_concurrent_envs: int = 1,
         make_environment: Callable[[], Environment] | None = None,
         description: str = "",
+        idle_timeout: float | None = None,
     ) -> None:
         if max_concurrent_envs < 1:
             raise ValueError(f"max_concurrent_envs must be at least 1, got {max_concurrent_envs}")
+        if idle_timeout is not None and not idle_timeout > 0:
+            raise ValueError(f"idle_timeout is a positive number of seconds, got {idle_timeout}")
+        self.idle_timeout = idle_timeout
+        self._expired: OrderedDict[str, str] = OrderedDict()  # reaped session -> what to say
+        self._reaper: asyncio.Task[None] | None = None
         self.env_ref = env_ref
         self.max_concurrent_envs = max_concurrent_envs
         self.description = description or f"aenv-ray environment {env_ref}"
-        self._make = make_environment or (lambda: Environment(env_ref, engine=engine))
+        self._engine = engine
+        self._own_engine: SandboxEngine | None = None  # made from the engine's name, closed here
+        self._make = make_environment or self._new_environment
         self._sessions: dict[str, ToolSession] = {}
         self._slots = 0  # sessions open or starting (a slot is taken before the instance)
         self._attached: set[str] = set()  # sessions a /ws connection is attached to
         self._lock = asyncio.Lock()
+
+    def _new_environment(self) -> Environment:
+        engine = self._engine
+        if isinstance(engine, str):  # an engine of this server's own: closed with it
+            if self._own_engine is None:
+                self._own_engine = new_engine(engine)
+            engine = self._own_engine
+        return Environment(self.env_ref, engine=engine)
 
     def capacity(self) -> dict[str, int]:
         """How many sessions are open (or starting), and the limit."""
@@ -173,9 +206,50 @@ class OpenEnvServer:
             async with self._lock:
                 self._slots -= 1
             raise
+        session.last_active = time.monotonic()  # idle from now: its start took what it took
         async with self._lock:
             self._sessions[session.id] = session
+        if self.idle_timeout is not None and (self._reaper is None or self._reaper.done()):
+            self._reaper = asyncio.get_running_loop().create_task(self._reap())
         return session
+
+    # -- the idle reaper ----------------------------------------------------------------------
+
+    def expired_message(self, session_id: str) -> str | None:
+        """What a client of ``session_id`` is told, if the reaper closed it."""
+        return self._expired.get(session_id)
+
+    async def _reap(self) -> None:
+        """Close each session idle for ``idle_timeout``, sleeping until the next one can be
+        (a deadline only moves later: a session's use starts its idle time again)."""
+        assert self.idle_timeout is not None
+        timeout = self.idle_timeout
+        while True:
+            now = time.monotonic()
+            due: list[ToolSession] = []
+            next_at = now + timeout
+            for session in list(self._sessions.values()):
+                if session.busy:
+                    continue
+                at = session.last_active + timeout
+                if at <= now:
+                    session.expired = True  # no await since the check: no message began
+                    due.append(session)
+                else:
+                    next_at = min(next_at, at)
+            for session in due:
+                self._expired[session.id] = (
+                    f"session {session.id} was idle for more than {timeout:g} s and was "
+                    "closed: its instance was released, the episode's state is gone. Start a "
+                    "new session (on /ws: send reset; on /mcp: openenv/session/create)"
+                )
+                while len(self._expired) > _EXPIRED_KEPT:
+                    self._expired.popitem(last=False)
+                log.warning("OpenEnv session %s idle for %g s: closed", session.id, timeout)
+                with contextlib.suppress(AEnvError):
+                    await asyncio.shield(self.close_session(session))
+            if not due:
+                await asyncio.sleep(next_at - now)
 
     async def close_session(self, session: ToolSession) -> None:
         """Release the session's instance and its slot (idempotent)."""
@@ -193,15 +267,24 @@ class OpenEnvServer:
     async def _transient(self) -> AsyncIterator[ToolSession]:
         session = await self.open_session()
         try:
-            yield session
+            async with session.using():  # busy for its one request: never reaped meanwhile
+                yield session
         finally:
             await asyncio.shield(self.close_session(session))
 
     async def aclose(self) -> None:
         """Release every session's instance (the server's shutdown)."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+            self._reaper = None
         for session in list(self._sessions.values()):
             with contextlib.suppress(AEnvError):
                 await self.close_session(session)
+        engine, self._own_engine = self._own_engine, None
+        if engine is not None:
+            await engine.aclose()
 
     # -- the app ------------------------------------------------------------------------------
 
@@ -295,9 +378,12 @@ class OpenEnvServer:
                 async with self._lock:
                     session = self._sessions.get(wanted)
                     if session is None or wanted in self._attached:
+                        expired = self.expired_message(wanted)
                         why = "unknown" if session is None else "already attached"
                         await websocket.send_text(
-                            _error_frame(f"session {wanted} is {why}", "SESSION_ERROR")
+                            _error_frame(expired, SESSION_EXPIRED)
+                            if expired and session is None
+                            else _error_frame(f"session {wanted} is {why}", "SESSION_ERROR")
                         )
                         session = None
                         return
@@ -316,6 +402,28 @@ class OpenEnvServer:
                 owned = True
             while True:
                 raw = await websocket.receive_text()
+                if session.expired:  # the reaper closed it: say so; a reset starts anew
+                    kind = _message_type(raw)
+                    if kind == "close":
+                        break
+                    refusal = None
+                    if kind != "reset":
+                        said = self.expired_message(session.id) or f"session {session.id} expired"
+                        refusal = _error_frame(said, SESSION_EXPIRED)
+                    else:
+                        try:
+                            fresh = await self.open_session()
+                        except CapacityError as exc:
+                            refusal = _error_frame(str(exc), "CAPACITY_REACHED", **self.capacity())
+                        except AEnvError as exc:
+                            refusal = _error_frame(str(exc), "FACTORY_ERROR")
+                    if refusal is not None:
+                        await websocket.send_text(refusal)
+                        continue
+                    if not owned:
+                        async with self._lock:
+                            self._attached.discard(session.id)
+                    session, owned = fresh, True
                 answer = await self._ws_message(session, raw)
                 if answer is None:
                     break
@@ -340,6 +448,10 @@ class OpenEnvServer:
             return _error_frame(f"Invalid JSON: {exc}", "INVALID_JSON")
         kind = message.get("type", "") if isinstance(message, dict) else ""
         data = message.get("data", {}) if isinstance(message, dict) else {}
+        async with session.using():
+            return await self._ws_answer(session, kind, data)
+
+    async def _ws_answer(self, session: ToolSession, kind: str, data: Any) -> str | None:
         try:
             if kind == "reset":
                 payload = await session.reset(data if isinstance(data, dict) else {})
@@ -426,6 +538,11 @@ class OpenEnvServer:
             if wanted:
                 target = self._sessions.get(str(wanted))
                 if target is None:
+                    expired = self.expired_message(str(wanted))
+                    if expired:
+                        return _rpc_error(
+                            SERVER_ERROR, expired, request_id, {"code": SESSION_EXPIRED}
+                        )
                     return _rpc_error(INVALID_PARAMS, f"Unknown session_id: {wanted}", request_id)
                 return await self._rpc_tools(method, params, target, request_id)
             async with self._transient() as session:
@@ -449,11 +566,22 @@ class OpenEnvServer:
             )
         target = self._sessions.get(str(wanted))
         if target is None:
+            if self.expired_message(str(wanted)):  # closed already, by the reaper
+                return _rpc_result({"session_id": wanted, "closed": True}, request_id)
             return _rpc_error(INVALID_PARAMS, f"Unknown session_id: {wanted}", request_id)
         await asyncio.shield(self.close_session(target))
         return _rpc_result({"session_id": wanted, "closed": True}, request_id)
 
     async def _rpc_tools(
+        self, method: str, params: dict[str, Any], session: ToolSession, request_id: Any
+    ) -> dict[str, Any]:
+        if session.expired:
+            said = self.expired_message(session.id) or f"session {session.id} expired"
+            return _rpc_error(SERVER_ERROR, said, request_id, {"code": SESSION_EXPIRED})
+        async with session.using():
+            return await self._rpc_tools_of(method, params, session, request_id)
+
+    async def _rpc_tools_of(
         self, method: str, params: dict[str, Any], session: ToolSession, request_id: Any
     ) -> dict[str, Any]:
         if method == "tools/list":
@@ -470,6 +598,14 @@ class OpenEnvServer:
         if not isinstance(arguments, dict):
             return _rpc_error(INVALID_PARAMS, "'arguments' must be an object", request_id)
         return _rpc_result(await session.mcp_call_tool(name, arguments), request_id)
+
+
+def _message_type(raw: str) -> str:
+    try:
+        message = json.loads(raw)
+    except json.JSONDecodeError:
+        return ""
+    return str(message.get("type", "")) if isinstance(message, dict) else ""
 
 
 async def _json_body(request: Request) -> Any:
@@ -513,12 +649,19 @@ def create_app(
     engine: SandboxEngine | str | None = None,
     max_concurrent_envs: int = 1,
     token: str | None = None,
+    idle_timeout: float | None = None,
 ) -> ASGIApp:
     """The OpenEnv endpoints for ``env_ref`` as an ASGI app (``uvicorn.run(create_app(...))``);
-    with ``token``, behind it (:func:`require_token`).
+    with ``token``, behind it (:func:`require_token`); ``idle_timeout``: see
+    :class:`OpenEnvServer`.
 
     >>> create_app("mini-terminal@1.0.0", max_concurrent_envs=4).routes[0].path
     '/health'
     """
-    app = OpenEnvServer(env_ref, engine=engine, max_concurrent_envs=max_concurrent_envs).app()
+    app = OpenEnvServer(
+        env_ref,
+        engine=engine,
+        max_concurrent_envs=max_concurrent_envs,
+        idle_timeout=idle_timeout,
+    ).app()
     return require_token(app, token) if token else app

@@ -35,9 +35,11 @@ May import: ``aenv_ray``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from aenv_ray import Environment
@@ -130,6 +132,20 @@ class ToolSession:
         self.done = False
         self._used = False  # the current instance has served a call: a reset replaces it
         self.closed = False
+        self.last_active = time.monotonic()  # when a message last began or ended
+        self.busy = 0  # messages in progress: a busy session is never idle
+        self.expired = False  # closed by the server's idle reaper
+
+    @contextlib.asynccontextmanager
+    async def using(self) -> AsyncIterator[None]:
+        """One message's span: the session is busy during it, active at both ends."""
+        self.busy += 1
+        self.last_active = time.monotonic()
+        try:
+            yield
+        finally:
+            self.busy -= 1
+            self.last_active = time.monotonic()
 
     async def start(self) -> None:
         """Create and initialize the session's instance (raises the engine's typed errors)."""

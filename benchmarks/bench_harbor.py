@@ -16,6 +16,12 @@ engine's warm template, plus the Dockerfile's steps) and the agent's and the ver
 Prints the medians per provider and the ratio; the first aenv-ray trial of the first round
 (the engine's cold start: its zygote and template) is shown apart. Needs root (the baseline's
 ``unshare`` and ``chroot``). A measurement, not a test: exit 0 either way.
+
+``--engine kubernetes --base debian:bookworm-slim`` measures the trials on Kubernetes instead
+(each a pod whose image is the task's, derived and built once: docs/ecosystem.md, *Kubernetes:
+the pod is the box*), with the cluster, registry and builder of the environment
+(``KUBECONFIG``, ``AENV_K8S_NAMESPACE``, ``AENV_K8S_IMAGE_PREFIX``, ``AENV_HARBOR_BUILDER``);
+the first trial (its image's build) is shown apart.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ PROVIDERS = {
 PHASES = ("environment_setup", "agent_execution", "verifier")
 
 
-def _write_task(folder: Path) -> None:
+def _write_task(folder: Path, base: str) -> None:
     for part in ("environment", "solution", "tests"):
         (folder / part).mkdir(parents=True)
     (folder / "task.toml").write_text(
@@ -48,7 +54,7 @@ def _write_task(folder: Path) -> None:
     )
     (folder / "instruction.md").write_text("Write /app/hello.txt saying hello.\n")
     (folder / "environment" / "Dockerfile").write_text(
-        "FROM ubuntu:24.04\nENV GREETING=hello\nWORKDIR /app\nRUN mkdir -p /app/data\n"
+        f"FROM {base}\nENV GREETING=hello\nWORKDIR /app\nRUN mkdir -p /app/data\n"
     )
     (folder / "solution" / "solve.sh").write_text('#!/bin/bash\necho "$GREETING" > hello.txt\n')
     (folder / "tests" / "test.sh").write_text(
@@ -63,11 +69,13 @@ def _seconds(span: dict[str, str]) -> float:
     return (end - start).total_seconds()
 
 
-def _run(harbor: Path, provider: str, tasks: Path, jobs: Path) -> list[dict[str, float]]:
+def _run(
+    harbor: Path, provider: str, tasks: Path, jobs: Path, engine: str
+) -> list[dict[str, float]]:
     environment = {
         **os.environ,
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-        "AENV_ENGINE": "local",
+        "AENV_ENGINE": engine,
         "PYTHONPATH": str(ROOT / "benchmarks"),
     }
     command = [str(harbor), "run", "-p", str(tasks), "-a", "oracle", "--env", provider]
@@ -92,7 +100,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--trials", type=int, default=4)
     parser.add_argument("--python", help="a Python 3.12 with harbor==0.25.0 and aenv-ray")
+    parser.add_argument("--engine", default="local", choices=("local", "kubernetes"))
+    parser.add_argument("--base", default="ubuntu:24.04", help="the task's FROM image")
     options = parser.parse_args()
+    providers = dict(PROVIDERS)
+    if options.engine != "local":  # the local process is the same on any engine
+        providers = {"aenv-ray": PROVIDERS["aenv-ray"]}
     if options.python:
         python = Path(options.python)
     else:
@@ -100,19 +113,20 @@ def main() -> int:
 
         python = ensure_oracle(HARBOR)
     harbor = python.parent / "harbor"
-    times: dict[str, list[dict[str, float]]] = {name: [] for name in PROVIDERS}
+    times: dict[str, list[dict[str, float]]] = {name: [] for name in providers}
     cold: dict[str, float] | None = None
     with tempfile.TemporaryDirectory(prefix="bench-harbor-") as scratch:
         tasks = Path(scratch) / "tasks"
         for index in range(options.trials):
-            _write_task(tasks / f"hello-{index}")
+            _write_task(tasks / f"hello-{index}", options.base)
         for round_ in range(options.rounds):
-            order = list(PROVIDERS) if round_ % 2 == 0 else list(reversed(PROVIDERS))
+            order = list(providers) if round_ % 2 == 0 else list(reversed(providers))
             for name in order:
                 jobs = Path(scratch) / f"jobs-{round_}-{name.replace(' ', '-')}"
-                rows = _run(harbor, PROVIDERS[name], tasks, jobs)
+                rows = _run(harbor, providers[name], tasks, jobs, options.engine)
                 if name == "aenv-ray" and rows:
-                    first = rows.pop(0)  # this harbor process's engine starts cold
+                    # this harbor process's engine starts cold (on Kubernetes: the image builds)
+                    first = rows.pop(0)
                     cold = first if cold is None else cold
                 times[name].extend(rows)
                 print(f"round {round_ + 1}: {name}: {len(rows)} warm trials")

@@ -19,7 +19,26 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-__all__ = ["OpenEnvServe", "counter_project", "health"]
+__all__ = ["OpenEnvServe", "counter_project", "drive", "health"]
+
+DRIVER = Path(__file__).resolve().parent / "openenv_driver.py"
+"""The script that plays a scenario with OpenEnv's own clients, in OpenEnv's venv."""
+
+
+def drive(
+    python: Path, scenario: str, url: str, *extra: str, timeout: float = 300
+) -> dict[str, Any]:
+    """Run :data:`DRIVER`'s ``scenario`` against ``url`` with OpenEnv's ``python``; what it
+    reported (its last stdout line, JSON). A failing driver fails the test with its stderr."""
+    done = subprocess.run(
+        [str(python), str(DRIVER), scenario, url, *extra],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def health(url: str) -> dict[str, Any]:
@@ -29,18 +48,27 @@ def health(url: str) -> dict[str, Any]:
 
 
 class OpenEnvServe:
-    """``aenv openenv serve ENV --max-concurrent-envs N --engine local`` on a free port;
+    """``aenv openenv serve ENV --max-concurrent-envs N --engine ENGINE EXTRA...`` (default:
+    the local engine) on a free port;
     :attr:`url` once it answers. Leaving checks that SIGTERM stopped it as a finished command
     (exit 0), every instance released."""
 
-    def __init__(self, ref: str, *, sessions: int = 2, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        ref: str,
+        *,
+        sessions: int = 2,
+        env: dict[str, str] | None = None,
+        extra: tuple[str, ...] = (),
+        engine: str = "local",
+    ) -> None:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = int(probe.getsockname()[1])
         self.url = f"http://127.0.0.1:{port}"
         self.command = [sys.executable, "-m", "aenv_cli", "openenv", "serve", ref]
         self.command += ["--port", str(port), "--max-concurrent-envs", str(sessions)]
-        self.command += ["--engine", "local"]
+        self.command += ["--engine", engine, *extra]
         self.env = dict(env if env is not None else os.environ)
         self.proc: subprocess.Popen[str] | None = None
 
@@ -71,6 +99,7 @@ class OpenEnvServe:
         self.proc.terminate()
         _, stderr = self.proc.communicate(timeout=30)
         assert self.proc.returncode == 0, stderr[-2000:]  # SIGTERM: done, instances released
+        assert "Traceback" not in stderr, stderr[-3000:]  # its engine closed too, cleanly
 
 
 COUNTER_APP = '''

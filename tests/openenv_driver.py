@@ -10,6 +10,14 @@ Scenarios:
   over ``/mcp``, its session attached to ``/ws``).
 - ``counter``: the OpenEnv counter environment of tests/test_openenv.py, served by OpenEnv's
   own server inside an aenv-ray instance, reached through :class:`AenvRayProvider`'s bridge.
+- ``episode``: one GenericEnvClient episode to its reward (tests/test_k8s_openenv.py: on
+  Kubernetes).
+- ``idle``: sessions left idle past ``aenv openenv serve --idle-timeout``: the reaper closes
+  them, and OpenEnv's client is told so when it comes back.
+- ``provider``: the same counter started by OpenEnv's own client code through
+  ``AenvRayProcessProvider`` (``GenericEnvClient(provider=...)`` and ``from_docker_image``),
+  imported here, in OpenEnv's virtual environment, with no aenv-ray dependency installed
+  (the URL argument is then a JSON object: the provider's arguments).
 """
 
 from __future__ import annotations
@@ -93,6 +101,59 @@ def _idle(base_url: str) -> dict[str, int]:
         time.sleep(0.1)  # a release in progress on the server: nothing here to wait on
 
 
+def _post_rpc(base_url: str, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    body = json.dumps({"jsonrpc": "2.0", "method": method, "params": params, "id": 1}).encode()
+    request = urllib.request.Request(
+        base_url + "/mcp", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return dict(json.loads(answer.read()))
+
+
+def episode(base_url: str) -> dict[str, Any]:
+    """One episode with GenericEnvClient: reset, a command, the reward, the state."""
+    with GenericEnvClient(base_url=base_url).sync() as env:
+        reset = env.reset()
+        step = _run(env, "echo on-k8s > out.txt && cat out.txt")
+        check = {"path": "out.txt", "expected": "on-k8s"}
+        reward = env.step({"tool": "reward", "arguments": check})
+        return {
+            "instance_id": reset.observation["instance_id"],
+            "output": step["observation"]["result"]["output"],
+            "reward": reward.reward,
+            "done": reward.done,
+            "state": env.state(),
+        }
+
+
+def idle(base_url: str) -> dict[str, Any]:
+    """A /ws session and an /mcp session left idle past the server's --idle-timeout: the
+    reaper closes both; each client, coming back, is told so; a reset starts anew."""
+    seen: dict[str, Any] = {}
+    with GenericEnvClient(base_url=base_url).sync() as env:
+        env.reset()
+        seen["before"] = _run(env, "echo kept > kept.txt && cat kept.txt")["observation"]
+        made = _post_rpc(base_url, "openenv/session/create", {})["result"]["session_id"]
+        with urllib.request.urlopen(base_url + "/health", timeout=5) as answer:
+            seen["open"] = json.loads(answer.read())["sessions"]["active_sessions"]
+        seen["reaped"] = _idle(base_url)  # until the reaper has closed both (or 30 s)
+        try:
+            env.step({"tool": "execute_command", "arguments": {"command": "cat kept.txt"}})
+            seen["step_after"] = "accepted"
+        except RuntimeError as exc:
+            seen["step_after"] = str(exc)
+        again = env.reset()  # a new session on the same connection, a new instance
+        seen["reset_after"] = [tool["name"] for tool in again.observation["tools"]]
+        seen["fresh"] = _run(env, "cat kept.txt 2>&1 || echo gone")["observation"]["result"]
+        call = {"session_id": made, "name": "execute_command", "arguments": {"command": "true"}}
+        seen["mcp_after"] = _post_rpc(base_url, "tools/call", call)
+        ws_url = base_url.replace("http://", "ws://") + f"/ws?session_id={made}"
+        with connect(ws_url) as ws:  # refused at once: the frame, then the close
+            seen["attach_after"] = json.loads(ws.recv(timeout=60))
+    seen["closed"] = _idle(base_url)
+    return seen
+
+
 def _vanish(base_url: str) -> str:
     """A client that goes away mid-episode without OpenEnv's ``close``: its WebSocket closes."""
     ws_url = base_url.replace("http://", "ws://") + "/ws"
@@ -136,9 +197,42 @@ def counter(base_url: str) -> dict[str, Any]:
     return seen
 
 
+def provider(spec: str) -> dict[str, Any]:
+    from aenv_openenv.process_provider import AenvRayProcessProvider
+
+    kwargs = json.loads(spec)
+    seen: dict[str, Any] = {}
+    made = AenvRayProcessProvider(**kwargs)
+    client = GenericEnvClient(provider=made, headers=made.headers)
+    with client.sync() as env:  # OpenEnv's client starts the provider on connect
+        seen["started"] = made.base_url is not None
+        seen["reset"] = env.reset().observation["total"]
+        seen["steps"] = [env.step({"amount": n}).observation["total"] for n in (4, 6)]
+        seen["pid_alive"] = made._proc is not None and made._proc.poll() is None
+        proc = made._proc
+    seen["stopped"] = made.base_url is None  # ... and stops it when it closes
+    seen["exit_code"] = proc.returncode if proc is not None else None
+    # from_docker_image: the "image" is the aenv-ray environment, started by the provider
+    plain = AenvRayProcessProvider(**{**kwargs, "token": None})
+    image = kwargs.get("env") or "counter-openenv@1.0.0"
+    with GenericEnvClient.from_docker_image(image, provider=plain).sync() as env:
+        env.reset()
+        seen["from_image"] = env.step({"amount": 10}).done
+    seen["image_stopped"] = plain.base_url is None
+    seen["aenv_ray_imported"] = sorted(m for m in sys.modules if m.split(".")[0] == "aenv_ray")
+    return seen
+
+
 TOKEN = ""  # the bridge's token (a third argument), if it has one
 
 if __name__ == "__main__":
     scenario, url = sys.argv[1], sys.argv[2]
     TOKEN = sys.argv[3] if len(sys.argv) > 3 else ""
-    print(json.dumps({"terminal": terminal, "counter": counter}[scenario](url)))
+    scenarios = {
+        "terminal": terminal,
+        "counter": counter,
+        "provider": provider,
+        "idle": idle,
+        "episode": episode,
+    }
+    print(json.dumps(scenarios[scenario](url)))

@@ -14,33 +14,19 @@ from ours, fastmcp >= 3). The clients run there (tests/openenv_driver.py); aenv-
 from __future__ import annotations
 
 import json
-import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from aenv_openenv import AenvRayProvider
 from aenv_ray import Environment
-from tests._openenv import OpenEnvServe, counter_project, health
+from tests._openenv import OpenEnvServe, counter_project, drive, health
 from tests._oracles import OPENENV, oracle_python
 
 ROOT = Path(__file__).resolve().parent.parent
-DRIVER = ROOT / "tests" / "openenv_driver.py"
-
-
-def _drive(python: Path, scenario: str, url: str, *extra: str) -> dict[str, Any]:
-    done = subprocess.run(
-        [str(python), str(DRIVER), scenario, url, *extra],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +45,7 @@ def terminal_server() -> Iterator[str]:
 def test_openenv_clients_play_a_builtin_served_by_aenv(
     openenv_python: Path, terminal_server: str
 ) -> None:
-    seen = _drive(openenv_python, "terminal", terminal_server)
+    seen = drive(openenv_python, "terminal", terminal_server, timeout=120)
     assert seen["reset_tools"] == ["execute_command"]
     step = seen["step"]
     assert step["observation"]["result"] == {"output": "hello\n", "returncode": 0}
@@ -121,7 +107,7 @@ def test_an_openenv_environment_runs_in_an_aenv_instance(
     with AenvRayProvider(environment_factory=make, token="t0ken") as provider:
         url = provider.start_container("counter-openenv@1.0.0")
         provider.wait_for_ready(url)
-        seen = _drive(openenv_python, "counter", url, "t0ken")
+        seen = drive(openenv_python, "counter", url, "t0ken", timeout=120)
         instance = provider.environment
         assert instance is not None
     assert "rejected WebSocket connection: HTTP 403" in seen["without_token"]
@@ -133,3 +119,50 @@ def test_an_openenv_environment_runs_in_an_aenv_instance(
     assert seen["other"] == 1  # a second session: OpenEnv's own, isolated
     assert "CAPACITY_REACHED" in seen["third"]  # OpenEnv's own limit, through the bridge
     assert provider.base_url is None  # stopped: the bridge closed, the instance released
+
+
+def test_openenv_clients_start_an_aenv_instance_through_the_process_provider(
+    openenv_python: Path, tmp_path: Path
+) -> None:
+    """OpenEnv's own ``EnvClient(provider=...)`` and ``from_docker_image(..., provider=...)``
+    start the counter in an aenv-ray instance through ``AenvRayProcessProvider``, imported in
+    OpenEnv's virtual environment where aenv-ray is installed without its dependencies; the
+    provider runs this checkout's ``aenv`` as a child process."""
+    project = counter_project(tmp_path / "counter")
+    venv = openenv_python.parent.parent
+    spec = {
+        "project": str(project),
+        "engine": "local",
+        "datasource": str(venv),
+        "token": "pr0vider",
+        "command": [sys.executable, "-m", "aenv_cli"],
+    }
+    seen = drive(openenv_python, "provider", json.dumps(spec), timeout=120)
+    assert seen["started"] is True
+    assert (seen["reset"], seen["steps"]) == (0, [4, 10])
+    assert seen["pid_alive"] is True
+    assert (seen["stopped"], seen["exit_code"]) == (True, 0)  # closed stdin: a clean exit
+    assert seen["from_image"] is True
+    assert seen["image_stopped"] is True
+    assert seen["aenv_ray_imported"] == []  # the provider's side needs no aenv-ray dependency
+
+
+def test_idle_sessions_are_closed_and_their_clients_told(openenv_python: Path) -> None:
+    """``--idle-timeout 3``: a /ws session (OpenEnv's GenericEnvClient) and an /mcp session left
+    idle are closed by the server's reaper, their instances released; the client coming back
+    gets a clear error (not a hang, not a silent new session), and a reset starts anew. The
+    driver waits for the reap on /health, never longer."""
+    with OpenEnvServe("mini-terminal@1.0.0", sessions=2, extra=("--idle-timeout", "3")) as server:
+        seen = drive(openenv_python, "idle", server.url, timeout=120)
+    assert seen["before"]["result"]["output"] == "kept\n"
+    assert seen["open"] == 2
+    assert seen["reaped"]["active_sessions"] == 0  # both closed, their slots free
+    assert "SESSION_EXPIRED" in seen["step_after"]
+    assert "idle for more than 3 s" in seen["step_after"]
+    assert "send reset" in seen["step_after"]
+    assert seen["reset_after"] == ["execute_command"]
+    assert seen["fresh"]["output"].strip().endswith("gone")  # a new instance: the old released
+    error = seen["mcp_after"]["error"]
+    assert (error["code"], error["data"]) == (-32000, {"code": "SESSION_EXPIRED"})
+    assert seen["attach_after"]["data"]["code"] == "SESSION_EXPIRED"
+    assert seen["closed"]["active_sessions"] == 0

@@ -4,13 +4,18 @@ themselves, with OpenEnv's own clients: tests/test_openenv.py."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
-from aenv_openenv import create_app
+from aenv_openenv import OpenEnvServer, create_app
+from aenv_openenv.process_provider import COMMAND_VARIABLE, AenvRayProcessProvider
 from aenv_openenv.session import reward_number
 from tests._cli import aenv
+from tests._openenv import counter_project
 
 BEARER = {"Authorization": "Bearer s3cret"}
 
@@ -77,3 +82,45 @@ def test_help_names_the_endpoints_clients() -> None:
     done = aenv("openenv", "serve", "--help")
     assert done.returncode == 0
     assert "OpenEnv" in done.stdout
+
+
+def test_the_idle_timeout_is_positive_or_off() -> None:
+    with pytest.raises(ValueError, match="idle_timeout is a positive number"):
+        OpenEnvServer("mini-terminal@1.0.0", idle_timeout=0)
+    assert OpenEnvServer("mini-terminal@1.0.0").idle_timeout is None
+    done = aenv("openenv", "serve", "mini-terminal@1.0.0", "--idle-timeout", "-1")
+    assert done.returncode == 2
+    assert "--idle-timeout" in done.stderr
+
+
+def test_provide_refuses_what_it_cannot_run(tmp_path: Path) -> None:
+    assert aenv("openenv", "provide").returncode == 2  # neither ENV nor --project
+    bad = aenv("openenv", "provide", "mini-terminal@1.0.0", "--instance-env", "[1]")
+    assert bad.returncode == 2
+    assert "--instance-env is a JSON object of strings" in bad.stderr
+    project = counter_project(tmp_path / "counter")
+    other = aenv("openenv", "provide", "other@1.0.0", "--project", str(project))
+    assert other.returncode == 2
+    assert "is counter-openenv@1.0.0, not other@1.0.0" in other.stderr
+
+
+def test_the_process_provider_says_how_to_name_aenv(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv(COMMAND_VARIABLE, raising=False)
+    with pytest.raises(RuntimeError, match="AENV_OPENENV_COMMAND"):
+        AenvRayProcessProvider("counter-openenv@1.0.0").start_container()
+    monkeypatch.setenv(COMMAND_VARIABLE, "/opt/aenv/bin/python -m aenv_cli")
+    assert AenvRayProcessProvider().command() == ["/opt/aenv/bin/python", "-m", "aenv_cli"]
+    with pytest.raises(RuntimeError, match="no environment"):
+        AenvRayProcessProvider().start_container()
+
+
+@pytest.mark.process
+def test_a_child_that_fails_is_openenvs_runtime_error_with_its_last_words() -> None:
+    provider = AenvRayProcessProvider(
+        "no-such-env@9.9.9", engine="local", command=[sys.executable, "-m", "aenv_cli"]
+    )
+    with pytest.raises(RuntimeError, match="exited with code 1 before it served") as failed:
+        provider.start_container()
+    assert "no-such-env" in str(failed.value)  # the child's own words, its typed error's
+    assert provider.base_url is None
