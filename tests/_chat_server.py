@@ -225,9 +225,13 @@ def refusing(kind: str, *, after: int = 1) -> Callable[[dict[str, Any]], Any]:
 
 
 class ChatServer:
-    """``with ChatServer() as server:`` ``server.url`` is ``http://127.0.0.1:PORT/v1``."""
+    """``with ChatServer() as server:`` ``server.url`` is ``http://127.0.0.1:PORT/v1``
+    (``host``: another address of this machine to listen on, e.g. the one a cluster's pods
+    reach it by)."""
 
-    def __init__(self, responder: Callable[[dict[str, Any]], Any] | None = None) -> None:
+    def __init__(
+        self, responder: Callable[[dict[str, Any]], Any] | None = None, *, host: str = "127.0.0.1"
+    ) -> None:
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         owner = self
@@ -257,8 +261,8 @@ class ChatServer:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.server = ThreadingHTTPServer((host, 0), Handler)
+        self.url = f"http://{host}:{self.server.server_address[1]}/v1"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def __enter__(self) -> ChatServer:

@@ -43,12 +43,15 @@ class Oracle:
     python: tuple[int, int] | None = None  # the Python it needs at least, when newer than ours
     checkout: bool = False  # and aenv-ray, run from the checkout at hand (see CHECKOUT_VARIABLE)
     checkout_extras: tuple[str, ...] = ()  # aenv-ray's extras it needs there
+    checkout_no_deps: bool = False  # the checkout without its dependencies (their pins differ)
 
     @property
     def key(self) -> str:
         parts: list[object] = [self.no_deps, self.packages, sys.version_info[:2], self.python]
         if self.checkout:
             parts += [self.checkout_extras, _declared()]
+        if self.checkout_no_deps:
+            parts += ["checkout-no-deps"]
         spec = json.dumps(parts)
         return f"{self.name}-{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
 
@@ -158,13 +161,15 @@ def _install(oracle: Oracle, target: Path) -> None:
         pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     if oracle.no_deps:
         _run([*pip, "--no-deps", *oracle.no_deps])
+    if oracle.checkout_no_deps:  # what imports with the oracle's own packages alone
+        _run([*pip, "--no-deps", "-e", str(ROOT)])
     checkout = []
     if oracle.checkout:  # resolved with the pins, which it must not move
         extras = f"[{','.join(oracle.checkout_extras)}]" if oracle.checkout_extras else ""
         checkout = ["-e", f"{ROOT}{extras}"]
     if oracle.packages or checkout:
         _run([*pip, *oracle.packages, *checkout])
-    if oracle.checkout:
+    if oracle.checkout or oracle.checkout_no_deps:
         where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
         purelib = subprocess.run(
             [str(python), "-c", where], capture_output=True, text=True, check=True
@@ -287,7 +292,9 @@ TRL = Oracle(
 # OpenEnv (its PyPI package openenv 0.10.0): GenericEnvClient, MCPToolClient and the server an
 # OpenEnv environment project runs (create_app) import these; not gradio, huggingface_hub or
 # openai, which only its CLI and web interface import. fastmcp >= 3, which aenv-ray's own
-# environment does not have: hence a virtual environment of its own (tests/test_openenv.py).
+# environment does not have: hence a virtual environment of its own (tests/test_openenv.py),
+# with aenv-ray installed `--no-deps` beside it, as docs/ecosystem.md tells OpenEnv's users to:
+# aenv_openenv.process_provider imports nothing of its dependencies.
 OPENENV = Oracle(
     name="openenv",
     no_deps=("openenv==0.10.0",),
@@ -302,6 +309,7 @@ OPENENV = Oracle(
         "websockets==17.4",
     ),
     env_variable="AENV_OPENENV_ORACLE_PYTHON",
+    checkout_no_deps=True,  # aenv_openenv.process_provider, as OpenEnv's users install it
 )
 
 # Harbor (the Terminal-Bench 2 framework) with its dependencies, and aenv-ray from this checkout:
@@ -313,6 +321,7 @@ HARBOR = Oracle(
     env_variable="AENV_HARBOR_ORACLE_PYTHON",
     python=(3, 12),
     checkout=True,
+    checkout_extras=("kubernetes",),  # tests/test_harbor_k8s.py: the Kubernetes engine
 )
 
 

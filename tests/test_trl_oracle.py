@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -104,3 +105,79 @@ def test_the_model_was_given_the_task_without_its_answer(trained: dict[str, Any]
         assert "42" not in text
         assert "reward_arguments" not in text
         assert "solution" not in text
+
+
+# HF `datasets` reads a real run's Parquet file as nested columns, not JSON strings: printed by
+# this script in TRL's venv (it has `datasets`), as the feature types' own reprs
+FEATURES = """
+import json, sys
+from datasets import Dataset, List, Value
+
+data = Dataset.from_parquet(sys.argv[1])
+def kind(feature):
+    if isinstance(feature, List):
+        return ["list", kind(feature.feature)]
+    if isinstance(feature, dict):
+        return {name: kind(sub) for name, sub in feature.items()}
+    if isinstance(feature, Value):
+        return feature.dtype
+    return type(feature).__name__
+row = data[0]
+print(json.dumps({
+    "features": {name: kind(data.features[name]) for name in ("messages", "tools", "turns")},
+    "first_message": row["messages"][0],
+    "tool_name": json.loads(row["tools"])[0]["function"]["name"],
+    "turn_tokens": [len(turn["token_ids"]) for turn in row["turns"]],
+}))
+"""
+
+
+def test_hf_datasets_reads_a_rollout_s_parquet_as_nested_columns(tmp_path: Path) -> None:
+    from tests._chat_server import OPENAI_NAME, ChatServer
+    from tests.test_rollout_records import aenv_rollout, model_options, write_tasks
+
+    python = oracle_python(TRL)
+    tasks = write_tasks(tmp_path / "tasks.jsonl", "42")
+    out = tmp_path / "run"
+    with ChatServer() as server:
+        done = aenv_rollout(
+            "mini-terminal@1.0.0",
+            "-n",
+            "1",
+            "--no-ray",
+            *model_options(server.url, out, tasks),
+            cwd=tmp_path,
+        )
+    assert done.returncode == 0, done.stderr
+    read = subprocess.run(
+        [str(python), "-c", FEATURES, str(out / "trajectories.parquet")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert read.returncode == 0, read.stderr[-3000:]
+    found = json.loads(read.stdout.strip().splitlines()[-1])
+    features = found["features"]
+    # lists of structs, each field typed: not a string column to json.loads
+    message = features["messages"][1]
+    assert features["messages"][0] == "list"
+    assert isinstance(message, dict)
+    assert {"role", "content", "tool_calls"} <= set(message)
+    assert message["role"] == message["content"] == "string"
+    function = message["tool_calls"][1]["function"]
+    assert function == {"name": "string", "arguments": "string"}
+    # the tools' JSON Schemas are free-form: JSON text by design (rollout/records.py JSON_FIELDS)
+    assert features["tools"] == "string"
+    turn = features["turns"][1]
+    assert features["turns"][0] == "list"
+    assert isinstance(turn, dict)
+    assert turn["token_ids"] == ["list", "int64"]
+    assert turn["message_index"] == "int64"
+    assert turn["logprobs"][0] == "list"
+    assert isinstance(turn["logprobs"][1], dict)
+    # and the values are the run's: the system prompt, the name offered, a turn's tokens
+    assert found["first_message"]["role"] == "system"
+    assert found["tool_name"] == OPENAI_NAME
+    assert found["turn_tokens"]
+    assert all(n > 0 for n in found["turn_tokens"])
