@@ -25,6 +25,15 @@ on loopback):
    it binds nothing and patches each pod's status to Running and Ready (what a kubelet reports),
    and the claims then meet the API server as they would on a real cluster.
 
+``--kubeconfig PATH --image-prefix PREFIX`` measures a real node instead (``../shared/tools/
+k8s-realnode``: images run by containerd, readiness from the kubelet's probes), and only that:
+mini-terminal's definition run from ``PREFIX/mini-terminal:1.0.0``, and each step done both ways,
+by the engine and with the plain official client (create the same manifest, watch it Ready,
+call; claim: a PATCH of a Ready pod's label with its resourceVersion, call):
+
+    .venv/bin/python benchmarks/bench_k8s.py --kubeconfig ~/.cache/k8s-real/realnode/kubeconfig \
+        --image-prefix realnode.local/aenv --n 5
+
 Exit status 0 either way: a measurement, not a test.
 """
 
@@ -81,9 +90,11 @@ async def first_call(http: aiohttp.ClientSession, url: str, headers: dict[str, s
         await response.read()
 
 
-async def until_warm(engine: KubernetesEngine, pool: str, count: int) -> None:
+async def until_warm(
+    engine: KubernetesEngine, pool: str, count: int, spec: InstanceSpec = SPEC
+) -> None:
     while True:
-        if (await engine.warm_count(SPEC, pool=pool)).ready >= count:
+        if (await engine.warm_count(spec, pool=pool)).ready >= count:
             return
         await asyncio.sleep(0.05)
 
@@ -350,11 +361,179 @@ async def claim_burst(cluster: KubeCluster, claims: int, rate: float) -> None:
         api.close()
 
 
+# -- a real node -----------------------------------------------------------------------------
+
+
+def real_env(root: Path, prefix: str) -> InstanceSpec:
+    """``bench-terminal@1.0.0``: mini-terminal's definition (256 MiB, 250m) run from
+    ``PREFIX/mini-terminal:1.0.0``, the image the real-node kit builds."""
+    import json
+    import shutil
+
+    project = root / "bench-terminal"
+    shutil.rmtree(project, ignore_errors=True)
+    shutil.copytree(
+        ROOT / "builtin_envs" / "mini_terminal",
+        project,
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    config = json.loads((project / "config.json").read_text())
+    config["name"] = "bench-terminal"
+    image = f"{prefix.rstrip('/')}/mini-terminal:1.0.0"
+    config["artifacts"] = [{"type": "image", "content": image}]
+    config["deployConfig"].update(memory="256M", cpu="250m")
+    (project / "config.json").write_text(json.dumps(config))
+    return InstanceSpec("bench-terminal@1.0.0", project=str(project), ttl=3600.0)
+
+
+async def terminal_call(http: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> None:
+    body = {"name": "execute_command", "arguments": {"command": "true"}}
+    async with http.post(f"{url}/aenv/v1/call", json=body, headers=headers) as response:
+        assert response.status == 200, response.status
+        await response.read()
+
+
+def plain_pod(spec: InstanceSpec, prefix: str, token: str, labels: dict[str, str]) -> Any:
+    import hashlib
+
+    config = EnvConfig.load(Path(spec.project or ""))
+    now = time.time()
+    return instance_pod(
+        PodRecipe(
+            instance_id=uuid.uuid4().hex[:12],
+            env_ref=config.ref,
+            image=f"{prefix.rstrip('/')}/mini-terminal:1.0.0",
+            command=["python", "-m", "sandbox_runtime", "/env"],
+            expires_at=now + 3600,
+            deploy=config.deploy_config,
+            created_at=now,
+            token_sha256=hashlib.sha256(token.encode()).hexdigest(),
+            labels=labels,
+        )
+    )
+
+
+def plain_ready(core: Any, ns: str, name: str, version: str) -> Any:
+    stream = k8s_watch.Watch().stream(
+        core.list_namespaced_pod,
+        ns,
+        field_selector=f"metadata.name={name}",
+        resource_version=version,
+        timeout_seconds=120,
+    )
+    for event in stream:
+        pod = event["object"]
+        if any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or []):
+            return pod
+    raise TimeoutError(f"pod {name} not Ready")
+
+
+async def real_node(kubeconfig: Path, prefix: str, n: int) -> None:
+    import tempfile
+
+    from kubernetes import config as k8s_config
+
+    from k8s_backend import OwnImage
+
+    cluster = KubeCluster(kubeconfig)
+    spec = real_env(Path(tempfile.mkdtemp(prefix="bench-k8s-")), prefix)
+    ns = cluster.namespace(f"bench-real-{uuid.uuid4().hex[:6]}")
+    engine = KubernetesEngine(
+        ns,
+        kubeconfig=cluster.kubeconfig,
+        delivery=OwnImage(prefix),
+        limiter=RateLimiter(rate=1000, burst=1000),
+    )
+    api = k8s_config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    core = k8s_client.CoreV1Api(api)
+    token = uuid.uuid4().hex
+    headers = {"Authorization": f"Bearer {token}"}
+    out: dict[str, list[float]] = {}
+    loop = asyncio.get_running_loop()
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(n):  # the engine, cold
+                started = time.perf_counter()
+                info = await engine.create(spec, timeout=180)
+                await terminal_call(http, info.url or "", info.headers)
+                out.setdefault("cold", []).append(time.perf_counter() - started)
+                await engine.delete(info.id)
+            for _ in range(n):  # the plain client, cold
+                pod = plain_pod(spec, prefix, token, {})
+                started = time.perf_counter()
+                created = await loop.run_in_executor(None, core.create_namespaced_pod, ns, pod)
+                ready = await loop.run_in_executor(
+                    None,
+                    plain_ready,
+                    core,
+                    ns,
+                    created.metadata.name,
+                    created.metadata.resource_version,
+                )
+                await terminal_call(http, f"http://{ready.status.pod_ip}:8080", headers)
+                out.setdefault("plain cold", []).append(time.perf_counter() - started)
+                core.delete_namespaced_pod(created.metadata.name, ns, grace_period_seconds=0)
+            group = 8
+            await engine.prewarm(spec, pool="bench", count=n + group)
+            await until_warm(engine, "bench", n + group, spec)
+            for _ in range(n):  # the engine, warm
+                started = time.perf_counter()
+                claimed = await engine.claim(spec, pool="bench")
+                assert claimed is not None
+                out.setdefault("claim", []).append(time.perf_counter() - started)
+                await terminal_call(http, claimed.url or "", claimed.headers)
+                out.setdefault("warm", []).append(time.perf_counter() - started)
+            started = time.perf_counter()  # a GRPO group: 8 claims at once, a call each
+            infos = await asyncio.gather(*(engine.claim(spec, pool="bench") for _ in range(group)))
+            await asyncio.gather(
+                *(terminal_call(http, i.url or "", i.headers) for i in infos if i is not None)
+            )
+            assert all(infos)
+            out["group"] = [time.perf_counter() - started]
+            out["claims/s"] = [group / out["group"][0]]
+            # the plain client's claim: Ready pods of our own labelled free, PATCHed claimed
+            free = []
+            for _ in range(n):
+                pod = plain_pod(spec, prefix, token, {"bench-claim": "free"})
+                created = core.create_namespaced_pod(ns, pod)
+                free.append(created.metadata)
+            for meta in free:
+                ready = plain_ready(core, ns, meta.name, meta.resource_version)
+                started = time.perf_counter()
+                patch = {
+                    "metadata": {
+                        "labels": {"bench-claim": "claimed"},
+                        "resourceVersion": ready.metadata.resource_version,
+                    }
+                }
+                await loop.run_in_executor(None, core.patch_namespaced_pod, meta.name, ns, patch)
+                await terminal_call(http, f"http://{ready.status.pod_ip}:8080", headers)
+                out.setdefault("plain warm", []).append(time.perf_counter() - started)
+    finally:
+        await engine.aclose()
+        core.delete_namespace(ns)
+        api.close()
+    print(f"real node ({kubeconfig}), n={n}", flush=True)
+    row("engine cold: create -> Ready -> first call", out["cold"])
+    row("plain client cold: create -> watch Ready -> call", out["plain cold"])
+    row("engine warm: claim -> first call", out["warm"])
+    row("  of which the claim", out["claim"])
+    row("plain client warm: PATCH claim -> call", out["plain warm"])
+    row(f"GRPO group of {group}: {group} claims at once + a call each", out["group"])
+    print(f"  claims/s in that group: {out['claims/s'][0]:.0f}", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rate", type=float, default=100.0, help="open-loop claims per second")
+    parser.add_argument("--kubeconfig", help="a real node's kubeconfig: measure it alone")
+    parser.add_argument("--image-prefix", default="", help="where mini-terminal:1.0.0 is")
+    parser.add_argument("--n", type=int, default=5, help="samples per step on a real node")
     args = parser.parse_args()
+    if args.kubeconfig:
+        asyncio.run(real_node(Path(args.kubeconfig).expanduser(), args.image_prefix, args.n))
+        return 0
     n = 5 if args.quick else 20
     claims = 360 if args.quick else 3600
 

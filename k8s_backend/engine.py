@@ -87,6 +87,7 @@ from k8s_backend.state import (
     instance_id,
     last_words,
     pod_info,
+    pull_error,
     runtime_message,
     startup_failure,
     startup_wait,
@@ -380,6 +381,7 @@ class KubernetesEngine:
     async def _until_ready(
         self, iid: str, name: str, deadline: float, timeout: float
     ) -> InstanceInfo:
+        pulled = ""  # the last failed pull's message: the back-off after it says less
         while True:
             changed = self._cache.changed(iid)
             try:
@@ -401,7 +403,8 @@ class KubernetesEngine:
                         + (f": {said}" if said else ""),
                         timeout=timeout,
                     )
-                problem = startup_failure(pod)
+                pulled = pull_error(pod) or pulled
+                problem = startup_failure(pod, pull_error=pulled)
                 if problem is not None:
                     raise problem
                 left = deadline - time.monotonic()
@@ -821,6 +824,9 @@ class KubernetesEngine:
         self._closed = True
         if self._started:
             await self._run(self._shutdown)
+        self._release()
+
+    def _release(self) -> None:
         self._pool.shutdown(wait=False)
         self._kube.close()
 
@@ -850,8 +856,15 @@ class KubernetesEngine:
             thread.join(timeout=2.0)
 
     def close(self) -> None:
-        """:meth:`aclose` from synchronous code (no event loop running in this thread)."""
-        asyncio.run(self.aclose())
+        """:meth:`aclose` from synchronous code (no event loop running in this thread). It
+        works in this thread, not through the engine's thread pool: at interpreter exit, when
+        ``named_engine``'s atexit hook calls it, pools take no new work."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._started:
+            self._shutdown()
+        self._release()
 
 
 class _Gone(AEnvError):

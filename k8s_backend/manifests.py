@@ -64,6 +64,7 @@ __all__ = [
     "label_value",
     "pod_name",
     "quantities",
+    "refuse_nested_namespaces",
     "second_image",
 ]
 
@@ -159,6 +160,46 @@ def quantities(deploy: DeployConfig) -> dict[str, str]:
     if deploy.ephemeral_storage is not None:
         out["ephemeral-storage"] = _bytes_quantity(deploy.ephemeral_storage)
     return out
+
+
+def refuse_nested_namespaces(pod: Mapping[str, Any], deploy: DeployConfig, ref: str) -> None:
+    """Refuse the pod of a definition whose code makes namespaces of its own inside its instance
+    (``deployConfig.nestedNamespaces``: terminal-bench's and swe's boxes) when the pod cannot give
+    them: its runtime container runs under the ``RuntimeDefault`` seccomp profile, which refuses
+    ``unshare`` and ``clone`` of new namespaces without ``CAP_SYS_ADMIN`` (the pod has no
+    capability). Such a pod would fail every episode's setup, recorded as the agent's; refused
+    before any object is sent instead. A ``DualContainer`` pod passes (swe runs its commands and
+    tests in the datasource container there, without namespaces), and so does a pod whose
+    template gives a ``Localhost`` profile (an operator's, which may allow them).
+
+    >>> pod = {"spec": {"securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+    ...                 "containers": [{"name": "runtime"}]}}
+    >>> refuse_nested_namespaces(pod, DeployConfig(), "notes@1.0.0")
+    >>> refuse_nested_namespaces(pod, DeployConfig(nestedNamespaces=True), "tb@1.0.0")
+    Traceback (most recent call last):
+    ...
+    aenv_ray.errors.ConfigurationError: tb@1.0.0 makes namespaces of its own inside its ...
+    """
+    if not deploy.nested_namespaces or deploy.pod_template == "DualContainer":
+        return
+    spec: Mapping[str, Any] = pod.get("spec") or {}
+    containers: list[Mapping[str, Any]] = spec.get("containers") or []
+    runtime = next((c for c in containers if c.get("name") == "runtime"), {})
+    profile = (
+        (runtime.get("securityContext") or {}).get("seccompProfile")
+        or (spec.get("securityContext") or {}).get("seccompProfile")
+        or {}
+    )
+    if profile.get("type") == "Localhost":
+        return
+    raise ConfigurationError(
+        f"{ref} makes namespaces of its own inside its instance (deployConfig.nestedNamespaces: "
+        "the boxes of its agent and its grader), which a Kubernetes pod under the RuntimeDefault "
+        "seccomp profile may not: run it on the local engine (--engine local, AENV_ENGINE=local), "
+        "or give its pods a Localhost seccomp profile that allows it (deployConfig."
+        "customPodTemplate, where the operator allows it); docs/kubernetes.md, 'Which built-ins "
+        "run in a pod', says why"
+    )
 
 
 def second_image(datasource: str, image_prefix: str) -> str:
@@ -476,11 +517,9 @@ def instance_pod(recipe: PodRecipe) -> dict[str, Any]:
     }
     if recipe.max_lifetime:
         pod["spec"]["activeDeadlineSeconds"] = recipe.max_lifetime
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        **_framed(pod, runtime, ref, name=name, ident=recipe.instance_id),
-    }
+    framed = _framed(pod, runtime, ref, name=name, ident=recipe.instance_id)
+    refuse_nested_namespaces(framed, recipe.deploy, str(ref))
+    return {"apiVersion": "v1", "kind": "Pod", **framed}
 
 
 def deny_egress_policy() -> dict[str, Any]:

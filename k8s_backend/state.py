@@ -41,7 +41,9 @@ from k8s_backend.manifests import (
 __all__ = [
     "instance_id",
     "last_words",
+    "memory_limit",
     "pod_info",
+    "pull_error",
     "resource_version",
     "runtime_message",
     "slim",
@@ -50,9 +52,10 @@ __all__ = [
     "timestamp",
 ]
 
-_IMAGE_PROBLEMS = frozenset(
-    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
-)
+# An image the kubelet gave up on: it failed a pull and now backs off (ImagePullBackOff), or can
+# never pull it. A first failed pull (ErrImagePull) is retried by the kubelet at once (a registry
+# that was slow, a node's network not up yet): the create waits on it, quoting it.
+_IMAGE_PROBLEMS = frozenset({"ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
 _CONFIG_PROBLEMS = frozenset({"CreateContainerConfigError", "CreateContainerError"})
 # The scheduler's reasons that pass on their own within seconds: a claim the provisioner is still
 # binding, a node that is starting or under pressure it will shed (its taints). Any other reason
@@ -150,13 +153,32 @@ def slim(pod: Mapping[str, Any]) -> dict[str, Any]:
         if container.get("name") == "runtime":
             env = [v for v in container.get("env") or [] if v.get("name") == TOKEN_SHA256_ENV]
             containers.append(
-                {"name": "runtime", "env": env, "ports": container.get("ports") or []}
+                {
+                    "name": "runtime",
+                    "env": env,
+                    "ports": container.get("ports") or [],
+                    "resources": container.get("resources") or {},
+                }
             )
     return {
         "metadata": {key: meta[key] for key in _KEPT_METADATA if key in meta},
         "spec": {"containers": containers},
         "status": pod.get("status") or {},
     }
+
+
+def memory_limit(pod: Mapping[str, Any]) -> str | None:
+    """The runtime container's memory limit as the pod spec gives it (``2Gi``), or None.
+
+    >>> memory_limit({"spec": {"containers": [{"name": "runtime",
+    ...     "resources": {"limits": {"memory": "256Mi"}}}]}})
+    '256Mi'
+    """
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        if container.get("name") == "runtime":
+            limit = ((container.get("resources") or {}).get("limits") or {}).get("memory")
+            return str(limit) if limit else None
+    return None
 
 
 def _port(pod: Mapping[str, Any]) -> int:
@@ -194,8 +216,11 @@ def _ended(
     """Why the pod's instance ended, or None while it has not."""
     status = pod.get("status") or {}
     phase = status.get("phase")
-    if status.get("reason") == "Evicted":
-        return TerminationReason.CRASHED, f"its pod was evicted: {status.get('message', '')}"
+    if status.get("reason") == "Evicted":  # the kubelet's message names the resource and use
+        limit = memory_limit(pod)
+        return TerminationReason.CRASHED, f"its pod was evicted: {status.get('message', '')}" + (
+            f" (its memory limit: {limit})" if limit else ""
+        )
     if status.get("reason") == "DeadlineExceeded":
         return TerminationReason.EXPIRED, (
             "its pod reached activeDeadlineSeconds (the engine's max_lifetime backstop)"
@@ -203,8 +228,10 @@ def _ended(
     if phase in ("Failed", "Succeeded"):
         terminated = (_container(pod).get("state") or {}).get("terminated") or {}
         if terminated.get("reason") == "OOMKilled":
+            limit = memory_limit(pod)
             return TerminationReason.OUT_OF_MEMORY, (
-                "the runtime container was OOMKilled: it used more memory than deployConfig.memory"
+                "the runtime container was OOMKilled: it used more memory than "
+                + (f"its limit, {limit} (deployConfig.memory)" if limit else "deployConfig.memory")
             )
         code = terminated.get("exitCode")
         why = terminated.get("reason") or status.get("reason") or phase
@@ -274,13 +301,28 @@ def pod_info(
     )
 
 
-def startup_failure(pod: Mapping[str, Any]) -> AEnvError | None:
+def startup_failure(pod: Mapping[str, Any], *, pull_error: str = "") -> AEnvError | None:
     """Why a pending pod will not come up without someone acting, as the error its create
-    raises: the scheduler's Unschedulable (a :class:`CapacityError` quoting it), an image that
-    cannot be pulled (named), a container the kubelet cannot create. None while it may still
-    start, which includes the scheduler's reasons that pass by themselves (a claim still being
-    bound, a node not ready yet or under pressure: :func:`startup_wait` says which), waited on
-    within the create's deadline."""
+    raises: the scheduler's Unschedulable (a :class:`CapacityError` quoting it), an image the
+    kubelet gave up pulling (``ImagePullBackOff``, ``InvalidImageName``: named, with
+    ``pull_error``, the failed pull's own message the caller saw before the back-off, since
+    the back-off's says only "Back-off pulling image"), a container the kubelet cannot create.
+    None while it may still start, which includes a first failed pull (``ErrImagePull``: the
+    kubelet tries again) and the scheduler's reasons that pass by themselves (a claim still
+    being bound, a node not ready yet or under pressure: :func:`startup_wait` says which),
+    waited on within the create's deadline.
+
+    >>> pod = {"metadata": {"name": "p"}, "status": {"containerStatuses": [{"name": "runtime",
+    ...     "image": "r.io/x:1", "state": {"waiting": {"reason": "ErrImagePull",
+    ...     "message": "r.io/x:1: not found"}}}]}}
+    >>> startup_failure(pod) is None
+    True
+    >>> pod["status"]["containerStatuses"][0]["state"] = {"waiting": {
+    ...     "reason": "ImagePullBackOff", "message": 'Back-off pulling image "r.io/x:1"'}}
+    >>> error = startup_failure(pod, pull_error="r.io/x:1: not found")
+    >>> type(error).__name__, "the pull failed with: r.io/x:1: not found" in str(error)
+    ('ConfigurationError', True)
+    """
     meta = pod.get("metadata") or {}
     name = meta.get("name", "?")
     scheduled = _condition(pod, "PodScheduled")
@@ -298,10 +340,11 @@ def startup_failure(pod: Mapping[str, Any]) -> AEnvError | None:
         why = waiting.get("reason")
         said = waiting.get("message") or ""
         if why in _IMAGE_PROBLEMS:
+            cause = f"; the pull failed with: {pull_error}" if pull_error else ""
             return ConfigurationError(
                 f"pod {name}: container {status.get('name')}'s image {status.get('image', '?')} "
-                f"cannot be pulled ({why}: {said}). Build and push it (`aenv build`), fix "
-                "deployConfig.imagePrefix or artifacts, or give the cluster pull access"
+                f"cannot be pulled ({why}: {said}{cause}). Build and push it (`aenv build`), "
+                "fix deployConfig.imagePrefix or artifacts, or give the cluster pull access"
             )
         if why in _CONFIG_PROBLEMS:
             return ConfigurationError(
@@ -330,6 +373,21 @@ def startup_wait(pod: Mapping[str, Any]) -> str:
             return f"container {status.get('name')}: {waiting['reason']}" + (
                 f" ({said})" if said else ""
             )
+    return ""
+
+
+def pull_error(pod: Mapping[str, Any]) -> str:
+    """The message of a failed image pull the pod reports now (``ErrImagePull``: the
+    registry's answer, which the back-off that follows no longer quotes), else "".
+
+    >>> pull_error({"status": {"containerStatuses": [{"name": "runtime", "state": {"waiting": {
+    ...     "reason": "ErrImagePull", "message": "manifest unknown"}}}]}})
+    'manifest unknown'
+    """
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        waiting = (status.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") == "ErrImagePull":
+            return str(waiting.get("message") or "ErrImagePull")
     return ""
 
 

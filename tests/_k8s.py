@@ -28,9 +28,9 @@ from aenv_ray.testing import free_port
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
-    from k8s_backend import KubernetesEngine
+    from k8s_backend import HostProcess, KubernetesEngine, OwnImage
 
-__all__ = ["KubeCluster", "tools_dir"]
+__all__ = ["KubeCluster", "session_cluster_runs_images", "tools_dir"]
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -41,6 +41,27 @@ def tools_dir() -> Path | None:
     given = os.environ.get("AENV_K8S_REAL_TOOLS")
     candidates = [Path(given)] if given else [REPO.parent / "shared" / "tools" / "k8s-real"]
     return next((path for path in candidates if (path / "start").is_file()), None)
+
+
+_RUNS_IMAGES: dict[str, bool] = {}
+
+
+def session_cluster_runs_images() -> bool:
+    """Whether the session's ``kube_cluster`` runs images (``AENV_TEST_CLUSTER=realnode``, or
+    ``AENV_TEST_KUBECONFIG`` naming a cluster that is not k8s-real's fake node), without
+    starting it: a k8s-real cluster of the fixture's own runs this host's processes. Asked
+    once per session."""
+    if os.environ.get("AENV_TEST_CLUSTER") == "realnode":
+        return True
+    given = os.environ.get("AENV_TEST_KUBECONFIG")
+    if not given:
+        return False
+    if given not in _RUNS_IMAGES:
+        try:
+            _RUNS_IMAGES[given] = not KubeCluster(Path(given)).runs_host_processes
+        except Exception:  # it does not answer: the fixture that uses it will say why
+            _RUNS_IMAGES[given] = False
+    return _RUNS_IMAGES[given]
 
 
 def _cache() -> Path:
@@ -79,6 +100,10 @@ class KubeCluster:
         self.tokens = dict(tokens or {})  # user -> its static bearer token
         self.tools = tools_dir()
         self._host_processes: bool | None = None
+        # the generic aenv-ray image pods of a cluster that runs images serve built-ins from
+        # (tests/_realnode.py builds one from this checkout; else the published tag)
+        self.runtime_image = os.environ.get("AENV_TEST_RUNTIME_IMAGE") or None
+        self._made: list[str] = []  # namespaces :meth:`namespace` created, deleted at stop
         # the port our engines' pods listen on: each k8s-real kubelet hands out the same pod IPs
         # (127.1.0.1, ...), so two clusters on one host must not also share the port
         self.pod_port = free_port() if state is not None else None
@@ -221,10 +246,27 @@ class KubeCluster:
         with self.api_client() as api:
             try:
                 client.CoreV1Api(api).create_namespace({"metadata": {"name": name}})
+                self._made.append(name)
             except client.ApiException as exc:
                 if exc.status != 409:
                     raise
         return name
+
+    def delete_namespaces(self) -> None:
+        """Delete the namespaces :meth:`namespace` created (on a cluster others use, what the
+        tests made goes with the session; a k8s-real cluster of our own goes whole)."""
+        from kubernetes import client
+
+        made, self._made = self._made, []
+        if not made:
+            return
+        with self.api_client() as api:
+            for name in made:
+                try:
+                    client.CoreV1Api(api).delete_namespace(name)
+                except client.ApiException as exc:
+                    if exc.status != 404:
+                        raise
 
     @contextlib.contextmanager
     def scratch_namespace(self, prefix: str) -> Iterator[tuple[ApiClient, str]]:
@@ -239,23 +281,72 @@ class KubeCluster:
             finally:
                 client.CoreV1Api(api).delete_namespace(name)
 
+    def delivery(self) -> HostProcess | OwnImage:
+        """How this cluster's pods get an environment's code: this venv's runtime as a host
+        process (k8s-real), else images (``AENV_TEST_IMAGE_PREFIX`` for an environment's own,
+        :attr:`runtime_image` for the built-ins)."""
+        from k8s_backend import HostProcess, OwnImage
+        from k8s_backend.exec_helper import RUNTIME_IMAGE
+
+        if self.runs_host_processes:
+            return HostProcess()
+        return OwnImage(
+            os.environ.get("AENV_TEST_IMAGE_PREFIX", ""),
+            runtime_image=self.runtime_image or RUNTIME_IMAGE,
+        )
+
+    def delivery_source(self) -> str:
+        """:meth:`delivery` as Python source, for a child process's script (names from
+        ``k8s_backend``)."""
+        from k8s_backend import OwnImage
+
+        delivery = self.delivery()
+        if isinstance(delivery, OwnImage):
+            return f"OwnImage({delivery.image_prefix!r}, runtime_image={delivery.runtime_image!r})"
+        return "HostProcess()"
+
+    def settings_env(self) -> dict[str, str]:
+        """:meth:`delivery` as the settings' variables (``AENV_K8S_DELIVERY`` ...), for a hub or
+        an engine made by name."""
+        from k8s_backend import OwnImage
+
+        delivery = self.delivery()
+        if isinstance(delivery, OwnImage):
+            return {
+                "AENV_K8S_DELIVERY": "image",
+                "AENV_K8S_IMAGE_PREFIX": delivery.image_prefix,
+                "AENV_K8S_RUNTIME_IMAGE": delivery.runtime_image,
+            }
+        return {"AENV_K8S_DELIVERY": "host"}
+
+    def runtime(self, project: Path) -> tuple[str, list[str]]:
+        """The image and command of a pod serving built-in ``project`` here, as the engine's
+        delivery makes them: for a recipe a test writes by hand."""
+        from aenv_ray.config import EnvConfig
+        from k8s_backend import OwnImage
+
+        delivery = self.delivery()
+        if not isinstance(delivery, OwnImage):  # the fake kubelet runs it, ignoring the image
+            return "ignored-by-the-fake-kubelet", [
+                sys.executable,
+                *("-m", "sandbox_runtime", str(project)),
+            ]
+        return delivery.runtime(EnvConfig.load(project), project)
+
     def engine(self, namespace: str = "default", **options: Any) -> KubernetesEngine:
         """A KubernetesEngine on this cluster, delivering code as the cluster can run it."""
-        from k8s_backend import HostProcess, KubernetesEngine, OwnImage
+        from k8s_backend import KubernetesEngine
 
-        delivery = (
-            HostProcess()
-            if self.runs_host_processes
-            else OwnImage(os.environ.get("AENV_TEST_IMAGE_PREFIX", ""))
-        )
-        options.setdefault("delivery", delivery)
+        options.setdefault("delivery", self.delivery())
         if self.pod_port is not None:
             options.setdefault("port", self.pod_port)
         return KubernetesEngine(namespace, kubeconfig=self.kubeconfig, **options)
 
     def stop(self) -> None:
-        """Stop the control plane this object started and remove its state. Idempotent."""
+        """Stop the control plane this object started and remove its state; on a cluster
+        someone else runs, delete the namespaces made here. Idempotent."""
         if self.state is None:
+            self.delete_namespaces()
             return
         if self.tools is not None:
             subprocess.run(

@@ -32,19 +32,25 @@ def core(kube_cluster: KubeCluster) -> Iterator[tuple[client.CoreV1Api, str]]:
         api.close()
 
 
+HTTP_SERVER = ["-m", "http.server", "--bind", "$(POD_IP)", "8080"]
+
+
 def _ready(pod: Any) -> bool:
     conditions = (pod.status and pod.status.conditions) or []
     return any(c.type == "Ready" and c.status == "True" for c in conditions)
 
 
 def test_a_pod_runs_here_becomes_ready_and_answers_at_its_ip(
-    core: tuple[client.CoreV1Api, str],
+    kube_cluster: KubeCluster, core: tuple[client.CoreV1Api, str]
 ) -> None:
     api, namespace = core
+    # the fake kubelet runs the command on this host (this venv's Python); a real node runs
+    # the image, one the kit builds offline (python:3.11-slim)
+    host = kube_cluster.runs_host_processes
     container = client.V1Container(
         name="server",
-        image="ignored-by-the-fake-kubelet",
-        command=[sys.executable, "-m", "http.server", "--bind", "$(POD_IP)", "8080"],
+        image="ignored-by-the-fake-kubelet" if host else "python:3.11-slim",
+        command=[sys.executable if host else "python3", *HTTP_SERVER],
         env=[
             client.V1EnvVar(
                 name="POD_IP",
@@ -76,6 +82,6 @@ def test_a_pod_runs_here_becomes_ready_and_answers_at_its_ip(
             stream.stop()
     assert ready is not None, "the pod never became Ready"
     ip = ready.status.pod_ip
-    assert ip.startswith("127.")
+    assert ip.startswith("127.") == host  # the fake kubelet's pod IPs are loopback
     with urllib.request.urlopen(f"http://{ip}:8080/", timeout=10) as answer:
         assert answer.status == 200

@@ -39,6 +39,12 @@ from sandbox_runtime.__main__ import main as runtime_main
 from tests._hub import HubProcess, new_key
 from tests._k8s import KubeCluster
 
+HOST_PODS = pytest.mark.fake_kubelet(
+    "HubBundle(python=sys.executable): the pod runs this host's Python and fetches its bundle "
+    "from a hub on this host's loopback, which a real pod cannot reach"
+)
+
+
 DIGEST = "sha256:" + "ab" * 32
 PUSHED = EnvConfig(name="notes", version="2.0.0", artifacts=[{"type": "bundle", "digest": DIGEST}])
 
@@ -326,8 +332,6 @@ def pushed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pushed]:
 
 @pytest.fixture(scope="module")
 def cluster(kube_cluster: KubeCluster) -> KubeCluster:
-    if not kube_cluster.runs_host_processes:
-        pytest.skip("runs the runtime from this venv: a cluster whose kubelet runs host processes")
     return kube_cluster
 
 
@@ -343,6 +347,7 @@ def _engine(cluster: KubeCluster, namespace: str, pushed: Pushed, tmp: Path) -> 
 
 @pytest.mark.k8s
 @pytest.mark.timeout(2400)
+@HOST_PODS
 async def test_a_pod_fetches_a_pushed_version_from_the_hub_and_serves_it(
     cluster: KubeCluster, pushed: Pushed, tmp_path: Path
 ) -> None:
@@ -363,6 +368,7 @@ async def test_a_pod_fetches_a_pushed_version_from_the_hub_and_serves_it(
 
 @pytest.mark.k8s
 @pytest.mark.timeout(2400)
+@HOST_PODS
 async def test_a_digest_mismatch_fails_the_create_with_the_runtimes_words(
     cluster: KubeCluster, pushed: Pushed, tmp_path: Path
 ) -> None:
@@ -429,7 +435,8 @@ async def test_a_builtin_runs_on_the_cluster_with_a_new_users_settings(
     with cluster.scratch_namespace("builtin") as (api, namespace):
         # as a new user makes it: by name, nothing but the cluster and the namespace (the port:
         # two test clusters on one host hand out the same pod IPs)
-        engine = new_engine("kubernetes", namespace=namespace, port=cluster.pod_port)
+        port = {} if cluster.pod_port is None else {"port": cluster.pod_port}
+        engine = new_engine("kubernetes", namespace=namespace, **port)
         try:
             assert isinstance(engine, KubernetesEngine)
             assert isinstance(engine.delivery, OwnImage)

@@ -53,6 +53,11 @@ async def round_trip(path: str, text: str) -> dict:
 '''
 
 
+HOST_PODS = pytest.mark.fake_kubelet(
+    "its second container is a directory of this host (HostProcess(shared_root=...)), not an image"
+)
+
+
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     root = tmp_path / "dual-probe"
@@ -82,11 +87,10 @@ def namespace(kube_cluster: KubeCluster) -> Iterator[str]:
 
 @pytest.mark.k8s
 @pytest.mark.timeout(2400)  # the first k8s test may pay for the cluster's one-time build
+@HOST_PODS
 async def test_a_tool_runs_commands_and_files_in_the_second_container(
     kube_cluster: KubeCluster, namespace: str, project: Path, shared_root: Path
 ) -> None:
-    if not kube_cluster.runs_host_processes:
-        pytest.skip("needs a kubelet that runs pod commands on this host (k8s-real)")
     engine = kube_cluster.engine(namespace, delivery=HostProcess(shared_root=shared_root))
     try:
         env = Environment.from_project(project, engine=engine, datasource="busybox:1.36", ttl=600)
@@ -158,6 +162,7 @@ def swe_project(tmp_path: Path) -> Path:
 
 @pytest.mark.k8s
 @pytest.mark.timeout(2400)
+@HOST_PODS
 async def test_swe_strict_grading_in_the_datasource_container_leaves_test_tampering_out(
     kube_cluster: KubeCluster, namespace: str, swe_project: Path, shared_root: Path
 ) -> None:
@@ -165,8 +170,6 @@ async def test_swe_strict_grading_in_the_datasource_container_leaves_test_tamper
     agent's commands, the judge's checkout and the tests all in the second container): the
     test runner patched to pass every test is left out and listed, reward 0 with a reason;
     graded as SWE-bench grades, the same attack scores 1.0; the gold patch still resolves."""
-    if not kube_cluster.runs_host_processes:
-        pytest.skip("needs a kubelet that runs pod commands on this host (k8s-real)")
     from builtin_envs.demos import swe as demo
 
     # the second container is a process of this host here: the repository is a directory of

@@ -35,6 +35,7 @@ from aenv_ray import (
     Environment,
     EnvironmentState,
     InstanceBrokenError,
+    InstanceNotFoundError,
     InstanceSpec,
     InstanceState,
     NotSupportedError,
@@ -42,11 +43,11 @@ from aenv_ray import (
     TerminationReason,
 )
 from aenv_ray.engine import new_engine
-from k8s_backend import HostProcess, KubernetesEngine
+from k8s_backend import KubernetesEngine
 from k8s_backend._api import Kube, WatchExpired, connect, translate
 from k8s_backend._cache import PodCache
 from k8s_backend.manifests import ANNOTATION_ENV, ANNOTATION_EXPIRES, LABEL_INSTANCE
-from k8s_backend.state import pod_info, startup_failure, startup_wait
+from k8s_backend.state import pod_info, pull_error, slim, startup_failure, startup_wait
 from tests._k8s import KubeCluster
 
 REPO = str(Path(__file__).resolve().parent.parent)
@@ -244,6 +245,57 @@ def test_an_image_being_pulled_is_a_wait_not_a_failure() -> None:
     assert startup_wait(pod) == "container runtime: ContainerCreating"
 
 
+def test_a_failed_pull_is_retried_and_the_back_off_after_it_fails_with_its_reason() -> None:
+    """As the real node reports a missing image: ErrImagePull with the registry's answer (the
+    kubelet tries again: a wait), then ImagePullBackOff, whose own message is only "Back-off
+    pulling image": the create's error quotes the failed pull it saw before."""
+
+    def waiting(reason: str, message: str) -> dict[str, Any]:
+        state = {"waiting": {"reason": reason, "message": message}}
+        return _pod(
+            {
+                "phase": "Pending",
+                "containerStatuses": [{"name": "runtime", "image": "r.io/x:1", "state": state}],
+            }
+        )
+
+    failed = waiting("ErrImagePull", 'failed to resolve reference "r.io/x:1": not found')
+    assert startup_failure(failed) is None
+    assert "ErrImagePull" in startup_wait(failed)
+    assert "not found" in startup_wait(failed)
+    said = pull_error(failed)
+    backing_off = waiting("ImagePullBackOff", 'Back-off pulling image "r.io/x:1"')
+    assert pull_error(backing_off) == ""
+    error = startup_failure(backing_off, pull_error=said)
+    assert isinstance(error, ConfigurationError)
+    assert "r.io/x:1" in str(error)
+    assert "ImagePullBackOff" in str(error)
+    assert 'the pull failed with: failed to resolve reference "r.io/x:1": not found' in str(error)
+
+
+def test_an_out_of_memory_end_names_the_limit_it_passed() -> None:
+    pod = _pod(
+        {
+            "phase": "Failed",
+            "containerStatuses": [
+                {"name": "runtime", "state": {"terminated": {"reason": "OOMKilled"}}}
+            ],
+        }
+    )
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"memory": "256Mi", "cpu": "1"}}
+    info = pod_info(slim(pod))  # what the watch's cache keeps holds the limit
+    assert info.reason is TerminationReason.OUT_OF_MEMORY
+    assert "OOMKilled" in info.detail
+    assert "its limit, 256Mi" in info.detail
+    evicted = _pod(
+        {"phase": "Failed", "reason": "Evicted", "message": "The node was low on memory."}
+    )
+    evicted["spec"]["containers"][0]["resources"] = {"limits": {"memory": "2Gi"}}
+    assert pod_info(evicted).detail == (
+        "its pod was evicted: The node was low on memory. (its memory limit: 2Gi)"
+    )
+
+
 # -- API errors, translated in one place ----------------------------------------------------------
 
 
@@ -393,7 +445,9 @@ def cluster(kube_cluster: KubeCluster) -> KubeCluster:
 
 @pytest.fixture
 def namespace(cluster: KubeCluster, request: pytest.FixtureRequest) -> str:
-    name = "t-" + request.node.name.lower().replace("_", "-")[:40].strip("-")
+    # a name of its own each time: the last session's namespace may still be terminating
+    name = "t-" + request.node.name.lower().replace("_", "-")[:36].strip("-")
+    name = f"{name}-{uuid.uuid4().hex[:6]}"
     return cluster.namespace(name)
 
 
@@ -505,6 +559,10 @@ def _processes_of_instance(iid: str) -> list[int]:
 
 @pytest.mark.k8s
 @pytest.mark.timeout(2400)
+@pytest.mark.fake_kubelet(
+    "stops the pod's processes on this host (SIGSTOP) so that its IP goes silent with the "
+    "connection open; on the real node test_a_pod_deleted_behind_the_engines_back_... deletes one"
+)
 async def test_a_call_to_a_pod_gone_silent_fails_with_the_watchs_word_not_a_timeout(
     cluster: KubeCluster, namespace: str
 ) -> None:
@@ -512,8 +570,6 @@ async def test_a_call_to_a_pod_gone_silent_fails_with_the_watchs_word_not_a_time
     processes are stopped (silent, their connections open) and the pod is deleted with a long
     grace period: the call in flight must fail with the engine's account of the deletion while
     the process is still there, not wait for its timeout or for the kill."""
-    if not cluster.runs_host_processes:
-        pytest.skip("needs the test kubelet (pods as host processes, to stop them)")
     engine = cluster.engine(namespace)
     stopped: list[int] = []
     try:
@@ -573,10 +629,10 @@ _DIES = """
 import asyncio, os, sys
 sys.path.insert(0, {repo!r})
 from aenv_ray import InstanceSpec
-from k8s_backend import HostProcess, KubernetesEngine
+from k8s_backend import HostProcess, KubernetesEngine, OwnImage
 
 async def main():
-    engine = KubernetesEngine({namespace!r}, kubeconfig={kubeconfig!r}, delivery=HostProcess(),
+    engine = KubernetesEngine({namespace!r}, kubeconfig={kubeconfig!r}, delivery={delivery},
                               reaper=False, lease_seconds=3)
     info = await engine.create(InstanceSpec("mini-terminal@1.0.0", ttl=600), timeout=60)
     print(info.id, flush=True)
@@ -591,7 +647,12 @@ asyncio.run(main())
 async def test_the_pods_of_an_engine_that_died_are_reclaimed(
     cluster: KubeCluster, namespace: str
 ) -> None:
-    script = _DIES.format(repo=REPO, namespace=namespace, kubeconfig=str(cluster.kubeconfig))
+    script = _DIES.format(
+        repo=REPO,
+        namespace=namespace,
+        kubeconfig=str(cluster.kubeconfig),
+        delivery=cluster.delivery_source(),
+    )
     died = await asyncio.to_thread(
         subprocess.run,
         [sys.executable, "-c", script],
@@ -613,6 +674,50 @@ async def test_the_pods_of_an_engine_that_died_are_reclaimed(
         assert (await reaper.get(iid)).reason is TerminationReason.OWNER_GONE
     finally:
         await reaper.aclose()
+
+
+_EXITS = """
+import asyncio, sys
+sys.path.insert(0, {repo!r})
+from aenv_ray import InstanceSpec
+from aenv_ray.engine import named_engine
+
+engine = named_engine("kubernetes")  # closed by its atexit hook, never by this script
+info = asyncio.run(engine.create(InstanceSpec("mini-terminal@1.0.0", ttl=600), timeout=60))
+print(info.id, flush=True)
+"""
+
+
+@pytest.mark.k8s
+async def test_the_process_wide_engine_deletes_its_pods_at_interpreter_exit(
+    cluster: KubeCluster, namespace: str
+) -> None:
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "AENV_K8S_NAMESPACE": namespace,
+        "AENV_K8S_DELIVERY": "host",
+    }
+    exited = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", _EXITS.format(repo=REPO)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+    assert exited.returncode == 0, exited.stderr[-2000:]
+    assert "Traceback" not in exited.stderr, exited.stderr[-2000:]
+    iid = exited.stdout.split()[-1]
+    watcher = cluster.engine(namespace, session=False, reaper=False)
+    try:
+        info = await watcher.get(iid)  # still terminating
+        assert info.state is InstanceState.TERMINATED, info
+    except InstanceNotFoundError:
+        pass  # already gone
+    finally:
+        await watcher.aclose()
 
 
 @pytest.mark.k8s
@@ -648,15 +753,14 @@ async def test_a_broken_watch_is_resumed_and_misses_nothing(
 async def test_engines_are_chosen_by_name_from_the_settings(
     cluster: KubeCluster, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if not cluster.runs_host_processes:
-        pytest.skip("runs the runtime as a host process: a k8s-real cluster only")
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
     monkeypatch.setenv("AENV_K8S_NAMESPACE", namespace)
-    monkeypatch.setenv("AENV_K8S_DELIVERY", "host")
+    for name, value in cluster.settings_env().items():
+        monkeypatch.setenv(name, value)
     engine = new_engine("kubernetes")
     assert isinstance(engine, KubernetesEngine)
     assert engine.namespace == namespace
-    assert isinstance(engine.delivery, HostProcess)
+    assert type(engine.delivery) is type(cluster.delivery())  # HostProcess, or OwnImage
     try:
         info = await engine.create(SPEC, timeout=60)
         with pytest.raises(NotSupportedError, match="engine='local'"):

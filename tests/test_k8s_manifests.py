@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -267,17 +266,19 @@ def test_the_api_server_accepts_every_object(namespace: tuple[Any, str]) -> None
 
 @pytest.mark.k8s
 @pytest.mark.timeout(2400)
-def test_a_pod_from_a_recipe_serves_the_environment(namespace: tuple[Any, str]) -> None:
+def test_a_pod_from_a_recipe_serves_the_environment(
+    kube_cluster: KubeCluster, namespace: tuple[Any, str]
+) -> None:
     from kubernetes import client
 
     api, name = namespace
     core = client.CoreV1Api(api)
-    project = builtin_refs()["mini-terminal@1.0.0"]
+    image, command = kube_cluster.runtime(builtin_refs()["mini-terminal@1.0.0"])
     recipe = PodRecipe(
         instance_id="0123456789ab",
         env_ref="mini-terminal@1.0.0",
-        image="ignored-by-the-fake-kubelet",
-        command=[sys.executable, "-m", "sandbox_runtime", str(project)],  # this host's runtime
+        image=image,
+        command=command,  # this host's runtime (the fake kubelet), else the image's
         expires_at=time.time() + 600,
     )
     pod = core.create_namespaced_pod(name, instance_pod(recipe))

@@ -28,6 +28,10 @@ from tests._k8s import KubeCluster
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(2400)]
 
+HOST_PODS = pytest.mark.fake_kubelet(
+    "its hub runs with AENV_K8S_DELIVERY=host: pods are this venv's runtime as host processes"
+)
+
 SELINUX = "spec.securityContext.seLinuxOptions"
 ALLOWED = """
 metadata:
@@ -55,8 +59,6 @@ class Hub:
 
 @pytest.fixture(scope="module")
 def hub(kube_cluster: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
-    if not kube_cluster.runs_host_processes:
-        pytest.skip("pods run this venv's runtime as host processes: a k8s-real cluster only")
     root = tmp_path_factory.mktemp("podtpl-hub")
     limits = root / "limits.json"
     limits.write_text(json.dumps({"tenants": {"gpu-lab": {"pod_template_allow": [SELINUX]}}}))
@@ -107,6 +109,7 @@ def _pods(hub: Hub, name: str) -> list[Any]:
     return list(found.items)
 
 
+@HOST_PODS
 async def test_an_allowed_template_reaches_the_pod(
     hub: Hub, alice: HubClient, tmp_path: Path
 ) -> None:
@@ -127,6 +130,7 @@ async def test_an_allowed_template_reaches_the_pod(
         await alice.delete_instance(record["id"])
 
 
+@HOST_PODS
 async def test_a_refused_template_is_a_403_at_push_naming_the_field(
     hub: Hub, alice: HubClient, tmp_path: Path
 ) -> None:
@@ -140,6 +144,7 @@ async def test_a_refused_template_is_a_403_at_push_naming_the_field(
     assert _pods(hub, name) == []
 
 
+@HOST_PODS
 async def test_an_operators_widening_holds_for_its_tenant_only(
     hub: Hub, alice: HubClient, lab: HubClient, tmp_path: Path
 ) -> None:

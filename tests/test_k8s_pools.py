@@ -44,6 +44,11 @@ from tests._session_ray import SessionRay
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(2400)]
 
+HOST_PODS = pytest.mark.fake_kubelet(
+    "warm pools of many pods, and hubs started with AENV_K8S_DELIVERY=host: each pod is this "
+    "venv's runtime, up in a second where a real node's pod takes ten"
+)
+
 ROOT = Path(__file__).resolve().parent.parent
 AENV = [sys.executable, "-m", "aenv_cli"]
 SPEC = InstanceSpec("mini-terminal@1.0.0", ttl=600.0, owner="test")
@@ -51,8 +56,6 @@ SPEC = InstanceSpec("mini-terminal@1.0.0", ttl=600.0, owner="test")
 
 @pytest.fixture(scope="module")
 def cluster(kube_cluster: KubeCluster) -> KubeCluster:
-    if not kube_cluster.runs_host_processes:
-        pytest.skip("pods run this venv's runtime as host processes: a k8s-real cluster only")
     return kube_cluster
 
 
@@ -120,6 +123,7 @@ def test_only_a_free_ready_unexpired_pod_is_claimable_and_a_claim_names_its_clai
 # -- on the API server ----------------------------------------------------------------------------
 
 
+@HOST_PODS
 async def test_engines_racing_for_warm_pods_never_get_the_same_pod(
     cluster: KubeCluster, namespace: str
 ) -> None:
@@ -164,6 +168,7 @@ async def test_engines_racing_for_warm_pods_never_get_the_same_pod(
         await rival.aclose()
 
 
+@HOST_PODS
 async def test_a_claim_waits_for_a_starting_pod_and_survives_a_stale_read(
     cluster: KubeCluster, namespace: str
 ) -> None:
@@ -194,6 +199,7 @@ async def test_a_claim_waits_for_a_starting_pod_and_survives_a_stale_read(
         await engine.aclose()
 
 
+@HOST_PODS
 async def test_pools_of_different_specs_never_hand_out_each_others_pods(
     cluster: KubeCluster, namespace: str
 ) -> None:
@@ -214,6 +220,7 @@ async def test_pools_of_different_specs_never_hand_out_each_others_pods(
         await engine.aclose()
 
 
+@HOST_PODS
 async def test_pool_actors_share_one_warm_pool_and_refill_it(
     cluster: KubeCluster, namespace: str
 ) -> None:
@@ -259,6 +266,7 @@ async def test_pool_actors_share_one_warm_pool_and_refill_it(
     )
 
 
+@HOST_PODS
 async def test_aenv_rollout_runs_its_episodes_on_kubernetes_through_ray_pool_actors(
     cluster: KubeCluster, namespace: str, tmp_path: Path
 ) -> None:
@@ -314,6 +322,7 @@ def _free_ids(cluster: KubeCluster, namespace: str, *, ready: bool = True) -> se
     }
 
 
+@HOST_PODS
 async def test_hubs_keep_a_shared_warm_pool_and_their_creates_claim_from_it(
     cluster: KubeCluster, namespace: str, tmp_path: Path
 ) -> None:
@@ -372,6 +381,7 @@ async def test_hubs_keep_a_shared_warm_pool_and_their_creates_claim_from_it(
         second.close()
 
 
+@HOST_PODS
 async def test_a_hub_killed_mid_create_reclaims_the_pods_it_never_recorded(
     cluster: KubeCluster, namespace: str, tmp_path: Path
 ) -> None:
@@ -454,6 +464,7 @@ def test_warm_pools_need_an_engine_that_keeps_them(tmp_path: Path) -> None:
     assert "--engine kubernetes" in done.stderr
 
 
+@HOST_PODS
 async def test_aenv_rollout_through_a_hub_claims_its_warm_pods_and_calls_through_its_proxy(
     cluster: KubeCluster, namespace: str, tmp_path: Path, session_ray: SessionRay
 ) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import subprocess
 import time
@@ -269,8 +268,7 @@ def k8s_hub(
         env = {
             "KUBECONFIG": str(kube_cluster.kubeconfig),
             "AENV_K8S_NAMESPACE": namespace,
-            "AENV_K8S_DELIVERY": "host" if kube_cluster.runs_host_processes else "image",
-            "AENV_K8S_IMAGE_PREFIX": os.environ.get("AENV_TEST_IMAGE_PREFIX", ""),
+            **kube_cluster.settings_env(),
         }
         proc = HubProcess(tmp_path_factory.mktemp("k8s-hub"), engine="kubernetes", env=env)
         alice, bob = new_key("alice", proc.store), new_key("bob", proc.store)

@@ -13,7 +13,6 @@ import asyncio
 import json
 import os
 import re
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -354,18 +353,20 @@ def _answers(ips: dict[str, str], port: int) -> dict[str, str]:
 
 @pytest.mark.k8s
 @pytest.mark.timeout(2400)
-def test_a_service_scales_updates_and_keeps_its_storage(namespace: tuple[Any, str]) -> None:
+def test_a_service_scales_updates_and_keeps_its_storage(
+    kube_cluster: KubeCluster, namespace: tuple[Any, str]
+) -> None:
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
     api, name = namespace
     apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
-    project = builtin_refs()["mini-terminal@1.0.0"]
+    image, command = kube_cluster.runtime(builtin_refs()["mini-terminal@1.0.0"])
     recipe = ServiceRecipe(
         service_id=uuid.uuid4().hex[:12],
         env_ref="mini-terminal@1.0.0",
-        image="ignored-by-the-fake-kubelet",
-        command=[sys.executable, "-m", "sandbox_runtime", str(project)],  # this host's runtime
+        image=image,
+        command=command,  # this host's runtime (the fake kubelet), else the image's
         replicas=1,
         environment_variables={"STAGE": "one"},
         storage=True,

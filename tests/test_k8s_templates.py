@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -449,14 +448,16 @@ def test_the_api_server_accepts_templated_objects(namespace: tuple[Any, str]) ->
 
 @pytest.mark.k8s
 @pytest.mark.timeout(2400)
-def test_a_templated_pod_serves_the_environment(namespace: tuple[Any, str]) -> None:
+def test_a_templated_pod_serves_the_environment(
+    kube_cluster: KubeCluster, namespace: tuple[Any, str]
+) -> None:
     """A template with a wrapper command, an extra variable and a sidecar: the runtime still
     starts, becomes Ready and answers, and sees the template's variable."""
     from kubernetes import client
 
     api, name = namespace
     core = client.CoreV1Api(api)
-    project = builtin_refs()["mini-terminal@1.0.0"]
+    image, command = kube_cluster.runtime(builtin_refs()["mini-terminal@1.0.0"])
     template = """
     spec:
       containers:
@@ -467,8 +468,8 @@ def test_a_templated_pod_serves_the_environment(namespace: tuple[Any, str]) -> N
     recipe = PodRecipe(
         instance_id="0123456789ab",
         env_ref="mini-terminal@1.0.0",
-        image="ignored-by-the-fake-kubelet",
-        command=[sys.executable, "-m", "sandbox_runtime", str(project)],  # this host's runtime
+        image=image,
+        command=command,  # this host's runtime (the fake kubelet), else the image's
         expires_at=time.time() + 600,
         deploy=DeployConfig(custom_pod_template=template),
     )

@@ -1,0 +1,91 @@
+"""Images that add to this checkout's runtime image on the real node (``tests/_realnode.py``
+builds the runtime image itself, from deploy/Dockerfile, keyed by its inputs).
+
+:func:`layered_image` is an image ``FROM`` the runtime image that adds system packages a
+built-in needs (mini-program's Chromium), so built-ins share the runtime image as their base
+layer. Its tag is ``AENV_TEST_IMAGE_PREFIX/NAME:KEY`` (default prefix ``realnode.local/aenv``)
+where ``KEY`` digests the Dockerfile it builds (which names the base by its content key): a tag
+the kit already built is used as it is, any other is built with the kit's ``build-image``
+(buildah; ``AENV_K8S_REALNODE_TOOLS``, else ``../shared/tools/k8s-realnode``), which imports it
+into the node's containerd. Without the kit the caller skips, saying so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from tests._realnode import built, realnode_tools
+
+__all__ = ["CHROMIUM", "ImageUnavailable", "built_environment", "layered_image"]
+
+CHROMIUM = (
+    "RUN apt-get update && apt-get install -y --no-install-recommends chromium fonts-dejavu-core"
+    " && rm -rf /var/lib/apt/lists/*",
+)
+"""mini-program's addition to the runtime image: Debian's Chromium, which renders the page its
+reward grades (``builtin_envs/mini_program``)."""
+
+
+class ImageUnavailable(RuntimeError):
+    """No image of that content on the node, and no way to build one here (the message says
+    why)."""
+
+
+def _prefix() -> str:
+    return os.environ.get("AENV_TEST_IMAGE_PREFIX", "").strip().rstrip("/") or "realnode.local/aenv"
+
+
+def _build(tag: str, dockerfile: Path, context: Path) -> None:
+    tools = realnode_tools()
+    if tools is None:
+        raise ImageUnavailable(
+            f"{tag} is not on the node and there is no real-node kit to build it "
+            "(AENV_K8S_REALNODE_TOOLS, else ../shared/tools/k8s-realnode)"
+        )
+    command = ["nice", "-n", "10", str(tools / "build-image"), "-t", tag, "-f", str(dockerfile)]
+    done = subprocess.run(
+        [*command, str(context)], capture_output=True, text=True, timeout=3600, check=False
+    )
+    if done.returncode != 0:
+        raise ImageUnavailable(f"building {tag} failed:\n{(done.stdout + done.stderr)[-3000:]}")
+
+
+def layered_image(base: str, name: str, lines: tuple[str, ...]) -> str:
+    """An image ``FROM base`` plus the Dockerfile ``lines`` (as root; the image's user is put
+    back after them): ``PREFIX/NAME:KEY``, built when the kit has none of that content.
+    Raises :class:`ImageUnavailable`."""
+    text = "\n".join([f"FROM {base}", "USER 0:0", *lines, "USER 10001:10001", ""])
+    tag = f"{_prefix()}/{name}:{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    if not built(tag):
+        with tempfile.TemporaryDirectory(prefix="aenv-image-") as context:
+            dockerfile = Path(context) / "Dockerfile"
+            dockerfile.write_text(text)
+            _build(tag, dockerfile, Path(context))
+    return tag
+
+
+def built_environment(project: Path, tag: str) -> str:
+    """``tag``, the image of the environment ``project`` built the documented way (``aenv
+    build PROJECT --no-image`` writes its context, the kit's ``build-image`` builds it), when
+    the kit has no image of that tag yet (minutes, once per machine). Raises
+    :class:`ImageUnavailable`."""
+    if built(tag):
+        return tag
+    with tempfile.TemporaryDirectory(prefix="aenv-build-") as out:
+        done = subprocess.run(
+            [sys.executable, "-m", "aenv_cli", "build", str(project), "--out", out, "--no-image"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise ImageUnavailable(f"aenv build {project} failed:\n{done.stderr[-3000:]}")
+        context = Path(out) / "image"
+        _build(tag, context / "Dockerfile", context)
+    return tag

@@ -1,0 +1,215 @@
+"""The real single-node Kubernetes of ``../shared/tools/k8s-realnode`` for the tests: a kubelet
+running pods from images through containerd and runc (securityContext, limits, OOM kills, probes
+and pod IPs all real), where ``tests/_k8s.py``'s k8s-real has a fake kubelet running pod commands
+as this host's processes.
+
+:meth:`RealNode.start` **uses a running node** when its API server answers (and leaves it
+running: others may use it), else sets the kit up once per machine (its ``setup``, only when
+its binaries or base images are missing, as k8s-real's is) and starts it, and then stops it in
+:meth:`RealNode.stop`. :func:`runtime_image` builds the generic aenv-ray image from this checkout
+(deploy/Dockerfile, the kit's ``build-image``) under a tag keyed by the digest of everything the
+Dockerfile copies: an unchanged tree builds nothing.
+
+    with RealNode.start() as node:        # a RuntimeError says why it cannot
+        node.runtime_image = runtime_image()
+        engine = node.engine("my-namespace")   # OwnImage delivery, the built-ins from that image
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+
+from aenv_ray import __version__
+from tests._k8s import REPO, KubeCluster
+
+__all__ = [
+    "RealNode",
+    "built",
+    "realnode_tools",
+    "runtime_image",
+    "runtime_image_inputs",
+]
+
+IMAGE_REPOSITORY = "realnode.local/aenv/aenv-ray"
+"""Where :func:`runtime_image` tags its builds (``IMAGE_REPOSITORY:VERSION-DIGEST``)."""
+
+
+def _dockerfile_inputs() -> list[str]:
+    """deploy/Dockerfile's COPY sources (not those ``--from`` a stage), relative to the
+    repository, and the Dockerfile itself."""
+    text = (REPO / "deploy" / "Dockerfile").read_text()
+    found = ["deploy/Dockerfile"]
+    for sources in re.findall(r"^COPY (?!--from)(.+) \S+$", text, re.M):
+        found.extend(source.rstrip("/") for source in sources.split())
+    return list(dict.fromkeys(found))
+
+
+def realnode_tools() -> Path | None:
+    """Where the kit's scripts are (``AENV_K8S_REALNODE_TOOLS``, else
+    ``../shared/tools/k8s-realnode`` beside the repository), or None."""
+    given = os.environ.get("AENV_K8S_REALNODE_TOOLS")
+    path = Path(given) if given else REPO.parent / "shared" / "tools" / "k8s-realnode"
+    return path if (path / "start").is_file() else None
+
+
+def _cache() -> Path:
+    """The kit's build cache (lib.sh's ``K8S_REAL``, default ``~/.cache/k8s-real``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(os.environ.get("K8S_REAL") or Path(base) / "k8s-real")
+
+
+def _node_dir() -> Path:
+    return Path(os.environ.get("REALNODE_DIR") or _cache() / "realnode")
+
+
+def _images_dir() -> Path:
+    return Path(os.environ.get("REALNODE_IMAGES") or _cache() / "realnode-images")
+
+
+def _set_up() -> bool:
+    """Whether the kit's ``setup`` already ran on this machine: its binaries and the base
+    images every build and pod starts from."""
+    binaries = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet")
+    images = ("k8s.gcr.io_pause_3.2.tar", "docker.io_library_python_3.11-slim-bookworm.tar")
+    return all((_cache() / "bin" / name).is_file() for name in binaries) and all(
+        (_images_dir() / name).is_file() for name in images
+    )
+
+
+def _run(command: list[str], *, timeout: float, what: str) -> None:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed:\n{(done.stdout + done.stderr)[-3000:]}")
+
+
+class RealNode(KubeCluster):
+    """The real node as a :class:`KubeCluster` (its pods run images: :meth:`engine` delivers
+    with ``OwnImage``). ``started``: this object started it (and :meth:`stop` stops it)."""
+
+    def __init__(self, kubeconfig: Path, *, started: bool) -> None:
+        super().__init__(kubeconfig)
+        self.started = started
+        self._host_processes = False
+
+    @staticmethod
+    def kubeconfig_path() -> Path:
+        """Where the kit writes the node's kubeconfig."""
+        return Path(os.environ.get("KUBECONFIG_OUT") or _node_dir() / "kubeconfig")
+
+    @staticmethod
+    def answers(kubeconfig: Path) -> bool:
+        """Whether the API server of ``kubeconfig`` answers, and its node is Ready."""
+        if not kubeconfig.is_file():
+            return False
+        from kubernetes import client, config
+
+        try:
+            with config.new_client_from_config(config_file=str(kubeconfig)) as api:
+                nodes = client.CoreV1Api(api).list_node(_request_timeout=5).items
+        except Exception:  # any failure to answer: refused, TLS, 5xx, a bad file
+            return False
+        return any(
+            c.type == "Ready" and c.status == "True"
+            for node in nodes
+            for c in (node.status.conditions or [])
+        )
+
+    @classmethod
+    def start(cls, *, setup_timeout: float = 3600.0) -> RealNode:  # type: ignore[override]
+        """The running node when it answers, else one this call starts (the kit set up first
+        when it never was). Raises :class:`RuntimeError` saying why it cannot."""
+        kubeconfig = cls.kubeconfig_path()
+        if cls.answers(kubeconfig):
+            return cls(kubeconfig, started=False)
+        tools = realnode_tools()
+        if tools is None:
+            raise RuntimeError(
+                "no real node answers and no k8s-realnode kit to start one "
+                "(AENV_K8S_REALNODE_TOOLS, else ../shared/tools/k8s-realnode)"
+            )
+        if not _set_up():  # once per machine: a Go build of ~30 min, base images
+            _run([str(tools / "setup")], timeout=setup_timeout, what="k8s-realnode setup")
+        _run([str(tools / "start")], timeout=600, what="k8s-realnode start")
+        node = cls(kubeconfig, started=True)
+        if not cls.answers(kubeconfig):
+            node.stop()
+            raise RuntimeError(
+                f"k8s-realnode started but its API server ({kubeconfig}) or node does not answer"
+            )
+        return node
+
+    def stop(self) -> None:
+        """Stop the node if this object started it (by the kit's ``stop``: every pod, then the
+        control plane, and its host changes undone). Idempotent; a node it found running is
+        left running, without the namespaces made here."""
+        if not self.started:
+            self.delete_namespaces()
+            return
+        self.started = False
+        tools = realnode_tools()
+        if tools is not None:
+            _run([str(tools / "stop")], timeout=300, what="k8s-realnode stop")
+
+
+def _files(paths: Iterable[str]) -> list[Path]:
+    """The files under ``paths`` (relative to the repository), as the wheel takes them: no byte
+    code, no hidden files, no ``__pycache__``."""
+    found: list[Path] = []
+    for name in paths:
+        path = REPO / name
+        candidates = [path] if path.is_file() else sorted(path.rglob("*"))
+        for file in candidates:
+            parts = file.relative_to(REPO).parts
+            if (
+                file.is_file()
+                and file.suffix not in (".pyc", ".pyo")
+                and not any(p.startswith(".") or p == "__pycache__" for p in parts)
+            ):
+                found.append(file)
+    return found
+
+
+def runtime_image_inputs() -> str:
+    """The digest (hex) of everything deploy/Dockerfile copies from this checkout, paths and
+    contents: the content key of :func:`runtime_image`."""
+    digest = hashlib.sha256()
+    for file in _files(_dockerfile_inputs()):
+        digest.update(str(file.relative_to(REPO)).encode() + b"\0")
+        digest.update(hashlib.sha256(file.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def built(tag: str) -> bool:
+    """Whether the kit holds an image tagged ``tag`` (its ``build-image`` saves each build with
+    a ``.ref`` list of its tags, imported into the node's containerd)."""
+    return any(
+        tag in ref.read_text().split() for ref in _images_dir().glob("*.tar.ref") if ref.is_file()
+    )
+
+
+def runtime_image(*, timeout: float = 1800.0) -> str:
+    """The generic aenv-ray image of this checkout on ``node``: ``IMAGE_REPOSITORY:VERSION-
+    DIGEST`` (:func:`runtime_image_inputs`), built with the kit's ``build-image`` from
+    deploy/Dockerfile only when no build of the same inputs exists (~5 min of CPU). The first
+    build on a node without the published tag (``ghcr.io/aenv-ray/aenv-ray:VERSION``, what
+    an engine's default settings name) tags it too. Raises :class:`RuntimeError` when the
+    build fails."""
+    from k8s_backend.exec_helper import RUNTIME_IMAGE
+
+    tag = f"{IMAGE_REPOSITORY}:{__version__}-{runtime_image_inputs()[:16]}"
+    if built(tag):
+        return tag
+    tools = realnode_tools()
+    if tools is None:
+        raise RuntimeError("no k8s-realnode kit to build the runtime image with")
+    tags = ["-t", tag] + ([] if built(RUNTIME_IMAGE) else ["-t", RUNTIME_IMAGE])
+    dockerfile = str(REPO / "deploy" / "Dockerfile")
+    # the kit imports it into the running node's containerd (else at the node's next start)
+    command = [str(tools / "build-image"), *tags, "-f", dockerfile, str(REPO)]
+    _run(command, timeout=timeout, what=f"building {tag} from deploy/Dockerfile")
+    return tag
