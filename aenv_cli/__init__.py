@@ -33,7 +33,8 @@ May import: typer, rich, pydantic (a project's validation errors), packaging (th
 ``aenv build`` writes), ``aenv_ray``; lazily, inside functions: ``sandbox_runtime`` (``aenv
 run``), ``local_backend`` (the host's warnings before a rollout), ``rollout``, ``envhub`` (the
 hub and its keys), ``builtin_envs`` (the built-ins' own commands), ``aenv_openenv`` (``aenv openenv
-serve``), uvicorn, platformdirs. Engines are
+serve``), ``aenv_ui`` (``aenv ui``, the hub's page), aiohttp (``aenv ui``'s server), uvicorn,
+platformdirs. Engines are
 made by name (``aenv_ray.engine.new_engine``). Must not import at import time: ray,
 kubernetes, gymnasium, the runtime.
 """

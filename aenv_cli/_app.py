@@ -24,6 +24,7 @@ from aenv_cli import (
     _serve,
     _service,
     _tau2,
+    _ui,
 )
 from aenv_cli._common import EXIT_FAILURE, EXIT_USAGE, error_line, json_format
 from aenv_ray import __version__
@@ -95,6 +96,7 @@ _rollout.register(app)
 _build.register(app)
 _serve.register(app)
 _hub.register(app)
+_ui.register(app)
 app.add_typer(_instance.app, name="instance")
 # AEnvironment's spelling of `aenv instance list`, kept for the scripts of those who migrate
 # (docs/migrating.md), hidden so that the help shows one command for instances: `instance`

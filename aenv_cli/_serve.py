@@ -4,8 +4,9 @@ Keys are managed on the hub's machine, straight in its store (``--store``, the s
 hub uses): whoever can write the store is the hub's administrator. The hub's code (FastAPI,
 uvicorn, the stores) is imported inside the commands only.
 
-May import: typer, ``aenv_ray``; inside commands: ``envhub``, rich (the keys' table),
-platformdirs (the default data directory). Engines are made by name.
+May import: typer, ``aenv_ray``; inside commands: ``envhub``, ``aenv_ui`` (the UI's page at
+``/ui/``), rich (the keys' table), platformdirs (the default data directory). Engines are
+made by name.
 """
 
 from __future__ import annotations
@@ -129,6 +130,14 @@ def serve(
             envvar="AENV_HUB_SECRET_FILE",
         ),
     ] = None,
+    metrics_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="a file holding the bearer token a Prometheus scraper sends to GET /metrics "
+            "(then only it may scrape; default: any API key of the hub; docs/observability.md)",
+            envvar="AENV_HUB_METRICS_TOKEN_FILE",
+        ),
+    ] = None,
     header_timeout: Annotated[
         float,
         typer.Option(help="seconds a request's line and headers may take to arrive (slowloris)"),
@@ -210,6 +219,7 @@ def serve(
         limits=tenant_limits,
         warm=warm_pools,
         defences=defences,
+        metrics_token=_metrics_token(metrics_token_file),
     )
     store_url = store or default_store_url()
 
@@ -217,7 +227,7 @@ def serve(
         mode = "on" if auth else "off (loopback only)"
         print(
             f"EnvHub on {url} (store {_safe(store_url)}, engine {engine}, auth {mode}); "
-            f"API documented at {url}/docs",
+            f"API documented at {url}/docs; the UI at {url}/ui/",
             file=sys.stderr,
             flush=True,
         )
@@ -234,12 +244,38 @@ def serve(
                 options=options,
                 on_ready=ready,
                 log_level="warning" if log_level.lower() == "info" else log_level.lower(),
+                extend=_ui_page,
             )
         finally:
             await sandbox.aclose()  # the daemon engine's instances live on; in-process ones end
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
+
+
+def _metrics_token(path: Path | None) -> str | None:
+    """The scrape token in ``path`` (``--metrics-token-file``), at least 16 characters."""
+    from aenv_ray.errors import ConfigurationError
+
+    if path is None:
+        return None
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise ConfigurationError(f"--metrics-token-file {path}: {exc.strerror}") from None
+    if len(token) < 16 or any(c.isspace() for c in token):
+        raise ConfigurationError(
+            f"--metrics-token-file {path}: the token must be at least 16 characters without "
+            "spaces (e.g. `openssl rand -hex 24 > FILE`)"
+        )
+    return token
+
+
+def _ui_page(app: Any) -> None:
+    """Add the Environment Center's page to the hub (``/ui/``: :mod:`aenv_ui.hub`)."""
+    from aenv_ui.hub import mount
+
+    mount(app)
 
 
 def _warm_pools(given: list[str], engine: str) -> dict[str, int]:

@@ -16,7 +16,8 @@ assembles engines, hub and pools is ``aenv_cli``, above them all.
 May import: pydantic, pydantic-settings, httpx (the hub's client), orjson, mcp (the MCP
 client), packaging (requirement specifiers in a bundle's lock); lazily, inside functions:
 platformdirs (where the settings file lives), yaml (a pod template's text,
-:mod:`aenv_ray.pod_template`) and agents (the OpenAI Agents SDK, :mod:`aenv_ray.openai_tools`).
+:mod:`aenv_ray.pod_template`), prometheus_client (:mod:`aenv_ray.prometheus`, the servers'
+metrics) and agents (the OpenAI Agents SDK, :mod:`aenv_ray.openai_tools`).
 Must not import: ``aenv_cli``, ``sandbox_runtime``, ``local_backend``, ``k8s_backend``,
 ``envhub``, ``rollout``, ``builtin_envs``, ``aenv`` (the rooms above it), ray, kubernetes,
 gymnasium.
@@ -77,6 +78,7 @@ from aenv_ray.errors import (
     RegistryError,
     RequestTooLargeError,
     ResponseTooLargeError,
+    RunNotFoundError,
     ServiceNotFoundError,
     StartupTimeoutError,
     StoreError,
@@ -205,6 +207,7 @@ __all__ = [
     "RequestTooLargeError",
     "ResponseTooLargeError",
     "Route",
+    "RunNotFoundError",
     "SandboxEngine",
     "ServiceNotFoundError",
     "StartupTimeoutError",

@@ -13,6 +13,7 @@ asks which engine, or which mode, it has:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable
 from typing import Protocol
@@ -108,6 +109,12 @@ class _Unforkable:
 
     async def close(self) -> None:
         return None
+
+
+END_GRACE = 10.0
+"""How long a call whose connection dropped waits for an end-watching engine to report the
+instance's end (:meth:`Engined.ended`) before it fails with the connection's own account: a
+kubelet reports a dead container a relist later (a second), a loaded one took over 3 s."""
 
 
 def base_url(url: str) -> str:
@@ -213,13 +220,39 @@ class Engined:
             await self.engine.aclose()
 
     async def ended(self) -> InstanceInfo | None:
+        """The engine's account of the instance's end. Asked when a call's connection dropped:
+        an engine that watches ends (Kubernetes) may not know yet (a real kubelet notices a
+        dead container at its next relist, about a second), so its report is waited for, up
+        to :data:`END_GRACE` seconds."""
         if self.info is None:
             return None
         try:
             now = await self.engine.get(self.info.id)
         except AEnvError:
             return None
-        return now if now.state is InstanceState.TERMINATED else None
+        if now.state is InstanceState.TERMINATED:
+            return now
+        watcher = end_watcher(self.engine)
+        if watcher is None:
+            return None
+        loop = asyncio.get_running_loop()
+        told: asyncio.Future[InstanceInfo] = loop.create_future()
+
+        def tell(info: InstanceInfo) -> None:  # from the watch's thread
+            def settle() -> None:
+                if not told.done():
+                    told.set_result(info)
+
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
+                loop.call_soon_threadsafe(settle)
+
+        cancel = watcher.on_end(self.info.id, tell)
+        try:
+            return await asyncio.wait_for(told, END_GRACE)
+        except TimeoutError:
+            return None  # it lives on: the dropped connection was not its end
+        finally:
+            cancel()
 
     async def fork(self, n: int, timeout: float) -> list[Origin]:
         if self.info is None:

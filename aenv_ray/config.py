@@ -372,6 +372,10 @@ class DeployConfig(_Camel):
     # aenv-ray: where the instance's writable workspace is and its working directory
     workspace: str = "/workspace"
     pids: int = Field(default=512, ge=8, le=1 << 22)  # aenv-ray: most processes at once
+    # aenv-ray: the environment's code makes namespaces of its own inside its instance (the boxes
+    # of terminal-bench and swe); an engine that cannot give that refuses the definition (a
+    # Kubernetes pod may not: docs/kubernetes.md)
+    nested_namespaces: bool = False
     # aenv-ray, Kubernetes: the user's own pod template, YAML text or the same as a JSON object
     # (k8s_backend.templates checks and merges it; other engines ignore it)
     custom_pod_template: str | dict[str, Any] | None = None

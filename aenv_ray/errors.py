@@ -6,6 +6,7 @@ The tree, by what the caller should do::
     ├── ConfigurationError (ValueError)          fix your settings or arguments
     │   └── DefinitionError                      fix the project (config.json, decorators)
     ├── EnvironmentNotFoundError (LookupError)   the name@version is unknown; check the spelling
+    ├── RunNotFoundError (LookupError)           no such rollout run, or no such episode in it
     ├── ToolError                                a tool call failed in the tool's domain
     │   ├── ToolNotFoundError (LookupError)      no such tool; the message suggests the closest
     │   ├── ToolArgumentError (ValueError)       the arguments do not match the tool's schema
@@ -124,6 +125,7 @@ __all__ = [
     "RegistryError",
     "RequestTooLargeError",
     "ResponseTooLargeError",
+    "RunNotFoundError",
     "ServiceNotFoundError",
     "StartupTimeoutError",
     "StoreError",
@@ -186,6 +188,11 @@ class DefinitionError(ConfigurationError):
 
 class EnvironmentNotFoundError(AEnvError, LookupError):
     """No environment definition with that name (and version) exists."""
+
+
+class RunNotFoundError(AEnvError, LookupError):
+    """No rollout run directory at that path or of that name (``aenv ui``), or no episode of
+    that id recorded in it (yet): check the name; a live run records an episode when it ends."""
 
 
 class ToolError(AEnvError):

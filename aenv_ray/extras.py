@@ -15,6 +15,9 @@ extra           brings                                             for
 ``parquet``     pyarrow                                            Parquet trajectories
 ``builtins``    pytest                                             terminal-bench's graded tests
 ``harbor``      harbor (Python 3.12+)                              ``aenv_harbor`` (Harbor tasks)
+``metrics``     prometheus_client                                  ``/metrics`` of the hub and the
+                                                                   engine daemon
+``ui``          plotly (its plotly.min.js, served offline)         ``aenv ui``'s charts
 ``all``         every extra above                                  ``scripts/setup``
 ==============  =================================================  ==============================
 
@@ -52,6 +55,8 @@ EXTRAS: Mapping[str, tuple[str, ...]] = {
     "parquet": ("pyarrow",),
     "builtins": ("pytest",),
     "harbor": ("harbor",),
+    "metrics": ("prometheus_client",),
+    "ui": ("plotly",),
 }
 """The top-level modules each extra installs (the ones its users import), by extra."""
 

@@ -39,7 +39,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import aenv_ray
 from aenv_ray.errors import (
@@ -53,12 +53,12 @@ from aenv_ray.errors import (
 
 if TYPE_CHECKING:
     from rollout.lease import Lease
-    from rollout.pool import RolloutPool
 
 __all__ = [
     "PROGRAMMING_ERRORS",
     "EpisodeOutcome",
     "EpisodeResult",
+    "LeaseSource",
     "ModelEndpointDownError",
     "ModelEndpointError",
     "PolicyCodeError",
@@ -401,8 +401,22 @@ class EpisodeResult(Generic[T]):
         return f"{type(self.error).__name__}: {self.error}"
 
 
+class LeaseSource(Protocol):
+    """What :func:`run_episode` leases from: a :class:`rollout.RolloutPool`, or anything with
+    its ``name`` and ``acquire``."""
+
+    @property
+    def name(self) -> str:
+        """The pool's name (the ``pool`` label of the episode counts)."""
+        ...
+
+    def acquire(self, *, timeout: float = ..., attempt: int = ...) -> Lease:
+        """A fresh lease, waiting up to ``timeout`` s; ``attempt`` counts the tries before."""
+        ...
+
+
 def run_episode(
-    pool: RolloutPool,
+    pool: LeaseSource,
     episode: Callable[[Lease], T],
     *,
     max_retries: int = 2,
@@ -427,6 +441,7 @@ def run_episode(
         try:
             lease = pool.acquire(timeout=acquire_timeout, attempt=attempt)
             value = episode(lease)
+            _count(pool, EpisodeOutcome.OK)
             return EpisodeResult(EpisodeOutcome.OK, value, None, attempt + 1)
         except Exception as exc:
             error, outcome = exc, classify(exc)
@@ -439,4 +454,15 @@ def run_episode(
         finally:
             if lease is not None:
                 lease.release()
+    _count(pool, outcome)
     return EpisodeResult(outcome, None, error, min(attempt + 1, max_attempts))
+
+
+def _count(pool: LeaseSource, outcome: EpisodeOutcome) -> None:
+    """An episode's outcome into the driver's Ray metrics (never a reason for it to fail)."""
+    from rollout.metrics import count_episode
+
+    try:
+        count_episode(pool.name, outcome.value)
+    except Exception:  # metrics are a nicety
+        log.debug("episode not counted", exc_info=True)

@@ -36,6 +36,7 @@ PACKAGES = (
     "aenv_harbor",
     "aenv_openenv",
     "aenv_ray",
+    "aenv_ui",
     "builtin_envs",
     "envhub",
     "k8s_backend",

@@ -16,9 +16,10 @@ from aiohttp import web
 
 from aenv_ray.engine import SandboxEngine, named_engine
 from aenv_ray.testing import RuntimeProcess
-from tests._k8s import KubeCluster, tools_dir
+from tests._k8s import KubeCluster, session_cluster_runs_images, tools_dir
 from tests._nobody import unprivileged_python
 from tests._oracles import TAU2, Tau2Oracle, oracle_python
+from tests._realnode import RealNode, runtime_image
 from tests._redis import RedisServer
 from tests._session_ray import SessionRay
 from tests._wheel import build_wheel
@@ -177,10 +178,37 @@ def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def kube_cluster() -> Iterator[KubeCluster]:
+def real_node() -> Iterator[RealNode]:
+    """The real single node (tests/_realnode.py): the running one when its API server answers
+    (left running), else one started with the kit and stopped at the session's end; with the
+    generic aenv-ray image of this checkout built there (cached by the digest of its inputs).
+    Skips, saying why, where it cannot; under ``AENV_REQUIRE_K8S=1`` (CI) that is a
+    failure."""
+    try:
+        node = RealNode.start()
+    except RuntimeError as exc:
+        if os.environ.get("AENV_REQUIRE_K8S") == "1":
+            raise
+        pytest.skip(str(exc))
+    with node:
+        try:
+            node.runtime_image = os.environ.get("AENV_TEST_RUNTIME_IMAGE") or runtime_image()
+        except RuntimeError as exc:
+            if os.environ.get("AENV_REQUIRE_K8S") == "1":
+                raise
+            pytest.skip(str(exc))
+        yield node
+
+
+@pytest.fixture(scope="session")
+def kube_cluster(request: pytest.FixtureRequest) -> Iterator[KubeCluster]:
     """A real Kubernetes API server for the session (tests/_k8s.py). Skips, saying why, without
     the tools; where they are, a set-up or start that fails is a failure under
-    ``AENV_REQUIRE_K8S=1`` (CI), a skip elsewhere."""
+    ``AENV_REQUIRE_K8S=1`` (CI), a skip elsewhere. ``AENV_TEST_CLUSTER=realnode``: the real
+    node (``real_node``) for every Kubernetes test (those marked ``fake_kubelet`` skip)."""
+    if os.environ.get("AENV_TEST_CLUSTER") == "realnode":
+        yield request.getfixturevalue("real_node")
+        return
     if tools_dir() is None and not os.environ.get("AENV_TEST_KUBECONFIG"):
         pytest.skip(
             "no k8s-real tools (AENV_K8S_REAL_TOOLS, else ../shared/tools/k8s-real) and no "
@@ -221,7 +249,32 @@ def rbac_cluster() -> Iterator[KubeCluster]:
         yield cluster
 
 
-K8S_FIXTURES = frozenset({"kube_cluster", "rbac_cluster"})
+K8S_FIXTURES = frozenset({"kube_cluster", "rbac_cluster", "real_node"})
+
+
+def fake_kubelet_reason(item: pytest.Item) -> str | None:
+    """The reason a test gives for needing the fake kubelet (its ``fake_kubelet`` marker), or
+    None. A marker without a reason is a usage error: say what only the fake kubelet does."""
+    marker = item.get_closest_marker("fake_kubelet")
+    if marker is None:
+        return None
+    reason = marker.args[0] if marker.args else marker.kwargs.get("reason")
+    if not isinstance(reason, str) or not reason.strip():
+        raise pytest.UsageError(
+            f"{item.nodeid}: @pytest.mark.fake_kubelet needs a reason: what only the fake "
+            "kubelet does for it (e.g. 'pods as host processes: this venv's runtime')"
+        )
+    return reason
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked ``fake_kubelet("why")`` is skipped, saying why, when the session's
+    cluster runs images (``AENV_TEST_KUBECONFIG`` naming the real node or another cluster):
+    before its fixtures start anything."""
+    reason = fake_kubelet_reason(item)
+    if reason is not None and session_cluster_runs_images():
+        pytest.skip(f"needs the fake kubelet (k8s-real): {reason}")
+
 
 # -- lanes -------------------------------------------------------------------------------------
 # Every test is in exactly one lane, a marker (pyproject.toml): `scripts/test -m unit` runs the
@@ -273,6 +326,7 @@ FILE_LANES: dict[str, str] = {
             "test_registry.py",
             "test_tau2_core.py",
             "test_tau2_telecom.py",
+            "test_ui_index.py",
         ),
         "unit",
     ),
@@ -310,6 +364,7 @@ FILE_LANES: dict[str, str] = {
     # Kubernetes files all of whose tests need the cluster
     **dict.fromkeys(
         (
+            "test_k8s_builtins.py",
             "test_k8s_cluster.py",
             "test_k8s_delivery.py",
             "test_k8s_deploy.py",
@@ -318,6 +373,7 @@ FILE_LANES: dict[str, str] = {
             "test_k8s_pod_template_hub.py",
             "test_k8s_pools.py",
             "test_k8s_rbac.py",
+            "test_k8s_realnode.py",
             "test_k8s_service_hub.py",
             "test_k8s_services.py",
         ),
@@ -351,16 +407,52 @@ def lane_of(item: pytest.Item) -> str:
     return next(lane for lane in LANES if lane in found)  # the heaviest
 
 
+XDIST_FIRST = ("k8s", "ray", "oracle")
+"""Under pytest-xdist, the groups sent to workers first, longest first: the Kubernetes lane
+and the Ray lane are one group each (minutes of one worker's time), then the oracles' files.
+The process lane's files follow in file order and the unit lane's last, so that the short
+groups fill the end of the run while the long ones already ran."""
+
+
+def xdist_group_of(item: pytest.Item) -> str:
+    """The pytest-xdist group of ``item`` (``--dist loadgroup``): ``k8s`` for the Kubernetes
+    lane, ``ray`` for the Ray lane, else the test's file.
+
+    One group runs on one worker, so the session starts one cluster of each kind and one Ray,
+    as in one process (a second worker's cluster would hand out the same loopback addresses to
+    its pods; two Rays at once starve each other's start on 2 cores), and a file's module
+    fixtures start once."""
+    # the k8s lane, not only the tests that name a cluster fixture: a test may get one by
+    # request.getfixturevalue (test_engine_conformance's kubernetes engine)
+    lane = lane_of(item)
+    if K8S_FIXTURES & set(getattr(item, "fixturenames", ())) or lane == "k8s":
+        return "k8s"
+    if lane == "ray":
+        return "ray"
+    return item.nodeid.split("::", 1)[0]
+
+
+def _item_rank(item: pytest.Item) -> int:
+    group = xdist_group_of(item)
+    if group in XDIST_FIRST:
+        return XDIST_FIRST.index(group)
+    lane = lane_of(item)
+    if lane == "oracle":
+        return XDIST_FIRST.index("oracle")
+    return len(XDIST_FIRST) + (lane == "unit")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Puts each test in its lane (a marker, :func:`lane_of`), then, under pytest-xdist,
-    groups for ``--dist loadgroup`` (``AENV_TEST_WORKERS=N scripts/test``): the tests of one
-    file share a worker (their module fixtures start once), and every test of a Kubernetes
-    cluster shares one worker, so that the session starts one cluster of each kind, not one
-    per worker. Lanes are marked before ``-m`` selects (pytest deselects after this hook's
-    plugins run: this hook is a ``tryfirst``). The order of the tests is not
+    """Puts each test in its lane (a marker, :func:`lane_of`), then, under pytest-xdist
+    (``AENV_TEST_WORKERS=N scripts/test``), gives each its group
+    (:func:`xdist_group_of`) and sends the long groups first (:data:`XDIST_FIRST`; the order
+    within a group is kept; ``scripts/test`` passes ``--no-loadscope-reorder`` so xdist keeps
+    this order). Lanes are marked before ``-m`` selects (pytest deselects after this hook's
+    plugins run: this hook is a ``tryfirst``). In one process the order of the tests is not
     changed."""
     for item in items:
+        fake_kubelet_reason(item)  # a marker without a reason fails the collection
         lane = lane_of(item)
         if lane == "unit" and FILE_LANES.get(item.path.name) != "unit":
             raise pytest.UsageError(
@@ -369,14 +461,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             )
         if item.get_closest_marker(lane) is None:
             item.add_marker(getattr(pytest.mark, lane))
-    if not config.pluginmanager.hasplugin("xdist"):
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:  # one process, or xdist's controller
         return
+    rank: dict[str, int] = {}  # a group's: its heaviest test's (a file's tests stay together)
     for item in items:
-        # the k8s lane, not only the tests that name a cluster fixture: a test may get one by
-        # request.getfixturevalue (test_engine_conformance's kubernetes engine), and a second
-        # worker would start clusters of its own
-        if K8S_FIXTURES & set(getattr(item, "fixturenames", ())) or lane_of(item) == "k8s":
-            group = "k8s"
-        else:
-            group = item.nodeid.split("::", 1)[0]
+        group = xdist_group_of(item)
         item.add_marker(pytest.mark.xdist_group(group))
+        rank[group] = min(rank.get(group, len(XDIST_FIRST) + 1), _item_rank(item))
+    items.sort(key=lambda item: rank[xdist_group_of(item)])  # stable: a group keeps its order

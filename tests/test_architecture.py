@@ -133,8 +133,19 @@ def _files(package: str) -> list[Path]:
 
 FILES = {_dotted(path): path for package in PACKAGES for path in _files(package)}
 MODULES = frozenset(FILES)
-IMPORTS = [imp for path in FILES.values() for imp in _imports(path)]
-EXAMPLES = [imp for path in sorted((ROOT / "examples").glob("*.py")) for imp in _imports(path)]
+
+
+@cache
+def _project_imports() -> list[Import]:
+    """Every import of the packages' files: parsed when a test first asks (a few seconds of
+    CPU), not when the file is collected, which each pytest-xdist worker does."""
+    return [imp for path in FILES.values() for imp in _imports(path)]
+
+
+@cache
+def _example_imports() -> list[Import]:
+    """Every import of examples/*.py (as :func:`_project_imports`)."""
+    return [imp for path in sorted((ROOT / "examples").glob("*.py")) for imp in _imports(path)]
 
 
 def _root(name: str) -> str:
@@ -192,11 +203,17 @@ def _modules_named(imp: Import) -> set[str]:
 
 def test_the_walker_sees_lazy_top_level_relative_dynamic_and_type_only_imports() -> None:
     lazy = [
-        i for i in IMPORTS if i.module == "aenv_ray.resolve" and i.target == "aenv_ray.settings"
+        i
+        for i in _project_imports()
+        if i.module == "aenv_ray.resolve" and i.target == "aenv_ray.settings"
     ]
     assert lazy
     assert not any(i.top_level for i in lazy)
-    top = [i for i in IMPORTS if i.module == "sandbox_runtime.server" and i.target == "uvicorn"]
+    top = [
+        i
+        for i in _project_imports()
+        if i.module == "sandbox_runtime.server" and i.target == "uvicorn"
+    ]
     assert top
     assert all(i.top_level for i in top)
     # a file of the walker's own, to see each form once (never written: the walker reads text)
@@ -403,7 +420,7 @@ def test_imports_follow_may_import(scope: str) -> None:
     rules = _rules()[scope]
     bad = [
         imp
-        for imp in IMPORTS
+        for imp in _project_imports()
         if _covers(scope, imp.module)
         and _scopes_of(imp.module)[0] is rules
         and not rules.allows(imp)
@@ -414,7 +431,7 @@ def test_imports_follow_may_import(scope: str) -> None:
 @pytest.mark.parametrize("scope", sorted(_rules()))
 def test_imports_follow_must_not_import(scope: str) -> None:
     rules = _rules()[scope]
-    bad = [imp for imp in IMPORTS if _covers(scope, imp.module) and rules.forbids(imp)]
+    bad = [imp for imp in _project_imports() if _covers(scope, imp.module) and rules.forbids(imp)]
     assert not bad, _violations(f"{scope} imports what its docstring forbids", bad)
 
 
@@ -424,7 +441,7 @@ def test_imports_follow_must_not_import(scope: str) -> None:
 def _room_arrows() -> dict[str, set[str]]:
     """Package -> the packages it imports (lazily too)."""
     arrows: dict[str, set[str]] = {p: set() for p in PACKAGES}
-    for imp in IMPORTS:
+    for imp in _project_imports():
         target = _root(_absolute(imp))
         if target in PACKAGES and target != _root(imp.module):
             arrows[_root(imp.module)].add(target)
@@ -497,7 +514,7 @@ def test_architecture_md_links_to_code_that_exists() -> None:
 
 def _file_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {m: set() for m in MODULES}
-    for imp in IMPORTS:
+    for imp in _project_imports():
         graph[imp.module] |= _modules_named(imp) - {imp.module}
     return graph
 
@@ -558,7 +575,7 @@ def _crosses(imp: Import) -> bool:
 
 
 def test_what_crosses_packages_is_public_module_and_name() -> None:
-    bad = [i for i in IMPORTS + EXAMPLES if _crosses(i) and _private(i)]
+    bad = [i for i in _project_imports() + _example_imports() if _crosses(i) and _private(i)]
     assert not bad, _violations("what crosses packages is public (no _private imports)", bad)
     probe = _imports(
         ROOT / "envhub" / "probe.py",
@@ -578,7 +595,7 @@ def test_names_taken_from_another_package_are_in_its_all() -> None:
     """``from envhub.store import open_store`` across packages: ``open_store`` is in
     ``envhub.store.__all__`` (or is a submodule), not merely defined there."""
     bad = []
-    for imp in IMPORTS + EXAMPLES:
+    for imp in _project_imports() + _example_imports():
         if not _crosses(imp) or imp.target not in MODULES or not imp.names:
             continue
         public = _public_names(imp.target)
@@ -596,20 +613,20 @@ def test_names_taken_from_another_package_are_in_its_all() -> None:
 def test_only_rollout_imports_ray_and_gymnasium() -> None:
     bad = [
         i
-        for i in IMPORTS + EXAMPLES
+        for i in _project_imports() + _example_imports()
         if i.root in ("ray", "gymnasium") and _root(i.module) != "rollout"
     ]
     assert not bad, _violations("ray and gymnasium belong to rollout", bad)
 
 
 def test_only_k8s_backend_imports_kubernetes_and_in_one_module() -> None:
-    users = [i for i in IMPORTS + EXAMPLES if i.root == "kubernetes"]
+    users = [i for i in _project_imports() + _example_imports() if i.root == "kubernetes"]
     bad = [i for i in users if _root(i.module) != "k8s_backend"]
     assert not bad, _violations("kubernetes belongs to k8s_backend (engines are injected)", bad)
     assert {i.module for i in users} == {"k8s_backend._api"}, _violations(
         "kubernetes in one module only: k8s_backend._api", users
     )
-    transport = [i for i in IMPORTS if i.root == "urllib3"]
+    transport = [i for i in _project_imports() if i.root == "urllib3"]
     assert {i.module for i in transport} <= {"k8s_backend._api"}, _violations(
         "urllib3 (the client's transport) only beside the client", transport
     )
@@ -633,7 +650,7 @@ def _reached(starts: tuple[str, ...], loaded: tuple[str, ...] = ()) -> dict[str,
         seen[module] = runs
         parts = module.split(".")
         todo += [(".".join(parts[:n]), False) for n in range(1, len(parts))]  # its packages
-        for imp in IMPORTS:
+        for imp in _project_imports():
             if imp.module == module and (runs or imp.top_level):
                 todo += [(m, runs) for m in _modules_named(imp)]
     return seen
@@ -650,7 +667,7 @@ def test_aenv_build_and_push_import_neither_the_hub_nor_the_runtime() -> None:
     assert reached["aenv_cli._serve"] is False  # a sibling: `aenv serve` imports envhub
     bad = [
         imp
-        for imp in IMPORTS
+        for imp in _project_imports()
         if imp.module in reached
         and (reached[imp.module] or imp.top_level)
         and imp.root in ("envhub", "sandbox_runtime")
@@ -658,13 +675,13 @@ def test_aenv_build_and_push_import_neither_the_hub_nor_the_runtime() -> None:
     assert not bad, _violations("aenv build/push reach the hub or the runtime", bad)
     # what the walk would report, so the check can fail: `aenv serve` reaches the hub
     served = _reached(("aenv_cli._serve",))
-    assert any(i.module in served and i.root == "envhub" for i in IMPORTS)
+    assert any(i.module in served and i.root == "envhub" for i in _project_imports())
 
 
 def test_environments_and_examples_use_public_names_only() -> None:
     bad = [
         i
-        for i in IMPORTS + EXAMPLES
+        for i in _project_imports() + _example_imports()
         if _root(i.module) in ("builtin_envs", "examples")
         and i.root in ("aenv_ray", "sandbox_runtime")
         and any(part.startswith("_") for part in i.target.split(".")[1:])
@@ -904,7 +921,7 @@ def test_dependencies_match_imports() -> None:
     required, optional = _declared()
     used = {
         i.root
-        for i in IMPORTS
+        for i in _project_imports()
         if i.root not in STDLIB
         and i.root not in PACKAGES
         and i.root != "__future__"
@@ -927,7 +944,7 @@ def test_what_an_extra_brings_is_imported_behind_its_check() -> None:
 
     required, optional = _declared()
     bad = []
-    for imp in IMPORTS:
+    for imp in _project_imports():
         if imp.root not in optional - required or not imp.top_level:
             continue
         if "demo_tasks" in imp.path.parts:  # a task's own tests, run by pytest in its box

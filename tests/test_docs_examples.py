@@ -43,12 +43,16 @@ the imports and the local engine's templates are paid once; a block that starts 
       own virtual environment (tests/_oracles.py's ``TRL``: trl, transformers, torch's CPU
       build and this checkout's aenv-ray), made once; where it cannot be made the test skips
       saying why (under ``AENV_REQUIRE_ORACLES=1``, fails).
+    - ``areal-venv``: for training.md's AReaL example: the block runs with the interpreter of
+      AReaL's own virtual environment (tests/_oracles.py's ``AREAL``: areal 1.0.4, torch's CPU
+      build and this checkout's aenv-ray), skipped like ``trl-venv`` where it cannot be made.
     - ``openenv-python``: the block runs with OpenEnv's interpreter (its own virtual
       environment, tests/_oracles.py's ``OPENENV``), not this one: OpenEnv's client code.
     - ``openenv-served``: ``aenv openenv serve mini-terminal@1.0.0`` (at most 2 sessions, the
       local engine) on a free port, whose URL replaces ``http://127.0.0.1:8000`` in the block.
     - ``openenv-counter``: an OpenEnv project, ``counter/`` (tests/_openenv.py), on
-      ``AENV_ENV_PATH``, and OpenEnv's virtual environment in ``OPENENV_VENV``.
+      ``AENV_ENV_PATH``, OpenEnv's virtual environment in ``OPENENV_VENV``, and this
+      checkout's CLI in ``AENV_OPENENV_COMMAND`` (what ``AenvRayProcessProvider`` runs).
     - ``pytest``: the block is a test module: run by pytest (``asyncio_mode=auto``, as this
       repository's tests), which must pass at least one test.
     - ``harbor-venv``: the block runs with the Python of Harbor's own virtual environment
@@ -90,7 +94,7 @@ from tests._chat_server import AgentModel, ChatServer
 from tests._cli import aenv as run_cli
 from tests._hub import HubProcess, new_key
 from tests._openenv import OpenEnvServe
-from tests._oracles import HARBOR, TRL, oracle_python
+from tests._oracles import AREAL, HARBOR, TRL, oracle_python
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
@@ -367,6 +371,11 @@ def trl_venv(ctx: Context) -> None:
     ctx.python = str(oracle_python(TRL))
 
 
+def areal_venv(ctx: Context) -> None:
+    ctx.python = str(oracle_python(AREAL))
+    ctx.env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # AReaL's litellm: no fetch at import
+
+
 def openenv_python(ctx: Context) -> None:
     from tests._oracles import OPENENV, oracle_python
 
@@ -385,6 +394,7 @@ def openenv_counter(ctx: Context) -> None:
     counter_project(ctx.tmp / "counter")
     ctx.env["AENV_ENV_PATH"] = str(ctx.tmp)
     ctx.env["OPENENV_VENV"] = str(oracle_python(OPENENV).parent.parent)
+    ctx.env["AENV_OPENENV_COMMAND"] = f"{sys.executable} -m aenv_cli"  # AenvRayProcessProvider
 
 
 def pytest_module(ctx: Context) -> None:
@@ -404,6 +414,7 @@ def continues(ctx: Context) -> None:
 
 SETUPS: dict[str, Callable[[Context], None]] = {
     "agent-stand-in": agent_stand_in,
+    "areal-venv": areal_venv,
     "chat-stand-in": chat_stand_in,
     "continues": continues,
     "guess-project": guess_project,
@@ -646,7 +657,9 @@ def _python_file_check(ctx_tmp: Path, block: Block) -> Outcome:
 
 # set-ups that run an original's own package (a trainer, OpenEnv) in its virtual environment:
 # the `oracle` lane's
-ORACLE_SETUPS = frozenset({"trl-venv", "openenv-python", "openenv-counter", "harbor-venv"})
+ORACLE_SETUPS = frozenset(
+    {"trl-venv", "areal-venv", "openenv-python", "openenv-counter", "harbor-venv"}
+)
 
 
 def _param(block: Block) -> object:

@@ -111,3 +111,18 @@ def test_the_bare_wheel_runs_the_readme_sdk_example_and_names_each_missing_extra
     assert cli.returncode == 1, (cli.stdout, cli.stderr)
     assert "Traceback" not in cli.stderr
     assert cli.stderr.strip().splitlines()[-1] == f"aenv: error: {probe['rollout'][1]}", cli.stderr
+
+    # `aenv ui` without the `ui` extra (plotly, whose plotly.min.js it serves): the same way
+    ui = subprocess.run(
+        [str(venv / "bin" / "aenv"), "ui", str(work)],
+        env=env,
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ui.returncode == 1, (ui.stdout, ui.stderr)
+    assert ui.stderr.strip().splitlines()[-1] == (
+        "aenv: error: aenv-ray: aenv ui (its charts: plotly.js) needs the 'ui' extra: "
+        "pip install 'aenv-ray[ui]' (from a checkout: pip install -e '.[ui]'); plotly not installed"
+    ), ui.stderr
