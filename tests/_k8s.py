@@ -11,6 +11,7 @@ and stops it. Tests that need it are marked ``k8s``; the suite runs them in CI.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import secrets
 import shutil
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
     from k8s_backend import HostProcess, KubernetesEngine, OwnImage
 
-__all__ = ["KubeCluster", "session_cluster_runs_images", "tools_dir"]
+__all__ = ["KubeCluster", "kit_lock", "session_cluster_runs_images", "set_up_k8s_real", "tools_dir"]
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -75,6 +76,37 @@ def _built(cache: Path) -> bool:
         and (cache / "venv" / "bin" / "python").is_file()
         and shutil.which("etcd") is not None
     )
+
+
+@contextlib.contextmanager
+def kit_lock() -> Iterator[None]:
+    """Held while a kit is set up or an image is built into its cache. k8s-real and the real node
+    share one build tree (``~/.cache/k8s-real``), and ``scripts/test`` prepares both in the
+    background while the first tests run (``python -m tests._kits``): a test that needs what is
+    being made waits for it here instead of making it again beside it. Never nested."""
+    cache = _cache()
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".aenv-kit.lock", "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def set_up_k8s_real(tools: Path, *, timeout: float = 1800.0) -> None:
+    """k8s-real's ``setup`` when its binaries are missing (once per machine, some minutes),
+    under :func:`kit_lock`. Raises :class:`RuntimeError` when it fails."""
+    if _built(_cache()):
+        return
+    with kit_lock():
+        if _built(_cache()):
+            return
+        setup = subprocess.run(
+            [str(tools / "setup")], capture_output=True, text=True, timeout=timeout, check=False
+        )
+    if setup.returncode != 0:
+        raise RuntimeError(f"k8s-real setup failed:\n{(setup.stdout + setup.stderr)[-3000:]}")
 
 
 def _groups(user: str, groups: tuple[str, ...]) -> list[str]:
@@ -138,18 +170,7 @@ class KubeCluster:
                 "no k8s-real tools (../shared/tools/k8s-real, or AENV_K8S_REAL_TOOLS), and no "
                 "AENV_TEST_KUBECONFIG naming a cluster"
             )
-        if not _built(_cache()):
-            setup = subprocess.run(
-                [str(tools / "setup")],
-                capture_output=True,
-                text=True,
-                timeout=setup_timeout,
-                check=False,
-            )
-            if setup.returncode != 0:
-                raise RuntimeError(
-                    f"k8s-real setup failed:\n{(setup.stdout + setup.stderr)[-3000:]}"
-                )
+        set_up_k8s_real(tools, timeout=setup_timeout)
         state = Path(tempfile.mkdtemp(prefix="aenv-k8s-"))
         tokens = {user: secrets.token_hex(16) for user in users or {}}
         env = {

@@ -19,6 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tests._k8s import kit_lock
 from tests._realnode import built, realnode_tools
 
 __all__ = ["CHROMIUM", "ImageUnavailable", "built_environment", "layered_image"]
@@ -61,11 +62,14 @@ def layered_image(base: str, name: str, lines: tuple[str, ...]) -> str:
     Raises :class:`ImageUnavailable`."""
     text = "\n".join([f"FROM {base}", "USER 0:0", *lines, "USER 10001:10001", ""])
     tag = f"{_prefix()}/{name}:{hashlib.sha256(text.encode()).hexdigest()[:16]}"
-    if not built(tag):
-        with tempfile.TemporaryDirectory(prefix="aenv-image-") as context:
-            dockerfile = Path(context) / "Dockerfile"
-            dockerfile.write_text(text)
-            _build(tag, dockerfile, Path(context))
+    if built(tag):
+        return tag
+    with kit_lock():
+        if not built(tag):
+            with tempfile.TemporaryDirectory(prefix="aenv-image-") as context:
+                dockerfile = Path(context) / "Dockerfile"
+                dockerfile.write_text(text)
+                _build(tag, dockerfile, Path(context))
     return tag
 
 
@@ -76,6 +80,13 @@ def built_environment(project: Path, tag: str) -> str:
     :class:`ImageUnavailable`."""
     if built(tag):
         return tag
+    with kit_lock():
+        if not built(tag):
+            _build_environment(project, tag)
+    return tag
+
+
+def _build_environment(project: Path, tag: str) -> None:
     with tempfile.TemporaryDirectory(prefix="aenv-build-") as out:
         done = subprocess.run(
             [sys.executable, "-m", "aenv_cli", "build", str(project), "--out", out, "--no-image"],
@@ -88,4 +99,3 @@ def built_environment(project: Path, tag: str) -> str:
             raise ImageUnavailable(f"aenv build {project} failed:\n{done.stderr[-3000:]}")
         context = Path(out) / "image"
         _build(tag, context / "Dockerfile", context)
-    return tag

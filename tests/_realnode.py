@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from aenv_ray import __version__
-from tests._k8s import REPO, KubeCluster
+from tests._k8s import REPO, KubeCluster, kit_lock
 
 __all__ = [
     "RealNode",
@@ -33,6 +33,7 @@ __all__ = [
     "realnode_tools",
     "runtime_image",
     "runtime_image_inputs",
+    "set_up",
 ]
 
 IMAGE_REPOSITORY = "realnode.local/aenv/aenv-ray"
@@ -79,6 +80,16 @@ def _set_up() -> bool:
     return all((_cache() / "bin" / name).is_file() for name in binaries) and all(
         (_images_dir() / name).is_file() for name in images
     )
+
+
+def set_up(tools: Path, *, timeout: float = 3600.0) -> None:
+    """The kit's ``setup`` when it never ran on this machine (a Go build of ~15-30 min, the base
+    images), under :func:`tests._k8s.kit_lock`. Raises :class:`RuntimeError` when it fails."""
+    if _set_up():
+        return
+    with kit_lock():  # made by another process meanwhile, or still missing
+        if not _set_up():
+            _run([str(tools / "setup")], timeout=timeout, what="k8s-realnode setup")
 
 
 def _run(command: list[str], *, timeout: float, what: str) -> None:
@@ -132,8 +143,7 @@ class RealNode(KubeCluster):
                 "no real node answers and no k8s-realnode kit to start one "
                 "(AENV_K8S_REALNODE_TOOLS, else ../shared/tools/k8s-realnode)"
             )
-        if not _set_up():  # once per machine: a Go build of ~30 min, base images
-            _run([str(tools / "setup")], timeout=setup_timeout, what="k8s-realnode setup")
+        set_up(tools, timeout=setup_timeout)
         _run([str(tools / "start")], timeout=600, what="k8s-realnode start")
         node = cls(kubeconfig, started=True)
         if not cls.answers(kubeconfig):
@@ -204,12 +214,15 @@ def runtime_image(*, timeout: float = 1800.0) -> str:
     tag = f"{IMAGE_REPOSITORY}:{__version__}-{runtime_image_inputs()[:16]}"
     if built(tag):
         return tag
-    tools = realnode_tools()
-    if tools is None:
-        raise RuntimeError("no k8s-realnode kit to build the runtime image with")
-    tags = ["-t", tag] + ([] if built(RUNTIME_IMAGE) else ["-t", RUNTIME_IMAGE])
-    dockerfile = str(REPO / "deploy" / "Dockerfile")
-    # the kit imports it into the running node's containerd (else at the node's next start)
-    command = [str(tools / "build-image"), *tags, "-f", dockerfile, str(REPO)]
-    _run(command, timeout=timeout, what=f"building {tag} from deploy/Dockerfile")
+    with kit_lock():
+        if built(tag):
+            return tag
+        tools = realnode_tools()
+        if tools is None:
+            raise RuntimeError("no k8s-realnode kit to build the runtime image with")
+        tags = ["-t", tag] + ([] if built(RUNTIME_IMAGE) else ["-t", RUNTIME_IMAGE])
+        dockerfile = str(REPO / "deploy" / "Dockerfile")
+        # the kit imports it into the running node's containerd (else at the node's next start)
+        command = [str(tools / "build-image"), *tags, "-f", dockerfile, str(REPO)]
+        _run(command, timeout=timeout, what=f"building {tag} from deploy/Dockerfile")
     return tag

@@ -33,6 +33,7 @@ from k8s_backend import KubernetesEngine, OwnImage
 from k8s_backend.manifests import pod_name
 from tests._k8s import KubeCluster
 from tests._k8s_images import ImageUnavailable, built_environment
+from tests._kits import mini_terminal_image
 from tests._realnode import RealNode
 
 pytestmark = [pytest.mark.k8s, pytest.mark.real_node, pytest.mark.timeout(2400)]
@@ -47,11 +48,8 @@ CPU_QUOTA = 50_000  # 500m: half of the default CFS period (100000 us)
 def image(real_node: RealNode) -> str:
     """mini-terminal's own image (``aenv build`` + the kit's ``build-image``, once per
     machine): the pod spec, not the image, is what these tests check."""
-    prefix = os.environ.get("AENV_TEST_IMAGE_PREFIX", "").rstrip("/") or "realnode.local/aenv"
     try:
-        return built_environment(
-            REPO / "builtin_envs" / "mini_terminal", f"{prefix}/mini-terminal:1.0.0"
-        )
+        return built_environment(REPO / "builtin_envs" / "mini_terminal", mini_terminal_image())
     except ImageUnavailable as exc:
         if os.environ.get("AENV_REQUIRE_K8S") == "1":
             raise
