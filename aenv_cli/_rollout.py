@@ -345,7 +345,7 @@ def _rollout(
                 env, engine=engine, environment_variables=variables, datasource=mounted
             )
         if to_hub and site == "hub":
-            _mirror_to_hub(stack, console, run.path)
+            _mirror_to_hub(stack, console, run)
         display = _Display(console, env, episodes)
         with _policy_traceback(), display.progress:
             summary = asyncio.run(
@@ -371,9 +371,11 @@ def _rollout(
     return EXIT_OK if summary.ok else EXIT_FAILURE
 
 
-def _mirror_to_hub(stack: contextlib.ExitStack, console: Console, directory: Path) -> None:
-    """Mirror the run in ``directory`` to the configured hub while it runs
-    (:class:`rollout.hub_report.HubReporter`), and say where to watch it."""
+def _mirror_to_hub(stack: contextlib.ExitStack, console: Console, run: Any) -> None:
+    """Mirror ``run`` (a :class:`rollout.run_directory.RunDirectory`) to the configured hub
+    while it runs (:class:`rollout.hub_report.HubReporter`), and say where to watch it."""
+    from dataclasses import asdict
+
     from aenv_ray.settings import get_settings
     from rollout.hub_report import HubReporter
 
@@ -383,7 +385,14 @@ def _mirror_to_hub(stack: contextlib.ExitStack, console: Console, directory: Pat
     def warn(message: str) -> None:
         console.print(f"[yellow]aenv: {message}")
 
-    reporter = HubReporter(directory, settings.system_url, settings.api_key, warn=warn)
+    holder = run.holder
+    reporter = HubReporter(
+        run.path,
+        settings.system_url,
+        settings.api_key,
+        driver=asdict(holder) if holder is not None else None,
+        warn=warn,
+    )
     run_id = reporter.start()
     stack.callback(reporter.close)
     if run_id is not None:

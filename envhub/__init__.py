@@ -7,8 +7,8 @@ engine (:mod:`envhub.control`; which code a tenant runs: :mod:`envhub.resolve`; 
 :mod:`envhub.limits`), API keys and tenants (:mod:`envhub.keys`), the stores (:mod:`envhub.store`:
 embedded SQLite by default, Redis for shared deployments), the rollout runs drivers push
 (:mod:`envhub.runs`: run directories per tenant in its data directory), and the HTTP API with
-its OpenAPI document (:mod:`envhub.app`, assembled from one router per concern in :mod:`envhub.routes`,
-behind :mod:`envhub.guard`, run by :mod:`envhub.server`).
+its OpenAPI document (:mod:`envhub.app`, assembled from one router per concern in
+:mod:`envhub.routes`, behind :mod:`envhub.guard`, run by :mod:`envhub.server`).
 
 May import: ``aenv_ray``, fastapi, starlette, pydantic, uvicorn, aiohttp (the proxy's client),
 redis (the Redis store), cryptography (the sealed tokens); lazily, inside functions:

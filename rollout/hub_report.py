@@ -25,7 +25,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -45,18 +45,13 @@ JSONL = "trajectories.jsonl"
 _SECRET_OPTION = re.compile(r"(--api-key(?:=|\s+))\S+")
 
 
-def _driver(directory: Path) -> dict[str, Any]:
-    """Who drives the run, as its ``rollout.lock`` says (pid, host, started, command), the
-    command without the value of an ``--api-key``."""
-    try:
-        holder = json.loads((directory / "rollout.lock").read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(holder, dict):
-        return {}
-    if isinstance(holder.get("command"), str):
-        holder["command"] = _SECRET_OPTION.sub(r"\1***", holder["command"])
-    return holder
+def _driver(given: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Who drives the run (pid, host, started, command), the command without the value of an
+    ``--api-key``."""
+    driver = dict(given or {})
+    if isinstance(driver.get("command"), str):
+        driver["command"] = _SECRET_OPTION.sub(r"\1***", driver["command"])
+    return driver
 
 
 def _identity(path: Path) -> str | None:
@@ -69,9 +64,11 @@ def _identity(path: Path) -> str | None:
 
 class HubReporter:
     """Mirrors the run directory ``directory`` to the hub at ``url`` (as ``api_key``'s
-    tenant) while it is open: :meth:`start`, then :meth:`close` (or ``with``). ``warn`` gets
-    each problem worth a user's eye (once per kind); ``every``: seconds between looks at the
-    records."""
+    tenant) while it is open: :meth:`start`, then :meth:`close` (or ``with``). ``driver``:
+    who drives the run (:attr:`rollout.run_directory.RunDirectory.holder`'s fields: the
+    reporter never opens ``rollout.lock``, whose closing would drop the driver's lock);
+    ``warn`` gets each problem worth a user's eye (once per kind); ``every``: seconds between
+    looks at the records."""
 
     def __init__(
         self,
@@ -80,10 +77,12 @@ class HubReporter:
         api_key: str | None,
         *,
         name: str | None = None,
+        driver: Mapping[str, Any] | None = None,
         every: float = 0.5,
         warn: Callable[[str], None] | None = None,
     ) -> None:
         self.directory = Path(directory)
+        self.driver = _driver(driver)
         self.url = url.rstrip("/")
         self.api_key = api_key
         self.name = name or self.directory.name
@@ -188,14 +187,13 @@ class HubReporter:
             settings = json.loads((self.directory / "run.json").read_text())
         except (OSError, ValueError):
             settings = {}
-        driver = _driver(self.directory)
         record: dict[str, Any] | None = None
         while record is None:
             try:
                 record = await hub.open_run(
                     self.name,
                     settings=settings if isinstance(settings, dict) else {},
-                    driver=driver,
+                    driver=self.driver,
                     run_id=known.get("id"),
                 )
             except HubUnreachableError as exc:
