@@ -426,6 +426,11 @@ class HubClient:
         )
         return result
 
+    async def delete_run(self, run_id: str) -> dict[str, Any]:
+        """Delete a run and its records from the hub."""
+        result: dict[str, Any] = await self.request("DELETE", f"/v1/runs/{run_id}")
+        return result
+
     async def list_runs(self) -> list[dict[str, Any]]:
         """This key's tenant's runs, the newest first."""
         return list((await self.request("GET", "/v1/runs"))["runs"])

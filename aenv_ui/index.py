@@ -737,11 +737,11 @@ def compare(a: RunIndex, b: RunIndex, *, passing: float = 1.0) -> dict[str, Any]
 
 def iter_runs(root: Path) -> Iterator[Path]:
     """The run directories at ``root``: itself if it is one, else its subdirectories that are
-    (sorted by name)."""
+    (sorted by name; hidden ones left out)."""
     if is_run_directory(root):
         yield root
         return
     if root.is_dir():
         for child in sorted(root.iterdir()):
-            if child.is_dir() and is_run_directory(child):
+            if child.is_dir() and not child.name.startswith(".") and is_run_directory(child):
                 yield child

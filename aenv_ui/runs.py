@@ -88,6 +88,10 @@ class RunSet:
         """The refreshed index of run ``name``."""
         with self._opening:  # one index per run, whichever thread asks first
             index = self._indexes.get(name)
+            if index is not None and not index.run.is_dir():  # deleted (or moved) since
+                index.close()
+                del self._indexes[name]
+                index = None
             if index is None:
                 path = self.runs().get(name)
                 if path is None:

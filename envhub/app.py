@@ -30,7 +30,12 @@ connection caps are :mod:`envhub.connections`'.
 ``GET    /v1/instances/{id}/proxy/aenv/v1/preview/{p}``  a preview, for a browser: no key
 ``POST   /v1/services`` ...                              create, list, get, update, delete
 ``/v1/services/{id}/proxy/{path}``                       a running replica, round-robin
-``POST   /v1/runs`` ...                                  rollout runs: register, records, end, list
+``POST   /v1/runs``                                      register a rollout run (``id``: take it up)
+``GET    /v1/runs``                                      the tenant's rollout runs
+``GET    /v1/runs/{id}``                                 one run: live, its driver, bytes received
+``POST   /v1/runs/{id}/records``                         its records from an offset; a heartbeat
+``PATCH  /v1/runs/{id}``                                 end it
+``DELETE /v1/runs/{id}``                                 delete it and its records
 ``GET    /v1/defences``                                  what the defences against abuse hold
 =======================================================  =========================================
 
@@ -273,7 +278,7 @@ def create_app(store: Store, engine: SandboxEngine, options: HubOptions | None =
         control,
         Forwarder(),
         throttle,
-        RunStore(options.data_dir / "runs"),
+        RunStore(options.data_dir / "runs", options.limits),
         hub_metrics,
     )
     app.state.hidden_paths = hub_paths(options, store)

@@ -15,8 +15,11 @@ hub expects (``received``), and ``reset`` starts the copy again (the driver's fi
 rewritten: ``--retry-failed`` compacts it). Every line must be a JSON object with an
 ``episode_id``; a line that is not is refused with its number, and nothing of that post is kept.
 
-The runs live on the hub that received them (its data directory): hubs that share a Redis
-store list each other's runs only when they share the data directory too.
+A tenant's runs hold at most its ``run_bytes`` of records together (:mod:`envhub.limits`; a
+post past it is refused with :class:`~aenv_ray.errors.QuotaExceededError`); deleting a run frees
+its bytes. The runs live on the hub that received them (its data directory): hubs that share a
+Redis store list each other's runs only when they share the data directory too (each counts the
+bytes it was sent since it started, and what it found on disk).
 
 May import: the standard library, ``aenv_ray``.
 """
@@ -29,6 +32,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,11 +41,9 @@ from typing import Any
 
 from aenv_ray.errors import ArtifactTooLargeError, ConfigurationError, RunNotFoundError
 from aenv_ray.hubruns import MAX_POST, STATE, is_live
+from envhub.limits import Limits, over
 
-__all__ = ["DEFAULT_MAX_RUN_BYTES", "RunStore"]
-
-DEFAULT_MAX_RUN_BYTES = 4 << 30
-"""Bytes of records one run may hold on the hub (a run of 100,000 long episodes is ~0.5 GB)."""
+__all__ = ["RunStore"]
 
 JSONL = "trajectories.jsonl"
 RUN_JSON = "run.json"
@@ -91,11 +93,19 @@ def _checked_lines(data: bytes, first_line: int) -> None:
 
 @dataclass
 class RunStore:
-    """The pushed runs under ``root`` (the hub's ``DATA_DIR/runs``)."""
+    """The pushed runs under ``root`` (the hub's ``DATA_DIR/runs``), each tenant's within its
+    ``run_bytes`` of ``limits``."""
 
     root: Path
-    max_run_bytes: int = DEFAULT_MAX_RUN_BYTES
+    limits: Limits = field(default_factory=Limits)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict, repr=False)
+    _used: dict[str, int] = field(default_factory=dict, repr=False)  # tenant -> bytes held
+
+    async def used(self, tenant: str) -> int:
+        """Bytes of records ``tenant``'s runs hold (counted on disk once, then kept)."""
+        if tenant not in self._used:
+            self._used[tenant] = sum(int(r.get("received") or 0) for r in await self.list(tenant))
+        return self._used[tenant]
 
     def tenant_dir(self, tenant: str) -> Path:
         """The directory of ``tenant``'s runs (named by a digest: a tenant's name is never
@@ -205,17 +215,28 @@ class RunStore:
                         f"offset {offset} does not start a line of what the hub holds "
                         f"({received} bytes): send from offset {received}"
                     )
-                _checked_lines(new, first_line=1)
-                if received + len(new) > self.max_run_bytes:
-                    raise ArtifactTooLargeError(
-                        f"run `{run_id}` would hold over {self.max_run_bytes} bytes of records "
-                        "on this hub: start another run (another --out)"
+                await asyncio.to_thread(_checked_lines, new, 1)
+                held = int(state.get("received") or 0)
+                total = await self.used(tenant) - held + received + len(new)
+                allowed = self.limits.for_tenant(tenant).run_bytes
+                if total > allowed:
+                    raise over(
+                        tenant,
+                        "run_bytes",
+                        total,
+                        allowed,
+                        "with these records your runs on this hub would take",
+                        "delete runs you no longer need (DELETE /v1/runs/ID), or ask the hub's "
+                        "operator",
                     )
                 await asyncio.to_thread(self._append_bytes, path / JSONL, new, received, reset)
                 accepted = len(new)
                 received += accepted
             elif reset:
                 await asyncio.to_thread(self._append_bytes, path / JSONL, b"", 0, True)
+            self._used[tenant] = (
+                await self.used(tenant) - int(state.get("received") or 0) + received
+            )
             state.update(received=received, beat_at=time.time())
             if state.get("state") != "live":  # a driver that posts again is live again
                 state.update(state="live", ended_at=None)
@@ -241,6 +262,19 @@ class RunStore:
             self._write(path, state)
         return self._shown(state, path)
 
+    async def delete(self, tenant: str, run_id: str) -> dict[str, Any]:
+        """Delete a run and its records (the driver's own run directory is untouched)."""
+        path = self._dir(tenant, run_id)
+        async with self._lock(tenant, run_id):
+            state = self._read(path)
+            used = await self.used(tenant)
+            gone = path.with_name(f".deleted-{run_id}-{secrets.token_hex(4)}")
+            os.replace(path, gone)  # out of every listing at once
+            await asyncio.to_thread(shutil.rmtree, gone, True)
+            self._used[tenant] = max(0, used - int(state.get("received") or 0))
+        self._locks.pop(f"{tenant}\0{run_id}", None)
+        return {"id": run_id, "deleted": True}
+
     # -- a reader's side -----------------------------------------------------------------------
     async def get(self, tenant: str, run_id: str) -> dict[str, Any]:
         """One run of ``tenant``."""
@@ -254,6 +288,8 @@ class RunStore:
             return []
         found = []
         for path in base.iterdir():
+            if path.name.startswith("."):
+                continue  # being deleted
             try:
                 found.append(self._shown(self._read(path), path))
             except (OSError, ValueError):

@@ -19,8 +19,15 @@ from typing import Any
 
 import pytest
 
-from aenv_ray.errors import AuthenticationError, ConfigurationError, RunNotFoundError
+from aenv_ray.errors import (
+    AuthenticationError,
+    ConfigurationError,
+    QuotaExceededError,
+    RunNotFoundError,
+)
 from aenv_ray.hub import HubClient
+from envhub.limits import Limits
+from envhub.runs import RunStore
 from tests._chat_server import ChatServer
 from tests._cli import aenv
 from tests._hub import HubProcess, new_key
@@ -128,9 +135,40 @@ async def test_a_tenant_sees_and_reaches_its_own_runs_only(
             await nobody.request("GET", "/ui/api/runs")
         with pytest.raises(AuthenticationError):
             await nobody.list_runs()
+    async with HubClient(shared_hub.url, api_key=keys["bob"]) as bob:
+        with pytest.raises(RunNotFoundError):
+            await bob.delete_run(run["id"])
     async with HubClient(shared_hub.url, api_key=keys["alice"]) as alice:
         assert (await alice.request("GET", f"/ui/api/runs/{run['id']}"))["summary"]["episodes"] == 1
         await alice.end_run(run["id"])
+        assert (await alice.delete_run(run["id"]))["deleted"] is True
+        assert run["id"] not in {r["id"] for r in await alice.list_runs()}
+        with pytest.raises(RunNotFoundError):
+            await alice.request("GET", f"/ui/api/runs/{run['id']}")
+
+
+async def test_a_tenants_runs_hold_at_most_its_run_bytes(tmp_path: Path) -> None:
+    """The quota over a tenant's runs together; a deleted run frees its bytes; a reset copy
+    counts once. (The store itself, over real files: the shared hub's quota is the default.)"""
+    line = record("000000-t1", "t1", 1.0)
+    limits = Limits.parse({"tenants": {"small": {"run_bytes": 3 * len(line)}}})
+    store = RunStore(tmp_path / "runs", limits)
+    first = await store.open("small", name="one")
+    second = await store.open("small", name="two")
+    await store.append("small", first["id"], offset=0, data=line + line)
+    await store.append("small", first["id"], offset=0, data=line, reset=True)  # counts once
+    await store.append("small", second["id"], offset=0, data=line + line)
+    with pytest.raises(QuotaExceededError, match="run_bytes") as refused:
+        await store.append("small", second["id"], offset=2 * len(line), data=line)
+    assert refused.value.limit == "run_bytes"
+    assert (await store.get("small", second["id"]))["received"] == 2 * len(line)  # nothing kept
+    await store.delete("small", first["id"])
+    done = await store.append("small", second["id"], offset=2 * len(line), data=line)
+    assert done["received"] == 3 * len(line)
+    # counted again from disk by a new store (a restarted hub)
+    again = RunStore(tmp_path / "runs", limits)
+    assert await again.used("small") == 3 * len(line)
+    assert await again.used("nobody") == 0
 
 
 def test_aenv_rollout_against_the_hub_mirrors_its_run(

@@ -111,3 +111,9 @@ async def add_records(run_id: str, request: Request, who: Who, hub: HubDep) -> d
 async def end_run(run_id: str, body: RunEnd, who: Who, hub: HubDep) -> dict[str, Any]:
     """End a run (``{"state": "finished"}``)."""
     return await hub.runs.end(who.tenant, run_id)
+
+
+@router.delete("/v1/runs/{run_id}")
+async def delete_run(run_id: str, who: Who, hub: HubDep) -> dict[str, Any]:
+    """Delete a run and its records from the hub (its driver's run directory is untouched)."""
+    return await hub.runs.delete(who.tenant, run_id)
