@@ -89,8 +89,7 @@ class RunSet:
         with self._opening:  # one index per run, whichever thread asks first
             index = self._indexes.get(name)
             if index is not None and not index.run.is_dir():  # deleted (or moved) since
-                index.close()
-                del self._indexes[name]
+                self._drop(name)
                 index = None
             if index is None:
                 path = self.runs().get(name)
@@ -100,6 +99,13 @@ class RunSet:
                 index = self._indexes[name] = open_index(path, self.index_dir)
         index.refresh(at_most_every=1.0)
         return index
+
+    def _drop(self, name: str) -> None:
+        """Forget the index of run ``name``, which is gone: close it, remove its file."""
+        index = self._indexes.pop(name)
+        index.close()
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{index.path}{suffix}").unlink(missing_ok=True)
 
     async def aindex(self, name: str) -> RunIndex:
         """:meth:`index` in a worker thread: reading a large run's records the first time
@@ -117,7 +123,13 @@ class RunSet:
     async def list_runs(self) -> dict[str, Any]:
         """``GET .../runs``."""
         out: list[dict[str, Any]] = []
-        for name in self.runs():
+        names = self.runs()
+        with self._opening:
+            for gone in [
+                n for n, i in self._indexes.items() if n not in names or not i.run.is_dir()
+            ]:
+                self._drop(gone)
+        for name in names:
             index = await self.aindex(name)
             out.append({"name": name, "settings": index.settings(), "summary": index.summary()})
         return {"root": self.title, "runs": out}

@@ -143,6 +143,8 @@ async def test_a_tenant_sees_and_reaches_its_own_runs_only(
         await alice.end_run(run["id"])
         assert (await alice.delete_run(run["id"]))["deleted"] is True
         assert run["id"] not in {r["id"] for r in await alice.list_runs()}
+        ui = await alice.request("GET", "/ui/api/runs")
+        assert run["id"] not in {r["name"] for r in ui["runs"]}
         with pytest.raises(RunNotFoundError):
             await alice.request("GET", f"/ui/api/runs/{run['id']}")
 
