@@ -240,9 +240,28 @@ def test_aenv_rollout_against_the_hub_mirrors_its_run(
             env=hub_env,
             cwd=tmp_path,
         )
+        # --not-to-hub: the same hub runs the instances, and is told nothing of the run
+        kept = tmp_path / "runs" / "kept-here"
+        private = aenv(
+            "rollout",
+            "mini-terminal@1.0.0",
+            *("-n", "1", "--no-ray", "--tasks", str(tasks), "--out", str(kept)),
+            *("--base-url", server.url, "--model", "test-model", "--not-to-hub"),
+            env=hub_env,
+            cwd=tmp_path,
+        )
     assert again.returncode == 0, again.stderr
     assert json.loads((out / "hub.json").read_text())["id"] == local["id"]
     rerun, page = asyncio.run(on_hub())
     assert rerun["received"] == (out / "trajectories.jsonl").stat().st_size > run["received"]
     assert rerun["state"] == "finished"
     assert page["total"] == 4
+    assert private.returncode == 0, private.stderr
+    assert not (kept / "hub.json").exists()
+    assert "this run on the hub" not in private.stderr
+
+    async def names() -> set[str]:
+        async with HubClient(shared_hub.url, api_key=keys["alice"]) as alice:
+            return {r["name"] for r in await alice.list_runs()}
+
+    assert "kept-here" not in asyncio.run(names())
