@@ -229,11 +229,11 @@ class RunStore:
                         "delete runs you no longer need (DELETE /v1/runs/ID), or ask the hub's "
                         "operator",
                     )
-                await asyncio.to_thread(self._append_bytes, path / JSONL, new, received, reset)
+                await asyncio.to_thread(self._append_bytes, path / JSONL, new, received)
                 accepted = len(new)
                 received += accepted
             elif reset:
-                await asyncio.to_thread(self._append_bytes, path / JSONL, b"", 0, True)
+                await asyncio.to_thread(self._append_bytes, path / JSONL, b"", 0)
             self._used[tenant] = (
                 await self.used(tenant) - int(state.get("received") or 0) + received
             )
@@ -244,7 +244,7 @@ class RunStore:
         return {"id": run_id, "received": received, "accepted": accepted}
 
     @staticmethod
-    def _append_bytes(jsonl: Path, data: bytes, at: int, reset: bool) -> None:
+    def _append_bytes(jsonl: Path, data: bytes, at: int) -> None:
         with jsonl.open("r+b" if jsonl.exists() else "wb") as file:
             file.truncate(at)  # what a crash left past `received` is not the run's
             file.seek(at)
