@@ -147,6 +147,14 @@ def rollout_command(
             "or create one instance per episode in this process",
         ),
     ] = True,
+    to_hub: Annotated[
+        bool,
+        typer.Option(
+            "--to-hub/--not-to-hub",
+            help="when the run uses the configured hub, mirror its records there while it "
+            "runs (the hub's UI lists it, live, for your key's tenant)",
+        ),
+    ] = True,
 ) -> int:
     """Run ENV's episodes in parallel and write every trajectory to OUT (resumable)."""
     started = time.perf_counter()  # the summary's wall time: the whole command
@@ -177,6 +185,7 @@ def rollout_command(
             engine=engine,
             force=force,
             use_ray=use_ray,
+            to_hub=to_hub,
         )
     except KeyboardInterrupt:
         _interrupted(out, episodes)
@@ -255,6 +264,7 @@ def _rollout(
     engine: str | None,
     force: bool,
     use_ray: bool,
+    to_hub: bool = True,
 ) -> int:
     from rollout.run_directory import RunDirectory  # light: the lock comes before Ray's import
 
@@ -334,6 +344,8 @@ def _rollout(
             source = SDKSource(
                 env, engine=engine, environment_variables=variables, datasource=mounted
             )
+        if to_hub and site == "hub":
+            _mirror_to_hub(stack, console, run)
         display = _Display(console, env, episodes)
         with _policy_traceback(), display.progress:
             summary = asyncio.run(
@@ -357,6 +369,35 @@ def _rollout(
     console.print(_summary_table(summary, env, time.perf_counter() - started))
     console.print(f"trajectories: {summary.out / 'trajectories.jsonl'} and .parquet")
     return EXIT_OK if summary.ok else EXIT_FAILURE
+
+
+def _mirror_to_hub(stack: contextlib.ExitStack, console: Console, run: Any) -> None:
+    """Mirror ``run`` (a :class:`rollout.run_directory.RunDirectory`) to the configured hub
+    while it runs (:class:`rollout.hub_report.HubReporter`), and say where to watch it."""
+    from dataclasses import asdict
+
+    from aenv_ray.settings import get_settings
+    from rollout.hub_report import HubReporter
+
+    settings = get_settings()
+    assert settings.system_url is not None
+
+    def warn(message: str) -> None:
+        console.print(f"[yellow]aenv: {message}")
+
+    holder = run.holder
+    reporter = HubReporter(
+        run.path,
+        settings.system_url,
+        settings.api_key,
+        driver=asdict(holder) if holder is not None else None,
+        warn=warn,
+    )
+    run_id = reporter.start()
+    stack.callback(reporter.close)
+    if run_id is not None:
+        url = settings.system_url.rstrip("/")
+        console.print(f"this run on the hub: {url}/ui/#/run/{run_id} (GET {url}/v1/runs/{run_id})")
 
 
 def _site(engine: str | None) -> str:

@@ -272,10 +272,17 @@ def _metrics_token(path: Path | None) -> str | None:
 
 
 def _ui_page(app: Any) -> None:
-    """Add the Environment Center's page to the hub (``/ui/``: :mod:`aenv_ui.hub`)."""
+    """Add the Environment Center's page to the hub (``/ui/``: :mod:`aenv_ui.hub`), with the
+    API of the runs drivers pushed (``/ui/api/runs...``): the caller's tenant's, by its key."""
     from aenv_ui.hub import mount
+    from envhub.routes.context import caller, serving
 
-    mount(app)
+    async def tenant_runs(request: Any) -> tuple[Path, str]:
+        who = await caller(request)  # the hub's own authentication: 401/403/429 as anywhere
+        return serving(request).runs.tenant_dir(who.tenant), who.tenant
+
+    data_dir: Path = app.state.hub.options.data_dir
+    mount(app, tenant_runs, data_dir / "runs-index")
 
 
 def _warm_pools(given: list[str], engine: str) -> dict[str, int]:

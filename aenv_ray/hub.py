@@ -228,7 +228,7 @@ class HubClient:
 
     async def resolve(self, env: str) -> dict[str, Any]:
         """What ``env`` means for this key's tenant, as a create would run it: ``{"ref",
-        "publisher", "warnings", "calls"}`` (``calls``: what its reward and functions take).
+        "publisher", "warnings", "calls"}`` (``calls``: what its reward, functions and tools take).
         Raises :class:`~aenv_ray.errors.EnvironmentNotFoundError` naming what exists."""
         result: dict[str, Any] = await self.request("GET", f"/v1/resolve/{env}")
         return result
@@ -386,6 +386,54 @@ class HubClient:
             "DELETE", f"/v1/services/{service_id}", params={"keep_storage": keep_storage}
         )
         return result
+
+    # -- rollout runs (aenv_ray.hubruns) ------------------------------------------------------
+    async def open_run(
+        self,
+        name: str,
+        *,
+        settings: Mapping[str, Any] | None = None,
+        driver: Mapping[str, Any] | None = None,
+        run_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Register a rollout run with the hub (this key's tenant), live from now; with
+        ``run_id``, take up one registered before. Its record: ``id``, ``received`` (the bytes
+        of its records the hub holds: send from there), ``live``, ``settings``, ..."""
+        body: dict[str, Any] = {
+            "name": name,
+            "settings": dict(settings or {}),
+            "driver": dict(driver or {}),
+        }
+        if run_id is not None:
+            body["id"] = run_id
+        result: dict[str, Any] = await self.request("POST", "/v1/runs", json=body)
+        return result
+
+    async def send_run_records(
+        self, run_id: str, offset: int, data: bytes, *, reset: bool = False
+    ) -> dict[str, Any]:
+        """Send ``data``, the run's ``trajectories.jsonl`` from byte ``offset`` (whole lines; a
+        heartbeat when empty); ``reset``: the hub's copy starts again. ``{"received",
+        "accepted"}``: the next post starts at ``received``."""
+        body = {"offset": offset, "data": data.decode(), "reset": reset}
+        result: dict[str, Any] = await self.request("POST", f"/v1/runs/{run_id}/records", json=body)
+        return result
+
+    async def end_run(self, run_id: str) -> dict[str, Any]:
+        """Mark a run finished."""
+        result: dict[str, Any] = await self.request(
+            "PATCH", f"/v1/runs/{run_id}", json={"state": "finished"}
+        )
+        return result
+
+    async def delete_run(self, run_id: str) -> dict[str, Any]:
+        """Delete a run and its records from the hub."""
+        result: dict[str, Any] = await self.request("DELETE", f"/v1/runs/{run_id}")
+        return result
+
+    async def list_runs(self) -> list[dict[str, Any]]:
+        """This key's tenant's runs, the newest first."""
+        return list((await self.request("GET", "/v1/runs"))["runs"])
 
 
 def _params(params: Mapping[str, Any] | None) -> httpx.QueryParams | None:

@@ -28,6 +28,7 @@ __all__ = [
     "LOAD_CHECKER_VERSION",
     "MAX_MESSAGE",
     "checker_fingerprint",
+    "described_calls",
     "load_in_sandbox",
     "scrub_paths",
 ]
@@ -104,6 +105,28 @@ async def load_in_sandbox(
     except ConfigurationError as exc:  # DefinitionError among them: the project is at fault
         raise _told_below(exc, project, shown) from None
     return manifest
+
+
+def described_calls(manifest: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What a loaded project's calls take, from its sandbox's manifest: ``{"reward":
+    described or None, "functions": [...], "tools": [...]}`` (each ``{"name",
+    "description", "inputSchema", ...}``), or None when the manifest does not describe them
+    (an engine that cannot load projects, an older template). The hub stores it with each
+    version it publishes and serves it (``calls`` of ``GET /v1/envs/NAME/VERSION``).
+
+    >>> described_calls({"tools": [{"name": "echo"}], "calls": {"reward": None, "functions": []}})
+    {'reward': None, 'functions': [], 'tools': [{'name': 'echo'}]}
+    >>> described_calls({"tools": []}) is None
+    True
+    """
+    if manifest is None:
+        return None
+    calls = manifest.get("calls")
+    if not isinstance(calls, Mapping) or not isinstance(calls.get("functions"), list):
+        return None
+    tools = manifest.get("tools")
+    listed = [dict(t) for t in tools if isinstance(t, Mapping)] if isinstance(tools, list) else []
+    return {**calls, "tools": listed}
 
 
 LOAD_CHECKER_VERSION = 1

@@ -25,7 +25,12 @@ The index file lives outside the run directory (``index_dir``, by default the us
 directory), named by the run directory's real path: a run directory is its driver's, and may
 be read-only.
 
-May import: the standard library, ``aenv_ray.errors``; lazily, inside functions: platformdirs.
+A run a driver pushed to a hub (:mod:`aenv_ray.hubruns`) is a run directory too, kept by the
+hub; :class:`PushedRunIndex` (which :func:`open_index` picks for it) says it is live by its
+driver's heartbeat rather than by a lock.
+
+May import: the standard library, ``aenv_ray.errors``, ``aenv_ray.hubruns``; lazily, inside
+functions: platformdirs.
 """
 
 from __future__ import annotations
@@ -46,15 +51,18 @@ from types import TracebackType
 from typing import Any
 
 from aenv_ray.errors import ConfigurationError, RunNotFoundError
+from aenv_ray.hubruns import STATE, is_live
 
 __all__ = [
     "JSONL",
     "RUN_JSON",
     "EpisodeQuery",
+    "PushedRunIndex",
     "RunIndex",
     "default_index_dir",
     "failure_kind",
     "is_run_directory",
+    "open_index",
 ]
 
 JSONL = "trajectories.jsonl"
@@ -646,6 +654,58 @@ class RunIndex:
         return [r["kind"] for r in self._all("SELECT DISTINCT kind FROM episodes ORDER BY kind")]
 
 
+class PushedRunIndex(RunIndex):
+    """The index of a run its driver pushed to a hub (the hub's copy, with
+    :data:`aenv_ray.hubruns.STATE` beside it): live while its driver posts (within
+    :data:`aenv_ray.hubruns.STALE_AFTER` seconds) and has not ended it; ``stalled`` when it
+    has not ended it but stopped posting."""
+
+    def state(self) -> dict[str, Any]:
+        """The hub's account of the run (:data:`aenv_ray.hubruns.STATE`), or ``{}``."""
+        try:
+            data = json.loads((self.run / STATE).read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def holder(self) -> dict[str, Any] | None:
+        """The driver (pid, host, started, command, as it sent them) while the run is live."""
+        state = self.state()
+        if not is_live(state):
+            return None
+        driver = state.get("driver")
+        return dict(driver) if isinstance(driver, dict) and driver else {"host": "unknown"}
+
+    def summary(self) -> dict[str, Any]:
+        state = self.state()
+        out = super().summary()
+        out["stalled"] = state.get("state") == "live" and not out["live"]
+        out["hub"] = {k: state.get(k) for k in ("id", "name", "created_at", "beat_at", "ended_at")}
+        return out
+
+    def _overall_rate(self, totals: Mapping[str, Any]) -> float | None:
+        """A finished run's episodes per second, from its driver's start to its last record."""
+        state = self.state()
+        driver = state.get("driver")
+        started = (driver if isinstance(driver, dict) else {}).get(
+            "started", state.get("created_at")
+        )
+        try:
+            last = (self.run / JSONL).stat().st_mtime
+        except OSError:
+            return None
+        if not isinstance(started, int | float) or last <= started or not totals["episodes"]:
+            return None
+        return float(totals["episodes"]) / (last - float(started))
+
+
+def open_index(run: Path | str, index_dir: Path | str | None = None) -> RunIndex:
+    """The index of run directory ``run``: a :class:`PushedRunIndex` for a hub's copy of a
+    pushed run, else a :class:`RunIndex`."""
+    cls = PushedRunIndex if (Path(run) / STATE).is_file() else RunIndex
+    return cls.open(run, index_dir)
+
+
 def compare(a: RunIndex, b: RunIndex, *, passing: float = 1.0) -> dict[str, Any]:
     """Two runs side by side, per task: mean reward and pass rate of each and the change,
     the tasks that got better first, then worse, then the same, then those only one ran."""
@@ -677,11 +737,11 @@ def compare(a: RunIndex, b: RunIndex, *, passing: float = 1.0) -> dict[str, Any]
 
 def iter_runs(root: Path) -> Iterator[Path]:
     """The run directories at ``root``: itself if it is one, else its subdirectories that are
-    (sorted by name)."""
+    (sorted by name; hidden ones left out)."""
     if is_run_directory(root):
         yield root
         return
     if root.is_dir():
         for child in sorted(root.iterdir()):
-            if child.is_dir() and is_run_directory(child):
+            if child.is_dir() and not child.name.startswith(".") and is_run_directory(child):
                 yield child

@@ -11,22 +11,12 @@ sends ``Authorization: Bearer T``. A request without it is 401, with a wrong one
 the hub's error body (``{"error": ..., "type": ...}``) saying what to do. The assets (the
 front-end's code, plotly.js) hold no data and are served to anyone who reaches the port.
 
-The API (every list is paged on the server: ``offset``, ``limit`` up to 500):
+The API is :class:`aenv_ui.runs.RunSet`'s under ``/api`` (``GET /api/runs``,
+``/api/runs/{run}``, ``.../episodes``, ``.../episodes/{id}``, ``.../rewards``,
+``/api/compare?a=RUN&b=RUN``); every list is paged on the server (``offset``, ``limit`` up to
+500).
 
-==============================================  ==================================================
-``GET /api/runs``                               every run: settings (``run.json``) and summary
-``GET /api/runs/{run}``                         one run: settings, summary, tools, kinds of end
-``GET /api/runs/{run}/episodes``                a page of episodes; filters ``task``, ``kind``
-                                                (``ok``, ``failed``, a kind), ``tool``,
-                                                ``min_reward``, ``max_reward``, ``q``,
-                                                ``errors=1``; ``sort`` (``-reward``, ...)
-``GET /api/runs/{run}/episodes/{id}``           one episode's whole record
-``GET /api/runs/{run}/rewards``                 histogram, pass rate, kinds, tool and turn
-                                                latency, per-task table (``task``, ``passing``)
-``GET /api/compare?a=RUN&b=RUN``                two runs per task: better, worse, same
-==============================================  ==================================================
-
-May import: the standard library, ``aenv_ray``, aiohttp, :mod:`aenv_ui.index`,
+May import: the standard library, ``aenv_ray``, aiohttp, :mod:`aenv_ui.runs`,
 :mod:`aenv_ui.assets`.
 """
 
@@ -35,10 +25,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import secrets
-import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
@@ -51,7 +39,7 @@ from aenv_ray.errors import (
     encode_error,
 )
 from aenv_ui.assets import asset, page
-from aenv_ui.index import EpisodeQuery, RunIndex, compare, iter_runs
+from aenv_ui.runs import RunSet
 
 __all__ = ["COOKIE", "UiServer", "create_app", "serve"]
 
@@ -70,48 +58,12 @@ def _error(exc: AEnvError) -> web.Response:
     return web.json_response(encode_error(exc), status=status)
 
 
-class UiServer:
+class UiServer(RunSet):
     """The runs under ``root`` and their indexes (in ``index_dir``), behind ``token``."""
 
     def __init__(self, root: Path, *, token: str | None = None, index_dir: Path | None = None):
-        self.root = Path(root).resolve()
-        if not self.root.is_dir():
-            raise ConfigurationError(
-                f"{root} is not a directory: pass a run directory (`aenv rollout --out DIR`) "
-                "or a directory holding run directories"
-            )
+        super().__init__(root, index_dir=index_dir)
         self.token = token or secrets.token_urlsafe(24)
-        self.index_dir = index_dir
-        self._indexes: dict[str, RunIndex] = {}
-        self._opening = threading.Lock()
-
-    def runs(self) -> dict[str, Path]:
-        """The runs by name (a directory's name; ``.`` when ``root`` is itself a run)."""
-        return {("." if path == self.root else path.name): path for path in iter_runs(self.root)}
-
-    def index(self, name: str) -> RunIndex:
-        """The refreshed index of run ``name``."""
-        with self._opening:  # one index per run, whichever thread asks first
-            index = self._indexes.get(name)
-            if index is None:
-                path = self.runs().get(name)
-                if path is None:
-                    known = ", ".join(self.runs()) or "none"
-                    raise RunNotFoundError(f"no run `{name}` under {self.root}; the runs: {known}")
-                index = self._indexes[name] = RunIndex.open(path, self.index_dir)
-        index.refresh(at_most_every=1.0)
-        return index
-
-    async def aindex(self, name: str) -> RunIndex:
-        """:meth:`index` in a worker thread: reading a large run's records the first time
-        takes seconds, and the server goes on answering meanwhile."""
-        return await asyncio.to_thread(self.index, name)
-
-    def close(self) -> None:
-        """Close every index."""
-        for index in self._indexes.values():
-            index.close()
-        self._indexes.clear()
 
     # -- who may look --------------------------------------------------------------------------
     def _given(self, request: web.Request) -> str | None:
@@ -134,25 +86,6 @@ class UiServer:
                 "this token is not this UI's (an older `aenv ui`'s?): open the URL the running "
                 "`aenv ui` printed"
             )
-
-
-def _float(request: web.Request, name: str) -> float | None:
-    value = request.query.get(name, "").strip()
-    if not value:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        raise ConfigurationError(f"`{name}` must be a number, not `{value}`") from None
-
-
-def _int(request: web.Request, name: str, default: int) -> int:
-    value = request.query.get(name, "").strip()
-    if not value:
-        return default
-    if not value.isdigit():
-        raise ConfigurationError(f"`{name}` must be a whole number >= 0, not `{value}`")
-    return int(value)
 
 
 def create_app(ui: UiServer) -> web.Application:
@@ -186,68 +119,23 @@ def create_app(ui: UiServer) -> web.Application:
         return web.Response(body=body, content_type=kind, headers={"Cache-Control": "max-age=3600"})
 
     async def runs(request: web.Request) -> web.StreamResponse:
-        out: list[dict[str, Any]] = []
-        for name in ui.runs():
-            index = await ui.aindex(name)
-            out.append({"name": name, "settings": index.settings(), "summary": index.summary()})
-        return web.json_response({"root": str(ui.root), "runs": out})
+        return web.json_response(await ui.list_runs())
 
     async def run(request: web.Request) -> web.StreamResponse:
-        name = request.match_info["run"]
-        index = await ui.aindex(name)
-        return web.json_response(
-            {
-                "name": name,
-                "path": str(index.run),
-                "settings": index.settings(),
-                "summary": index.summary(),
-                "tools": index.tools(),
-                "kinds": index.kinds(),
-                "tasks": [t["task_id"] for t in index.tasks()],
-            }
-        )
+        return web.json_response(await ui.run(request.match_info["run"]))
 
     async def episodes(request: web.Request) -> web.StreamResponse:
-        index = await ui.aindex(request.match_info["run"])
-        q = request.query
-        query = EpisodeQuery(
-            task=q.get("task") or None,
-            kind=q.get("kind") or None,
-            tool=q.get("tool") or None,
-            min_reward=_float(request, "min_reward"),
-            max_reward=_float(request, "max_reward"),
-            text=q.get("q") or None,
-            errors=q.get("errors") in ("1", "true"),
-        )
-        page_ = index.episodes(
-            query,
-            offset=_int(request, "offset", 0),
-            limit=_int(request, "limit", 50),
-            sort=q.get("sort") or "arrival",
-        )
-        return web.json_response(page_)
+        return web.json_response(await ui.episodes(request.match_info["run"], request.query))
 
     async def episode(request: web.Request) -> web.StreamResponse:
-        index = await ui.aindex(request.match_info["run"])
-        return web.json_response(index.episode(request.match_info["episode"]))
+        found = await ui.episode(request.match_info["run"], request.match_info["episode"])
+        return web.json_response(found)
 
     async def rewards(request: web.Request) -> web.StreamResponse:
-        index = await ui.aindex(request.match_info["run"])
-        passing = _float(request, "passing")
-        data = index.rewards(
-            passing=1.0 if passing is None else passing, task=request.query.get("task") or None
-        )
-        return web.json_response(data)
+        return web.json_response(await ui.rewards(request.match_info["run"], request.query))
 
     async def compare_runs(request: web.Request) -> web.StreamResponse:
-        a, b = request.query.get("a"), request.query.get("b")
-        if not a or not b:
-            raise ConfigurationError("compare takes two runs: /api/compare?a=RUN&b=RUN")
-        passing = _float(request, "passing")
-        data = compare(
-            await ui.aindex(a), await ui.aindex(b), passing=1.0 if passing is None else passing
-        )
-        return web.json_response({"a_name": a, "b_name": b, **data})
+        return web.json_response(await ui.compare(request.query))
 
     app = web.Application(middlewares=[errors])
     app.router.add_get("/", index_page)

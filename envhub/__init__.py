@@ -5,9 +5,10 @@ versions immutable; deprecate and delete; names guarded against lookalikes by :m
 bundles in the SDK's format, :mod:`aenv_ray.bundle`), the instance and service API over an injected
 engine (:mod:`envhub.control`; which code a tenant runs: :mod:`envhub.resolve`; what it may use:
 :mod:`envhub.limits`), API keys and tenants (:mod:`envhub.keys`), the stores (:mod:`envhub.store`:
-embedded SQLite by default, Redis for shared deployments), and the HTTP API with its OpenAPI
-document (:mod:`envhub.app`, assembled from one router per concern in :mod:`envhub.routes`,
-behind :mod:`envhub.guard`, run by :mod:`envhub.server`).
+embedded SQLite by default, Redis for shared deployments), the rollout runs drivers push
+(:mod:`envhub.runs`: run directories per tenant in its data directory), and the HTTP API with
+its OpenAPI document (:mod:`envhub.app`, assembled from one router per concern in
+:mod:`envhub.routes`, behind :mod:`envhub.guard`, run by :mod:`envhub.server`).
 
 May import: ``aenv_ray``, fastapi, starlette, pydantic, uvicorn, aiohttp (the proxy's client),
 redis (the Redis store), cryptography (the sealed tokens); lazily, inside functions:

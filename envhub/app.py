@@ -30,6 +30,12 @@ connection caps are :mod:`envhub.connections`'.
 ``GET    /v1/instances/{id}/proxy/aenv/v1/preview/{p}``  a preview, for a browser: no key
 ``POST   /v1/services`` ...                              create, list, get, update, delete
 ``/v1/services/{id}/proxy/{path}``                       a running replica, round-robin
+``POST   /v1/runs``                                      register a rollout run (``id``: take it up)
+``GET    /v1/runs``                                      the tenant's rollout runs
+``GET    /v1/runs/{id}``                                 one run: live, its driver, bytes received
+``POST   /v1/runs/{id}/records``                         its records from an offset; a heartbeat
+``PATCH  /v1/runs/{id}``                                 end it
+``DELETE /v1/runs/{id}``                                 delete it and its records
 ``GET    /v1/defences``                                  what the defences against abuse hold
 =======================================================  =========================================
 
@@ -77,6 +83,7 @@ from aenv_ray.errors import (
     PermissionDeniedError,
     QuotaExceededError,
     RateLimitedError,
+    RunNotFoundError,
     ServiceNotFoundError,
     StoreError,
     VersionConflictError,
@@ -88,9 +95,10 @@ from envhub.defences import FailureThrottle
 from envhub.guard import RequestGuard
 from envhub.metrics import HubMetrics
 from envhub.registry import VersionRegistry
-from envhub.routes import instances, meta, metrics, proxy, registry, services
+from envhub.routes import instances, meta, metrics, proxy, registry, runs, services
 from envhub.routes.context import Hub, HubOptions
 from envhub.routes.forward import Forwarder
+from envhub.runs import RunStore
 from envhub.seal import SealedStore, TokenSeal, check_secret, hub_secret
 from envhub.store import Store
 
@@ -121,6 +129,7 @@ _STATUS: list[tuple[type[AEnvError], int]] = [
     (EnvironmentNotFoundError, 404),
     (InstanceNotFoundError, 404),
     (ServiceNotFoundError, 404),
+    (RunNotFoundError, 404),
     (VersionConflictError, 409),
     (InstanceExpiredError, 410),
     (ArtifactTooLargeError, 413),
@@ -262,12 +271,21 @@ def create_app(store: Store, engine: SandboxEngine, options: HubOptions | None =
         responses=_ERRORS,
     )
     throttle = FailureThrottle(options.defences.auth_failures, window=options.defences.auth_window)
-    app.state.hub = Hub(options, store, versions, control, Forwarder(), throttle, hub_metrics)
+    app.state.hub = Hub(
+        options,
+        store,
+        versions,
+        control,
+        Forwarder(),
+        throttle,
+        RunStore(options.data_dir / "runs", options.limits),
+        hub_metrics,
+    )
     app.state.hidden_paths = hub_paths(options, store)
     app.add_middleware(RequestGuard, auth=options.auth)
     app.add_exception_handler(AEnvError, _aenv_error)
     app.add_exception_handler(RequestValidationError, _invalid)
     # in this order: the OpenAPI document lists the paths as the table above does
-    for module in (meta, registry, instances, services, proxy, metrics):
+    for module in (meta, registry, instances, services, runs, proxy, metrics):
         app.include_router(module.router)
     return app

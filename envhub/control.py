@@ -221,8 +221,8 @@ class ControlPlane:
 
     async def describe(self, caller: Caller, ref: str) -> dict[str, Any]:
         """What ``ref`` means for ``caller``: the ref it resolves to, its publisher (``None``:
-        built into the hub), warnings (deprecated), and ``calls``: what its reward and functions
-        take (``None`` when the engine cannot load definitions), so a client can check its
+        built into the hub), warnings (deprecated), and ``calls``: what its reward, functions
+        and tools take (``None`` when the engine cannot load definitions), so a client can check its
         tasks before it starts instances. The hub's own definitions are loaded in a sandbox
         for it once; a published version's were recorded when it was published."""
         found = await self.resolve(caller, ref)
@@ -230,13 +230,12 @@ class ControlPlane:
         if calls is None and found.publisher is None:
             key = str(found.project)
             if key not in self._calls:
-                from aenv_ray.loadcheck import load_in_sandbox
+                from aenv_ray.loadcheck import described_calls, load_in_sandbox
 
                 manifest = await load_in_sandbox(
                     self.engine, found.project, timeout=self.startup_timeout
                 )
-                described = manifest.get("calls") if manifest is not None else None
-                self._calls[key] = described if isinstance(described, dict) else None
+                self._calls[key] = described_calls(manifest)
             calls = self._calls[key]
         return {
             "ref": found.ref,

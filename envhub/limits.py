@@ -8,6 +8,8 @@ limit                   default   what
 ``services``            8         services a tenant holds
 ``replicas``            16        replicas over all of a tenant's services
 ``bundle_bytes``        1G        bytes of the bundles a tenant's live versions store
+``run_bytes``           8G        bytes of the records of a tenant's rollout runs on the hub
+                                  (``/v1/runs``: :mod:`envhub.runs`)
 ``memory``              4G        ``deployConfig.memory`` of one instance
 ``cpu``                 4         ``deployConfig.cpu`` of one instance (cores)
 ``pids``                1024      ``deployConfig.pids`` of one instance
@@ -77,6 +79,7 @@ class TenantLimits:
     services: int = 8
     replicas: int = 16
     bundle_bytes: int = 1 * GIB
+    run_bytes: int = 8 * GIB
     memory: int = 4 * GIB
     cpu: float = 4.0
     pids: int = 1024
@@ -100,6 +103,7 @@ class _Entry(BaseModel):
     services: int | None = None
     replicas: int | None = None
     bundle_bytes: int | None = None
+    run_bytes: int | None = None
     memory: int | None = None
     cpu: float | None = None
     pids: int | None = None
@@ -121,7 +125,7 @@ class _Entry(BaseModel):
             raise ValueError(str(exc)) from None
         return frozenset(value)
 
-    @field_validator("bundle_bytes", "memory", mode="before")
+    @field_validator("bundle_bytes", "run_bytes", "memory", mode="before")
     @classmethod
     def _size(cls, value: Any) -> Any:
         return None if value is None else parse_memory(value)
@@ -252,7 +256,7 @@ def load_limits(
 
 def show(value: float, limit: str) -> str:
     """A limit's value as a person writes it (``4.0 GiB``, ``2h``, ``3``)."""
-    if limit in ("memory", "bundle_bytes"):
+    if limit in ("memory", "bundle_bytes", "run_bytes"):
         for unit, size in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
             if value >= size:
                 return f"{value / size:.3g} {unit}"

@@ -110,7 +110,8 @@ class VersionRegistry:
         calls: Mapping[str, Any] | None = None,
     ) -> Document:
         """Check ``data`` (a bundle), then publish it as its config's ``name@version``, with
-        ``calls``: what its reward and functions take, as the sandbox that loaded it reported
+        ``calls``: what its reward, functions and tools take, as the sandbox that loaded it
+        reported (:func:`aenv_ray.loadcheck.described_calls`)
         (callers check tasks against it before they start instances).
 
         Raises :class:`~aenv_ray.errors.ArtifactError` (corrupt), ``ArtifactTooLargeError``,

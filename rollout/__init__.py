@@ -8,8 +8,9 @@ calls return Ray ``ObjectRef``\\ s (:class:`Lease`), first-K-ready batched stepp
 (:func:`init_local`). Its modules ``rollout.gym`` (gymnasium ``Env``/``VectorEnv``),
 ``rollout.synthesis`` (batch trajectory synthesis, ``aenv rollout``), ``rollout.records`` (the
 record on disk: what the model saw, one type per field), ``rollout.rewards`` (the one reading
-of a reward's forms), ``rollout.areal``, ``rollout.rllib`` and ``rollout.trl`` (trainer
-adapters) say what they own in their own docstrings.
+of a reward's forms), ``rollout.hub_report`` (a run mirrored to a hub while it runs),
+``rollout.areal``, ``rollout.rllib`` and ``rollout.trl`` (trainer adapters) say what they own
+in their own docstrings.
 
 May import: ``aenv_ray``, ray, gymnasium. Engines are chosen by name through
 ``aenv_ray.engine.new_engine`` (``engine="local"``, ``"daemon"``, ``"kubernetes"`` or another

@@ -262,6 +262,12 @@ class RunDirectory:
         """``trajectories.jsonl``."""
         return self.path / JSONL
 
+    @property
+    def holder(self) -> LockHolder | None:
+        """This process as ``rollout.lock`` names it (None once closed). Read it here, never
+        from the file: closing any descriptor of the file drops this process's lock."""
+        return _HELD.get(self._key) if self._lock_fd is not None else None
+
     @classmethod
     def open(cls, path: str | Path) -> RunDirectory:
         """Create ``path`` if needed, take its lock, read its records (dropping a torn last

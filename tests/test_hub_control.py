@@ -656,7 +656,7 @@ def _documented_routes() -> set[tuple[str, str]]:
     ("create, list, get, ...") spelled out; path parameters as ``{}``."""
     doc = envhub.app.__doc__ or ""
     rows = re.findall(r"^``(?:([A-Z]+)\s+)?(/\S+?)``\s*(\.\.\.)?\s+(.*)$", doc, re.M)
-    assert len(rows) == 15, rows
+    assert len(rows) == 21, rows
     routes: set[tuple[str, str]] = set()
     proxy_methods = ("GET", "POST", "PUT", "PATCH", "DELETE")
     for method, path, more, _ in rows:
@@ -698,7 +698,7 @@ async def test_openapi_documents_every_route(hub: Hub) -> None:
         for method in item
     }
     documented = _documented_routes()
-    assert len(documented) == 33
+    assert len(documented) == 39
     missing = documented - served
     assert not missing, f"documented but not served: {sorted(missing)}"
     assert served - documented == {("GET", "/v1/health"), ("GET", "/v1/whoami")}
@@ -747,4 +747,4 @@ async def test_every_route_but_health_needs_a_key(hub: Hub) -> None:
                 assert body["type"] == "AuthenticationError", where
                 assert body["error"], where
             checked += 1
-    assert checked == 32  # the 32 documented routes but the preview's, and whoami
+    assert checked == 38  # the 38 documented routes but the preview's, and whoami

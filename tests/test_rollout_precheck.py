@@ -338,6 +338,28 @@ def test_the_hub_says_what_a_published_version_and_a_builtin_take(
     assert builtin["ref"] == "mini-terminal@1.0.0"
     assert builtin["publisher"] is None
     assert builtin["calls"]["reward"]["name"] == "file_contains"
+    # the tools too, with their schemas (the hub's UI shows them as forms)
+    tools = {t["name"]: t for t in builtin["calls"]["tools"]}
+    command = tools["execute_command"]["inputSchema"]
+    assert "command" in command["properties"]
+    assert "command" in command["required"]
+
+
+def test_the_hub_stores_a_published_versions_tool_schemas(hub_user: dict[str, str]) -> None:
+    """What the sandbox that loaded the bundle at its push saw, kept with the version and
+    served by ``GET /v1/envs/NAME/VERSION``: each tool's name, description and schema."""
+
+    async def version() -> dict[str, Any]:
+        async with HubClient(hub_user["AENV_SYSTEM_URL"], api_key=hub_user["AENV_API_KEY"]) as c:
+            return await c.get_version("scored", "1.0.0")
+
+    calls = asyncio.run(version())["calls"]
+    assert [t["name"] for t in calls["tools"]] == ["bump"]
+    assert calls["tools"][0]["description"] == "Add one to the level."
+    assert calls["tools"][0]["inputSchema"]["type"] == "object"
+    assert calls["tools"][0]["inputSchema"]["properties"] == {}
+    assert [f["name"] for f in calls["functions"]] == ["prepare"]
+    assert calls["functions"][0]["inputSchema"]["required"] == ["level"]
 
 
 def test_through_the_hub_a_refused_task_or_unknown_name_is_one_line_before_ray(

@@ -12,12 +12,15 @@ the screenshots (docs/ui.md's are made so); otherwise they go to a temporary dir
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -258,6 +261,10 @@ def test_the_hubs_page_shows_environments_and_the_tenants_own_instances(
     env = steps["hub_env"]
     assert env["heading"] == f"{seen['env']}@1.0.0"
     assert env["forms"]  # the calls' schemas, as forms
+    # the tools the hub stored at the push (its sandbox loaded the bundle), each a form
+    assert env["tools"] == ["add_note"]
+    assert [f.split()[:2] for f in env["tool_fields"]] == [["text", "*"]]
+    assert "string" in env["tool_fields"][0]
     assert "A demo environment for the UI's test." in env["readme_text"]
     instances = steps["hub_instances"]
     assert seen["own"] in instances["before"]
@@ -290,3 +297,191 @@ def test_no_console_errors_and_a_screenshot_of_every_page(seen: dict[str, Any]) 
         "hub-environment",
         "hub-instances",
     } <= names
+
+
+# -- a live run: aenv rollout is running while the browser watches ---------------------------------
+
+LIVE_SCRIPT = NODE_DIR / "ui_live.mjs"
+HELD = 2  # episodes recorded before the model holds the next one's first answer
+EPISODES = 5
+
+
+def _held_after(episodes: int, gate: threading.Event) -> Any:
+    """The chat server's model, holding the first answer of episode ``episodes + 1`` (one at a
+    time: ``-c 1``) until ``gate`` is set."""
+    started = [0]
+
+    def answer(body: dict[str, Any]) -> dict[str, Any]:
+        if body["messages"][-1]["role"] == "user":  # an episode's first turn
+            started[0] += 1
+            if started[0] == episodes + 1:
+                gate.wait(600)
+        return reply(body)
+
+    return answer
+
+
+def _wait_for(path: Path, driver: subprocess.Popen[str]) -> None:
+    """Until ``path`` exists (the driver registered its run with the hub), unless the driver
+    ends first."""
+    while not path.exists():
+        if driver.poll() is not None:
+            raise AssertionError(f"aenv rollout ended ({driver.returncode}) before {path}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def live_seen(
+    shared_hub: HubProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    """What the browser saw of a run while it ran (tests/node/ui_live.mjs's report): ``aenv
+    rollout`` against the hub, held after :data:`HELD` episodes until the browser saw it live
+    on ``aenv ui`` and on the hub's page, then let go to its end."""
+    node = _browser_or_skip()
+    root = tmp_path_factory.mktemp("ui-live")
+    shots = Path(os.environ.get("AENV_UI_SHOTS") or root / "shots")
+    shots.mkdir(parents=True, exist_ok=True)
+    key = new_key("ui-live", shared_hub.store)
+    tasks = root / "tasks.jsonl"
+    tasks.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": f"t{n}",
+                    "prompt": f"write {n}",
+                    "reward_arguments": {"path": "answer.txt", "expected": str(n)},
+                }
+            )
+            + "\n"
+            for n in range(1, EPISODES + 1)
+        )
+    )
+    out = root / "runs" / "live"
+    out.parent.mkdir()
+    gate = threading.Event()
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(ChatServer(_held_after(HELD, gate)))
+        stack.callback(gate.set)  # whatever happens, the held episode goes on (server first)
+        # subprocesses: `aenv ui` serves until stopped; the driver runs while the test watches
+        ui = subprocess.Popen(
+            [
+                sys.executable,
+                *("-m", "aenv_cli", "ui", str(root / "runs")),
+                *("--port", "0", "--index-dir", str(root / "index")),
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        stack.callback(_stop, ui)
+        assert ui.stderr is not None
+        line = ui.stderr.readline()
+        found = re.search(r"Environment Center on (http://127\.0\.0\.1:\d+/\?token=\S+)", line)
+        assert found, line
+        driver = subprocess.Popen(
+            [
+                sys.executable,
+                *("-m", "aenv_cli", "rollout", TERMINAL, "--no-ray", "-n", str(EPISODES)),
+                *("-c", "1", "--tasks", str(tasks), "--out", str(out)),
+                *("--base-url", server.url, "--model", "test-model", "--max-turns", "4"),
+            ],
+            env={**os.environ, "AENV_SYSTEM_URL": shared_hub.url, "AENV_API_KEY": key},
+            stdout=subprocess.DEVNULL,
+            stderr=stack.enter_context((root / "rollout.err").open("w")),
+            text=True,
+        )
+        stack.callback(_stop, driver)
+        _wait_for(out / "hub.json", driver)
+        run_id = json.loads((out / "hub.json").read_text())["id"]
+        env = {
+            **os.environ,
+            "UI_URL": found.group(1),
+            "LOCAL_RUN": "live",
+            "HUB_URL": shared_hub.url,
+            "HUB_KEY": key,
+            "HUB_RUN": run_id,
+            "HELD": str(HELD),
+            "EPISODES": str(EPISODES),
+            "SHOTS": str(shots),
+            "CHROMIUM": CHROMIUM,
+        }
+        browser = subprocess.Popen(
+            [node, str(LIVE_SCRIPT)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=stack.enter_context((root / "node.err").open("w")),
+            text=True,
+            cwd=NODE_DIR,
+        )
+        stack.callback(_stop, browser)
+        assert browser.stdout is not None
+        lines = []
+        for said in browser.stdout:
+            lines.append(said)
+            if said.strip() == "LIVE":
+                gate.set()  # seen live on both pages: the run goes on
+        gate.set()  # (a browser that failed before: the run ends all the same)
+        assert browser.wait(timeout=600) == 0, (root / "node.err").read_text()
+        assert driver.wait(timeout=600) == 0, (root / "rollout.err").read_text()
+        report: dict[str, Any] = json.loads(lines[-1])
+        assert "error" not in report, report["error"]
+        yield {**report, "run_id": run_id, "saw_live_line": any(x.strip() == "LIVE" for x in lines)}
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        process.wait(timeout=60)
+    for stream in (process.stdout, process.stderr):
+        if stream is not None:
+            stream.close()
+
+
+@pytest.mark.timeout(600)  # the fixture: a rollout, watched to its end (~1 min when quiet)
+def test_a_live_run_is_seen_live_and_moving_on_aenv_ui(live_seen: dict[str, Any]) -> None:
+    steps = live_seen["steps"]
+    live = steps["local_live"]
+    assert live["heading"] == "Run live"
+    assert "livestate" in live["cards"]
+    assert f"{HELD}episodes" in live["cards"]
+    assert "pid" in live["driver"]  # the driver holding rollout.lock
+    done = steps["local_done"]
+    assert "finishedstate" in done["cards"]
+    assert f"{EPISODES}ok" in done["cards"]
+    # the page followed the run by itself (no reload): its episodes went up from HELD
+    seen = [int(x) for x in done["seen"]]
+    assert seen[0] == HELD
+    assert seen[-1] == EPISODES
+    assert seen == sorted(seen)
+
+
+def test_the_hubs_runs_page_lists_the_pushed_run_live_then_finished(
+    live_seen: dict[str, Any],
+) -> None:
+    steps = live_seen["steps"]
+    assert live_seen["saw_live_line"]
+    listed = steps["hub_runs_live"]
+    assert listed["heading"].startswith("Runs in the hub, tenant ui-live")
+    row = listed["row"]
+    assert row[0] == live_seen["run_id"]
+    assert row[0].startswith("live-")  # named after the run directory
+    assert row[1] == "live"
+    assert row[2] == TERMINAL  # its settings: run.json's environment
+    assert row[5] == str(HELD)
+    run = steps["hub_live"]
+    assert run["heading"] == f"Run {live_seen['run_id']}"
+    assert "livestate" in run["cards"]
+    assert "env" in run["settings"]
+    assert "test-model" in run["settings"]
+    done = steps["hub_done"]
+    assert "finishedstate" in done["cards"]
+    assert f"{EPISODES}episodes" in done["cards"]
+    assert f"{EPISODES}ok" in done["cards"]
+    seen = [int(x) for x in done["seen"]]
+    assert (seen[0], seen[-1]) == (HELD, EPISODES)
+    assert seen == sorted(seen)
+    final = steps["hub_runs_done"]["row"]
+    assert (final[1], final[5]) == ("finished", str(EPISODES))
+
+
+def test_no_console_errors_while_watching_a_live_run(live_seen: dict[str, Any]) -> None:
+    assert live_seen["console"] == []

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,15 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from aenv_ray.errors import ConfigurationError, RunNotFoundError
-from aenv_ui.index import EpisodeQuery, RunIndex, compare, failure_kind
+from aenv_ray.hubruns import STALE_AFTER, STATE
+from aenv_ui.index import (
+    EpisodeQuery,
+    PushedRunIndex,
+    RunIndex,
+    compare,
+    failure_kind,
+    open_index,
+)
 from aenv_ui.server import COOKIE, UiServer, create_app
 from rollout.run_directory import RunDirectory
 
@@ -300,3 +309,34 @@ async def test_the_api_pages_filters_and_finds(client: TestClient[Any, Any]) -> 
 def test_a_missing_directory_is_a_configuration_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="is not a directory"):
         UiServer(tmp_path / "nowhere")
+
+
+def test_a_run_pushed_to_a_hub_is_live_by_its_heartbeat(tmp_path: Path) -> None:
+    """The hub's copy of a pushed run (``hub-run.json`` beside its records): live while its
+    driver posts, stalled once silent for a minute without ending, finished once ended."""
+    run = tmp_path / "runs" / "pushed-1a2b"
+    run.mkdir(parents=True)
+    (run / "trajectories.jsonl").write_text(json.dumps(record(0, "t1", 1.0)) + "\n")
+    driver = {"pid": 9, "host": "trainer", "started": time.time() - 10, "command": "aenv rollout"}
+    state = {"id": run.name, "name": "pushed", "state": "live", "created_at": time.time() - 10}
+
+    def summary(**changes: Any) -> dict[str, Any]:
+        (run / STATE).write_text(json.dumps({**state, "driver": driver, **changes}))
+        with open_index(run, tmp_path / "index") as index:
+            assert isinstance(index, PushedRunIndex)
+            index.refresh()
+            return index.summary()
+
+    live = summary(beat_at=time.time())
+    assert (live["live"], live["stalled"], live["driver"]) == (True, False, driver)
+    assert live["hub"]["name"] == "pushed"
+    stalled = summary(beat_at=time.time() - STALE_AFTER - 1)
+    assert (stalled["live"], stalled["stalled"], stalled["driver"]) == (False, True, None)
+    done = summary(state="finished", beat_at=time.time(), ended_at=time.time())
+    assert (done["live"], done["stalled"]) == (False, False)
+    assert done["episodes"] == 1
+    assert done["episodes_per_second"] is not None  # from the driver's start to the last record
+    # a run directory of a driver's own is no pushed run
+    (run / STATE).unlink()
+    with open_index(run, tmp_path / "index") as index:
+        assert not isinstance(index, PushedRunIndex)

@@ -6,6 +6,7 @@
 const CONFIG = JSON.parse(document.getElementById("aenv-ui-config").textContent);
 const BASE = CONFIG.base;
 const HUB = CONFIG.mode === "hub";
+const API = BASE + "/api"; // the runs' API: aenv ui's /api, the hub's /ui/api (a tenant's pushed runs)
 const FOLD = 2000; // characters shown before a text is folded (the rest one click away)
 const main = document.getElementById("main");
 let timer = null; // the live page's refresh
@@ -53,7 +54,7 @@ async function api(path, options = {}) {
     if (key) headers.Authorization = "Bearer " + key;
     if (options.body) headers["Content-Type"] = "application/json";
   }
-  const response = await fetch((HUB ? "" : BASE) + path, Object.assign({}, options, { headers, credentials: "same-origin" }));
+  const response = await fetch(path, Object.assign({}, options, { headers, credentials: "same-origin" }));
   const body = await response.json().catch(() => ({}));
   if (started !== generation) throw new Stale("another page was asked for meanwhile");
   if (!response.ok) {
@@ -120,7 +121,7 @@ function chart(title, data, layout) {
 
 function navigation(current) {
   const links = HUB
-    ? [["/envs", "Environments"], ["/instances", "Instances"], ["/login", "Key"]]
+    ? [["/envs", "Environments"], ["/instances", "Instances"], ["/runs", "Runs"], ["/compare", "Compare"], ["/login", "Key"]]
     : [["/runs", "Runs"], ["/compare", "Compare"]];
   document.getElementById("nav").replaceChildren(...links.map(([p, label]) => h("a", { href: "#" + p, "aria-current": current === p.split("/")[1] ? "page" : null }, label)));
 }
@@ -135,8 +136,14 @@ function setting(settings, ...keys) {
   return "–";
 }
 
+function stateBadge(s) {
+  if (s.live) return h("span", { class: "badge live" }, "live");
+  if (s.stalled) return h("span", { class: "badge stalled", title: "its driver has not posted for a minute" }, "stalled");
+  return h("span", { class: "badge" }, "finished");
+}
+
 async function runsPage() {
-  const data = await api("/api/runs");
+  const data = await api(API + "/runs");
   const rows = data.runs;
   const choose = (id, label, chosen) => h("label", {}, label, h("select", { id }, rows.map((r) => h("option", { value: r.name, selected: r.name === chosen }, runName(r.name)))));
   const compareForm = rows.length >= 2 ? h("form", { class: "filters", onsubmit: (e) => { e.preventDefault(); go("/compare", new URLSearchParams({ a: document.getElementById("cmp-a").value, b: document.getElementById("cmp-b").value })); } },
@@ -144,7 +151,7 @@ async function runsPage() {
   show(`Runs in ${data.root}`,
     table([
       { label: "Run", cell: (r) => h("a", { href: "#/run/" + enc(r.name) }, runName(r.name)) },
-      { label: "State", cell: (r) => r.summary.live ? h("span", { class: "badge live" }, "live") : h("span", { class: "badge" }, "finished") },
+      { label: "State", cell: (r) => stateBadge(r.summary) },
       { label: "Environment", cell: (r) => setting(r.settings, "env", "environment", "env_ref") },
       { label: "Policy / model", cell: (r) => setting(r.settings, "policy.model", "model", "policy") },
       { label: "Tasks", cell: (r) => setting(r.settings, "tasks") },
@@ -155,7 +162,7 @@ async function runsPage() {
       { label: "Mean reward", num: true, cell: (r) => fmt(r.summary.mean_reward) },
       { label: "Episodes/s", num: true, cell: (r) => fmt(r.summary.episodes_per_second, 2) },
     ], rows),
-    rows.length ? null : h("p", {}, "No run here yet: `aenv rollout ENV --out DIR` writes one."),
+    rows.length ? null : h("p", {}, HUB ? "No run of your tenant on this hub yet: `aenv rollout ENV` with this hub configured (AENV_SYSTEM_URL) sends its run here." : "No run here yet: `aenv rollout ENV --out DIR` writes one."),
     compareForm ? h("h2", {}, "Compare two runs") : null, compareForm);
   if (rows.some((r) => r.summary.live)) timer = setTimeout(() => refresh(), 2000);
 }
@@ -177,11 +184,11 @@ function runTabs(name, current) {
 }
 
 async function runPage(name) {
-  const run = await api("/api/runs/" + enc(name));
+  const run = await api(API + "/runs/" + enc(name));
   const s = run.summary;
   show(`Run ${runName(name)}`, runTabs(name, "Overview"),
     cards([
-      ["state", s.live ? "live" : "finished", s.live ? "ok" : ""],
+      ["state", s.live ? "live" : s.stalled ? "stalled" : "finished", s.live ? "ok" : s.stalled ? "warn" : ""],
       ["episodes", fmt(s.episodes)],
       ["ok", fmt(s.ok || 0), "ok"],
       ["failed", fmt(s.failed || 0), s.failed ? "bad" : ""],
@@ -204,10 +211,10 @@ async function runPage(name) {
 }
 
 async function rewardsPage(name, query) {
-  const run = await api("/api/runs/" + enc(name));
+  const run = await api(API + "/runs/" + enc(name));
   const task = query.get("task") || "";
   const passing = query.get("passing") || "1";
-  const r = await api(`/api/runs/${enc(name)}/rewards?` + new URLSearchParams({ task, passing }));
+  const r = await api(API + `/runs/${enc(name)}/rewards?` + new URLSearchParams({ task, passing }));
   const form = h("form", { class: "filters", onsubmit: (e) => { e.preventDefault(); go(`/run/${enc(name)}/rewards`, new URLSearchParams({ task: form.task.value, passing: form.passing.value })); } },
     h("label", {}, "Task", h("select", { name: "task" }, h("option", { value: "" }, "all tasks"), run.tasks.map((t) => h("option", { value: t, selected: t === task }, t)))),
     h("label", {}, "Passing reward ≥", h("input", { name: "passing", type: "number", step: "any", value: passing, size: 6 })),
@@ -257,12 +264,12 @@ async function rewardsPage(name, query) {
 const FILTERS = ["task", "kind", "tool", "min_reward", "max_reward", "q", "errors", "sort"];
 
 async function episodesPage(name, query) {
-  const run = await api("/api/runs/" + enc(name));
+  const run = await api(API + "/runs/" + enc(name));
   const offset = Number(query.get("offset") || 0);
   const limit = 50;
   const params = new URLSearchParams();
   for (const k of FILTERS) if (query.get(k)) params.set(k, query.get(k));
-  const page = await api(`/api/runs/${enc(name)}/episodes?` + params + `&offset=${offset}&limit=${limit}`);
+  const page = await api(API + `/runs/${enc(name)}/episodes?` + params + `&offset=${offset}&limit=${limit}`);
   const select = (label, key, values, empty) => h("label", {}, label, h("select", { name: key }, h("option", { value: "" }, empty), values.map((v) => h("option", { value: v, selected: query.get(key) === v }, v))));
   const form = h("form", { class: "filters", "aria-label": "Filters", onsubmit: (e) => {
     e.preventDefault();
@@ -301,7 +308,7 @@ async function episodesPage(name, query) {
 
 // -- one episode as a conversation ------------------------------------------------------------------
 async function episodePage(name, id) {
-  const r = await api(`/api/runs/${enc(name)}/episodes/${enc(id)}`);
+  const r = await api(API + `/runs/${enc(name)}/episodes/${enc(id)}`);
   const steps = {};
   for (const s of r.steps || []) if (s.tool_call_id) steps[s.tool_call_id] = s;
   const turns = {};
@@ -359,7 +366,7 @@ async function episodePage(name, id) {
 async function comparePage(query) {
   const a = query.get("a"), b = query.get("b");
   if (!a || !b) {
-    const runs = (await api("/api/runs")).runs;
+    const runs = (await api(API + "/runs")).runs;
     const form = h("form", { class: "filters", onsubmit: (e) => { e.preventDefault(); go("/compare", new URLSearchParams({ a: form.a.value, b: form.b.value })); } },
       h("label", {}, "Run A (before)", h("select", { name: "a" }, runs.map((r) => h("option", { value: r.name }, runName(r.name))))),
       h("label", {}, "Run B (after)", h("select", { name: "b" }, runs.map((r, i) => h("option", { value: r.name, selected: i === 1 }, runName(r.name))))),
@@ -367,7 +374,7 @@ async function comparePage(query) {
     show("Compare two runs", form);
     return;
   }
-  const c = await api("/api/compare?" + new URLSearchParams({ a, b }));
+  const c = await api(API + "/compare?" + new URLSearchParams({ a, b }));
   const both = c.tasks.filter((t) => t.delta !== null);
   show(`${runName(a)} → ${runName(b)}`,
     cards([
@@ -437,14 +444,17 @@ async function envPage(name, version) {
   const chosen = version || (versions.length ? versions[versions.length - 1].version : "latest");
   const v = await api(`/v1/envs/${enc(name)}/${enc(chosen)}`);
   const calls = v.calls || {};
-  const functions = [...(calls.functions || []), ...(calls.tools || [])];
+  const functions = calls.functions || [];
+  const tools = calls.tools || [];
   const readme = h("div", {}, h("p", { class: "folded" }, "reading README from the bundle…"));
   show(`${v.name}@${v.version}`,
     h("nav", { class: "pager", "aria-label": "Versions" }, "Versions: ", versions.map((x) => h("a", { href: `#/env/${enc(name)}/${enc(x.version)}`, "aria-current": x.version === v.version ? "page" : null }, x.version + (x.deprecated ? " (deprecated)" : "")))),
     settingsList({ ref: v.ref, digest: v.digest, size: v.size, publisher: v.publisher, published: new Date(v.published_at * 1000).toISOString(), tags: v.tags, deprecated: v.deprecated }),
     v.description ? h("p", {}, v.description) : null,
+    h("h2", {}, "Tools"),
+    tools.length ? h("div", { class: "tools" }, tools.map(schemaForm)) : h("p", {}, !v.calls ? "The hub has no schemas of this version's calls (it was published before the hub load-checked versions)." : calls.tools ? "This version registers no tools." : "The hub has no schemas of this version's tools (it was published before the hub stored them)."),
     h("h2", {}, "Functions"),
-    functions.length ? functions.map(schemaForm) : h("p", {}, v.calls ? "This version registers no functions." : "The hub has no schemas of this version's calls (it was published before the hub load-checked versions)."),
+    functions.length ? h("div", { class: "functions" }, functions.map(schemaForm)) : h("p", {}, v.calls ? "This version registers no functions." : "–"),
     calls.reward ? [h("h3", {}, "Reward"), schemaForm(calls.reward)] : null,
     h("h2", {}, "README"), readme,
     h("h2", {}, "Config"), longText(JSON.stringify(v.config, null, 2)));
@@ -529,12 +539,12 @@ async function refresh() {
   navigation(parts[0] === "run" ? "runs" : parts[0] === "env" ? "envs" : parts[0]);
   status("");
   try {
-    if (HUB) {
-      if (parts[0] === "login") await loginPage();
-      else if (parts[0] === "env" && parts[1]) await envPage(parts[1], parts[2]);
-      else if (parts[0] === "instances") await instancesPage();
-      else await envsPage(query);
-    } else if (parts[0] === "run" && parts[1] !== undefined) {
+    if (HUB && parts[0] === "login") await loginPage();
+    else if (HUB && parts[0] === "env" && parts[1]) await envPage(parts[1], parts[2]);
+    else if (HUB && parts[0] === "instances") await instancesPage();
+    else if (HUB && !["run", "runs", "compare"].includes(parts[0])) await envsPage(query);
+    else if (HUB && !(await whoami())) return;
+    else if (parts[0] === "run" && parts[1] !== undefined) {
       if (parts[2] === "rewards") await rewardsPage(parts[1], query);
       else if (parts[2] === "episodes") await episodesPage(parts[1], query);
       else if (parts[2] === "episode" && parts[3]) await episodePage(parts[1], parts[3]);

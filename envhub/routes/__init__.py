@@ -11,6 +11,7 @@ lifespan).
 :mod:`.registry`            ``/v1/envs`` and ``/v1/tags``: publish, search, versions, bundles
 :mod:`.instances`           ``/v1/instances``: create, list, get, delete, renew, fork
 :mod:`.services`            ``/v1/services``: create, list, get, update, delete
+:mod:`.runs`                ``/v1/runs``: rollout runs drivers push (register, records, end, list)
 :mod:`.proxy`               ``.../proxy/{path}``: an instance's or a service's runtime, through the
                             hub
 :mod:`.metrics`             ``/metrics``: Prometheus' scrape (:mod:`envhub.metrics`), behind a

@@ -24,6 +24,7 @@ from envhub.limits import Limits
 from envhub.metrics import HubMetrics
 from envhub.registry import DEFAULT_MAX_BUNDLE, VersionRegistry
 from envhub.routes.forward import Forwarder
+from envhub.runs import RunStore
 from envhub.store import Store
 
 __all__ = ["Hub", "HubDep", "HubOptions", "Who", "caller", "hub_of", "serving"]
@@ -60,6 +61,7 @@ class Hub:
     control: ControlPlane
     forwarder: Forwarder  # the proxy's client to runtimes (opened by the app's lifespan)
     throttle: FailureThrottle  # failed authentications per client
+    runs: RunStore  # the rollout runs drivers push (/v1/runs), in DATA_DIR/runs
     metrics: HubMetrics = field(default_factory=HubMetrics)  # GET /metrics (envhub.metrics)
 
 

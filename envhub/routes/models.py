@@ -17,6 +17,9 @@ __all__ = [
     "Fork",
     "Instance",
     "Renew",
+    "Run",
+    "RunEnd",
+    "RunOpen",
     "Service",
     "UpdateService",
     "Version",
@@ -130,9 +133,10 @@ class Version(_Out):
     deprecation: str = ""
     calls: dict[str, Any] | None = Field(
         None,
-        description='what its reward and functions take (`{"reward": {name, inputSchema} '
-        'or null, "functions": [...]}`), as the sandbox that loaded it reported; null when '
-        "the hub's engine could not load it",
+        description='what its reward, functions and tools take (`{"reward": {name, '
+        'description, inputSchema} or null, "functions": [...], "tools": [...]}`; `tools` is '
+        "missing from versions published before the hub stored them), as the sandbox that "
+        "loaded it reported; null when the hub's engine could not load it",
     )
 
 
@@ -161,3 +165,37 @@ class Service(_Out):
         description="the replicas' runtime secret, for calls to `url` or `endpoints` (Kubernetes; "
         "shown to the service's own tenant only)",
     )
+
+
+class RunOpen(_Model):
+    """A rollout run to register (or, with ``id``, to take up again)."""
+
+    name: str = Field(min_length=1, max_length=200, description="its name (the run directory's)")
+    settings: dict[str, Any] = Field(
+        default_factory=dict, description="its run.json (environment, tasks, policy)"
+    )
+    driver: dict[str, Any] = Field(
+        default_factory=dict, description="who drives it: pid, host, started, command"
+    )
+    id: str | None = Field(None, description="a run this tenant registered before (resumed)")
+
+
+class RunEnd(_Model):
+    """The end of a run."""
+
+    state: str = Field(pattern="^finished$", description='"finished": its driver ended')
+
+
+class Run(_Out):
+    """A rollout run pushed to the hub (:mod:`aenv_ray.hubruns`)."""
+
+    id: str
+    name: str
+    state: str = Field(description='"live" until its driver ends it, then "finished"')
+    live: bool = Field(description="not ended, and its driver posted within the last minute")
+    created_at: float
+    beat_at: float = Field(description="its driver's last post")
+    ended_at: float | None
+    driver: dict[str, Any]
+    received: int = Field(description="bytes of its trajectories.jsonl the hub holds")
+    settings: dict[str, Any] = Field(description="its run.json")

@@ -15,6 +15,7 @@ from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
 from aenv_ray.errors import ArtifactError, ArtifactTooLargeError
+from aenv_ray.loadcheck import described_calls
 from envhub.routes.context import HubDep, Who
 from envhub.routes.models import Deprecation, Version
 
@@ -85,12 +86,11 @@ async def publish(request: Request, who: Who, hub: HubDep) -> dict[str, Any]:
     hub.registry.check_template(who, checked.config)
     # in a sandbox: never in the hub
     manifest = await hub.control.check_loads(data, checked.digest)
-    calls = manifest.get("calls") if manifest is not None else None
     record = await hub.registry.publish(
         who,
         data,
         expected_digest=request.headers.get(DIGEST_HEADER),
-        calls=calls if isinstance(calls, dict) else None,
+        calls=described_calls(manifest),
     )
     log.info("published", extra={"ref": record["ref"], "tenant": who.tenant, "size": len(data)})
     return record
@@ -100,7 +100,7 @@ async def publish(request: Request, who: Who, hub: HubDep) -> dict[str, Any]:
 async def resolve(env: str, who: Who, hub: HubDep) -> dict[str, Any]:
     """What ``env`` (``name[@version]`` or ``tenant/name[@version]``) means for the caller, as
     an instance created from it would run: ``ref``, ``publisher`` (null: built into the hub),
-    ``warnings`` and ``calls`` (what its reward and functions take)."""
+    ``warnings`` and ``calls`` (what its reward, functions and tools take)."""
     return await hub.control.describe(who, env)
 
 

@@ -136,6 +136,8 @@ try {
   out.steps.hub_env = {
     heading: await heading(),
     forms: await page.locator("form.schema-form legend").allTextContents(),
+    tools: await page.locator("div.tools form.schema-form legend").allTextContents(),
+    tool_fields: await page.locator("div.tools form.schema-form label").allTextContents(),
     fields: await page.locator("form.schema-form label").allTextContents(),
     readme: (await page.locator("main").innerText()).includes("README"),
     readme_text: await page.locator("h2:has-text('README') + div").innerText(),
