@@ -525,6 +525,8 @@ class LocalEngine:
                 await _wait(zygote.ready, deadline, f"the template of {root.name}")
                 return zygote
             await self._replace_zygote(zygote, host_data)
+        elif zygote is not None:  # exited, its socket's end not read yet: clean up as then
+            self._on_zygote_gone(zygote)
         _, config = _load_config(str(root))
         resources = _resources(config)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
