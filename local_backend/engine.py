@@ -147,6 +147,7 @@ class LocalEngine:
         self.owner = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._records: OrderedDict[str, _Record] = OrderedDict()
         self._zygotes: dict[Path, _Zygote] = {}
+        self._zygote_locks: dict[Path, asyncio.Lock] = {}  # one start per definition at a time
         self._zygote_numbers = iter(range(1, 1 << 62))
         self._launcher: Launcher | None = None  # forked by the first zygote (_launcher.py)
         self._buffer = bytearray(MAX_MESSAGE + 1)  # one zygote message (a manifest: up to 1 MiB)
@@ -497,6 +498,25 @@ class LocalEngine:
         await asyncio.to_thread(self._stop_zygote, zygote, 0)
 
     async def _zygote(self, root: Path, deadline: float) -> _Zygote:
+        """The warm template of ``root``, started if need be. One caller at a time per
+        definition: concurrent first creates share one template (were each to start its own,
+        the last would replace the others in ``_zygotes``, leaving them running, unowned,
+        their sockets open until the interpreter exits)."""
+        lock = self._zygote_locks.setdefault(root, asyncio.Lock())
+        left = deadline - time.monotonic()
+        try:
+            async with asyncio.timeout(max(0.0, left)):
+                await lock.acquire()
+        except TimeoutError as exc:
+            raise StartupTimeoutError(
+                f"the template of {root.name} did not start in time", timeout=left
+            ) from exc
+        try:
+            return await self._warm_zygote(root, deadline)
+        finally:
+            lock.release()
+
+    async def _warm_zygote(self, root: Path, deadline: float) -> _Zygote:
         host_data = _host_data(root)
         zygote = self._zygotes.get(root)
         if zygote is not None and zygote.process.poll() is None:
@@ -505,6 +525,8 @@ class LocalEngine:
                 await _wait(zygote.ready, deadline, f"the template of {root.name}")
                 return zygote
             await self._replace_zygote(zygote, host_data)
+        elif zygote is not None:  # exited, its socket's end not read yet: clean up as then
+            self._on_zygote_gone(zygote)
         _, config = _load_config(str(root))
         resources = _resources(config)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

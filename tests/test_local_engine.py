@@ -7,6 +7,7 @@ them, else the isolation tests skip) and called over loopback through the SDK.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -223,6 +224,32 @@ async def main():
 
 asyncio.run(main())
 """
+
+
+async def test_concurrent_first_creates_of_a_definition_share_one_template() -> None:
+    # the first definition's cold start forks the launcher; a later definition's template comes
+    # from the launcher, an await during which other creates of it arrive
+    engine = LocalEngine(isolation=Isolation.AUTO)
+    program = builtin_path("mini-program@1.0.0")
+    try:
+        await engine.create(InstanceSpec(env_ref="mini-terminal@1.0.0", project=str(TERMINAL)))
+        spec = InstanceSpec(env_ref="mini-program@1.0.0", project=str(program))
+        infos = await asyncio.gather(*(engine.create(spec) for _ in range(3)))
+        assert len({info.id for info in infos}) == 3
+        templates = set()
+        for pid in processes_of(engine.owner):
+            with contextlib.suppress(OSError):
+                arguments = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
+                if b"local_backend.zygote" in arguments and str(program).encode() in arguments:
+                    templates.add(arguments[arguments.index(b"--cgroup-name") + 1])
+        assert len(templates) == 1, templates  # one template; its instances carry its name
+    finally:
+        await engine.aclose()
+
+    async def all_gone() -> bool:  # none left running unowned, as replaced templates were
+        return processes_of(engine.owner) == []
+
+    await wait_for(all_gone, "the engine's processes to exit")
 
 
 def test_instances_die_with_their_owner_even_by_sigkill() -> None:

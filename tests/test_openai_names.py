@@ -14,7 +14,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from aenv_ray.openai_tools import OPENAI_NAME, OpenAINames
+from aenv_ray.openai_tools import OPENAI_NAME, OpenAINames, split_openai_name, to_openai_tools
 from aenv_ray.testing import RuntimeProcess
 
 # what config.json accepts (aenv_ray.config) and what the registry accepts (aenv_ray.registry)
@@ -24,6 +24,22 @@ env_refs = st.builds(lambda n, v: f"{n}@{v}", env_names, versions)
 tool_names = st.from_regex(r"[A-Za-z][A-Za-z0-9_-]{0,63}", fullmatch=True)
 # 60 to 64 characters: past 64 with any env prefix (at least `0_0__`), so always hashed
 long_tool_names = st.from_regex(r"[A-Za-z][A-Za-z0-9_-]{59,63}", fullmatch=True)
+# what most environments are: no `_` in the name, a version of digits and dots
+ordinary_env_refs = st.builds(
+    lambda n, v: f"{n}@{v}",
+    st.from_regex(r"[a-z0-9][a-z0-9-]{0,40}", fullmatch=True),
+    st.from_regex(r"[0-9]{1,3}(\.[0-9]{1,3}){0,3}", fullmatch=True),
+)
+# short names over a few characters, with plenty of `_`, `.`, `+` and `__` (old_twins below)
+near_env_refs = st.one_of(
+    st.from_regex(r"[a1][a1_-]{0,3}", fullmatch=True),
+    st.builds(
+        lambda n, v: f"{n}@{v}",
+        st.from_regex(r"[a1][a1_-]{0,3}", fullmatch=True),
+        st.from_regex(r"[1a][1a._+-]{0,4}", fullmatch=True),
+    ),
+)
+near_tools = st.from_regex(r"a[a1_-]{0,4}", fullmatch=True)
 
 
 def _check_table(env: str, tools: set[str]) -> dict[str, str]:
@@ -37,6 +53,15 @@ def _check_table(env: str, tools: set[str]) -> dict[str, str]:
     return mapped
 
 
+def _old_readable(env: str, tool: str) -> str:
+    # the form every name had before session 36, which recorded trajectories carry
+    return re.sub(r"[^a-zA-Z0-9_-]", "_", env) + "__" + tool
+
+
+def _is_hashed(name: str) -> bool:
+    return "__" not in name and split_openai_name(name) is None
+
+
 @given(env=env_refs, tools=st.sets(tool_names, min_size=1, max_size=30))
 def test_names_are_valid_unique_and_reversible(env: str, tools: set[str]) -> None:
     _check_table(env, tools)
@@ -45,7 +70,7 @@ def test_names_are_valid_unique_and_reversible(env: str, tools: set[str]) -> Non
 @given(env=env_refs, tools=st.sets(long_tool_names, min_size=2, max_size=30))
 def test_long_names_are_valid_unique_and_reversible(env: str, tools: set[str]) -> None:
     mapped = _check_table(env, tools)
-    assert all(len(name) == 64 for name in mapped.values())
+    assert all(_is_hashed(name) for name in mapped.values()), mapped
 
 
 @given(
@@ -56,24 +81,42 @@ def test_long_names_are_valid_unique_and_reversible(env: str, tools: set[str]) -
 def test_names_differing_only_past_the_cut_stay_distinct(
     env: str, stem: str, endings: set[str]
 ) -> None:
-    # everything the 55-character cut keeps is equal; only the hash tells them apart
+    # everything the hint keeps is equal; only the hash tells them apart
     tools = {f"{stem}{ending}"[:64] for ending in endings}
     assume(len(tools) >= 2)
     _check_table(env, tools)
 
 
+@given(env=ordinary_env_refs, tool=tool_names)
+def test_ordinary_names_keep_their_readable_form(env: str, tool: str) -> None:
+    # an environment named without `_`, versioned in digits and dots, keeps the names users and
+    # recorded trajectories know wherever they fit
+    name = OpenAINames(env).to_openai(tool)
+    if len(_old_readable(env, tool)) <= 64:
+        assert name == _old_readable(env, tool)
+        assert split_openai_name(name) == (env, tool)
+    else:
+        assert _is_hashed(name), name
+
+
 @given(env=env_refs, tool=tool_names)
-def test_names_are_stable_and_short_ones_are_readable(env: str, tool: str) -> None:
+def test_names_are_stable_and_read_back_or_hashed(env: str, tool: str) -> None:
     # the same pair gives the same name in any process (an agent may have learnt it)
     name = OpenAINames(env).to_openai(tool)
     assert OpenAINames(env).to_openai(tool) == name
-    readable = re.sub(r"[^a-zA-Z0-9_-]", "_", env) + "__" + tool
-    if len(readable) <= 64:
-        assert name == readable
+    if "__" in name:
+        assert split_openai_name(name) == (env, tool)
+        assert name == _old_readable(env, tool)
     else:
-        assert len(name) == 64
-        assert name[:55] == readable[:55]
-        assert re.fullmatch(r"_[0-9a-f]{8}", name[55:])
+        assert split_openai_name(name) is None
+        assert re.fullmatch(r"([a-zA-Z0-9-]+(_[a-zA-Z0-9-]+)*_)?[0-9a-f]{16}", name), name
+
+
+@given(env=st.text(max_size=80), tool=st.text(max_size=80), others=st.sets(st.text(max_size=8)))
+def test_any_text_gets_a_valid_reversible_name(env: str, tool: str, others: set[str]) -> None:
+    # refs from elsewhere than config.json (an attached runtime's, a lease's) are not checked
+    assume(tool not in others)
+    _check_table(env, {tool, *others})
 
 
 @given(env=env_refs, tools=st.sets(tool_names, min_size=1, max_size=10), other=tool_names)
@@ -88,60 +131,112 @@ def test_known_examples() -> None:
     names = OpenAINames("mini-terminal@1.0.0")
     assert names.to_openai("execute_command") == "mini-terminal_1_0_0__execute_command"
     assert names.from_openai("mini-terminal_1_0_0__nope", {"execute_command"}) is None
+    assert OpenAINames("mini-terminal").to_openai("execute_command") == (
+        "mini-terminal__execute_command"
+    )
+    assert OpenAINames("tau2@1.0.0").to_openai("get_order_details") == (
+        "tau2_1_0_0__get_order_details"
+    )
     first = names.to_openai("execute_a_really_long_command_name_number_one_" + "x" * 20)
     second = names.to_openai("execute_a_really_long_command_name_number_two_" + "x" * 20)
-    assert len(first) == len(second) == 64
     assert first != second
-    assert first[:55] == second[:55]
+    assert first.startswith("execute_a_really_long_command_name_number_one_")  # the tool first
+    assert second.startswith("execute_a_really_long_command_name_number_two_")
+    assert _is_hashed(first)
+    assert _is_hashed(second)
+    # the digest is SHA-256's, not Python's per-process hash(): these are the names in any process
+    assert OpenAINames("my_env@1.0.0").to_openai("run") == "my_env_run_f051546b8e606e0b"
+    assert names.to_openai("x" * 70) == "x" * 47 + "_a3b658cda92c86a3"
+    # not decodable, so hashed: `_` in the env's name, a version that is not digits and dots
+    for env in ("my_env@1.0.0", "my-env@1.0.0-rc1", "my-env@latest", "my-env@1.0+b"):
+        name = OpenAINames(env).to_openai("run")
+        assert _is_hashed(name), (env, name)
+        assert OpenAINames(env).from_openai(name, {"run", "walk"}) == "run"
+    assert split_openai_name("my_env_1_0_0__run") is None  # what `my_env@1.0.0` would have been
+    assert split_openai_name("a_1__") is None
+    assert split_openai_name("a_1_0__9x") is None  # tools start with a letter
+    assert split_openai_name("a_1_0__x") == ("a@1.0", "x")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (aenv_ray/openai_tools.py): a tool name that is exactly another tool's hashed "
-    "name (61 characters under a 1-character env prefix) maps to the same OpenAI name; "
-    "from_openai then returns whichever the set yields first",
-)
 def test_a_plain_name_never_equals_another_tools_hashed_name() -> None:
+    # a 70-character tool's name is hashed; a tool named like that hash, or like what follows
+    # the env's prefix, is a different pair and gets a different name
     names = OpenAINames("e@1")
     long_tool = "x" * 70
     hashed = names.to_openai(long_tool)
-    twin = hashed.removeprefix("e_1__")  # a valid tool name: letter first, 59 characters
-    assert re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,63}", twin)
-    _check_table("e@1", {long_tool, twin})
+    assert _is_hashed(hashed)
+    twins = {hashed, hashed.removeprefix("e_"), hashed[: len(hashed) - 5]}
+    for twin in twins:
+        assert re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,63}", twin)
+    _check_table("e@1", {long_tool, *twins})
 
 
-@given(
-    first=st.tuples(env_refs, tool_names),
-    second=st.tuples(env_refs, tool_names),
-)
-def test_names_of_different_environments_differ_when_their_readable_forms_do(
-    first: tuple[str, str], second: tuple[str, str]
-) -> None:
-    # what does hold across environments: names only meet where the readable forms meet
-    a, b = (OpenAINames(env).to_openai(tool) for env, tool in (first, second))
-    readable = {re.sub(r"[^a-zA-Z0-9_-]", "_", env) + "__" + tool for env, tool in (first, second)}
-    if len(readable) == 2:
-        assert a != b
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (aenv_ray/openai_tools.py): names are unique within one environment only: "
-    "`@`, `.` and `+` all become `_`, and `__` may occur inside names, so distinct (env, tool) "
-    "pairs share a name; an agent given the tools of two environments cannot tell them apart",
-)
 @pytest.mark.parametrize(
     ("first", "second"),
     [
-        (("a@1.0", "t"), ("a_1@0", "t")),  # `.` and `@` both become `_`
-        (("a@1+b", "t"), ("a@1.b", "t")),  # so do `+` and `.`
+        (("a@1.0", "t"), ("a_1@0", "t")),  # `.` and `@` both became `_`
+        (("a@1+b", "t"), ("a@1.b", "t")),  # so did `+` and `.`
         (("x@1", "y__z"), ("x@1__y", "z")),  # `__` separates, and may occur in a version
+        (("a@1", "t"), ("a", "1__t")),  # a version and a tool's start
+        (("a@1.0", "t"), ("a@1_0", "t")),
+        (("a-b@1", "t"), ("a@b-1", "t")),
     ],
 )
 def test_names_are_unique_across_environments(
     first: tuple[str, str], second: tuple[str, str]
 ) -> None:
-    assert OpenAINames(first[0]).to_openai(first[1]) != OpenAINames(second[0]).to_openai(second[1])
+    a, b = (OpenAINames(env).to_openai(tool) for env, tool in (first, second))
+    assert a != b
+    assert OpenAINames(second[0]).from_openai(a, {second[1]}) is None
+    assert OpenAINames(first[0]).from_openai(b, {first[1]}) is None
+
+
+@given(first=st.tuples(env_refs, tool_names), second=st.tuples(env_refs, tool_names))
+def test_distinct_pairs_get_distinct_names(first: tuple[str, str], second: tuple[str, str]) -> None:
+    assume(first != second)
+    a, b = (OpenAINames(env).to_openai(tool) for env, tool in (first, second))
+    assert a != b
+
+
+@st.composite
+def old_twins(draw: st.DrawFn) -> tuple[tuple[str, str], tuple[str, str]]:
+    """Two (env, tool) pairs whose pre-session-36 names were equal: the second re-splits the
+    first's old name at some `__` and writes each `_` of the env part as `_`, `.`, `+` or `@`."""
+    first = draw(st.tuples(near_env_refs, near_tools))
+    old = _old_readable(*first)
+    cuts = [i for i in range(len(old) - 1) if old[i : i + 2] == "__"]
+    cut = draw(st.sampled_from(cuts))
+    env = "".join(draw(st.sampled_from("_.+@")) if char == "_" else char for char in old[:cut])
+    return first, (env, old[cut + 2 :])
+
+
+@given(twins=old_twins())
+def test_pairs_whose_old_names_met_get_distinct_names(
+    twins: tuple[tuple[str, str], tuple[str, str]],
+) -> None:
+    first, second = twins
+    assert _old_readable(*first) == _old_readable(*second)  # the strategy does what it says
+    assume(first != second)
+    a, b = (OpenAINames(env).to_openai(tool) for env, tool in (first, second))
+    assert a != b
+    assert OpenAINames(second[0]).from_openai(a, {second[1]}) is None
+
+
+def test_openai_tools_name_a_qualified_tool_by_its_own_environment() -> None:
+    # a pool made with `mini-terminal` leases instances that serve `mini-terminal@1.0.0`
+    specs = to_openai_tools(
+        "mini-terminal",
+        [
+            {"name": "mini-terminal@1.0.0/execute_command", "description": "Run it."},
+            {"name": "read_file"},
+        ],
+    )
+    assert [spec["function"]["name"] for spec in specs] == [
+        "mini-terminal_1_0_0__execute_command",
+        "mini-terminal__read_file",
+    ]
+    assert specs[0]["function"]["description"] == "Run it."
+    assert specs[1]["function"]["parameters"] == {"type": "object", "properties": {}}
 
 
 # -- list_openai_tools against a real runtime -------------------------------------------------
@@ -235,6 +330,4 @@ def test_the_fixture_project_really_has_long_names() -> None:
     # the runtime tests above mean something only if the names are hashed and lack `__`
     names = OpenAINames(f"{LONG_ENV}@1.0.0")
     for tool in ("echo", *LONG_TOOLS):
-        name = names.to_openai(tool)
-        assert len(name) == 64
-        assert "__" not in name
+        assert _is_hashed(names.to_openai(tool))

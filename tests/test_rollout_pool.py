@@ -419,6 +419,31 @@ def test_fork_copies_the_leased_instance_and_the_datasource_is_at_data(tmp_path:
 
 
 @pytest.mark.usefixtures("local_ray")
+def test_a_pool_of_an_unversioned_name_offers_the_names_its_instances_answer_to() -> None:
+    # the pool knows `mini-terminal`; its instances serve `mini-terminal@1.0.0`
+    import asyncio
+
+    from rollout.sources import PoolSource
+
+    async def offer_and_call(source: PoolSource) -> tuple[list[str], ToolResult]:
+        handle = await source.acquire()
+        try:
+            offered = [tool["function"]["name"] for tool in await handle.list_openai_tools()]
+            result = await handle.call_tool(
+                "mini-terminal_1_0_0__execute_command", {"command": "echo 7"}
+            )
+        finally:
+            await source.release(handle)
+        return offered, result
+
+    with RolloutPool("mini-terminal", size=1, ready_timeout=T) as pool:
+        offered, result = asyncio.run(offer_and_call(PoolSource(pool)))
+    assert "mini-terminal_1_0_0__execute_command" in offered
+    assert not result.is_error, result.text
+    assert result.structured["output"] == "7\n"
+
+
+@pytest.mark.usefixtures("local_ray")
 def test_a_killed_pool_actor_loses_its_leases_and_is_replaced() -> None:
     with probe_pool(size=2) as pool:
         pids = actor_pids(pool)
