@@ -94,6 +94,35 @@ def kit_lock() -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+APT = Path("/etc/apt")
+DEB_SRC = APT / "sources.list.d" / "k8s-real-debsrc.sources"
+
+
+def _write_deb_src() -> None:
+    """Write the deb-src entry k8s-real's ``setup`` would write, where it cannot. It finds the
+    machine's Debian mirror with one pipeline, under ``set -o pipefail``, over the deb822
+    ``*.sources`` files and ``/etc/apt/sources.list`` plus ``*.list``: on a machine with
+    neither of the latter (deb822 sources only, as these machines now are) that ``grep`` fails,
+    and ``setup`` exits 2 before printing anything. The entry is the kit's, from the same
+    mirror; nothing is written when it exists or when the kit's pipeline would work."""
+    listed = APT / "sources.list"
+    if DEB_SRC.exists() or listed.exists() or any((APT / "sources.list.d").glob("*.list")):
+        return
+    mirrors = [
+        line.split()[1]
+        for source in sorted((APT / "sources.list.d").glob("*.sources"))
+        for line in source.read_text().splitlines()
+        if line.startswith("URIs:") and len(line.split()) > 1
+    ]
+    mirror = next((m for m in mirrors if m.rstrip("/").endswith("/debian")), None)
+    if mirror is None or os.geteuid() != 0:
+        return  # setup says what is missing
+    DEB_SRC.write_text(
+        f"Types: deb-src\nURIs: {mirror}\nSuites: bookworm bookworm-updates\nComponents: main\n"
+        "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
+    )
+
+
 def set_up_k8s_real(tools: Path, *, timeout: float = 1800.0) -> None:
     """k8s-real's ``setup`` when its binaries are missing (once per machine, some minutes),
     under :func:`kit_lock`. Raises :class:`RuntimeError` when it fails."""
@@ -102,6 +131,7 @@ def set_up_k8s_real(tools: Path, *, timeout: float = 1800.0) -> None:
     with kit_lock():
         if _built(_cache()):
             return
+        _write_deb_src()
         setup = subprocess.run(
             [str(tools / "setup")], capture_output=True, text=True, timeout=timeout, check=False
         )
