@@ -362,10 +362,10 @@ class Rollout:
         it prints is the subject, tests/_cli.py), with the run's marker, so that whatever it
         started would be found. Its output; it must have succeeded and started no Ray."""
         marker = self.env[MARK]
+        ray_before = _ray_is_up()
         done = aenv(*self.arguments(), env={MARK: marker}, unset=["RAY_ADDRESS"], cwd=ROOT)
         assert done.returncode == 0, done.stdout + done.stderr
-        ray = sys.modules.get("ray")
-        assert ray is None or not ray.is_initialized(), "nothing to do, and it started Ray"
+        assert ray_before or not _ray_is_up(), "nothing to do, and it started Ray"
         return done.stdout + done.stderr
 
     def records(self) -> list[dict[str, Any]]:
@@ -379,6 +379,12 @@ class Rollout:
             assert driver.poll() is None, self.logs[-1].read_text(errors="replace")
             assert time.monotonic() < deadline, "the run recorded too little in time"
             time.sleep(0.05)
+
+
+def _ray_is_up() -> bool:
+    """Whether this process is a Ray driver now."""
+    ray = sys.modules.get("ray")
+    return ray is not None and bool(ray.is_initialized())
 
 
 @pytest.fixture
