@@ -283,8 +283,8 @@ def _sigint_as_in_a_terminal() -> Iterator[None]:
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    finally:  # None: a handler not set from Python, which this cannot put back
+        signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
 
 
 def test_ctrl_c_exits_130_writes_what_is_done_and_says_how_to_resume(tmp_path: Path) -> None:
