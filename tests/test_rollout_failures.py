@@ -16,6 +16,8 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -271,19 +273,34 @@ def test_joining_a_ray_that_asks_for_a_token_without_one_says_how_to_give_it(
     assert "Traceback" not in done.stderr
 
 
+@contextmanager
+def _sigint_as_in_a_terminal() -> Iterator[None]:
+    """A child started meanwhile gets SIGINT at its default, as a terminal's foreground job
+    does, even where this process ignores it: a background job of a non-interactive shell
+    (``scripts/test &``, a CI runner) starts with SIGINT ignored, a child inherits that
+    across exec, and Python then leaves it ignored. A handler is reset to the default by exec:
+    this process has Python's own meanwhile (the tests run in its main thread)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:  # None: a handler not set from Python, which this cannot put back
+        signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
+
+
 def test_ctrl_c_exits_130_writes_what_is_done_and_says_how_to_resume(tmp_path: Path) -> None:
     out = tmp_path / "run"
     tasks = paced_tasks(tmp_path / "paced.jsonl", pause=1)
     args = ["-n", "8", "-c", "1", "--no-ray", "--out", str(out)]
     args += ["--policy", "tests._paced_policy:policy", "--tasks", str(tasks)]
     # subprocess: a signal needs a process of its own
-    child = subprocess.Popen(
-        [*CHILD, "rollout", TERMINAL, *args],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    with _sigint_as_in_a_terminal():
+        child = subprocess.Popen(
+            [*CHILD, "rollout", TERMINAL, *args],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     try:
         jsonl = out / "trajectories.jsonl"
         deadline = time.monotonic() + 120

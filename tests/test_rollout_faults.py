@@ -1,6 +1,7 @@
 """Fault suite: ``aenv rollout`` on the built-in mini-terminal as a real process (a real local
 Ray, a real pool, real instances), one layer SIGKILLed mid-run (the driver; a pool actor; the
-engine's zygote), then the same command again.
+engine's zygote), then the same command again (in this process when nothing is left to do:
+what it says is the subject then, and that it starts no Ray).
 
 After each: every episode recorded exactly once, none lost, no glued lines, infrastructure
 failures retried and never recorded as the agent's; and within a few seconds nothing of the
@@ -33,6 +34,7 @@ from typing import Any
 
 import pytest
 
+from tests._cli import CHILD, aenv
 from tests._paced_policy import write_tasks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,30 +64,53 @@ class Proc:
         return self.command.replace(b"\0", b" ")[:120].decode(errors="replace").strip()
 
 
-def _proc(pid: int) -> Proc | None:
+def _read(path: str) -> bytes | None:
+    """A /proc file's bytes (None: the process is gone). ``os.open`` and ``os.read``, not
+    pathlib: the tracker reads two files of every process on the machine five times a
+    second, and this costs a third as much."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return None
-    fields = stat.rsplit(")", 1)[1].split()
-    return Proc(pid, int(fields[1]), int(fields[19]), fields[0], command)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _proc(pid: int) -> Proc | None:
+    stat = _read(f"/proc/{pid}/stat")
+    command = _read(f"/proc/{pid}/cmdline")
+    if stat is None or command is None:
+        return None
+    fields = stat.rsplit(b")", 1)[1].split()
+    return Proc(pid, int(fields[1]), int(fields[19]), fields[0].decode(), command)
 
 
 def _pids() -> list[int]:
     return [int(name) for name in os.listdir("/proc") if name.isdigit()]
 
 
+def _procs() -> list[Proc]:
+    """Every live process on the machine now (zombies included: their state says so)."""
+    return [p for p in map(_proc, _pids()) if p is not None]
+
+
 def _has_marker(pid: int, marker: bytes) -> bool:
-    try:
-        return marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return False
+    environ = _read(f"/proc/{pid}/environ")
+    return environ is not None and marker in environ.split(b"\0")
 
 
 def _engine_owner(command: bytes) -> bytes | None:
     """``PID-xxxxxx`` of ``--owner PID-xxxxxx`` on an engine process's command line: the
     engine's id, the pid of the process it runs in and a random part."""
+    if b"--owner\0" not in command:  # most processes: no need to split
+        return None
     parts = command.split(b"\0")
     return parts[parts.index(b"--owner") + 1] if b"--owner" in parts[:-1] else None
 
@@ -96,6 +121,11 @@ class Tracker:
 
     marker: bytes
     seen: dict[tuple[int, int], Proc] = field(default_factory=dict)
+    # whether a process carries the marker, by (pid, start), with the command line it had:
+    # a process's environment changes only with its command line (an exec; Ray's renaming
+    # may blank it), so each is read once, not at every scan
+    _marked: dict[tuple[int, int], tuple[bytes, bool]] = field(default_factory=dict)
+    _owner_ids: set[bytes] = field(default_factory=set)  # _engine_owner of every seen process
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -104,7 +134,7 @@ class Tracker:
         marker (Ray renames its workers and agents, and may blank their environment: their
         ancestry finds them), and the engine processes owned by any of those. Zombies are
         dead: only their parent is left to see."""
-        procs = {p.pid: p for p in map(_proc, _pids()) if p is not None and p.state != "Z"}
+        procs = {p.pid: p for p in _procs() if p.state != "Z"}
         children: dict[int, list[int]] = collections.defaultdict(list)
         for proc in procs.values():
             children[proc.ppid].append(proc.pid)
@@ -114,30 +144,40 @@ class Tracker:
                 for pid, started in self.seen
                 if getattr(procs.get(pid), "started", -1) == started
             }
-            start = known | {pid for pid in procs if _has_marker(pid, self.marker)}
+            start = known | {pid for pid, proc in procs.items() if self._is_marked(proc)}
             ours: set[int] = set()
             while start:
                 pid = start.pop()
                 if pid in procs and pid not in ours:
                     ours.add(pid)
                     start.update(children[pid])
-            owners = {_engine_owner(procs[pid].command) for pid in ours} | self._owners()
+            owners = {_engine_owner(procs[pid].command) for pid in ours} | self._owner_ids
             owners.discard(None)
             ours |= {p.pid for p in procs.values() if _engine_owner(p.command) in owners}
             found = [procs[pid] for pid in sorted(ours) if pid in procs]
             for proc in found:
-                self.seen[proc.pid, proc.started] = proc
+                self._remember(proc)
         return found
 
-    def _owners(self) -> set[bytes | None]:
-        return {_engine_owner(p.command) for p in self.seen.values()}
+    def _is_marked(self, proc: Proc) -> bool:
+        key = (proc.pid, proc.started)
+        known = self._marked.get(key)
+        if known is None or known[0] != proc.command:
+            known = self._marked[key] = (proc.command, _has_marker(proc.pid, self.marker))
+        return known[1]
+
+    def _remember(self, proc: Proc) -> None:
+        self.seen[proc.pid, proc.started] = proc
+        owner = _engine_owner(proc.command)
+        if owner is not None:
+            self._owner_ids.add(owner)
 
     def add(self, pid: int) -> None:
         """Count ``pid`` (a driver) and its descendants in."""
         proc = _proc(pid)
         if proc is not None:
             with self._lock:
-                self.seen[proc.pid, proc.started] = proc
+                self._remember(proc)
 
     def follow(self) -> threading.Thread:
         def loop() -> None:
@@ -169,7 +209,7 @@ class Tracker:
         sleep = [b"sleep", str(PAUSE).encode()]
         deadline = time.monotonic() + T
         while time.monotonic() < deadline:
-            procs = [p for p in map(_proc, _pids()) if p is not None]
+            procs = _procs()
             parents = {p.pid: p.ppid for p in procs}
             for proc in procs:
                 if proc.command.split(b"\0")[:2] != sleep:
@@ -179,7 +219,7 @@ class Tracker:
                     pid = parents.get(pid, 0)
                 if pid == under:
                     return
-            time.sleep(0.02)
+            time.sleep(0.05)  # each episode sleeps PAUSE seconds: 30 looks at it, at least
         raise AssertionError(f"no episode ever slept under process {under}")
 
     def survivors(self) -> list[Proc]:
@@ -196,7 +236,7 @@ class Tracker:
     def engine_owners(self) -> set[str]:
         """The ids (``PID-xxxxxx``) of the run's engines."""
         with self._lock:
-            return {owner.decode() for owner in self._owners() if owner is not None}
+            return {owner.decode() for owner in self._owner_ids}
 
     def instance_ids(self) -> set[str]:
         """Ids of the run's instances (``--instance ID`` on their init's command line)."""
@@ -277,11 +317,9 @@ class Rollout:
     tmp_before: set[str]  # aenv-* entries /tmp had before
     logs: list[Path] = field(default_factory=list)
 
-    def command(self) -> list[str]:
+    def arguments(self) -> list[str]:
+        """What follows ``aenv``: the same in a child and in this process."""
         return [
-            sys.executable,
-            "-m",
-            "aenv_cli",
             "rollout",
             TERMINAL,
             "-n",
@@ -301,7 +339,7 @@ class Rollout:
         self.logs.append(log)
         with log.open("wb") as sink:
             driver = subprocess.Popen(
-                self.command(),
+                [*CHILD, *self.arguments()],
                 cwd=ROOT,
                 env=self.env,
                 stdin=subprocess.DEVNULL,
@@ -319,6 +357,17 @@ class Rollout:
         assert code == 0, output
         return output
 
+    def again_with_nothing_to_do(self) -> str:
+        """The same command once more, when every episode is recorded: in this process (what
+        it prints is the subject, tests/_cli.py), with the run's marker, so that whatever it
+        started would be found. Its output; it must have succeeded and started no Ray."""
+        marker = self.env[MARK]
+        ray_before = _ray_is_up()
+        done = aenv(*self.arguments(), env={MARK: marker}, unset=["RAY_ADDRESS"], cwd=ROOT)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert ray_before or not _ray_is_up(), "nothing to do, and it started Ray"
+        return done.stdout + done.stderr
+
     def records(self) -> list[dict[str, Any]]:
         path = self.out / "trajectories.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -330,6 +379,12 @@ class Rollout:
             assert driver.poll() is None, self.logs[-1].read_text(errors="replace")
             assert time.monotonic() < deadline, "the run recorded too little in time"
             time.sleep(0.05)
+
+
+def _ray_is_up() -> bool:
+    """Whether this process is a Ray driver now."""
+    ray = sys.modules.get("ray")
+    return ray is not None and bool(ray.is_initialized())
 
 
 @pytest.fixture
@@ -464,7 +519,7 @@ def test_a_pool_actor_killed_mid_run_costs_retries_not_episodes(rollout: Rollout
         assert row["retried"], row
         assert all(reason.startswith("LeaseLostError: ") for reason in row["retried"]), row
 
-    again = rollout.finish(rollout.start())  # nothing left to do: no pool, no Ray
+    again = rollout.again_with_nothing_to_do()  # no pool, no Ray
     assert re.search(rf"\b0 / {EPISODES}\b", again), again
     assert len(rollout.records()) == EPISODES
     assert_nothing_left(rollout.tracker, rollout.tmp_before)
@@ -484,7 +539,7 @@ def test_a_zygote_killed_mid_run_costs_retries_not_episodes(rollout: Rollout) ->
     for row in retried:  # the engine reports the instance crashed; the SDK says broken
         assert all(reason.startswith("InstanceBrokenError: ") for reason in row["retried"]), row
 
-    again = rollout.finish(rollout.start())
+    again = rollout.again_with_nothing_to_do()
     assert re.search(rf"\b0 / {EPISODES}\b", again), again
     assert len(rollout.records()) == EPISODES
     assert_nothing_left(rollout.tracker, rollout.tmp_before)

@@ -31,6 +31,7 @@ from envhub.control import INTENTS
 from envhub.store import open_store
 from rollout._instance_pool import InstancePool
 from rollout.spec import HubEngine, PoolSpec
+from tests._cli import aenv
 from tests._hub import HubProcess, new_key
 from tests._session_ray import SessionRay
 
@@ -123,22 +124,26 @@ def test_both_paths_create_their_instances_through_the_configured_hub_and_leave_
     hub: tuple[HubProcess, str], tmp_path: Path, session_ray: SessionRay
 ) -> None:
     process, key = hub
-    env = {**os.environ, "AENV_SYSTEM_URL": process.url, "AENV_API_KEY": key}
+    hub_env = {"AENV_SYSTEM_URL": process.url, "AENV_API_KEY": key}
     ids: dict[str, set[str]] = {}
     for path in ("--ray", "--no-ray"):
         out = tmp_path / path.strip("-")
-        # the --ray path joins the session's Ray (its pool actors get the hub engine the
-        # driver made): what is checked is where the instances are made, not Ray's start
-        joins = session_ray.env if path == "--ray" else {}
-        done = subprocess.run(
-            [*AENV, "rollout", "mini-terminal@1.0.0", "-n", "2", "-c", "2", path, "-o", str(out)],
-            cwd=ROOT,
-            env={**env, **joins, "PYTHONPATH": str(ROOT)},
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
+        args = ["rollout", "mini-terminal@1.0.0", "-n", "2", "-c", "2", path, "-o", str(out)]
+        if path == "--ray":
+            # a subprocess that joins the session's Ray (its pool actors get the hub engine
+            # the driver made): what is checked is where the instances are made, not Ray's
+            # start, and no Ray stays initialized in this process
+            done = subprocess.run(
+                [*AENV, *args],
+                cwd=ROOT,
+                env={**os.environ, **hub_env, **session_ray.env, "PYTHONPATH": str(ROOT)},
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
+            )
+        else:  # in this process (tests/_cli.py): the run's own engine is the hub's
+            done = aenv(*args, env=hub_env, cwd=ROOT)
         assert done.returncode == 0, done.stderr[-3000:]
         lines = (out / "trajectories.jsonl").read_text().splitlines()
         ids[path] = {json.loads(line)["instance_id"] for line in lines}

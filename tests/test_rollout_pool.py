@@ -1,4 +1,5 @@
-"""RolloutPool on a real Ray (one node, then two on loopback) with real local-engine instances.
+"""RolloutPool on a real Ray (the session's one node, joined; then a cluster of two nodes on
+loopback, of its own) with real local-engine instances.
 
 The probe environment (``tests/envs/probe``) gives tools that echo, fail, sleep and crash their
 instance; the built-in mini-terminal gives files to check fork with. Instance processes are
@@ -39,6 +40,7 @@ from rollout import EpisodeOutcome, Lease, RolloutPool, classify, is_retryable, 
 from rollout._limiter import TokenBucket
 from rollout.metrics import LatencyHistogram
 from tests._processes import processes_of
+from tests._session_ray import SessionRay
 
 PROBE = Path(__file__).resolve().parent / "envs" / "probe"
 T = 60.0  # generous bound on every wait: a loaded 2-core box is slow, never wrong
@@ -50,18 +52,23 @@ pytestmark = pytest.mark.timeout(300)
 
 
 class _Ray:
-    """Which Ray this module runs on; switching shuts the other down."""
+    """Which Ray this module's driver (this process) is on: ``session``, the session's Ray,
+    joined; ``cluster``, two nodes of its own. Switching leaves the one it was on (and shuts
+    the cluster down)."""
 
     mode: str | None = None
     cluster: Any = None
 
     @classmethod
-    def use(cls, mode: str) -> None:
+    def use(cls, mode: str, session: SessionRay | None = None) -> None:
         if cls.mode == mode and ray.is_initialized():
             return
         cls.shutdown()
-        if mode == "local":
-            rollout.init_local(num_cpus=2)
+        if mode == "session":
+            # the session's Ray, joined (one Ray start for the session, not one per module):
+            # leaving it ends this driver's job, and the job's actors with it
+            assert session is not None
+            rollout.init_local(address=session.address)
         else:
             from ray.cluster_utils import Cluster
 
@@ -92,15 +99,32 @@ class _Ray:
         cls.mode = None
 
 
+def _auth_mode(mode: str | None) -> None:
+    """Set ``RAY_AUTH_MODE`` (None: unset) for this process and what it starts, and have Ray
+    read it again: its config is read once, at import, and ``ray.init`` does the same when it
+    turns token mode on for a Ray it starts (without this, joining the session's Ray is
+    refused as unauthenticated)."""
+    if mode is None:
+        os.environ.pop("RAY_AUTH_MODE", None)
+    else:
+        os.environ["RAY_AUTH_MODE"] = mode
+    ray._raylet.Config.initialize("")
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _ray_teardown() -> Iterator[None]:
+    """Token mode for the module's drivers (the session's Ray asks for it; a Ray that
+    ``ray.init`` starts turns it on by itself), and this process as it was afterwards."""
+    saved = os.environ.get("RAY_AUTH_MODE")
+    _auth_mode("token")
     yield
     _Ray.shutdown()
+    _auth_mode(saved)
 
 
 @pytest.fixture
-def local_ray() -> None:
-    _Ray.use("local")
+def local_ray(session_ray: SessionRay) -> None:
+    _Ray.use("session", session_ray)
 
 
 def actor_pids(pool: RolloutPool) -> set[int]:
