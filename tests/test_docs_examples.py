@@ -2,9 +2,11 @@
 
 One test per block, named by page and the line of its fence (``docs/sdk.md:121``). A block runs
 with ``sys.executable`` in a fresh temporary directory, its output captured, and passes when it
-ends without an exception. Blocks without set-ups that start no Ray share one driver process
-(each in a directory and a namespace of its own: see ``_batch_of``), so that Python's start-up,
-the imports and the local engine's templates are paid once; a block that starts Ray
+ends without an exception. Blocks that start no Ray share one driver process with the other
+blocks of the same set-ups, where those set-ups serve several alike (``SHARED_SETUPS``), each
+block in a namespace of its own and, without set-ups, a directory of its own (``_batch_of``):
+Python's start-up, the imports, the local engine's templates and what the set-ups start (a
+served project, a hub) are paid once, not per block. A block that starts Ray
 (``rollout.init_local``) joins the test session's one Ray instead, by ``RAY_ADDRESS``
 (tests/_session_ray.py). An HTML comment on the lines just above a fence changes that:
 
@@ -54,7 +56,8 @@ the imports and the local engine's templates are paid once; a block that starts 
       ``AENV_ENV_PATH``, OpenEnv's virtual environment in ``OPENENV_VENV``, and this
       checkout's CLI in ``AENV_OPENENV_COMMAND`` (what ``AenvRayProcessProvider`` runs).
     - ``pytest``: the block is a test module: run by pytest (``asyncio_mode=auto``, as this
-      repository's tests), which must pass at least one test.
+      repository's tests), which must pass at least one test and fail none; the modules of the
+      blocks with the same set-ups run in one pytest.
     - ``harbor-venv``: the block runs with the Python of Harbor's own virtual environment
       (tests/_oracles.py ``HARBOR``: Python 3.12, ``harbor==0.25.0``, aenv-ray from this
       checkout), first on ``PATH``; skipped where it cannot be installed (ecosystem.md).
@@ -75,6 +78,7 @@ block's output (not in order: a function's prints come when it is called).
 from __future__ import annotations
 
 import ast
+import asyncio
 import contextlib
 import io
 import json
@@ -89,7 +93,7 @@ from pathlib import Path
 
 import pytest
 
-from aenv_ray.testing import RuntimeProcess
+from aenv_ray.testing import ConformanceError, RuntimeProcess, check_environment
 from tests._chat_server import AgentModel, ChatServer
 from tests._cli import aenv as run_cli
 from tests._hub import HubProcess, new_key
@@ -449,32 +453,55 @@ def _session_of(block: Block) -> list[Block]:
     return page[start : end + 1]
 
 
-# Sessions without set-ups share one driver process (the batch), each in a directory and a
-# namespace of its own, in reading order: Python's start-up, the imports and the process's local
-# engine (a template started by one block serves the next) are paid once, not per block. A
-# session that starts Ray keeps a process of its own: Ray initialized by one block must not be
-# what makes another block work.
+# Sessions share one driver process (a batch), each in a namespace of its own, in reading order:
+# Python's start-up, the imports and the process's local engine (a template started by one block
+# serves the next) are paid once, not per block. Sessions without set-ups each get a directory of
+# their own. Sessions whose set-ups are the same SHARED_SETUPS share them too: one served
+# mini-terminal, one hub with notes pushed, the repository root as working directory, as each
+# would have alone. A session that starts Ray keeps a process of its own: Ray initialized by one
+# block must not be what makes another block work.
 _STARTS_RAY = re.compile(r"\binit_local\(|\bRolloutPool\(|\bray\.init\(")
 
+SHARED_SETUPS = frozenset(
+    {
+        "guess-project",
+        "guess-served",
+        "hub-notes",
+        "mini-terminal-served",
+        "notes-project",
+        "pytest",
+        "repo-root",
+    }
+)
+"""Set-ups that serve several sessions alike: a working directory, a project on
+``AENV_ENV_PATH``, a served project or a hub that each session only calls, pytest (the modules
+of one batch run in one pytest process, each its own module)."""
 
-def _batched(session: list[Block]) -> bool:
-    return (
-        not session[0].setups
-        and session[0].file is None
-        and not any(_STARTS_RAY.search(block.code) for block in session)
-    )
+
+def _batch_key(session: list[Block]) -> tuple[str, ...] | None:
+    """What sessions must have in common to share a driver (their set-ups), or None: this one
+    runs alone (it starts Ray, is a project's file, or has a set-up of its own)."""
+    setups = tuple(session[0].setups)
+    if (
+        session[0].file is not None
+        or not SHARED_SETUPS.issuperset(setups)
+        or any(_STARTS_RAY.search(block.code) for block in session)
+    ):
+        return None
+    return setups
 
 
 def _batch_of(block: Block) -> list[list[Block]]:
-    """The sessions that run in one driver process with ``block``'s."""
+    """The sessions that run in one driver process (or one pytest) with ``block``'s."""
     session = _session_of(block)
-    if not _batched(session):
+    key = _batch_key(session)
+    if key is None:
         return [session]
     batch: list[list[Block]] = []
     for other in RUNNING:
         if other.file is None and not any(other in s for s in batch):
             candidate = _session_of(other)
-            if candidate[0] is other and _batched(candidate):
+            if candidate[0] is other and _batch_key(candidate) == key:
                 batch.append(candidate)
     return batch
 
@@ -546,8 +573,8 @@ def run_sessions(
             SETUPS[name](ctx)
         sources, plan = [], []
         for session in sessions:
-            cwd = ctx.cwd
-            if len(sessions) > 1:  # batched: no set-ups, so the working directory is ctx.tmp's
+            cwd = ctx.cwd  # with set-ups, theirs: as each session would have alone
+            if len(sessions) > 1 and not blocks[0].setups:
                 cwd = tmp / re.sub(r"\W", "_", session[0].id)
                 cwd.mkdir()
             plan.append({"cwd": str(cwd), "blocks": []})
@@ -559,7 +586,7 @@ def run_sessions(
                 sources.append(source)
                 plan[-1]["blocks"].append(source)
         if ctx.pytest:
-            return {blocks[0].id: _run_pytest(ctx, sources[0]["code"])}
+            return _run_pytest(ctx, sources)
         script = tmp / "blocks.json"
         script.write_text(json.dumps(plan), encoding="utf-8")
         timeout = SESSION_TIMEOUT * len(sessions) + 60  # the driver times each session out
@@ -594,23 +621,39 @@ def run_sessions(
     return outcomes
 
 
-def _run_pytest(ctx: Context, code: str) -> Outcome:
-    module = ctx.tmp / "test_doc_example.py"
-    module.write_text(code, encoding="utf-8")
+def _module_name(block_id: str) -> str:
+    return "test_doc_" + re.sub(r"\W", "_", block_id)
+
+
+def _run_pytest(ctx: Context, sources: list[dict[str, object]]) -> dict[str, Outcome]:
+    """Each source a test module of its own, all run by one pytest; a module passes when at
+    least one of its tests passed and none failed or erred."""
+    modules = {}
+    for source in sources:
+        module = ctx.tmp / f"{_module_name(str(source['id']))}.py"
+        module.write_text(str(source["code"]), encoding="utf-8")
+        modules[str(source["id"])] = module.name
     done = subprocess.run(
         [
-            *(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"),
-            *("-o", "asyncio_mode=auto", "--rootdir", str(ctx.tmp), str(module)),
+            *(sys.executable, "-m", "pytest", "-q", "-rA", "--continue-on-collection-errors"),
+            *("-p", "no:cacheprovider"),
+            *("-o", "asyncio_mode=auto", "--rootdir", str(ctx.tmp)),
+            *(str(ctx.tmp / name) for name in modules.values()),
         ],
         cwd=ctx.cwd,
         env=ctx.env,
         capture_output=True,
         text=True,
-        timeout=SESSION_TIMEOUT,
+        timeout=SESSION_TIMEOUT * len(sources),
         check=False,
     )
-    ok = done.returncode == 0 and re.search(r"\b\d+ passed", done.stdout) is not None
-    return Outcome(ok, "", done.stdout[-6000:] + done.stderr[-3000:])
+    summary = done.stdout.split("short test summary info", 1)[-1].splitlines()
+    outcomes = {}
+    for block_id, module in modules.items():
+        ran = [line.split()[0] for line in summary if f" {module}" in line]
+        ok = "PASSED" in ran and not {"FAILED", "ERROR"} & set(ran)
+        outcomes[block_id] = Outcome(ok, "", done.stdout[-6000:] + done.stderr[-3000:])
+    return outcomes
 
 
 _RESULTS: dict[str, Outcome] = {}
@@ -621,17 +664,10 @@ def session_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("docs")
 
 
-CHECK = """
-import asyncio, sys
-from aenv_ray.testing import check_environment
-report = asyncio.run(check_environment(sys.argv[1]))
-print(sorted(report.results))
-"""
-
-
 def _python_file_check(ctx_tmp: Path, block: Block) -> Outcome:
-    """A Python file block: its project passes ``check_environment`` (in a sandbox), or for a
-    test module, the project's own tests pass (``aenv test``)."""
+    """A Python file block: its project passes ``check_environment`` (in a sandbox of this
+    process's local engine, the session's warm one), or for a test module, the project's own
+    tests pass (``aenv test``, in this process: the script it runs is a child of its own)."""
     assert block.file is not None
     project = block.file.split("/")[0]
     tmp = ctx_tmp / f"file-{project}-{block.line}"
@@ -640,19 +676,13 @@ def _python_file_check(ctx_tmp: Path, block: Block) -> Outcome:
         ctx = Context(tmp, BLOCKS, stack, tmp, _base_env(tmp))
         {"notes": notes_project, "guess": guess_project}[project](ctx)
         if "/tests/" in block.file:  # a test of the project: its own test command runs it
-            command = ["-m", "aenv_cli", "test", project]
-        else:
-            command = ["-c", CHECK, project]
-        done = subprocess.run(
-            [sys.executable, *command],
-            cwd=tmp,
-            env=ctx.env,
-            capture_output=True,
-            text=True,
-            timeout=SESSION_TIMEOUT,
-            check=False,
-        )
-    return Outcome(done.returncode == 0, done.stdout, done.stdout + done.stderr[-6000:])
+            done = run_cli("test", project, cwd=tmp, environ=ctx.env, fds=True)
+            return Outcome(done.returncode == 0, done.stdout, done.stdout + done.stderr[-6000:])
+        try:
+            report = asyncio.run(check_environment(tmp / project))
+        except ConformanceError as exc:
+            return Outcome(False, "", str(exc))
+        return Outcome(True, str(sorted(report.results)), str(sorted(report.results)))
 
 
 # set-ups that run an original's own package (a trainer, OpenEnv) in its virtual environment:
