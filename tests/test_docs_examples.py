@@ -93,6 +93,7 @@ from pathlib import Path
 
 import pytest
 
+from aenv_ray.engine import named_engine
 from aenv_ray.testing import ConformanceError, RuntimeProcess, check_environment
 from tests._chat_server import AgentModel, ChatServer
 from tests._cli import aenv as run_cli
@@ -686,7 +687,7 @@ def _python_file_check(ctx_tmp: Path, block: Block) -> Outcome:
             done = run_cli("test", project, cwd=tmp, environ={**ctx.env, **addopts}, fds=True)
             return Outcome(done.returncode == 0, done.stdout, done.stdout + done.stderr[-6000:])
         try:
-            report = asyncio.run(check_environment(tmp / project))
+            report = asyncio.run(check_environment(tmp / project, engine=named_engine("local")))
         except ConformanceError as exc:
             return Outcome(False, "", str(exc))
         return Outcome(True, str(sorted(report.results)), str(sorted(report.results)))
