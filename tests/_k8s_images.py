@@ -2,18 +2,21 @@
 builds the runtime image itself, from deploy/Dockerfile, keyed by its inputs).
 
 :func:`layered_image` is an image ``FROM`` the runtime image that adds system packages a
-built-in needs (mini-program's Chromium), so built-ins share the runtime image as their base
-layer. Its tag is ``AENV_TEST_IMAGE_PREFIX/NAME:KEY`` (default prefix ``realnode.local/aenv``)
-where ``KEY`` digests the Dockerfile it builds (which names the base by its content key): a tag
-the kit already built is used as it is, any other is built with the kit's ``build-image``
-(buildah; ``AENV_K8S_REALNODE_TOOLS``, else ``../shared/tools/k8s-realnode``), which imports it
-into the node's containerd. Without the kit the caller skips, saying so.
+built-in needs (mini-program's Chromium), or an environment's definition (harbor-pod's, for
+``OwnImage`` delivery), so they share the runtime image as their base layer. Its tag is
+``AENV_TEST_IMAGE_PREFIX/NAME:KEY`` (default prefix ``realnode.local/aenv``), or
+``PREFIX/NAME-KEY/NAME:VERSION`` for an environment's own image, where ``KEY`` digests the
+Dockerfile it builds (which names the base by its content key): a tag the kit already built is
+used as it is, any other is built with the kit's ``build-image`` (buildah;
+``AENV_K8S_REALNODE_TOOLS``, else ``../shared/tools/k8s-realnode``), which imports it into the
+node's containerd. Without the kit the caller skips, saying so.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -22,7 +25,14 @@ from pathlib import Path
 from tests._k8s import kit_lock
 from tests._realnode import built, realnode_tools
 
-__all__ = ["CHROMIUM", "ImageUnavailable", "built_environment", "layered_image"]
+__all__ = [
+    "CHROMIUM",
+    "ImageUnavailable",
+    "builder_command",
+    "built_environment",
+    "image_prefix",
+    "layered_image",
+]
 
 CHROMIUM = (
     "RUN apt-get update && apt-get install -y --no-install-recommends chromium fonts-dejavu-core"
@@ -37,8 +47,24 @@ class ImageUnavailable(RuntimeError):
     why)."""
 
 
-def _prefix() -> str:
+def image_prefix() -> str:
+    """Where the tests tag their images: ``AENV_TEST_IMAGE_PREFIX``, else
+    ``realnode.local/aenv``."""
     return os.environ.get("AENV_TEST_IMAGE_PREFIX", "").strip().rstrip("/") or "realnode.local/aenv"
+
+
+def builder_command() -> str:
+    """The kit's ``build-image`` as an image builder's command line with ``{tag}``,
+    ``{dockerfile}`` and ``{context}`` in it (``AENV_HARBOR_BUILDER``'s form, aenv_harbor.kube),
+    run at low priority. Raises :class:`ImageUnavailable` without the kit."""
+    tools = realnode_tools()
+    if tools is None:
+        raise ImageUnavailable(
+            "no real-node kit to build images with "
+            "(AENV_K8S_REALNODE_TOOLS, else ../shared/tools/k8s-realnode)"
+        )
+    build = shlex.quote(str(tools / "build-image"))
+    return f"nice -n 10 {build} -t {{tag}} -f {{dockerfile}} {{context}}"
 
 
 def _build(tag: str, dockerfile: Path, context: Path) -> None:
@@ -56,12 +82,23 @@ def _build(tag: str, dockerfile: Path, context: Path) -> None:
         raise ImageUnavailable(f"building {tag} failed:\n{(done.stdout + done.stderr)[-3000:]}")
 
 
-def layered_image(base: str, name: str, lines: tuple[str, ...]) -> str:
+def layered_image(
+    base: str, name: str, lines: tuple[str, ...], *, version: str | None = None
+) -> str:
     """An image ``FROM base`` plus the Dockerfile ``lines`` (as root; the image's user is put
     back after them): ``PREFIX/NAME:KEY``, built when the kit has none of that content.
-    Raises :class:`ImageUnavailable`."""
+
+    With ``version`` it is environment ``NAME``'s own image, tagged
+    ``PREFIX/NAME-KEY/NAME:VERSION``: what ``OwnImage("PREFIX/NAME-KEY")`` runs for
+    ``NAME@VERSION`` (``imagePrefix/NAME:VERSION``), so that other content is another prefix,
+    never an old image under the same tag. Raises :class:`ImageUnavailable`."""
     text = "\n".join([f"FROM {base}", "USER 0:0", *lines, "USER 10001:10001", ""])
-    tag = f"{_prefix()}/{name}:{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    key = hashlib.sha256(text.encode()).hexdigest()[:16]
+    tag = (
+        f"{image_prefix()}/{name}:{key}"
+        if version is None
+        else f"{image_prefix()}/{name}-{key}/{name}:{version}"
+    )
     if built(tag):
         return tag
     with kit_lock():

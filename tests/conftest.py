@@ -364,6 +364,7 @@ FILE_LANES: dict[str, str] = {
     # Kubernetes files all of whose tests need the cluster
     **dict.fromkeys(
         (
+            "test_harbor_k8s.py",
             "test_k8s_builtins.py",
             "test_k8s_cluster.py",
             "test_k8s_delivery.py",

@@ -1,49 +1,54 @@
-"""Harbor on aenv-ray's Kubernetes engine: ``harbor run -a oracle --env
+"""Harbor on aenv-ray's Kubernetes engine, on the real node: ``harbor run -a oracle --env
 aenv_harbor:AenvRayEnvironment --ek engine=kubernetes`` through Harbor's own CLI
-(``harbor==0.25.0`` in its own Python 3.12 environment, tests/_oracles.py ``HARBOR``), on a
-cluster that runs images (the real node of ../shared/tools/k8s-realnode): each trial's pod runs
-the task's own image, derived and built by the operator's builder (aenv_harbor.kube).
+(``harbor==0.25.0`` in its own Python 3.12 environment, tests/_oracles.py ``HARBOR``) on the
+session's real node (the ``real_node`` fixture, tests/_realnode.py: the running node, else the
+kit's, started once per session), as the other real-node tests run: by default, in CI. Each
+trial's pod runs the task's own image, derived and built by the operator's builder
+(aenv_harbor.kube), here the kit's ``build-image`` (``AENV_HARBOR_BUILDER`` names another).
 
-Runs when ``AENV_TEST_KUBECONFIG`` names such a cluster and ``AENV_TEST_IMAGE_PREFIX`` the
-registry its images are tagged in (docs/ecosystem.md, *Kubernetes*); the builder is
-``AENV_HARBOR_BUILDER``, else the real-node kit's ``build-image`` beside the checkout
-(``AENV_K8S_REALNODE_TOOLS``). The runtime image of ``harbor-pod`` is content-keyed here (its
-definition and aenv-ray's datasource client): built once, with ``aenv build`` and the builder,
-when the cluster's node does not have it (some minutes), so a changed project never runs an
-old image. One job of four tasks: one whose solution passes, one whose
-solution fails, one that checks the image's ``WORKDIR``, ``ENV``, ``COPY`` and ``RUN``, the
-commands' user, and Harbor's uploads and downloads, one with a prebuilt ``docker_image`` and
-no Dockerfile, one whose agent runs past its time, and one
-whose agent puts a socket of its own in place of the exec helper's (to answer the verifier's
-commands itself).
+The images, kept cheap and keyed by content:
+
+- ``harbor-pod``'s runtime image is this checkout's runtime image, which the session builds for
+  every real-node test (``real_node.runtime_image``), plus harbor-pod's definition at ``/env``
+  (``OwnImage``'s project), copied from the aenv_harbor that image installed and checked
+  against the checkout's by its digest (tests/_k8s_images.py ``layered_image``:
+  ``PREFIX/harbor-pod-KEY/harbor-pod:1.0.0``). KEY digests that Dockerfile, which names the
+  runtime image by the digest of everything in it, so a change of harbor-pod, of aenv-ray's
+  datasource client or of anything else the image holds is a new tag, never an old image: one
+  layer on the runtime image, no PyPI install (about a minute, most of it the kit saving and
+  importing the whole image; nothing when the kit has it).
+- the tasks' images are ``FROM debian:bookworm-slim``, which the kit builds offline: three
+  contents for the six tasks (four share one Dockerfile), built by aenv_harbor through the
+  builder in every session (its build markers in a directory of the module's, so the build
+  path is tested too), from buildah's layer cache after the first time: 10-30 s each
+  (docs/ecosystem.md, *Kubernetes*, has the measurements).
+
+One job of six tasks, two trials at a time: one whose solution passes, one whose solution fails,
+one that checks the image's ``WORKDIR``, ``ENV``, ``COPY`` and ``RUN``, the commands' user, and
+Harbor's uploads and downloads, one with a prebuilt ``docker_image`` and no Dockerfile, one
+whose agent runs past its time (5 s), and one whose agent puts a socket of its own in place of
+the exec helper's (to answer the verifier's commands itself). Each case is one more pod of a
+few seconds in the same job, so none is left for a run of its own.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
 from aenv_ray.bundle import definition_digest
-from tests._cli import aenv
-from tests._k8s import REPO, KubeCluster
+from aenv_ray.config import EnvConfig
+from tests._k8s_images import ImageUnavailable, builder_command, image_prefix, layered_image
 from tests._oracles import HARBOR, oracle_python
+from tests._realnode import RealNode
 from tests.test_harbor import CHECK_HELLO, REWARD, _exception, _reward
 
-HOW_TO = (
-    "Harbor on Kubernetes needs a cluster that runs images: AENV_TEST_KUBECONFIG="
-    "~/.cache/k8s-real/realnode/kubeconfig AENV_TEST_IMAGE_PREFIX=realnode.local/aenv "
-    "(docs/ecosystem.md#kubernetes)"
-)
-pytestmark = [
-    pytest.mark.skipif(not os.environ.get("AENV_TEST_KUBECONFIG"), reason=HOW_TO),
-    # the first run on a node builds harbor-pod's image (minutes), then the task images
-    pytest.mark.timeout(2400),
-]
+pytestmark = [pytest.mark.k8s, pytest.mark.real_node, pytest.mark.timeout(2400)]
 
 BASE = "debian:bookworm-slim"  # an image the real node has (its kit builds it offline)
 TASK_TOML = """schema_version = "1.4"
@@ -132,67 +137,56 @@ def _task(
     (task / "tests" / "test.sh").write_text(test)
 
 
-def _builder() -> str:
-    given = os.environ.get("AENV_HARBOR_BUILDER")
-    if given:
-        return given
-    tools = os.environ.get("AENV_K8S_REALNODE_TOOLS")
-    candidates = [Path(tools)] if tools else []
-    candidates += [base / "shared" / "tools" / "k8s-realnode" for base in REPO.parents[:2]]
-    for folder in candidates:
-        if (folder / "build-image").is_file():
-            return f"{folder / 'build-image'} -t {{tag}} -f {{dockerfile}} {{context}}"
-    pytest.skip(
-        "no image builder: set AENV_HARBOR_BUILDER (e.g. `build-image -t {tag} -f {dockerfile} "
-        "{context}` of ../shared/tools/k8s-realnode) or AENV_K8S_REALNODE_TOOLS"
+POD_DIR = Path(__file__).resolve().parent.parent / "aenv_harbor" / "pod"
+
+
+def _pod_lines() -> tuple[str, ...]:
+    """harbor-pod's layer on the runtime image: its definition, as the runtime image's aenv-ray
+    installed it, at ``/env`` (where ``OwnImage``'s pods serve their project from); the build
+    fails when it is not the checkout's (an ``AENV_TEST_RUNTIME_IMAGE`` of another tree)."""
+    digest = definition_digest(POD_DIR)
+    script = (
+        "import pathlib, shutil, sys, aenv_harbor; from aenv_ray.bundle import definition_digest; "
+        "pod = pathlib.Path(aenv_harbor.__file__).parent / 'pod'; "
+        "sys.exit('the runtime image holds another harbor-pod than this checkout, "
+        f"{digest}: use the runtime image of this checkout') "
+        f"if definition_digest(pod) != '{digest}' "
+        "else shutil.copytree(pod, '/env', ignore=shutil.ignore_patterns('__pycache__'))"
     )
+    return (f'RUN python -c "{script}"', "WORKDIR /env")  # as `aenv build`'s image
 
 
-def _node_images(cluster: KubeCluster) -> set[str]:
-    from kubernetes import client
-
-    with cluster.api_client() as api:
-        nodes = client.CoreV1Api(api).list_node().items
-    return {name for node in nodes for image in node.status.images or [] for name in image.names}
-
-
-POD_DIR = REPO / "aenv_harbor" / "pod"
+def _unavailable(exc: ImageUnavailable) -> NoReturn:
+    """Skip saying why; under ``AENV_REQUIRE_K8S=1`` (CI) a failure."""
+    if os.environ.get("AENV_REQUIRE_K8S") == "1":
+        raise exc
+    pytest.skip(str(exc))
 
 
-def _runtime_prefix(prefix: str, builder: str, cluster: KubeCluster, scratch: Path) -> str:
-    """An image prefix under which ``harbor-pod:1.0.0`` is this checkout's (its definition and
-    the datasource client it relays through), built first when the node lacks it."""
-    key = hashlib.sha256(definition_digest(POD_DIR).encode())
-    key.update((REPO / "aenv_ray" / "datasource.py").read_bytes())
-    runtime_prefix = f"{prefix}/harbor-pod-{key.hexdigest()[:12]}"
-    tag = f"{runtime_prefix}/harbor-pod:1.0.0"
-    if any(name.endswith(tag) for name in _node_images(cluster)):
-        return runtime_prefix
-    built = aenv("build", str(POD_DIR), "--out", str(scratch), "--no-image")
-    assert built.returncode == 0, built.stderr
-    context = scratch / "image"
-    line = builder.format(tag=tag, dockerfile=context / "Dockerfile", context=context)
-    done = subprocess.run(
-        ["/bin/sh", "-c", line], capture_output=True, text=True, timeout=1800, check=False
-    )
-    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
-    return runtime_prefix
+@pytest.fixture(scope="module")
+def harbor_pod_prefix(real_node: RealNode) -> str:
+    """The image prefix under which ``harbor-pod:1.0.0`` is this checkout's, on the node."""
+    config = EnvConfig.load(POD_DIR)
+    try:
+        tag = layered_image(
+            real_node.runtime_image, config.name, _pod_lines(), version=config.version
+        )
+    except ImageUnavailable as exc:
+        _unavailable(exc)
+    return tag.removesuffix(f"/{config.image_tag}")
 
 
 @pytest.fixture(scope="module")
 def harbor_k8s_job(
-    kube_cluster: KubeCluster, tmp_path_factory: pytest.TempPathFactory
+    real_node: RealNode, harbor_pod_prefix: str, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, dict[str, object]]:
-    """Every trial's result.json, by task name, from one `harbor run` on the cluster."""
-    if kube_cluster.runs_host_processes:
-        pytest.skip(f"this cluster's kubelet runs no images (k8s-real). {HOW_TO}")
-    prefix = os.environ.get("AENV_TEST_IMAGE_PREFIX", "").rstrip("/")
-    if not prefix:
-        pytest.skip(f"no AENV_TEST_IMAGE_PREFIX. {HOW_TO}")
-    builder = _builder()
+    """Every trial's result.json, by task name, from one `harbor run` on the real node."""
+    try:
+        builder = os.environ.get("AENV_HARBOR_BUILDER") or builder_command()
+    except ImageUnavailable as exc:
+        _unavailable(exc)
     python = oracle_python(HARBOR)
     root = tmp_path_factory.mktemp("harbor-k8s")
-    runtime_prefix = _runtime_prefix(prefix, builder, kube_cluster, root / "harbor-pod")
     tasks = root / "tasks"
     _task(tasks, "passing", solve="#!/bin/bash\necho hello > /app/hello.txt\n")
     _task(tasks, "failing", solve="#!/bin/bash\necho goodbye > /app/hello.txt\n")
@@ -221,15 +215,22 @@ def harbor_k8s_job(
         files={"data.txt": "the data\n"},
     )
     jobs = root / "jobs"
-    with kube_cluster.scratch_namespace("aenv-harbor") as (_, namespace):
+    unset = ("AENV_SYSTEM_URL", "AENV_API_KEY", "AENV_ENGINE")
+    with real_node.scratch_namespace("aenv-harbor") as (_, namespace):
         environment = {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k not in unset},
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # Harbor's litellm: no fetch of its price map
-            "KUBECONFIG": str(kube_cluster.kubeconfig),
+            "KUBECONFIG": str(real_node.kubeconfig),
             "AENV_K8S_NAMESPACE": namespace,
-            "AENV_K8S_IMAGE_PREFIX": runtime_prefix,  # harbor-pod's image
+            "AENV_K8S_DELIVERY": "image",
+            "AENV_K8S_IMAGE_PREFIX": harbor_pod_prefix,  # harbor-pod's image
+            # the exec helper the pods' init container copies: this checkout's
+            "AENV_K8S_RUNTIME_IMAGE": real_node.runtime_image,
             "AENV_HARBOR_BUILDER": builder,
-            "AENV_HARBOR_REGISTRY": prefix,
+            "AENV_HARBOR_REGISTRY": image_prefix(),
+            # the build markers: the module's own, so that each content is built by aenv_harbor
+            # in every session (from buildah's layer cache once the kit built it)
+            "AENV_HARBOR_IMAGES_DIR": str(root / "built"),
         }
         command = [str(python.parent / "harbor"), "run", "-p", str(tasks), "-a", "oracle"]
         command += ["--env", "aenv_harbor:AenvRayEnvironment", "--ek", "engine=kubernetes"]
