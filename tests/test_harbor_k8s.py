@@ -15,13 +15,16 @@ The images, kept cheap and keyed by content:
   ``PREFIX/harbor-pod-KEY/harbor-pod:1.0.0``). KEY digests that Dockerfile, which names the
   runtime image by the digest of everything in it, so a change of harbor-pod, of aenv-ray's
   datasource client or of anything else the image holds is a new tag, never an old image: one
-  layer on the runtime image, no PyPI install (about a minute, most of it the kit saving and
-  importing the whole image; nothing when the kit has it).
+  layer on the runtime image, no PyPI install (18 s, most of it the kit saving and importing
+  the whole 600 MB image; nothing when the kit has it).
 - the tasks' images are ``FROM debian:bookworm-slim``, which the kit builds offline: three
   contents for the six tasks (four share one Dockerfile), built by aenv_harbor through the
   builder in every session (its build markers in a directory of the module's, so the build
-  path is tested too), from buildah's layer cache after the first time: 10-30 s each
-  (docs/ecosystem.md, *Kubernetes*, has the measurements).
+  path is tested too), from buildah's layer cache after the first time: 4-5 s each, about as
+  much for new layers (a small ``RUN`` and the save of a 127 MB image).
+
+The file takes 38-40 s with harbor-pod's image there, 52 s when it is built too (session 36,
+2 cores at load 3, the node running).
 
 One job of six tasks, two trials at a time: one whose solution passes, one whose solution fails,
 one that checks the image's ``WORKDIR``, ``ENV``, ``COPY`` and ``RUN``, the commands' user, and
