@@ -376,6 +376,10 @@ class DeployConfig(_Camel):
     # of terminal-bench and swe); an engine that cannot give that refuses the definition (a
     # Kubernetes pod may not: docs/kubernetes.md)
     nested_namespaces: bool = False
+    # aenv-ray, Kubernetes: a judge container beside the runtime, running this Python module of
+    # the same image (``python -I -B -m MODULE --socket ... --workspace ...``): it grades where
+    # the agent cannot reach, in place of the boxes nestedNamespaces asks for (docs/kubernetes.md)
+    judge_container: str | None = None
     # aenv-ray, Kubernetes: the user's own pod template, YAML text or the same as a JSON object
     # (k8s_backend.templates checks and merges it; other engines ignore it)
     custom_pod_template: str | dict[str, Any] | None = None
@@ -403,6 +407,16 @@ class DeployConfig(_Camel):
     @classmethod
     def _workspace(cls, value: str) -> str:
         return _check_workspace(value)
+
+    @field_validator("judge_container")
+    @classmethod
+    def _judge_container(cls, value: str | None) -> str | None:
+        parts = (value or "x").split(".")
+        if not all(p.isidentifier() for p in parts):
+            raise ValueError(
+                f"must name a Python module of the image (dotted names), not {value!r}"
+            )
+        return value
 
     @field_validator("ephemeral_storage", mode="before")
     @classmethod

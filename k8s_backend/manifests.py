@@ -17,6 +17,7 @@ read), so that no state outside the cluster is needed.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
@@ -44,6 +45,9 @@ __all__ = [
     "ANNOTATION_NONCE",
     "ANNOTATION_OWNER",
     "CLAIM_FREE",
+    "JUDGE_PATH",
+    "JUDGE_SOCKET_ENV",
+    "JUDGE_WORKSPACE",
     "LABEL_CLAIM",
     "LABEL_ENV",
     "LABEL_INSTANCE",
@@ -87,6 +91,13 @@ ANNOTATION_NONCE = "aenv-ray.io/token-nonce"  # public; the token is derived fro
 NETWORK_POLICY_NAME = "aenv-ray-deny-egress"
 NOBODY = 65534
 STORAGE_PATH = "/storage"
+JUDGE_PATH = "/aenv-judge"
+"""The judge container's socket directory (``deployConfig.judgeContainer``); the runtime's
+mount of it is read-only."""
+JUDGE_SOCKET_ENV = "AENV_JUDGE_SOCKET"
+"""The runtime's variable naming the judge's socket (``deployConfig.judgeContainer``)."""
+JUDGE_WORKSPACE = "/aenv-work"
+"""Where the judge container sees the agent's workspace (read-only)."""
 SHARED_PATH = "/aenv-shared"
 """A DualContainer pod's volume shared by its containers: the exec helper and its socket."""
 
@@ -181,6 +192,8 @@ def refuse_nested_namespaces(pod: Mapping[str, Any], deploy: DeployConfig, ref: 
     aenv_ray.errors.ConfigurationError: tb@1.0.0 makes namespaces of its own inside its ...
     """
     if not deploy.nested_namespaces or deploy.pod_template == "DualContainer":
+        return
+    if deploy.judge_container:  # the pod is the agent's box, the judge another container
         return
     spec: Mapping[str, Any] = pod.get("spec") or {}
     containers: list[Mapping[str, Any]] = spec.get("containers") or []
@@ -331,6 +344,7 @@ class _Runtime:
     exec_helper: ExecHelper = field(default_factory=ExecHelper)
     shared_key: str = ""  # names the pod's shared directory on a host-process cluster
     pod_policy: PodTemplatePolicy = field(default_factory=PodTemplatePolicy)
+    user_env: Mapping[str, str] = field(default_factory=dict)  # the user's (a judge gets them)
 
 
 def _shared_dir(runtime: _Runtime) -> str:
@@ -391,6 +405,60 @@ def _second_container(runtime: _Runtime, containers: list[dict[str, Any]]) -> di
     }
 
 
+def _judge_container(
+    runtime: _Runtime, containers: list[dict[str, Any]], user: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    """The ``judge`` container (``deployConfig.judgeContainer``: a module of the runtime's
+    image) and its volumes: the runtime's workspace read-only at :data:`JUDGE_WORKSPACE`, its
+    own empty directories at the workspace's path (its copy), ``/tests`` and ``/tmp``, and the
+    socket's directory, which the runtime mounts read-only (``AENV_JUDGE_SOCKET`` names the
+    socket there). Its own pid namespace (the pod's default), the runtime's resources, the
+    user's variables and none of the runtime's."""
+    deploy, runtime_container = runtime.deploy, containers[0]
+    socket_path = f"{JUDGE_PATH}/judge.sock"
+    if any(v.get("name") == JUDGE_SOCKET_ENV for v in runtime_container["env"]):
+        raise ConfigurationError(
+            f"environment variable {JUDGE_SOCKET_ENV} is aenv-ray's own in a pod with a judge "
+            "container; choose another name"
+        )
+    runtime_container["env"] = list(runtime_container["env"])
+    runtime_container["env"].insert(1, {"name": JUDGE_SOCKET_ENV, "value": socket_path})
+    runtime_container["volumeMounts"].append(
+        {"name": "aenv-judge", "mountPath": JUDGE_PATH, "readOnly": True}
+    )
+    python = runtime.command[0] if runtime.command else "python"
+    containers.append(
+        {
+            "name": "judge",
+            "image": runtime.image,
+            "command": [python, "-I", "-B", "-m", str(deploy.judge_container)],
+            "args": [
+                *("--socket", socket_path, "--workspace", JUDGE_WORKSPACE),
+                *("--app", deploy.workspace, "--seen-as", deploy.workspace),
+                *("--tests", "/tests", "--scratch", "/tmp"),
+            ],
+            "env": [{"name": str(k), "value": str(v)} for k, v in sorted(user.items())],
+            "resources": copy.deepcopy(runtime_container["resources"]),
+            "securityContext": _container_security(),
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+            "volumeMounts": [
+                {"name": "workspace", "mountPath": JUDGE_WORKSPACE, "readOnly": True},
+                {"name": "aenv-judge", "mountPath": JUDGE_PATH},
+                {"name": "judge-app", "mountPath": deploy.workspace},
+                {"name": "judge-tests", "mountPath": "/tests"},
+                {"name": "judge-tmp", "mountPath": "/tmp"},
+            ],
+            "workingDir": deploy.workspace,
+        }
+    )
+    return [
+        {"name": "aenv-judge", "emptyDir": {"sizeLimit": "16Mi"}},
+        {"name": "judge-app", "emptyDir": {"sizeLimit": "1Gi"}},
+        {"name": "judge-tests", "emptyDir": {"sizeLimit": "256Mi"}},
+        {"name": "judge-tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+    ]
+
+
 def _pod_spec(runtime: _Runtime) -> dict[str, Any]:
     deploy = runtime.deploy
     resources = quantities(deploy)
@@ -434,6 +502,8 @@ def _pod_spec(runtime: _Runtime) -> dict[str, Any]:
         container["env"] = list(container["env"])
         dual = _second_container(runtime, containers)
         volumes += dual["volumes"]
+    if deploy.judge_container:
+        volumes += _judge_container(runtime, containers, runtime.user_env)
     return {
         "restartPolicy": runtime.restart_policy,
         "automountServiceAccountToken": False,
@@ -499,6 +569,7 @@ def instance_pod(recipe: PodRecipe) -> dict[str, Any]:
         exec_helper=recipe.exec_helper,
         shared_key=recipe.instance_id,
         pod_policy=recipe.pod_policy,
+        user_env={**recipe.deploy.env, **recipe.environment_variables},
     )
     name = pod_name(ref.name, recipe.instance_id)
     pod: dict[str, Any] = {

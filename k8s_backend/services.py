@@ -209,6 +209,7 @@ def _pod_template(recipe: ServiceRecipe) -> dict[str, Any]:
         restart_policy="Always",
         exec_helper=recipe.exec_helper,
         pod_policy=recipe.pod_policy,
+        user_env={**recipe.deploy.env, **recipe.environment_variables},
     )
     labels = {
         LABEL_MANAGED: MANAGER,

@@ -70,11 +70,12 @@ def grade(
     invalid: str | None = None,
     agent_timed_out: bool = False,
     judge: dict[str, Any] | None = None,
+    tests_dir: str = TESTS_DIR,
 ) -> dict[str, Any]:
     """The reward's result for ``task`` (see the module's rules). ``run`` is None only for an
     invalid task (``invalid`` says why); ``strict`` counts only ``PASSED`` tests as passed.
     ``judge`` (what the judge removed or ignored before the run) goes into the result's
-    ``judge``, with the verdict on ``run.reports``."""
+    ``judge``, with the verdict on ``run.reports`` (tests collected from ``tests_dir``)."""
     result: dict[str, Any] = {
         "task": task,
         "reward": None,
@@ -110,7 +111,9 @@ def grade(
         outcome = "passed" if passed == total else "failed"
     forged = False
     if run.reports is not None and not run.timed_out:
-        reason, seen = judge_verdict(run.reports, report.statuses, strict=strict)
+        reason, seen = judge_verdict(
+            run.reports, report.statuses, strict=strict, tests_dir=tests_dir
+        )
         judged = result.setdefault("judge", {})
         judged.update(report=seen, verdict=reason or "agrees")
         if reason is not None:
@@ -149,11 +152,16 @@ def _status_of(report: dict[str, Any], nodeid: str) -> str:
 
 
 def judge_verdict(
-    reports: tuple[dict[str, Any], ...], statuses: dict[str, str], *, strict: bool = False
+    reports: tuple[dict[str, Any], ...],
+    statuses: dict[str, str],
+    *,
+    strict: bool = False,
+    tests_dir: str = TESTS_DIR,
 ) -> tuple[str | None, dict[str, Any]]:
     """Whether pytest's own ``reports`` (the judge's channel) back the parsed summary
     (``statuses``: name -> status word): ``(None, what was seen)`` when every test pytest
-    collected from ``/tests`` passed and the summary says the same, else ``(reason, ...)``.
+    collected from ``tests_dir`` (where the judge put the task's tests) passed and the summary
+    says the same, else ``(reason, ...)``.
     ``seen["agrees"]`` is False when the summary contradicts the report (a forgery), True
     when they agree (the tests may still have failed)."""
     seen: dict[str, Any] = {"runs": len(reports), "tests": {}, "ignored": [], "agrees": None}
@@ -190,7 +198,7 @@ def judge_verdict(
             return f"pytest could not collect {', '.join(report['collect_errors'])}", seen
         for item in report.get("collected", []):
             nodeid, path = str(item.get("nodeid", "")), str(item.get("path", ""))
-            if not path.startswith(TESTS_DIR + "/"):
+            if not path.startswith(tests_dir.rstrip("/") + "/"):
                 seen["ignored"].append(nodeid)
                 continue
             name = nodeid.split("::", 1)[-1]

@@ -19,12 +19,18 @@ Modes:
 - ``grader``: ``/tests`` holds the task's ``run-tests.sh`` and ``tests/``; pid 1 runs
   ``command`` (stdout and stderr are the runtime's pipe) and exits with its status.
 
+With ``"pod": true`` (a Kubernetes pod, whose container may not make namespaces: the pod is
+the agent's box there, and the tests run in the pod's judge container) no root is built: pid 1
+is a plain process, a child subreaper (nothing the agent starts escapes below it), which
+serves as above in the workspace and ends everything below it when its server ends.
+
 Whatever runs in the box can take the server over (it is the agent's own): the runtime trusts
 nothing it answers beyond its size.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -45,6 +51,7 @@ MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
 MNT_DETACH = 2
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 _PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
 _DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 _SCRATCH = ("/data", "/storage", "/workspace")  # an empty mount point of the instance's root
@@ -397,12 +404,78 @@ def _pid_1(settings: dict[str, object], sock_fd: int | None) -> None:
     while True:  # reap orphans until the child ends; the kernel then ends the rest
         pid, status = os.wait()
         if pid == child:
+            if settings.get("pod"):  # no pid namespace to end the rest: end it here
+                end_below()
             os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as handle:
+                found += [int(p) for p in handle.read().split()]
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def end_below(pid: int | None = None) -> list[int]:
+    """Stop every process below ``pid`` (this one by default), again until no new one appears
+    (a stopped process forks no more), then kill them all and reap those that came to us."""
+    top = os.getpid() if pid is None else pid
+    stopped: list[int] = []
+    for _ in range(100):
+        fresh, todo = [], _children(top)
+        while todo:
+            found = todo.pop()
+            if found not in stopped:
+                fresh.append(found)
+            todo += _children(found)
+        if not fresh:
+            break
+        for found in fresh:
+            with contextlib.suppress(OSError):
+                os.kill(found, signal.SIGSTOP)
+            stopped.append(found)
+    for found in stopped:
+        with contextlib.suppress(OSError):
+            os.kill(found, signal.SIGKILL)
+    if pid is None:
+        for found in stopped:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(found, 0)
+    return stopped
+
+
+def _in_pod(settings: dict[str, object], sock_fd: int | None) -> None:
+    """The box of a pod (see the module's docstring): pid 1 a subreaper, no namespace."""
+    child = os.fork()
+    if child == 0:
+        try:
+            _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl")
+            _check(_libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "prctl")
+            _pid_1(settings, sock_fd)
+        except BaseException as exc:
+            print(f"terminal-bench box: {type(exc).__name__}: {exc}", file=sys.stderr)
+            os._exit(126)
+    if sock_fd is not None:
+        os.close(sock_fd)
+    os.closerange(3, 1 << 16)
+    _, status = os.waitpid(child, 0)
+    sys.exit(os.waitstatus_to_exitcode(status) & 0xFF)
 
 
 def main() -> None:
     settings = json.loads(sys.stdin.buffer.read())
     sock_fd = settings.get("fd")
+    if settings.get("pod"):
+        _in_pod(settings, sock_fd)
+        return
     build_root(settings)
     _unshare(CLONE_NEWPID | CLONE_NEWIPC)
     child = os.fork()

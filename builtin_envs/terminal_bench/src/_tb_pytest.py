@@ -21,6 +21,9 @@ pytest's exit, and writes one JSON line to the runtime's pipe: ``{"report": ...,
 (``signal`` when pytest was killed). The box never holds the runtime's pipe.
 
 Run as a script (``python -I -B _tb_pytest.py``) with the runtime's control socket as stdin.
+With ``--here`` (terminal-bench's judge container on Kubernetes, where the test run is not in a
+box but in the judge's own container) a request is served without joining any namespace: the
+fork becomes pytest where it is, with the sender's descriptors, directory and environment.
 """
 
 from __future__ import annotations
@@ -168,6 +171,7 @@ def _raw_outcomes(judge: JudgeReport) -> object:
 
 
 PR_SET_DUMPABLE = 4
+PR_CAPBSET_READ = 23
 PR_CAPBSET_DROP = 24
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
@@ -202,7 +206,8 @@ def out_of_the_tests_reach() -> None:
     report pipe, pytest's output), nor read or write its memory: the kernel asks for
     ``CAP_SYS_PTRACE`` over a process that is not dumpable. Code pytest imports runs in pytest's
     own process: nothing here stops it (docs/security.md)."""
-    _prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE)
+    if _libc.prctl(ctypes.c_int(PR_CAPBSET_READ), ctypes.c_ulong(CAP_SYS_PTRACE), 0, 0, 0) != 0:
+        _prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE)  # (a pod's container has none to drop)
     with contextlib.suppress(OSError):  # a kernel without ambient capabilities has none
         _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
     header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
@@ -365,9 +370,10 @@ def _receive(sock: socket.socket) -> tuple[dict[str, object], list[int], int] | 
     return request, fds, pid
 
 
-def serve(control: socket.socket) -> None:
+def serve(control: socket.socket, *, here: bool = False) -> None:
     """Take boxes' sockets (each with the runtime's judge pipe) from the runtime and requests
-    from the boxes until the runtime goes."""
+    from the boxes until the runtime goes (``here``: requests of this process's own namespaces,
+    served there)."""
     selector = selectors.DefaultSelector()
     selector.register(control, selectors.EVENT_READ, None)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the forks are reaped by the kernel
@@ -398,15 +404,15 @@ def serve(control: socket.socket) -> None:
                 continue
             request, fds, pid = received
             try:
-                namespaces = _namespaces(pid)
+                namespaces = [] if here else _namespaces(pid)
             except OSError:
                 namespaces = []
-            if namespaces and os.fork() == 0:
+            if (namespaces or here) and os.fork() == 0:
                 control.close()
                 _serve_one(sock, namespaces, request, fds, judge)
             for fd in [*fds, *(n[0] for n in namespaces)]:
                 os.close(fd)
-            if not namespaces:
+            if not namespaces and not here:
                 selector.unregister(sock)
                 sock.close()
                 os.close(judge)
@@ -420,7 +426,7 @@ def main() -> None:
     os.close(0)
     os.open("/dev/null", os.O_RDONLY)
     warm()
-    serve(control)
+    serve(control, here="--here" in sys.argv[1:])
 
 
 if __name__ == "__main__":

@@ -15,6 +15,11 @@ holds only the system's directories, Python, ``/app``, ``/tmp`` and ``/root``:
 
 ``/tmp`` and ``/root`` of the boxes are directories of the instance's own ``/tmp`` (under
 ``/tmp/.tb``), emptied with ``/app`` at every reset (the judge's: before every test run).
+
+In a Kubernetes pod (:data:`IN_POD`: the pod spec names the judge container's socket) no box
+has namespaces of its own: the agent's box is a plain process tree below a subreaper, in the
+pod's runtime container (``"pod"`` in its settings), and the tests run in the pod's judge
+container (``_tb_pod.py``), not here.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from builtin_envs.terminal_bench import (
     task_names,
 )
 from builtin_envs.terminal_bench.errors import JudgeUnavailableError
+from builtin_envs.terminal_bench.judge_wire import SOCKET_ENV
 
 log = logging.getLogger("terminal_bench")
 
@@ -70,6 +76,8 @@ START_TIMEOUT = 20.0
 FREEZE_ROUNDS = 100  # passes over the agent's processes to stop them all (then they are killed)
 END_TIMEOUT = 20.0  # seconds for the agent's box to be gone once its pid 1 is killed
 MAX_JUDGE_REPORT = 64 << 20  # bytes of pytest reports kept
+IN_POD = bool(os.environ.get(SOCKET_ENV))
+"""Whether this instance is a Kubernetes pod with a judge container (no namespaces here)."""
 _NAME_PART = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
@@ -423,7 +431,13 @@ class AgentBox:
         (STATE / "home").mkdir(parents=True, exist_ok=True, mode=0o700)
         ours, theirs = socket.socketpair()
         self._errors = _log_file("agent-box.log")
-        settings = _settings("agent", fd=theirs.fileno())
+        if IN_POD:
+            env = _box_env(grader=False)
+            env["HOME"] = str(STATE / "home")
+            settings = {"mode": "agent", "pod": True, "env": env, "cwd": _workspace()}
+            settings["fd"] = theirs.fileno()
+        else:
+            settings = _settings("agent", fd=theirs.fileno())
         try:
             self._process = subprocess.Popen(
                 _box_command(),
@@ -441,14 +455,20 @@ class AgentBox:
         self._process.stdin.close()
         self._sock = ours
         self._pending = b""
+        self._ending = False
         try:
             self._server_pid = int(self.request("ping", timeout=START_TIMEOUT)["pid"])
         except BoxError as exc:
             why = self._why()
             self.close()
+            needs = (
+                ""
+                if IN_POD
+                else ". terminal-bench needs unprivileged user namespaces inside "
+                "the instance (the local engine gives them)"
+            )
             raise BoxUnavailableError(
-                f"the agent's box did not start: {why or exc}. terminal-bench needs "
-                "unprivileged user namespaces inside the instance (the local engine gives them)"
+                f"the agent's box did not start: {why or exc}{needs}"
             ) from exc
 
     def _why(self) -> str:
@@ -530,6 +550,9 @@ class AgentBox:
                 seen = _process_info(pid)
                 if seen is not None:
                     found.append(seen)
+            for pid in stopped:  # in a pod no pid namespace ends them with its pid 1
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
             with contextlib.suppress(OSError):
                 os.kill(pid_1[0], signal.SIGKILL)
             try:  # the box's H waits for its pid 1, which waits for its namespace to be empty
@@ -541,6 +564,10 @@ class AgentBox:
 
     def close(self) -> None:
         """End the box and everything in it."""
+        if IN_POD and not self._ending and self._process.poll() is None:
+            self._ending = True  # no pid namespace ends the rest with the box: each one, frozen
+            self.end()
+            return
         self._sock.close()
         if self._process.poll() is None:
             self._process.kill()  # its pid 1 dies with it (a parent-death signal), then the rest

@@ -8,7 +8,8 @@ the dataset nor the task directory exists. The reward is the judge's: it ends th
 (every process in it), keeps ``/app`` as files only, runs the task's ``run-tests.sh`` in a
 grader's box of its own (fresh ``/tmp`` and home, the task's environment), parses pytest's
 summary as Terminal-Bench does and checks it against pytest's own report. See
-docs/builtins.md.
+docs/builtins.md. In a Kubernetes pod with a judge container (``_tb_pod.py``) the tasks, their
+tests and the test runs are the judge container's, and the agent's box is the pod itself.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import threading
 import time
 from typing import Any, Literal
 
+import _tb_pod
 from _tb_runtime import (
+    IN_POD,
     WORKDIR,
     AgentBox,
     BoxDiedError,
@@ -35,7 +38,7 @@ from _tb_runtime import (
 
 from aenv_ray import register_function, register_health, register_reward, register_tool
 from aenv_ray.errors import ConfigurationError
-from builtin_envs.terminal_bench import NoTaskError, Task, grade
+from builtin_envs.terminal_bench import NoTaskError, Task, TestRun, grade
 
 log = logging.getLogger("terminal_bench")
 
@@ -75,9 +78,13 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 def _episode() -> Episode:
     """The current episode; the first one comes from ``TB_TASK_DIR`` (or no task at all)."""
     global _EPISODE
+    if IN_POD:
+        _tb_pod.judge()  # before the agent's first command: the judge serves one connection
     if _EPISODE is None:
         task = None
-        if os.environ.get("TB_TASK_DIR") or os.path.isfile(
+        if IN_POD:
+            pass
+        elif os.environ.get("TB_TASK_DIR") or os.path.isfile(
             os.path.join(os.environ.get("TB_DATASET_DIR") or "/data", "task.yaml")
         ):
             task = find_task(None)
@@ -247,13 +254,14 @@ def tb_reset(
         if value is not None and value <= 0:
             raise ValueError("a timeout must be a positive number of seconds")
     with _LOCK:
-        found = find_task(task)
+        found = _tb_pod.find_task(task) if IN_POD else find_task(task)
         if _EPISODE is not None:
             _EPISODE.close()
         clean_slate()
         _EPISODE = _new_episode(found, agent_timeout_sec, test_timeout_sec)
         _EPISODE.agent_box()  # now: a machine that cannot build one says so here
-        _warm_pytest()
+        if not IN_POD:  # in a pod the tests run in the judge container
+            _warm_pytest()
         return _task_info(_EPISODE)
 
 
@@ -280,6 +288,9 @@ def tb_task() -> dict[str, Any]:
 @register_function
 def tb_tasks() -> dict[str, list[str]]:
     """The tasks tb_reset can start: the dataset's and the bundled demo tasks."""
+    if IN_POD:
+        with _LOCK:
+            return _tb_pod.all_task_names()
     return all_task_names()
 
 
@@ -293,10 +304,13 @@ def tb_run_solution() -> dict[str, Any]:
         episode = _episode()
         if episode.task is None:
             raise NoTaskError("no task: call tb_reset(task=...) first")
-        solution = episode.task.solution
-        if not solution.is_file():
-            raise FileNotFoundError(f"task {episode.task.name} has no solution.sh")
-        script = solution.read_text(errors="replace")
+        if IN_POD:
+            script = _tb_pod.solution(episode.task)
+        else:
+            solution = episode.task.solution
+            if not solution.is_file():
+                raise FileNotFoundError(f"task {episode.task.name} has no solution.sh")
+            script = solution.read_text(errors="replace")
         path = "/tmp/.tb-solution.sh"
         _request("write", timeout=30, path=path, content=script, append=False)
         limit = _limit(3600)
@@ -336,6 +350,8 @@ def tb_reward(scoring: Literal["all", "fraction"] | None = None, strict: bool = 
             raise NoTaskError("no task to grade: call tb_reset(task=...) first")
         late = episode.timed_out or (episode.time_left() == 0.0)
         started = time.monotonic()
+        if IN_POD:
+            return _pod_reward(episode, task, chosen, strict, late, started)
         judge = _judge(episode)
         if task.invalid is not None:
             return grade(task.name, None, invalid=task.invalid, agent_timed_out=late, judge=judge)
@@ -368,6 +384,59 @@ def tb_reward(scoring: Literal["all", "fraction"] | None = None, strict: bool = 
             },
         )
         return result
+
+
+def _pod_reward(
+    episode: Episode, task: Task, scoring: str, strict: bool, late: bool, started: float
+) -> dict[str, Any]:
+    """tb_reward in a pod: the agent's box ended here, the work graded by the judge container
+    on its own copy of /app (links out, FIFOs, sockets and devices left out)."""
+    killed = episode.end()
+    run, copy = _tb_pod.run_tests(task, episode.test_timeout or task.max_test_timeout_sec)
+    judge = {
+        "killed": killed[:MAX_LISTED],
+        "killed_total": len(killed),
+        "removed": copy["removed"],
+        "links_out": copy["links_out"],
+        "links_into_judge": [],
+        "over_limit": copy["over_limit"],
+        "judge_container_ended": copy["judge_ended"][:MAX_LISTED],
+        "ignored": [
+            "the agent's /tmp and home directory (the tests get fresh ones)",
+            "the agent's environment and shell (the tests get the task's)",
+        ],
+    }
+    if task.invalid is not None:
+        return grade(task.name, None, invalid=task.invalid, agent_timed_out=late, judge=judge)
+    if run is None:  # past the judge's copy limits: the agent's doing
+        empty = TestRun(output="", exit_code=None, seconds=0.0, reports=())
+        result = grade(task.name, empty, agent_timed_out=late, judge=judge)
+        limit = copy["over_limit"] or {}
+        result.update(reward=0.0, resolved=False, outcome="failed")
+        result["reason"] = (
+            f"the agent's /app holds more than {limit.get('cap')} {limit.get('limit')} "
+            f"(at {limit.get('path')!r}): the judge copied no more of it and ran no test"
+        )
+        return result
+    result = grade(
+        task.name,
+        run,
+        scoring="fraction" if scoring == "fraction" else "all",
+        strict=strict,
+        agent_timed_out=late,
+        judge=judge,
+        tests_dir=copy["tests_dir"],
+    )
+    log.info(
+        "graded",
+        extra={
+            "task": task.name,
+            "outcome": result["outcome"],
+            "reward": result["reward"],
+            "seconds": round(time.monotonic() - started, 3),
+        },
+    )
+    return result
 
 
 def _judge(episode: Episode) -> dict[str, Any]:
