@@ -17,9 +17,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 from collections.abc import Iterator
@@ -314,6 +316,55 @@ def test_copy_files_follows_chains_as_the_kernel_would(tmp_path: Path) -> None:
     (tmp_path / "deep-copy").mkdir()
     found = copy_files(str(deep), str(tmp_path / "deep-copy"), limits=CopyLimits(depth=3))
     assert found["over_limit"] == {"limit": "directories deep", "cap": 3, "path": "d/d/d/d"}
+
+
+def test_what_the_judge_cannot_read_is_left_out_not_an_error() -> None:
+    """Files and directories the agent made unreadable (mode 000) are left out of the copy and
+    named; the grading goes on (an error would let the agent turn its 0 into a retry). Run as
+    the pod runs the judge: a user of its own, no capability."""
+    if os.getuid() != 0:
+        pytest.skip("needs root to run the copy as another user without capabilities")
+    base = Path(tempfile.mkdtemp(prefix="tb-judge-"))
+    try:
+        ws, copy = base / "ws", base / "copy"
+        (ws / "closed").mkdir(parents=True)
+        (ws / "closed" / "inside.txt").write_text("x")
+        (ws / "secret.txt").write_text("x")
+        (ws / "fine.txt").write_text("ok")
+        copy.mkdir()
+        for path in (base, ws, copy, *ws.rglob("*")):
+            os.chown(path, 65534, 65534)
+        (ws / "secret.txt").chmod(0)
+        (ws / "closed").chmod(0)
+        code = (
+            "import json, sys; from builtin_envs.terminal_bench.judge import copy_files; "
+            "print(json.dumps(copy_files(sys.argv[1], sys.argv[2])))"
+        )
+        as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        done = subprocess.run(
+            [
+                *as_nobody,
+                *("--inh-caps=-all", "--bounding-set=-all", sys.executable, "-c", code),
+                *(str(ws), str(copy)),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=Path(__file__).resolve().parents[1],
+        )
+        assert done.returncode == 0, done.stderr
+        found = json.loads(done.stdout)
+        assert sorted(found["removed"], key=lambda r: r["path"]) == [
+            {"path": "closed", "type": "unreadable (Permission denied)"},
+            {"path": "secret.txt", "type": "unreadable (Permission denied)"},
+        ]
+        assert found["files"] == 1
+        assert (copy / "fine.txt").read_text() == "ok"
+        assert sorted(p.name for p in copy.iterdir()) == ["fine.txt"]
+    finally:
+        for path in (base / "ws" / "closed", base / "ws" / "secret.txt"):
+            path.chmod(0o700)
+        shutil.rmtree(base)
 
 
 def test_the_pod_box_ends_everything_below_it(tmp_path: Path) -> None:

@@ -112,7 +112,7 @@ def _copy_regular(name: str, dir_fd: int, dest: str, room: int) -> int:
     try:
         status = os.fstat(fd)
         if not stat.S_ISREG(status.st_mode):
-            raise _OverLimit("regular files", 0, name)  # replaced while copied: not graded
+            raise OSError(0, "not a regular file any more")  # replaced while listed
         copied = 0
         out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
@@ -125,6 +125,9 @@ def _copy_regular(name: str, dir_fd: int, dest: str, room: int) -> int:
                     raise _OverLimit("bytes", room, name)
                 os.write(out, chunk)
             os.fchmod(out, (stat.S_IMODE(status.st_mode) & 0o755) | 0o600)
+        except OSError:
+            os.unlink(dest)
+            raise
         finally:
             os.close(out)
         return copied
@@ -236,25 +239,47 @@ def _copy_directory(
         counts["entries"] += 1
         if counts["entries"] > limits.files:
             raise _OverLimit("files and directories", limits.files, rel)
-        status = os.stat(entry, dir_fd=dir_fd, follow_symlinks=False)
-        dest = os.path.join(target, rel)
-        if stat.S_ISDIR(status.st_mode):
-            child = os.open(
-                entry, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd
-            )
+        try:
+            _copy_entry(entry, rel, dir_fd, target, limits, counts, pending, removed, links)
+        except OSError as exc:  # the agent's doing (a mode of 000, ...): left out, named
+            removed.append({"path": rel, "type": f"unreadable ({exc.strerror})"})
+
+
+def _copy_entry(
+    entry: str,
+    rel: str,
+    dir_fd: int,
+    target: str,
+    limits: CopyLimits,
+    counts: dict[str, int],
+    pending: list[tuple[int, str]],
+    removed: list[dict[str, str]],
+    links: list[str],
+) -> None:
+    status = os.stat(entry, dir_fd=dir_fd, follow_symlinks=False)
+    dest = os.path.join(target, rel)
+    if stat.S_ISDIR(status.st_mode):
+        child = os.open(
+            entry, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd
+        )
+        try:
+            os.listdir(child)  # a directory it may open but not list: left out whole
             os.mkdir(dest, 0o755)
-            pending.append((child, rel))
-        elif stat.S_ISREG(status.st_mode):
-            room = limits.bytes - counts["bytes"]
-            if status.st_size > room:
-                raise _OverLimit("bytes", limits.bytes, rel)
-            counts["bytes"] += _copy_regular(entry, dir_fd, dest, room)
-            counts["files"] += 1
-        elif stat.S_ISLNK(status.st_mode):
-            os.symlink(os.readlink(entry, dir_fd=dir_fd), dest)
-            links.append(rel)
-        else:
-            removed.append({"path": rel, "type": _kind(status.st_mode)})
+        except OSError:
+            os.close(child)
+            raise
+        pending.append((child, rel))
+    elif stat.S_ISREG(status.st_mode):
+        room = limits.bytes - counts["bytes"]
+        if status.st_size > room:
+            raise _OverLimit("bytes", limits.bytes, rel)
+        counts["bytes"] += _copy_regular(entry, dir_fd, dest, room)
+        counts["files"] += 1
+    elif stat.S_ISLNK(status.st_mode):
+        os.symlink(os.readlink(entry, dir_fd=dir_fd), dest)
+        links.append(rel)
+    else:
+        removed.append({"path": rel, "type": _kind(status.st_mode)})
 
 
 def _empty(directory: Path, mode: int) -> None:
