@@ -451,9 +451,10 @@ def _judge_container(
             "workingDir": deploy.workspace,
         }
     )
+    # the judge's copy stops at 1 GiB (its CopyLimits); the rest is room for what the tests write
     return [
         {"name": "aenv-judge", "emptyDir": {"sizeLimit": "16Mi"}},
-        {"name": "judge-app", "emptyDir": {"sizeLimit": "1Gi"}},
+        {"name": "judge-app", "emptyDir": {"sizeLimit": "2Gi"}},
         {"name": "judge-tests", "emptyDir": {"sizeLimit": "256Mi"}},
         {"name": "judge-tmp", "emptyDir": {"sizeLimit": "1Gi"}},
     ]
