@@ -106,6 +106,17 @@ def _start(tmp: Path, *extra: str) -> Judged:
                 out.write(str(proc.pid) + "\\n")
         """,
     )
+    # the tests' code signals the judge (its pid in a file the test writes first)
+    _task(
+        dataset,
+        "signals",
+        f"""\
+        import os, signal
+
+        def test_ends_the_judge():
+            os.kill(int(open({str(tmp / "judge.pid")!r}).read()), signal.SIGTERM)
+        """,
+    )
     workspace, app = tmp / "workspace", tmp / "app"
     for directory in (workspace, app, tmp / "tests", tmp / "scratch"):
         directory.mkdir(exist_ok=True)
@@ -176,7 +187,7 @@ def test_a_workspace_is_graded_with_pytests_own_report(judged: Judged, client: J
 
 def test_the_judge_tells_tasks_and_their_public_part(client: JudgeClient) -> None:
     tasks = client.request("tasks", timeout=30)
-    assert tasks["dataset"] == ["hello", "lingers"]
+    assert tasks["dataset"] == ["hello", "lingers", "signals"]
     assert "hello-world" in tasks["demo"]
     task = client.request("task", timeout=30, name="hello")
     assert task["instruction"] == "hello"
@@ -229,6 +240,31 @@ def test_the_judge_ends_with_the_runtimes_connection(judged: Judged) -> None:
     assert client.closed
     with pytest.raises(JudgeUnavailableError, match="the judge is gone"):
         client.request("ping", timeout=5)
+
+
+def test_sigterm_ends_an_idle_judge_and_a_busy_one_after_its_answer(judged: Judged) -> None:
+    """The kubelet's SIGTERM ends an idle judge; one sent by the tests' code (the agent's)
+    during a grading ends it only once that grading is answered, unchanged."""
+    client = JudgeClient.connect(judged.socket, timeout=60)
+    (judged.root / "judge.pid").write_text(str(judged.process.pid))
+    answer = client.request("grade", timeout=120, name="signals")
+    assert answer["exit_code"] == 0
+    assert (
+        answer["reports"][0]["report"]["outcomes"]["tests/test_outputs.py::test_ends_the_judge"][
+            "status"
+        ]
+        == "passed"
+    )
+    assert judged.process.wait(timeout=60) == 0
+    with pytest.raises(JudgeUnavailableError):
+        client.request("ping", timeout=30)
+    client.close()
+
+
+def test_sigterm_ends_an_idle_judge(judged: Judged, client: JudgeClient) -> None:
+    assert client.request("ping", timeout=30)["ok"]
+    judged.process.terminate()
+    assert judged.process.wait(timeout=60) == 0
 
 
 def test_what_the_tests_leave_running_is_ended(judged: Judged, client: JudgeClient) -> None:
@@ -537,7 +573,7 @@ async def test_an_episode_in_pod_mode_is_graded_by_the_judge(judged: Judged, run
         assert task["instruction"] == "hello"
         assert "tests" not in task
         listed = await env.call_function("tb_tasks", {})
-        assert listed["dataset"] == ["hello", "lingers"]
+        assert listed["dataset"] == ["hello", "lingers", "signals"]
         # the agent reaches the judge's socket: refused, the runtime connected first
         knock = (
             'python3 -c "import socket; s=socket.socket(socket.AF_UNIX); '

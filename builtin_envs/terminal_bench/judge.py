@@ -291,7 +291,8 @@ def _empty(directory: Path, mode: int) -> None:
             _remove_tree(path)
         else:
             path.unlink(missing_ok=True)
-    directory.chmod(mode)
+    with contextlib.suppress(PermissionError):  # a pod's emptyDir is root's (mode 0777)
+        directory.chmod(mode)
 
 
 def _remove_tree(path: Path) -> None:
@@ -411,6 +412,8 @@ class Judge:
         self.limits = limits or CopyLimits()
         self._site = _pytest_site()
         self._pytest: _WarmPytest | None = None
+        self.busy = False  # a grading runs (the tests, the agent's code among them)
+        self.stop_after = False  # asked to stop during one: stop once it is answered
 
     def _warm(self) -> _WarmPytest:
         if self._pytest is None or not self._pytest.alive:
@@ -453,7 +456,11 @@ class Judge:
             if op == "grade":
                 task = self.find(str(request.get("name") or ""))
                 timeout = float(request.get("seconds") or task.max_test_timeout_sec)
-                return {"ok": True, **self.grade(task, timeout)}
+                self.busy = True
+                try:
+                    return {"ok": True, **self.grade(task, timeout)}
+                finally:
+                    self.busy = False
             raise ValueError(f"unknown request {op!r}")
         except Exception as exc:
             return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
@@ -679,6 +686,8 @@ def serve(listener: socket.socket, judge: Judge) -> None:
                     else:
                         answer = judge.handle(request)
                     served.sendall(encode(answer))
+                    if judge.stop_after:
+                        return
                 if len(pending) > MAX_REQUEST:
                     return
     finally:
@@ -691,6 +700,20 @@ def _prctl(option: int, value: int) -> None:
     if _libc.prctl(ctypes.c_int(option), ctypes.c_ulong(value), 0, 0, 0) != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, f"prctl({option}): {os.strerror(errno)}")
+
+
+def _stop_on_sigterm(judge: Judge) -> None:
+    """``SIGTERM`` (the kubelet's, when the pod is deleted) ends the judge at once when it is
+    idle, else once the grading under way is answered: a process of the tests (the agent's
+    code, which may signal the container's pid 1 once it has a handler) can end the judge
+    after an honest answer, never change one."""
+
+    def stop(signum: int, frame: object) -> None:
+        if not judge.busy:
+            raise SystemExit(0)
+        judge.stop_after = True
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -723,6 +746,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         seen_as=args.seen_as,
         limits=CopyLimits(files=args.max_files, bytes=args.max_bytes),
     )
+    _stop_on_sigterm(judge)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(args.socket)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -223,7 +223,8 @@ def _empty(directory: Path, mode: int) -> None:
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
-    directory.chmod(mode)
+    with contextlib.suppress(PermissionError):  # a pod's emptyDir (/app) is root's, mode 0777
+        directory.chmod(mode)
 
 
 def clean_slate() -> None:
