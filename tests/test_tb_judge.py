@@ -79,7 +79,7 @@ class Judged:
     root: Path
 
 
-def _start(tmp: Path, *extra: str) -> Judged:
+def _start(tmp: Path, *extra: str, env: dict[str, str] | None = None) -> Judged:
     dataset = tmp / "dataset"
     _task(
         dataset,
@@ -130,6 +130,7 @@ def _start(tmp: Path, *extra: str) -> Judged:
             *("--dataset", str(dataset), *extra),
         ],
         cwd="/",
+        env={**os.environ, **(env or {})},
     )
     return Judged(process, path, workspace, app, tmp)
 
@@ -202,6 +203,21 @@ def test_the_judge_tells_tasks_and_their_public_part(client: JudgeClient) -> Non
     with pytest.raises(JudgeRequestError, match="unknown request 'rm'"):
         client.request("rm", timeout=30)
     assert client.request("ping", timeout=30)["pid"] > 0  # the connection stays
+
+
+def test_the_task_of_tb_task_dir(tmp_path: Path) -> None:
+    """A judge whose container names one task (``TB_TASK_DIR``, the task's image) serves it
+    without a name, and by its directory's name."""
+    own = tmp_path / "own"
+    _task(own, "mine", "def test_x():\n    pass\n")
+    judged = _start(tmp_path, env={"TB_TASK_DIR": str(own / "mine")})
+    try:
+        client = JudgeClient.connect(judged.socket, timeout=60)
+        assert client.request("task", timeout=30, name="")["task"] == "mine"
+        assert client.request("grade", timeout=120, name="mine")["exit_code"] == 0
+        client.close()
+    finally:
+        _stop(judged)
 
 
 def test_only_the_first_connection_is_served(judged: Judged, client: JudgeClient) -> None:

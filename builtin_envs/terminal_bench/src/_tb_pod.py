@@ -48,13 +48,14 @@ def judge() -> JudgeClient:
 
 
 def find_task(name: str | None) -> Task:
-    """The task ``name`` as the judge describes it (its directory is not here)."""
-    if name is None:
+    """The task ``name`` as the judge describes it (its directory is not here); without a
+    name, ``TB_TASK_DIR``'s (a directory of the judge container's image)."""
+    if name is None and not os.environ.get("TB_TASK_DIR"):
         raise NoTaskError(
-            "no task: call tb_reset(task=NAME) (tb_tasks() lists them); in a pod the tasks are "
-            "the judge container's"
+            "no task: call tb_reset(task=NAME) (tb_tasks() lists them), or create the instance "
+            "with TB_TASK_DIR; in a pod the tasks are the judge container's"
         )
-    info = judge().request("task", timeout=60, name=name)
+    info = judge().request("task", timeout=60, name=name or "")
     metadata: dict[str, Any] = {k: info[k] for k in ("difficulty", "category", "tags") if k in info}
     return Task(
         name=str(info["task"]),

@@ -83,7 +83,7 @@ def _episode() -> Episode:
     if _EPISODE is None:
         task = None
         if IN_POD:
-            pass
+            task = _tb_pod.find_task(None) if os.environ.get("TB_TASK_DIR") else None
         elif os.environ.get("TB_TASK_DIR") or os.path.isfile(
             os.path.join(os.environ.get("TB_DATASET_DIR") or "/data", "task.yaml")
         ):
