@@ -320,6 +320,11 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _proc_self() -> int:
+    """This process's pid as ``/proc`` numbers it."""
+    return int(os.readlink("/proc/self"))
+
+
 def _command(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
@@ -476,6 +481,8 @@ class Judge:
     def end_leftovers(self) -> list[dict[str, Any]]:
         """End every process below the judge but its warm pytest (stopped first, again until no
         new one appears, then killed): what a run left. Their pids and commands."""
+        if _proc_self() != os.getpid():  # a /proc of another pid namespace: pids would lie
+            raise RuntimeError("the judge's /proc is not its pid namespace's: mount its own")
         spare = {self._pytest.process.pid} if self._pytest is not None else set()
         stopped: dict[int, str] = {}
         for _ in range(100):
@@ -739,6 +746,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-bytes", type=int, default=CopyLimits.bytes)
     parser.add_argument("--max-files", type=int, default=CopyLimits.files)
     args = parser.parse_args(argv)
+    if _proc_self() != os.getpid():
+        parser.exit(2, "terminal-bench judge: /proc is another pid namespace's; mount its own\n")
     _prctl(PR_SET_DUMPABLE, 0)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)

@@ -454,6 +454,8 @@ def end_below(pid: int | None = None) -> list[int]:
 
 def _in_pod(settings: dict[str, object], sock_fd: int | None) -> None:
     """The box of a pod (see the module's docstring): pid 1 a subreaper, no namespace."""
+    if int(os.readlink("/proc/self")) != os.getpid():  # its pids would name other processes
+        raise OSError(22, "/proc is another pid namespace's: the box cannot find its processes")
     child = os.fork()
     if child == 0:
         try:
