@@ -617,3 +617,37 @@ async def test_an_episode_in_pod_mode_is_graded_by_the_judge(judged: Judged, run
         oracle = await env.call_function("tb_run_solution", {})
         assert oracle["returncode"] == 0
         assert (await env.call_reward({}))["reward"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("hello", "said"),
+    [
+        (b'{"ok": true, "protocol": 2}\n', "speaks protocol 2, not 1"),
+        (b"not json\n", "a line that is not JSON"),
+        (b"[1]\n", "not an object"),
+        (b"", "closed the connection"),
+    ],
+)
+def test_the_client_trusts_no_judge_that_breaks_the_protocol(
+    tmp_path: Path, hello: bytes, said: str
+) -> None:
+    """A socket that answers otherwise than the judge (another version, garbage, nothing) is a
+    judge the runtime cannot use, said so; never a task or a grade."""
+    path = str(tmp_path / "other.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+
+    def answer() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.sendall(hello)
+
+    server = threading.Thread(target=answer)
+    server.start()
+    try:
+        with pytest.raises(JudgeUnavailableError, match=said):
+            JudgeClient.connect(path, timeout=60)
+    finally:
+        server.join(timeout=60)
+        listener.close()
