@@ -286,8 +286,7 @@ def test_sigterm_ends_an_idle_judge(judged: Judged, client: JudgeClient) -> None
 def test_what_the_tests_leave_running_is_ended(judged: Judged, client: JudgeClient) -> None:
     answer = client.request("grade", timeout=120, name="lingers")
     assert answer["exit_code"] == 0
-    daemons = [int(p) for p in (judged.root / "daemon.pids").read_text().split()]
-    (_daemon,) = daemons
+    assert len((judged.root / "daemon.pids").read_text().split()) == 1  # the tests' code ran
     # the daemon's parent exited at once: the daemon itself was reparented to the judge (a
     # subreaper) and killed, whatever session it made
     ended = answer["killed_after"]
