@@ -524,8 +524,12 @@ class Judge:
             return {**result, "ran": False}
         script = task.path / "run-tests.sh"
         shutil.copy2(script, self.tests / "run-tests.sh")
-        if (task.path / "tests").is_dir():
-            shutil.copytree(task.path / "tests", self.tests, symlinks=True, dirs_exist_ok=True)
+        if (task.path / "tests").is_dir():  # entry by entry: a pod's /tests itself is root's
+            for entry in (task.path / "tests").iterdir():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.copytree(entry, self.tests / entry.name, symlinks=True)
+                else:
+                    shutil.copy2(entry, self.tests / entry.name, follow_symlinks=False)
         home = self.scratch / ".home"
         home.mkdir(mode=0o700)
         run = self._run(timeout, home)
