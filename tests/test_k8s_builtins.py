@@ -24,7 +24,7 @@ from tests._chat_server import AgentModel, ChatServer
 from tests._cli import aenv
 from tests._hub import HubProcess, new_key
 from tests._k8s import KubeCluster
-from tests._k8s_images import CHROMIUM, ImageUnavailable, layered_image
+from tests._k8s_images import CHROMIUM, TMUX, ImageUnavailable, layered_image
 from tests._realnode import RealNode
 
 pytestmark = [pytest.mark.k8s, pytest.mark.real_node, pytest.mark.timeout(2400)]
@@ -46,6 +46,17 @@ def browser_image(builtin_image: str) -> str:
     """The runtime image plus Chromium (mini-program's), built on it."""
     try:
         return layered_image(builtin_image, "mini-program", CHROMIUM)
+    except ImageUnavailable as exc:
+        if os.environ.get("AENV_REQUIRE_K8S") == "1":
+            raise
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def terminal_image(builtin_image: str) -> str:
+    """The runtime image plus tmux (terminal-bench's terminal tools), built on it."""
+    try:
+        return layered_image(builtin_image, "terminal-bench", TMUX)
     except ImageUnavailable as exc:
         if os.environ.get("AENV_REQUIRE_K8S") == "1":
             raise
@@ -93,13 +104,15 @@ def _rollout(
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("env", ["terminal-bench@1.0.0", "swe@1.0.0"])
+@pytest.mark.parametrize("env", ["swe@1.0.0"])
 def test_a_builtin_that_nests_namespaces_is_refused_before_any_pod(
     kube_cluster: KubeCluster, tmp_path: Path, env: str
 ) -> None:
-    """terminal-bench and swe build boxes with namespaces of their own, which a pod may not
-    (deployConfig.nestedNamespaces): the run stops at once with one line saying so and what to
-    do, instead of recording every episode's failed setup as the agent's; no pod, no record."""
+    """swe builds boxes with namespaces of their own, which a pod may not
+    (deployConfig.nestedNamespaces) and has no judge container yet: the run stops at once with
+    one line saying so and what to do, instead of recording every episode's failed setup as
+    the agent's; no pod, no record. (terminal-bench runs in a pod with its judge container:
+    tests/test_k8s_tb_judge.py.)"""
     with kube_cluster.scratch_namespace("nested") as (_, namespace):
         settings = {
             "KUBECONFIG": str(kube_cluster.kubeconfig),
@@ -189,6 +202,22 @@ def test_mini_program_renders_and_grades_its_page_in_a_pod(
     _graded(record, "hello")
     judge = (record.get("reward_components") or {}).get("judge") or {}
     assert judge.get("scope") == "pid namespace", record["reward_components"]
+    assert _pods(realnode, namespace) == []
+
+
+@pytest.mark.timeout(1800)
+def test_terminal_bench_plays_a_graded_episode_with_its_judge_container(
+    realnode: KubeCluster, terminal_image: str, namespace: str, tmp_path: Path
+) -> None:
+    """terminal-bench's demo task in a pod of the runtime image plus tmux, as a user runs it:
+    the pod is the agent's box, the tests run in the pod's judge container; graded 1.0, no
+    pod left."""
+    tasks = _one_task("terminal_bench", "hello-world", tmp_path)
+    (record,) = _rollout(
+        realnode, namespace, terminal_image, tmp_path / "out",
+        "terminal-bench@1.0.0", "--tasks", str(tasks), "-n", "1",
+    )  # fmt: skip
+    _graded(record, "hello-world")
     assert _pods(realnode, namespace) == []
 
 
