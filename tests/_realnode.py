@@ -28,6 +28,7 @@ from aenv_ray import __version__
 from tests._k8s import REPO, KubeCluster, kit_lock
 
 __all__ = [
+    "POD_MAX_PIDS",
     "RealNode",
     "built",
     "realnode_tools",
@@ -35,6 +36,11 @@ __all__ = [
     "runtime_image_inputs",
     "set_up",
 ]
+
+POD_MAX_PIDS = 1024
+"""The kubelet's ``--pod-max-pids`` on a node this session starts (a running node is used as it
+is): the fork bomb of ``tests/test_k8s_realnode_security.py`` stops there. Chromium's threads
+and a Harbor task's processes stay well under it."""
 
 IMAGE_REPOSITORY = "realnode.local/aenv/aenv-ray"
 """Where :func:`runtime_image` tags its builds (``IMAGE_REPOSITORY:VERSION-DIGEST``)."""
@@ -92,8 +98,12 @@ def set_up(tools: Path, *, timeout: float = 3600.0) -> None:
             _run([str(tools / "setup")], timeout=timeout, what="k8s-realnode setup")
 
 
-def _run(command: list[str], *, timeout: float, what: str) -> None:
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+def _run(
+    command: list[str], *, timeout: float, what: str, env: dict[str, str] | None = None
+) -> None:
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, check=False, env=env
+    )
     if done.returncode != 0:
         raise RuntimeError(f"{what} failed:\n{(done.stdout + done.stderr)[-3000:]}")
 
@@ -144,7 +154,16 @@ class RealNode(KubeCluster):
                 "(AENV_K8S_REALNODE_TOOLS, else ../shared/tools/k8s-realnode)"
             )
         set_up(tools, timeout=setup_timeout)
-        _run([str(tools / "start")], timeout=600, what="k8s-realnode start")
+        # a node this session starts bounds each pod's processes, as docs/kubernetes.md asks of
+        # every node that runs aenv-ray's pods (the kit's kubelet sets no podPidsLimit itself)
+        given = os.environ.get("KUBELET_ARGS", "")
+        flags = given if "--pod-max-pids" in given else f"{given} --pod-max-pids={POD_MAX_PIDS}"
+        _run(
+            [str(tools / "start")],
+            timeout=600,
+            what="k8s-realnode start",
+            env={**os.environ, "KUBELET_ARGS": flags.strip()},
+        )
         node = cls(kubeconfig, started=True)
         if not cls.answers(kubeconfig):
             node.stop()
