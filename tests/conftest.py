@@ -415,9 +415,15 @@ The process lane's files follow in file order and the unit lane's last, so that 
 groups fill the end of the run while the long ones already ran."""
 
 
+RAY_GROUP_FILES = frozenset({"test_docs_examples.py"})
+"""Files that join the session's Ray without being in the Ray lane (the docs' examples ask for
+it by ``request.getfixturevalue`` for the blocks that start Ray): under pytest-xdist they run
+with the Ray lane, on its worker, so that one Ray serves them all."""
+
+
 def xdist_group_of(item: pytest.Item) -> str:
-    """The pytest-xdist group of ``item`` (``--dist loadgroup``): ``k8s`` for the Kubernetes
-    lane, ``ray`` for the Ray lane, else the test's file.
+    """The pytest-xdist group of ``item`` (``--dist loadgroup``, :class:`GroupScheduling`):
+    ``k8s`` for the Kubernetes lane, ``ray`` for the Ray lane, else the test's file.
 
     One group runs on one worker, so the session starts one cluster of each kind and one Ray,
     as in one process (a second worker's cluster would hand out the same loopback addresses to
@@ -428,7 +434,7 @@ def xdist_group_of(item: pytest.Item) -> str:
     lane = lane_of(item)
     if K8S_FIXTURES & set(getattr(item, "fixturenames", ())) or lane == "k8s":
         return "k8s"
-    if lane == "ray":
+    if lane == "ray" or item.path.name in RAY_GROUP_FILES:
         return "ray"
     return item.nodeid.split("::", 1)[0]
 
@@ -443,15 +449,82 @@ def _item_rank(item: pytest.Item) -> int:
     return len(XDIST_FIRST) + (lane == "unit")
 
 
+GROUPS_DIR = "AENV_XDIST_GROUPS"
+"""The variable naming, under pytest-xdist, the directory where each worker writes the group of
+every test it collected (``WORKER.json``: node id -> :func:`xdist_group_of`), for the
+controller's :class:`GroupScheduling`. pytest-xdist's own ``xdist_group`` mark cannot carry it:
+its workers append the group to ``item._nodeid``, which pytest 9 no longer reads (a node's id is
+``item._id``), so under ``--dist loadgroup`` alone every test would be a group of its own, a
+file's tests spread over the workers (its module fixtures started on each, a test that reads
+what an earlier one of its file recorded running without it)."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist's ``--dist loadgroup``, the controller makes the directory of
+    :data:`GROUPS_DIR` before its workers start (they inherit the variable)."""
+    if (
+        config.getoption("dist", "no") == "loadgroup"
+        and os.environ.get("PYTEST_XDIST_WORKER") is None
+    ):
+        os.environ[GROUPS_DIR] = tempfile.mkdtemp(prefix="aenv-xdist-groups-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    given = os.environ.get(GROUPS_DIR)
+    if given and os.environ.get("PYTEST_XDIST_WORKER") is None:
+        shutil.rmtree(given, ignore_errors=True)
+        del os.environ[GROUPS_DIR]
+
+
+def _write_groups(items: list[pytest.Item]) -> None:
+    """A worker's groups, for :class:`GroupScheduling` (written whole, then renamed)."""
+    directory = Path(os.environ[GROUPS_DIR])
+    worker = os.environ["PYTEST_XDIST_WORKER"]
+    part = directory / f".{worker}.json"
+    part.write_text(json.dumps({item.nodeid: xdist_group_of(item) for item in items}))
+    part.rename(directory / f"{worker}.json")
+
+
+def _group_scheduling() -> type:
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        """pytest-xdist's scope scheduling with :func:`xdist_group_of`'s groups for scopes,
+        read from what the workers wrote (:data:`GROUPS_DIR`): a group runs whole on one
+        worker, in the order the workers collected it. A test no worker named is a group of
+        its own."""
+
+        _groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self._groups is None:  # the collection is complete when scopes are asked for
+                found: dict[str, str] = {}
+                for file in sorted(Path(os.environ[GROUPS_DIR]).glob("*.json")):
+                    found.update(json.loads(file.read_text()))
+                self._groups = found
+            return self._groups.get(nodeid, nodeid)
+
+    return GroupScheduling
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` with the groups of :func:`xdist_group_of` (see :data:`GROUPS_DIR`
+    for why not pytest-xdist's own)."""
+    if config.getoption("dist", "no") != "loadgroup" or GROUPS_DIR not in os.environ:
+        return None
+    return _group_scheduling()(config, log)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Puts each test in its lane (a marker, :func:`lane_of`), then, under pytest-xdist
-    (``AENV_TEST_WORKERS=N scripts/test``), gives each its group
-    (:func:`xdist_group_of`) and sends the long groups first (:data:`XDIST_FIRST`; the order
-    within a group is kept; ``scripts/test`` passes ``--no-loadscope-reorder`` so xdist keeps
-    this order). Lanes are marked before ``-m`` selects (pytest deselects after this hook's
-    plugins run: this hook is a ``tryfirst``). In one process the order of the tests is not
-    changed."""
+    (``AENV_TEST_WORKERS=N scripts/test``), writes each one's group for the scheduler
+    (:func:`xdist_group_of`, :data:`GROUPS_DIR`) and sends the long groups first
+    (:data:`XDIST_FIRST`; the order within a group is kept; ``scripts/test`` passes
+    ``--no-loadscope-reorder`` so xdist keeps this order). Lanes are marked before ``-m``
+    selects (pytest deselects after this hook's plugins run: this hook is a ``tryfirst``). In
+    one process the order of the tests is not changed."""
     for item in items:
         fake_kubelet_reason(item)  # a marker without a reason fails the collection
         lane = lane_of(item)
@@ -467,6 +540,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     rank: dict[str, int] = {}  # a group's: its heaviest test's (a file's tests stay together)
     for item in items:
         group = xdist_group_of(item)
-        item.add_marker(pytest.mark.xdist_group(group))
         rank[group] = min(rank.get(group, len(XDIST_FIRST) + 1), _item_rank(item))
     items.sort(key=lambda item: rank[xdist_group_of(item)])  # stable: a group keeps its order
+    if GROUPS_DIR in os.environ:
+        _write_groups(items)
