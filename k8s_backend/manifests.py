@@ -179,9 +179,12 @@ def refuse_nested_namespaces(pod: Mapping[str, Any], deploy: DeployConfig, ref: 
     them: its runtime container runs under the ``RuntimeDefault`` seccomp profile, which refuses
     ``unshare`` and ``clone`` of new namespaces without ``CAP_SYS_ADMIN`` (the pod has no
     capability). Such a pod would fail every episode's setup, recorded as the agent's; refused
-    before any object is sent instead. A ``DualContainer`` pod passes (swe runs its commands and
-    tests in the datasource container there, without namespaces), and so does a pod whose
-    template gives a ``Localhost`` profile (an operator's, which may allow them).
+    before any object is sent instead. A pod with a judge container passes (``deployConfig.
+    judgeContainer``: terminal-bench's and swe's; the pod is the agent's box, the judge grades
+    where the agent cannot reach, no namespace is made), a ``DualContainer`` pod passes (swe
+    runs its commands and tests in the datasource container there, without namespaces), and so
+    does a pod whose template gives a ``Localhost`` profile (an operator's, which may allow
+    them).
 
     >>> pod = {"spec": {"securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
     ...                 "containers": [{"name": "runtime"}]}}
@@ -451,9 +454,11 @@ def _judge_container(
             "workingDir": deploy.workspace,
         }
     )
-    # the judge's copy stops at 1 GiB (its CopyLimits); the rest is room for what the tests write
+    # the judge's copy stops at 1 GiB (its CopyLimits); the rest is room for what the tests write;
+    # the socket's directory also holds what the judge hands the runtime (swe: the bundle of the
+    # base commit's history, which the runtime clones the agent's repository from)
     return [
-        {"name": "aenv-judge", "emptyDir": {"sizeLimit": "16Mi"}},
+        {"name": "aenv-judge", "emptyDir": {"sizeLimit": "1Gi"}},
         {"name": "judge-app", "emptyDir": {"sizeLimit": "2Gi"}},
         {"name": "judge-tests", "emptyDir": {"sizeLimit": "256Mi"}},
         {"name": "judge-tmp", "emptyDir": {"sizeLimit": "1Gi"}},
