@@ -27,6 +27,7 @@ from tests._realnode import built, realnode_tools
 
 __all__ = [
     "CHROMIUM",
+    "GIT",
     "TMUX",
     "ImageUnavailable",
     "builder_command",
@@ -49,6 +50,14 @@ TMUX = (
 )
 """terminal-bench's addition to the runtime image: Debian's tmux, behind its terminal tools
 (``send_keys``, ``read_screen``)."""
+
+
+GIT = (
+    "RUN apt-get update && apt-get install -y --no-install-recommends git"
+    " && rm -rf /var/lib/apt/lists/*",
+)
+"""swe's addition to the runtime image: Debian's git (the agent's repository, the judge's
+checkout, diff and patches)."""
 
 
 class ImageUnavailable(RuntimeError):
