@@ -34,6 +34,7 @@ __all__ = [
     "built_environment",
     "image_prefix",
     "layered_image",
+    "layered_or_skip",
 ]
 
 CHROMIUM = (
@@ -126,6 +127,19 @@ def layered_image(
                 dockerfile.write_text(text)
                 _build(tag, dockerfile, Path(context))
     return tag
+
+
+def layered_or_skip(base: str, name: str, lines: tuple[str, ...]) -> str:
+    """:func:`layered_image`, or the calling test skipped saying why when it cannot be had
+    (a failure instead under ``AENV_REQUIRE_K8S=1``)."""
+    import pytest
+
+    try:
+        return layered_image(base, name, lines)
+    except ImageUnavailable as exc:
+        if os.environ.get("AENV_REQUIRE_K8S") == "1":
+            raise
+        pytest.skip(str(exc))
 
 
 def built_environment(project: Path, tag: str) -> str:

@@ -25,7 +25,7 @@ from tests._chat_server import AgentModel, ChatServer
 from tests._cli import aenv
 from tests._hub import HubProcess, new_key
 from tests._k8s import KubeCluster
-from tests._k8s_images import CHROMIUM, GIT, TMUX, ImageUnavailable, layered_image
+from tests._k8s_images import CHROMIUM, GIT, TMUX, layered_or_skip
 from tests._realnode import RealNode
 
 pytestmark = [pytest.mark.k8s, pytest.mark.real_node, pytest.mark.timeout(2400)]
@@ -45,34 +45,19 @@ def builtin_image(real_node: RealNode) -> str:
 @pytest.fixture(scope="module")
 def browser_image(builtin_image: str) -> str:
     """The runtime image plus Chromium (mini-program's), built on it."""
-    try:
-        return layered_image(builtin_image, "mini-program", CHROMIUM)
-    except ImageUnavailable as exc:
-        if os.environ.get("AENV_REQUIRE_K8S") == "1":
-            raise
-        pytest.skip(str(exc))
+    return layered_or_skip(builtin_image, "mini-program", CHROMIUM)
 
 
 @pytest.fixture(scope="module")
 def terminal_image(builtin_image: str) -> str:
     """The runtime image plus tmux (terminal-bench's terminal tools), built on it."""
-    try:
-        return layered_image(builtin_image, "terminal-bench", TMUX)
-    except ImageUnavailable as exc:
-        if os.environ.get("AENV_REQUIRE_K8S") == "1":
-            raise
-        pytest.skip(str(exc))
+    return layered_or_skip(builtin_image, "terminal-bench", TMUX)
 
 
 @pytest.fixture(scope="module")
 def git_image(builtin_image: str) -> str:
     """The runtime image plus git (swe's), built on it."""
-    try:
-        return layered_image(builtin_image, "swe", GIT)
-    except ImageUnavailable as exc:
-        if os.environ.get("AENV_REQUIRE_K8S") == "1":
-            raise
-        pytest.skip(str(exc))
+    return layered_or_skip(builtin_image, "swe", GIT)
 
 
 @pytest.fixture(scope="module")
@@ -230,35 +215,32 @@ def test_mini_program_renders_and_grades_its_page_in_a_pod(
 
 
 @pytest.mark.timeout(1800)
-def test_terminal_bench_plays_a_graded_episode_with_its_judge_container(
-    realnode: KubeCluster, terminal_image: str, namespace: str, tmp_path: Path
+@pytest.mark.parametrize(
+    ("env", "task", "image"),
+    [
+        ("terminal-bench@1.0.0", "hello-world", "terminal_image"),
+        ("swe@1.0.0", "demo__calc-1", "git_image"),
+    ],
+)
+def test_a_builtin_plays_a_graded_episode_with_its_judge_container(
+    realnode: KubeCluster,
+    namespace: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    env: str,
+    task: str,
+    image: str,
 ) -> None:
-    """terminal-bench's demo task in a pod of the runtime image plus tmux, as a user runs it:
-    the pod is the agent's box, the tests run in the pod's judge container; graded 1.0, no
-    pod left."""
-    tasks = _one_task("terminal_bench", "hello-world", tmp_path)
+    """terminal-bench's and swe's demo task in a pod of the runtime image plus what each needs
+    (tmux, git), as a user runs it: the pod is the agent's box, the tests (swe: also the rows
+    and the source repositories) are the pod's judge container's; graded 1.0, no pod left
+    (wrong and forged answers: tests/test_k8s_tb_judge.py, tests/test_k8s_swe_judge.py)."""
+    tasks = _one_task(env.split("@")[0].replace("-", "_"), task, tmp_path)
     (record,) = _rollout(
-        realnode, namespace, terminal_image, tmp_path / "out",
-        "terminal-bench@1.0.0", "--tasks", str(tasks), "-n", "1",
+        realnode, namespace, request.getfixturevalue(image), tmp_path / "out",
+        env, "--tasks", str(tasks), "-n", "1",
     )  # fmt: skip
-    _graded(record, "hello-world")
-    assert _pods(realnode, namespace) == []
-
-
-@pytest.mark.timeout(1800)
-def test_swe_plays_a_graded_episode_with_its_judge_container(
-    realnode: KubeCluster, git_image: str, namespace: str, tmp_path: Path
-) -> None:
-    """swe's demo task in a pod of the runtime image plus git, as a user runs it: the pod is
-    the agent's box, the rows, the source repositories and the grading are the pod's judge
-    container's; the gold patch graded 1.0, no pod left (a wrong and a forged patch, 0:
-    tests/test_k8s_swe_judge.py)."""
-    tasks = _one_task("swe", "demo__calc-1", tmp_path)
-    (record,) = _rollout(
-        realnode, namespace, git_image, tmp_path / "out",
-        "swe@1.0.0", "--tasks", str(tasks), "-n", "1",
-    )  # fmt: skip
-    _graded(record, "demo__calc-1")
+    _graded(record, task)
     assert _pods(realnode, namespace) == []
 
 

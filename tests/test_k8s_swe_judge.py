@@ -11,52 +11,30 @@ content on the node).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
+from tests._judged import run_command
 from tests._k8s import KubeCluster
-from tests._k8s_images import GIT, ImageUnavailable, layered_image
+from tests._k8s_images import GIT, layered_or_skip
 from tests._realnode import RealNode
+from tests.test_reward_exploits_swe import PASS_EVERYTHING
 
 pytestmark = [pytest.mark.k8s, pytest.mark.real_node, pytest.mark.timeout(1800)]
 
 CALC = "demo__calc-1"
-PASS_EVERYTHING = """import pytest
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    report = outcome.get_result()
-    if report.failed:
-        report.outcome = "passed"
-"""
 
 
 @pytest.fixture(scope="module")
 def git_image(real_node: RealNode) -> str:
-    try:
-        return layered_image(real_node.runtime_image, "swe", GIT)
-    except ImageUnavailable as exc:
-        if os.environ.get("AENV_REQUIRE_K8S") == "1":
-            raise
-        pytest.skip(str(exc))
+    return layered_or_skip(real_node.runtime_image, "swe", GIT)
 
 
 @pytest.fixture(scope="module")
 def namespace(real_node: RealNode) -> Iterator[str]:
     with real_node.scratch_namespace("swejudge") as (_, name):
         yield name
-
-
-async def _run(env: Any, command: str) -> dict[str, Any]:
-    result = await env.call_tool("run_command", {"command": command, "timeout": 60})
-    assert not result.is_error, result.text
-    assert isinstance(result.structured, dict)
-    return result.structured
 
 
 async def test_swe_is_graded_by_the_pods_judge_container(
@@ -75,7 +53,7 @@ async def test_swe_is_graded_by_the_pods_judge_container(
             assert "patch" not in task
             # the judge's files and processes are not in the agent's container; its repository
             # holds the base commit's history only
-            seen = await _run(
+            seen = await run_command(
                 env,
                 "ls /aenv-work 2>&1; "
                 "grep -l 'swe[.]judge' /proc/[0-9]*/cmdline 2>/dev/null | wc -l; "
@@ -83,18 +61,18 @@ async def test_swe_is_graded_by_the_pods_judge_container(
             )
             assert "No such file or directory" in seen["output"], seen
             assert seen["output"].split()[-2:] == ["0", "base"], seen
-            knock = await _run(
+            knock = await run_command(
                 env,
                 'python -c "import os, socket; s = socket.socket(socket.AF_UNIX); '
                 "s.connect(os.environ['AENV_JUDGE_SOCKET']); print(s.recv(300))\"",
             )
             assert "refused" in knock["output"], knock
-            planted = await _run(env, "touch /aenv-judge/x 2>&1; echo $?")
+            planted = await run_command(env, "touch /aenv-judge/x 2>&1; echo $?")
             assert planted["output"].split()[-1] != "0", planted
             # the gold patch, a process left running: 1.0, the process gone with its call
             assert await demo.policy({"id": CALC}, env) is not None
-            await _run(env, "(setsid sleep 600 &); echo started")
-            left = await _run(
+            await run_command(env, "(setsid sleep 600 &); echo started")
+            left = await run_command(
                 env,
                 "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done "
                 "| grep -c '^sleep 600' || true",
@@ -122,7 +100,9 @@ async def test_swe_is_graded_by_the_pods_judge_container(
             await env.call_tool(
                 "create_file", {"path": "conftest.py", "file_text": PASS_EVERYTHING}
             )
-            await _run(env, "mkfifo pipe; echo 'PASSED tests/test_ops.py::test_mean_of_nothing'")
+            await run_command(
+                env, "mkfifo pipe; echo 'PASSED tests/test_ops.py::test_mean_of_nothing'"
+            )
             forged = await env.call_reward({})
             assert isinstance(forged, dict)
             assert forged["reward"] == 0.0, forged["test_log"]

@@ -30,13 +30,13 @@ import pytest_asyncio
 
 from aenv_ray import Environment
 from aenv_ray.config import EnvConfig
-from aenv_ray.testing import free_port
 from builtin_envs import builtin_path
 from builtin_envs.demos import swe as demo
 from builtin_envs.swe.episode import DEMO_DATASET
 from builtin_envs.terminal_bench import JudgeUnavailableError
-from builtin_envs.terminal_bench.judge_wire import SOCKET_ENV, JudgeClient, JudgeRequestError
-from k8s_backend.manifests import JUDGE_WORKSPACE, PodRecipe, instance_pod
+from builtin_envs.terminal_bench.judge_wire import JudgeClient, JudgeRequestError
+from k8s_backend.manifests import JUDGE_WORKSPACE
+from tests._judged import builtin_pod, judge_client, pod_runtime
 from tests.test_reward_exploits_swe import ATTACKS, PASS_EVERYTHING, Attack
 
 CALC = "demo__calc-1"
@@ -91,16 +91,17 @@ def _stop(judged: Judged) -> None:
 
 @pytest.fixture
 def judged(tmp_path: Path) -> Iterator[Judged]:
-    judged = _start(tmp_path)
-    yield judged
-    _stop(judged)
+    started = _start(tmp_path)
+    try:
+        yield started
+    finally:
+        _stop(started)
 
 
 @pytest.fixture
 def client(judged: Judged) -> Iterator[JudgeClient]:
-    client = JudgeClient.connect(judged.socket, timeout=60)
-    yield client
-    client.close()
+    with judge_client(judged.socket) as connected:
+        yield connected
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -305,17 +306,7 @@ def test_swes_pod_has_a_judge_container_and_is_not_refused() -> None:
     deploy = EnvConfig.load(project).deploy_config
     assert deploy.nested_namespaces is True
     assert deploy.judge_container == "builtin_envs.swe.judge"
-    pod = instance_pod(
-        PodRecipe(
-            instance_id="4f2a9c1e07b3",
-            env_ref="swe@1.0.0",
-            image="registry.local/aenv/runtime:1",
-            command=["python", "-m", "sandbox_runtime", "--builtin", "swe@1.0.0"],
-            expires_at=1700000000.0,
-            deploy=deploy,
-            environment_variables={"SWE_DATASET": "/data/rows.jsonl"},
-        )
-    )
+    pod = builtin_pod("swe@1.0.0", deploy, SWE_DATASET="/data/rows.jsonl")
     runtime, judge = pod["spec"]["containers"]
     assert judge["command"] == ["python", "-I", "-B", "-m", "builtin_envs.swe.judge"]
     args = judge["args"]
@@ -332,24 +323,10 @@ def test_swes_pod_has_a_judge_container_and_is_not_refused() -> None:
 
 @pytest.fixture
 def runtime(judged: Judged) -> Iterator[str]:
-    """swe's runtime as a pod's runtime container runs it (``--builtin``, the judge's socket in
-    ``AENV_JUDGE_SOCKET``), here a host process whose workspace the judge reads."""
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "sandbox_runtime", "--builtin", "swe@1.0.0"),
-            *("--host", "127.0.0.1", "--port", str(port)),
-        ],
-        env={
-            "PATH": os.environ["PATH"],
-            "HOME": str(judged.workspace),
-            SOCKET_ENV: judged.socket,
-            "AENV_WORKSPACE": str(judged.workspace),
-        },
-    )
-    yield f"http://127.0.0.1:{port}"
-    process.terminate()
-    process.wait(timeout=60)
+    """swe's runtime as a pod's runtime container runs it, here a host process whose workspace
+    the judge reads."""
+    with pod_runtime("swe@1.0.0", judged.socket, judged.workspace, judged.workspace) as url:
+        yield url
 
 
 @pytest_asyncio.fixture

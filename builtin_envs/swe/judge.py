@@ -202,32 +202,23 @@ class SweJudge:
                     entry.rmdir()
                 else:
                     entry.unlink()
-        source = self.workspace / relative
+        source, seen = self.workspace / relative, os.path.join(self.seen_as, relative)
         try:
             copy = copy_files(
-                str(source),
-                str(repo),
-                seen_as=os.path.join(self.seen_as, relative),
-                limits=self.limits,
-                skip=(".git",),
+                str(source), str(repo), seen_as=seen, limits=self.limits, skip=(".git",)
             )
         except OSError as exc:
             copy = {"files": 0, "bytes": 0, "removed": [], "links_out": [], "over_limit": None}
-            graded = episode.ungraded(
-                f"the agent's repository {os.path.join(self.seen_as, relative)} is not a "
-                f"directory the judge can read ({exc.strerror}): not graded",
-                started=started,
-                strict=strict,
+            refused = f"is not a directory the judge can read ({exc.strerror}): not graded"
+        else:
+            limit = copy["over_limit"]
+            refused = limit and (
+                f"holds more than {limit['cap']} {limit['limit']} (at {limit['path']!r}): the "
+                "judge copied no more of it and ran no test"
             )
-            return {"graded": graded, "copy": copy, "killed_before": killed, "ran": False}
-        limit = copy["over_limit"]
-        if limit is not None:
-            graded = episode.ungraded(
-                f"the agent's repository holds more than {limit['cap']} {limit['limit']} (at "
-                f"{limit['path']!r}): the judge copied no more of it and ran no test",
-                started=started,
-                strict=strict,
-            )
+        if refused:
+            reason = f"the agent's repository {seen} {refused}"
+            graded = episode.ungraded(reason, started=started, strict=strict)
             return {"graded": graded, "copy": copy, "killed_before": killed, "ran": False}
         graded = episode.grade(strict=strict)
         return {

@@ -30,11 +30,10 @@ _EPISODE: Episode | None = None
 _MAX_COMMAND_TIMEOUT = 1800
 
 
-def _settings() -> Settings:
-    settings = Settings.from_environ(os.environ)
-    if pod.IN_POD:  # the pod is the agent's box: no namespaces, no datasource container
-        settings = dataclasses.replace(settings, isolation="none", datasource=False)
-    return settings
+def _judged(settings: Settings) -> bool:
+    """Whether the pod's judge container holds the rows and grades: a pod with one, unless the
+    instance has a datasource container to run everything in (``DualContainer``)."""
+    return pod.IN_POD and not settings.datasource
 
 
 def _episode() -> Episode:
@@ -42,11 +41,11 @@ def _episode() -> Episode:
     with a judge container, the judge's, after connecting to it: before any command runs)."""
     global _EPISODE
     with _LOCK:
-        if pod.IN_POD:
+        settings = Settings.from_environ(os.environ)
+        if _judged(settings):
             pod.judge()
         if _EPISODE is None:
-            settings = _settings()
-            _EPISODE = pod.start(settings) if pod.IN_POD else Episode.start(settings)
+            _EPISODE = pod.start(settings) if _judged(settings) else Episode.start(settings)
         return _EPISODE
 
 
@@ -68,12 +67,12 @@ def swe_reset(
     """
     global _EPISODE
     with _LOCK:
-        settings = _settings()
+        settings = Settings.from_environ(os.environ)
         parsed = parse_row(row, "row") if row is not None else None
         if parsed is not None and (instance_id or index is not None):
             raise ConfigurationError("give either row or instance_id/index, not both")
         _EPISODE = None
-        if pod.IN_POD:  # the judge picks the row; the dataset is a file of its own
+        if _judged(settings):  # the judge picks the row; the dataset is a file of its own
             _EPISODE = pod.start(settings, instance_id, index, dataset=dataset, row=row)
             return _EPISODE.public()
         if dataset:
@@ -95,9 +94,9 @@ def swe_instances(dataset: str | None = None) -> list[str]:
     Args:
         dataset: a JSON or JSON-lines file of SWE-bench rows.
     """
-    if pod.IN_POD:
-        return pod.instances(dataset)
     settings = Settings.from_environ(os.environ)
+    if _judged(settings):
+        return pod.instances(dataset)
     return [r.instance_id for r in load_rows(dataset or settings.dataset)]
 
 
