@@ -28,6 +28,7 @@ from tests._realnode import built, realnode_tools
 __all__ = [
     "CHROMIUM",
     "GIT",
+    "SWE_DATA",
     "TMUX",
     "ImageUnavailable",
     "builder_command",
@@ -59,6 +60,14 @@ GIT = (
 )
 """swe's addition to the runtime image: Debian's git (the agent's repository, the judge's
 checkout, diff and patches)."""
+
+
+SWE_DATA = (
+    "RUN mkdir -p /data/swe && cp -r \"$(python -c 'import builtin_envs.swe as s, os; "
+    "print(os.path.dirname(s.__file__))')/data/.\" /data/swe/",
+)
+"""swe's demo rows and their repositories copied to the image's ``/data/swe``, where only a
+pod's judge container reads them (``SWE_DATASET=/data/swe/demo.jsonl``)."""
 
 
 class ImageUnavailable(RuntimeError):

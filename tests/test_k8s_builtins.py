@@ -25,7 +25,7 @@ from tests._chat_server import AgentModel, ChatServer
 from tests._cli import aenv
 from tests._hub import HubProcess, new_key
 from tests._k8s import KubeCluster
-from tests._k8s_images import CHROMIUM, GIT, TMUX, layered_or_skip
+from tests._k8s_images import CHROMIUM, GIT, SWE_DATA, TMUX, layered_or_skip
 from tests._realnode import RealNode
 
 pytestmark = [pytest.mark.k8s, pytest.mark.real_node, pytest.mark.timeout(2400)]
@@ -57,7 +57,7 @@ def terminal_image(builtin_image: str) -> str:
 @pytest.fixture(scope="module")
 def git_image(builtin_image: str) -> str:
     """The runtime image plus git (swe's), built on it."""
-    return layered_or_skip(builtin_image, "swe", GIT)
+    return layered_or_skip(builtin_image, "swe", GIT + SWE_DATA)  # tests/test_k8s_swe_judge's
 
 
 @pytest.fixture(scope="module")

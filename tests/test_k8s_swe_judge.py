@@ -5,8 +5,9 @@ cannot see, reach (beyond one refused connection) or write. One episode of the d
 ``demo__calc-1``: the gold patch with a process left running, 1.0; a wrong fix, 0; a forged
 one (a conftest.py that turns failures into passes, a FIFO, passing lines printed), 0.
 
-The image is this checkout's runtime image plus git (tests/_k8s_images.GIT, built once per
-content on the node).
+The image is this checkout's runtime image plus git and the demo rows in ``/data/swe``
+(tests/_k8s_images.GIT, SWE_DATA; built once per content on the node), the judge's dataset
+(``SWE_DATASET``): the agent's container sees an empty ``/data``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 
 from tests._judged import run_command
 from tests._k8s import KubeCluster
-from tests._k8s_images import GIT, layered_or_skip
+from tests._k8s_images import GIT, SWE_DATA, layered_or_skip
 from tests._realnode import RealNode
 from tests.test_reward_exploits_swe import PASS_EVERYTHING
 
@@ -28,7 +29,7 @@ CALC = "demo__calc-1"
 
 @pytest.fixture(scope="module")
 def git_image(real_node: RealNode) -> str:
-    return layered_or_skip(real_node.runtime_image, "swe", GIT)
+    return layered_or_skip(real_node.runtime_image, "swe", GIT + SWE_DATA)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,13 @@ async def test_swe_is_graded_by_the_pods_judge_container(
     cluster: KubeCluster = real_node
     engine = cluster.engine(namespace, delivery=OwnImage(runtime_image=git_image))
     try:
-        async with Environment("swe@1.0.0", engine=engine, ttl=900, timeout=600) as env:
+        async with Environment(
+            "swe@1.0.0",
+            engine=engine,
+            ttl=900,
+            timeout=600,
+            environment_variables={"SWE_DATASET": "/data/swe/demo.jsonl"},
+        ) as env:
             task = await env.call_function("swe_reset", {"instance_id": CALC})
             assert task["repo_dir"] == "/workspace/testbed"
             assert "patch" not in task
@@ -55,11 +62,12 @@ async def test_swe_is_graded_by_the_pods_judge_container(
             # holds the base commit's history only
             seen = await run_command(
                 env,
-                "ls /aenv-work 2>&1; "
+                "ls -A /data | wc -l; ls /aenv-work 2>&1; "
                 "grep -l 'swe[.]judge' /proc/[0-9]*/cmdline 2>/dev/null | wc -l; "
                 "test $(git rev-list --all | wc -l) = $(git rev-list HEAD | wc -l) && echo base",
             )
             assert "No such file or directory" in seen["output"], seen
+            assert seen["output"].split()[0] == "0", seen  # the rows in /data: the judge's
             assert seen["output"].split()[-2:] == ["0", "base"], seen
             knock = await run_command(
                 env,

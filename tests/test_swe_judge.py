@@ -35,7 +35,7 @@ from builtin_envs.demos import swe as demo
 from builtin_envs.swe.episode import DEMO_DATASET
 from builtin_envs.terminal_bench import JudgeUnavailableError
 from builtin_envs.terminal_bench.judge_wire import JudgeClient, JudgeRequestError
-from k8s_backend.manifests import JUDGE_WORKSPACE
+from k8s_backend.manifests import JUDGE_ONLY, JUDGE_WORKSPACE
 from tests._judged import builtin_pod, judge_client, pod_runtime
 from tests.test_reward_exploits_swe import ATTACKS, PASS_EVERYTHING, Attack
 
@@ -316,6 +316,12 @@ def test_swes_pod_has_a_judge_container_and_is_not_refused() -> None:
     assert judge["env"] == [{"name": "SWE_DATASET", "value": "/data/rows.jsonl"}]
     workspace = next(m for m in runtime["volumeMounts"] if m["mountPath"] == "/workspace")
     assert not workspace.get("readOnly")
+    # the image's /data is the judge's alone: the runtime container has an empty volume there
+    hidden = next(m for m in runtime["volumeMounts"] if m["mountPath"] == JUDGE_ONLY)
+    assert hidden["readOnly"] is True
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == hidden["name"])
+    assert set(volume) == {"name", "emptyDir"}
+    assert JUDGE_ONLY not in {m["mountPath"] for m in judge["volumeMounts"]}
 
 
 # -- the runtime in pod mode, against the judge; the same work on the local engine ---------------
