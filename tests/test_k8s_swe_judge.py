@@ -69,10 +69,11 @@ async def test_swe_is_graded_by_the_pods_judge_container(
             assert "No such file or directory" in seen["output"], seen
             assert seen["output"].split()[0] == "0", seen  # the rows in /data: the judge's
             assert seen["output"].split()[-2:] == ["0", "base"], seen
+            # the judge's socket (the agent's commands are not told where) refuses the agent
             knock = await run_command(
                 env,
-                'python -c "import os, socket; s = socket.socket(socket.AF_UNIX); '
-                "s.connect(os.environ['AENV_JUDGE_SOCKET']); print(s.recv(300))\"",
+                'python -c "import socket; s = socket.socket(socket.AF_UNIX); '
+                "s.connect('/aenv-judge/judge.sock'); print(s.recv(300))\"",
             )
             assert "refused" in knock["output"], knock
             planted = await run_command(env, "touch /aenv-judge/x 2>&1; echo $?")
