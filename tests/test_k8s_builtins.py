@@ -120,6 +120,7 @@ def test_a_definition_that_nests_namespaces_without_a_judge_is_refused_before_an
     config = json.loads((project / "config.json").read_text())
     config["name"] = "nested-demo"
     config["deployConfig"]["nestedNamespaces"] = True
+    config["deployConfig"]["imagePrefix"] = "registry.local/aenv/"  # never pulled: refused first
     (project / "config.json").write_text(json.dumps(config))
     tasks = _one_task("mini_terminal", "count-lines", tmp_path)
     settings = {
@@ -131,7 +132,8 @@ def test_a_definition_that_nests_namespaces_without_a_judge_is_refused_before_an
     out = tmp_path / "out"
     try:
         done = aenv(
-            "rollout", str(project), "--tasks", str(tasks), "-n", "1", "--engine", "kubernetes",
+            "rollout", str(project), "--tasks", str(tasks), "-n", "1",
+            "--policy", "builtin_envs.demos.mini_terminal:policy", "--engine", "kubernetes",
             "--no-ray", "--out", str(out), env=settings, unset=unset,
         )  # fmt: skip
     finally:
