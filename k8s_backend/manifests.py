@@ -45,6 +45,7 @@ __all__ = [
     "ANNOTATION_NONCE",
     "ANNOTATION_OWNER",
     "CLAIM_FREE",
+    "JUDGE_ONLY",
     "JUDGE_PATH",
     "JUDGE_SOCKET_ENV",
     "JUDGE_WORKSPACE",
@@ -98,6 +99,9 @@ JUDGE_SOCKET_ENV = "AENV_JUDGE_SOCKET"
 """The runtime's variable naming the judge's socket (``deployConfig.judgeContainer``)."""
 JUDGE_WORKSPACE = "/aenv-work"
 """Where the judge container sees the agent's workspace (read-only)."""
+JUDGE_ONLY = "/data"
+"""What the image holds there only the judge container reads: the runtime container (the
+agent's) has an empty read-only volume over it (``deployConfig.judgeContainer``)."""
 SHARED_PATH = "/aenv-shared"
 """A DualContainer pod's volume shared by its containers: the exec helper and its socket."""
 
@@ -179,9 +183,12 @@ def refuse_nested_namespaces(pod: Mapping[str, Any], deploy: DeployConfig, ref: 
     them: its runtime container runs under the ``RuntimeDefault`` seccomp profile, which refuses
     ``unshare`` and ``clone`` of new namespaces without ``CAP_SYS_ADMIN`` (the pod has no
     capability). Such a pod would fail every episode's setup, recorded as the agent's; refused
-    before any object is sent instead. A ``DualContainer`` pod passes (swe runs its commands and
-    tests in the datasource container there, without namespaces), and so does a pod whose
-    template gives a ``Localhost`` profile (an operator's, which may allow them).
+    before any object is sent instead. A pod with a judge container passes (``deployConfig.
+    judgeContainer``: terminal-bench's and swe's; the pod is the agent's box, the judge grades
+    where the agent cannot reach, no namespace is made), a ``DualContainer`` pod passes (swe
+    runs its commands and tests in the datasource container there, without namespaces), and so
+    does a pod whose template gives a ``Localhost`` profile (an operator's, which may allow
+    them).
 
     >>> pod = {"spec": {"securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
     ...                 "containers": [{"name": "runtime"}]}}
@@ -405,6 +412,10 @@ def _second_container(runtime: _Runtime, containers: list[dict[str, Any]]) -> di
     }
 
 
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
 def _judge_container(
     runtime: _Runtime, containers: list[dict[str, Any]], user: Mapping[str, str]
 ) -> list[dict[str, Any]]:
@@ -413,7 +424,9 @@ def _judge_container(
     own empty directories at the workspace's path (its copy), ``/tests`` and ``/tmp``, and the
     socket's directory, which the runtime mounts read-only (``AENV_JUDGE_SOCKET`` names the
     socket there). Its own pid namespace (the pod's default), the runtime's resources, the
-    user's variables and none of the runtime's."""
+    user's variables and none of the runtime's. The runtime container gets an empty read-only
+    volume over :data:`JUDGE_ONLY` (unless its workspace lies there): what the image holds
+    there only the judge reads."""
     deploy, runtime_container = runtime.deploy, containers[0]
     socket_path = f"{JUDGE_PATH}/judge.sock"
     if any(v.get("name") == JUDGE_SOCKET_ENV for v in runtime_container["env"]):
@@ -426,6 +439,12 @@ def _judge_container(
     runtime_container["volumeMounts"].append(
         {"name": "aenv-judge", "mountPath": JUDGE_PATH, "readOnly": True}
     )
+    # the image's /data (a dataset baked into it: rows, tests, answers) is the judge's alone
+    judge_only = not _inside(deploy.workspace, JUDGE_ONLY)
+    if judge_only:
+        runtime_container["volumeMounts"].append(
+            {"name": "judge-only", "mountPath": JUDGE_ONLY, "readOnly": True}
+        )
     python = runtime.command[0] if runtime.command else "python"
     containers.append(
         {
@@ -451,12 +470,15 @@ def _judge_container(
             "workingDir": deploy.workspace,
         }
     )
-    # the judge's copy stops at 1 GiB (its CopyLimits); the rest is room for what the tests write
+    # the judge's copy stops at 1 GiB (its CopyLimits); the rest is room for what the tests write;
+    # the socket's directory also holds what the judge hands the runtime (swe: the bundle of the
+    # base commit's history, which the runtime clones the agent's repository from)
     return [
-        {"name": "aenv-judge", "emptyDir": {"sizeLimit": "16Mi"}},
+        {"name": "aenv-judge", "emptyDir": {"sizeLimit": "1Gi"}},
         {"name": "judge-app", "emptyDir": {"sizeLimit": "2Gi"}},
         {"name": "judge-tests", "emptyDir": {"sizeLimit": "256Mi"}},
         {"name": "judge-tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+        *([{"name": "judge-only", "emptyDir": {"sizeLimit": "1Mi"}}] if judge_only else []),
     ]
 
 

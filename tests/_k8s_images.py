@@ -27,12 +27,15 @@ from tests._realnode import built, realnode_tools
 
 __all__ = [
     "CHROMIUM",
+    "GIT",
+    "SWE_DATA",
     "TMUX",
     "ImageUnavailable",
     "builder_command",
     "built_environment",
     "image_prefix",
     "layered_image",
+    "layered_or_skip",
 ]
 
 CHROMIUM = (
@@ -49,6 +52,22 @@ TMUX = (
 )
 """terminal-bench's addition to the runtime image: Debian's tmux, behind its terminal tools
 (``send_keys``, ``read_screen``)."""
+
+
+GIT = (
+    "RUN apt-get update && apt-get install -y --no-install-recommends git"
+    " && rm -rf /var/lib/apt/lists/*",
+)
+"""swe's addition to the runtime image: Debian's git (the agent's repository, the judge's
+checkout, diff and patches)."""
+
+
+SWE_DATA = (
+    "RUN mkdir -p /data/swe && cp -r \"$(python -c 'import builtin_envs.swe as s, os; "
+    "print(os.path.dirname(s.__file__))')/data/.\" /data/swe/",
+)
+"""swe's demo rows and their repositories copied to the image's ``/data/swe``, where only a
+pod's judge container reads them (``SWE_DATASET=/data/swe/demo.jsonl``)."""
 
 
 class ImageUnavailable(RuntimeError):
@@ -117,6 +136,19 @@ def layered_image(
                 dockerfile.write_text(text)
                 _build(tag, dockerfile, Path(context))
     return tag
+
+
+def layered_or_skip(base: str, name: str, lines: tuple[str, ...]) -> str:
+    """:func:`layered_image`, or the calling test skipped saying why when it cannot be had
+    (a failure instead under ``AENV_REQUIRE_K8S=1``)."""
+    import pytest
+
+    try:
+        return layered_image(base, name, lines)
+    except ImageUnavailable as exc:
+        if os.environ.get("AENV_REQUIRE_K8S") == "1":
+            raise
+        pytest.skip(str(exc))
 
 
 def built_environment(project: Path, tag: str) -> str:

@@ -2,7 +2,8 @@
 one or one the session starts): one episode each, graded, through ``aenv rollout --engine
 kubernetes`` as a user runs it, the pods running this checkout's runtime image
 (tests/_realnode.py: built once, keyed by content, with the kit's ``build-image``) and
-mini-program's Chromium layered on it (tests/_k8s_images.py).
+mini-program's Chromium, terminal-bench's tmux and swe's git layered on it
+(tests/_k8s_images.py).
 
 The fake kubelet (k8s-real) runs pod commands as host processes, so it proves nothing about
 images: these tests never run there.
@@ -24,7 +25,7 @@ from tests._chat_server import AgentModel, ChatServer
 from tests._cli import aenv
 from tests._hub import HubProcess, new_key
 from tests._k8s import KubeCluster
-from tests._k8s_images import CHROMIUM, TMUX, ImageUnavailable, layered_image
+from tests._k8s_images import CHROMIUM, GIT, SWE_DATA, TMUX, layered_or_skip
 from tests._realnode import RealNode
 
 pytestmark = [pytest.mark.k8s, pytest.mark.real_node, pytest.mark.timeout(2400)]
@@ -44,23 +45,19 @@ def builtin_image(real_node: RealNode) -> str:
 @pytest.fixture(scope="module")
 def browser_image(builtin_image: str) -> str:
     """The runtime image plus Chromium (mini-program's), built on it."""
-    try:
-        return layered_image(builtin_image, "mini-program", CHROMIUM)
-    except ImageUnavailable as exc:
-        if os.environ.get("AENV_REQUIRE_K8S") == "1":
-            raise
-        pytest.skip(str(exc))
+    return layered_or_skip(builtin_image, "mini-program", CHROMIUM)
 
 
 @pytest.fixture(scope="module")
 def terminal_image(builtin_image: str) -> str:
     """The runtime image plus tmux (terminal-bench's terminal tools), built on it."""
-    try:
-        return layered_image(builtin_image, "terminal-bench", TMUX)
-    except ImageUnavailable as exc:
-        if os.environ.get("AENV_REQUIRE_K8S") == "1":
-            raise
-        pytest.skip(str(exc))
+    return layered_or_skip(builtin_image, "terminal-bench", TMUX)
+
+
+@pytest.fixture(scope="module")
+def git_image(builtin_image: str) -> str:
+    """The runtime image plus git (swe's), built on it."""
+    return layered_or_skip(builtin_image, "swe", GIT + SWE_DATA)  # tests/test_k8s_swe_judge's
 
 
 @pytest.fixture(scope="module")
@@ -104,37 +101,51 @@ def _rollout(
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("env", ["swe@1.0.0"])
-def test_a_builtin_that_nests_namespaces_is_refused_before_any_pod(
-    kube_cluster: KubeCluster, tmp_path: Path, env: str
+def test_a_definition_that_nests_namespaces_without_a_judge_is_refused_before_any_pod(
+    realnode: KubeCluster, namespace: str, tmp_path: Path
 ) -> None:
-    """swe builds boxes with namespaces of their own, which a pod may not
-    (deployConfig.nestedNamespaces) and has no judge container yet: the run stops at once with
-    one line saying so and what to do, instead of recording every episode's failed setup as
-    the agent's; no pod, no record. (terminal-bench runs in a pod with its judge container:
-    tests/test_k8s_tb_judge.py.)"""
-    with kube_cluster.scratch_namespace("nested") as (_, namespace):
-        settings = {
-            "KUBECONFIG": str(kube_cluster.kubeconfig),
-            "AENV_K8S_NAMESPACE": namespace,
-            "AENV_K8S_DELIVERY": "image",
-        }
-        unset = ("AENV_SYSTEM_URL", "AENV_API_KEY", "AENV_ENGINE", "AENV_K8S_IMAGE_PREFIX")
-        out = tmp_path / "out"
-        try:
-            done = aenv(
-                "rollout", env, "-n", "1", "--engine", "kubernetes", "--no-ray", "--out", str(out),
-                env=settings, unset=unset,
-            )  # fmt: skip
-        finally:
-            _close_named_engine()
-        assert done.returncode == 2, done.stderr[-2000:]
-        said = done.stderr.strip().splitlines()[-1]
-        assert said.startswith(f"aenv: error: {env} makes namespaces of its own"), said
-        assert "--engine local" in said
-        records = out / "trajectories.jsonl"
-        assert not records.exists() or records.read_text() == ""
-        assert _pods(kube_cluster, namespace) == []
+    """A definition whose code builds boxes with namespaces of its own, which a pod may not
+    (deployConfig.nestedNamespaces), and that has no judge container (every built-in that
+    nests them has one: terminal-bench and swe, below): the run stops at once with one line
+    saying so and what to do, instead of recording every episode's failed setup as the
+    agent's; no pod, no record. The project is mini-terminal's, its definition saying so."""
+    import shutil
+
+    from builtin_envs import builtin_path
+
+    source = builtin_path("mini-terminal@1.0.0")
+    assert source is not None
+    project = tmp_path / "nested"
+    shutil.copytree(source, project, ignore=shutil.ignore_patterns("__pycache__"))
+    config = json.loads((project / "config.json").read_text())
+    config["name"] = "nested-demo"
+    config["deployConfig"]["nestedNamespaces"] = True
+    config["deployConfig"]["imagePrefix"] = "registry.local/aenv/"  # never pulled: refused first
+    (project / "config.json").write_text(json.dumps(config))
+    tasks = _one_task("mini_terminal", "count-lines", tmp_path)
+    settings = {
+        "KUBECONFIG": str(realnode.kubeconfig),
+        "AENV_K8S_NAMESPACE": namespace,
+        "AENV_K8S_DELIVERY": "image",
+    }
+    unset = ("AENV_SYSTEM_URL", "AENV_API_KEY", "AENV_ENGINE", "AENV_K8S_IMAGE_PREFIX")
+    out = tmp_path / "out"
+    try:
+        done = aenv(
+            "rollout", str(project), "--tasks", str(tasks), "-n", "1",
+            "--policy", "builtin_envs.demos.mini_terminal:policy", "--engine", "kubernetes",
+            "--no-ray", "--out", str(out), env=settings, unset=unset,
+        )  # fmt: skip
+    finally:
+        _close_named_engine()
+    assert done.returncode == 2, done.stderr[-2000:]
+    said = done.stderr.strip().splitlines()[-1]
+    assert said.startswith("aenv: error: nested-demo@"), said
+    assert "makes namespaces of its own" in said
+    assert "--engine local" in said
+    records = out / "trajectories.jsonl"
+    assert not records.exists() or records.read_text() == ""
+    assert _pods(realnode, namespace) == []
 
 
 def _pods(cluster: KubeCluster, namespace: str) -> list[str]:
@@ -206,18 +217,32 @@ def test_mini_program_renders_and_grades_its_page_in_a_pod(
 
 
 @pytest.mark.timeout(1800)
-def test_terminal_bench_plays_a_graded_episode_with_its_judge_container(
-    realnode: KubeCluster, terminal_image: str, namespace: str, tmp_path: Path
+@pytest.mark.parametrize(
+    ("env", "task", "image"),
+    [
+        ("terminal-bench@1.0.0", "hello-world", "terminal_image"),
+        ("swe@1.0.0", "demo__calc-1", "git_image"),
+    ],
+)
+def test_a_builtin_plays_a_graded_episode_with_its_judge_container(
+    realnode: KubeCluster,
+    namespace: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    env: str,
+    task: str,
+    image: str,
 ) -> None:
-    """terminal-bench's demo task in a pod of the runtime image plus tmux, as a user runs it:
-    the pod is the agent's box, the tests run in the pod's judge container; graded 1.0, no
-    pod left."""
-    tasks = _one_task("terminal_bench", "hello-world", tmp_path)
+    """terminal-bench's and swe's demo task in a pod of the runtime image plus what each needs
+    (tmux, git), as a user runs it: the pod is the agent's box, the tests (swe: also the rows
+    and the source repositories) are the pod's judge container's; graded 1.0, no pod left
+    (wrong and forged answers: tests/test_k8s_tb_judge.py, tests/test_k8s_swe_judge.py)."""
+    tasks = _one_task(env.split("@")[0].replace("-", "_"), task, tmp_path)
     (record,) = _rollout(
-        realnode, namespace, terminal_image, tmp_path / "out",
-        "terminal-bench@1.0.0", "--tasks", str(tasks), "-n", "1",
+        realnode, namespace, request.getfixturevalue(image), tmp_path / "out",
+        env, "--tasks", str(tasks), "-n", "1",
     )  # fmt: skip
-    _graded(record, "hello-world")
+    _graded(record, task)
     assert _pods(realnode, namespace) == []
 
 

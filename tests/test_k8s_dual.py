@@ -152,10 +152,10 @@ def swe_project(tmp_path: Path) -> Path:
     config = json.loads((source / "config.json").read_text())
     config["name"] = "swe-dual"
     config["deployConfig"] = {
-        **config["deployConfig"],
+        **{k: v for k, v in config["deployConfig"].items() if k != "judgeContainer"},
         "podTemplate": "DualContainer",
         "imagePrefix": "registry.local/aenv/",
-    }
+    }  # the datasource container runs and grades everything: no judge container
     (root / "config.json").write_text(json.dumps(config))
     return root
 

@@ -13,10 +13,10 @@ tmux, so the terminal tools (send_keys) are not tried here.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
+from tests._judged import run_command
 from tests._k8s import KubeCluster
 from tests._realnode import RealNode
 
@@ -45,13 +45,6 @@ def namespace(real_node: RealNode) -> Iterator[str]:
         yield name
 
 
-async def _run(env: Any, command: str) -> dict[str, Any]:
-    result = await env.call_tool("run_command", {"command": command, "timeout": 60})
-    assert not result.is_error, result.text
-    assert isinstance(result.structured, dict)
-    return result.structured
-
-
 async def test_terminal_bench_is_graded_by_the_pods_judge_container(
     real_node: RealNode, namespace: str
 ) -> None:
@@ -64,7 +57,7 @@ async def test_terminal_bench_is_graded_by_the_pods_judge_container(
         task = await env.call_function("tb_reset", {"task": "hello-world"})
         assert "hello.txt" in task["instruction"]
         # the tests and the task directory are not in the agent's container, nor is the judge
-        seen = await _run(
+        seen = await run_command(
             env,
             "ls /tests 2>&1; "
             "grep -l 'terminal_bench[.]judge' /proc/[0-9]*/cmdline 2>/dev/null | wc -l",
@@ -72,7 +65,7 @@ async def test_terminal_bench_is_graded_by_the_pods_judge_container(
         assert "No such file or directory" in seen["output"], seen
         assert seen["output"].split()[-1] == "0", seen
         # the judge's socket answers the agent with a refusal: the runtime connected first
-        knock = await _run(
+        knock = await run_command(
             env,
             'python -c "import os, socket; s = socket.socket(socket.AF_UNIX); '
             "s.connect(os.environ.get('AENV_JUDGE_SOCKET') or '/aenv-judge/judge.sock'); "
@@ -80,9 +73,9 @@ async def test_terminal_bench_is_graded_by_the_pods_judge_container(
         )
         assert "refused" in knock["output"], knock
         # nor can the agent plant anything beside it
-        planted = await _run(env, "touch /aenv-judge/x 2>&1; echo $?")
+        planted = await run_command(env, "touch /aenv-judge/x 2>&1; echo $?")
         assert planted["output"].split()[-1] != "0", planted
-        done = await _run(
+        done = await run_command(
             env, "echo 'Hello, world!' > /app/hello.txt; (setsid sleep 600 &); echo started"
         )
         assert done["output"].strip() == "started"
@@ -94,7 +87,7 @@ async def test_terminal_bench_is_graded_by_the_pods_judge_container(
         killed = [p["command"] for p in graded["judge"]["killed"]]
         assert any(c.startswith("sleep 600") for c in killed), killed
         # a wrong answer and a FIFO a reader would block on: 0, the FIFO left out of the copy
-        await _run(env, "echo 'Hello' > /app/hello.txt; mkfifo /app/pipe")
+        await run_command(env, "echo 'Hello' > /app/hello.txt; mkfifo /app/pipe")
         graded = await env.call_reward({})
         assert isinstance(graded, dict)
         assert graded["reward"] == 0.0

@@ -27,13 +27,13 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from aenv_ray import Environment
 from aenv_ray.config import DeployConfig
 from aenv_ray.errors import ConfigurationError
-from aenv_ray.testing import free_port
 from builtin_envs.terminal_bench import JudgeUnavailableError
 from builtin_envs.terminal_bench.judge import CopyLimits, copy_files
 from builtin_envs.terminal_bench.judge_wire import SOCKET_ENV, JudgeClient, JudgeRequestError
@@ -41,9 +41,8 @@ from k8s_backend.manifests import (
     JUDGE_PATH,
     JUDGE_SOCKET_ENV,
     JUDGE_WORKSPACE,
-    PodRecipe,
-    instance_pod,
 )
+from tests._judged import builtin_pod, judge_client, pod_runtime
 
 BOX = Path(__file__).resolve().parents[1] / "builtin_envs/terminal_bench/src/_tb_box.py"
 
@@ -150,9 +149,8 @@ def judged(tmp_path: Path) -> Iterator[Judged]:
 
 @pytest.fixture
 def client(judged: Judged) -> Iterator[JudgeClient]:
-    client = JudgeClient.connect(judged.socket, timeout=60)
-    yield client
-    client.close()
+    with judge_client(judged.socket) as connected:
+        yield connected
 
 
 def _alive(pid: int) -> bool:
@@ -459,18 +457,8 @@ def test_the_pod_box_ends_everything_below_it(tmp_path: Path) -> None:
     assert not _alive(daemon)
 
 
-def _pod(deploy: DeployConfig, **env: str) -> dict[str, object]:
-    return instance_pod(
-        PodRecipe(
-            instance_id="4f2a9c1e07b3",
-            env_ref="terminal-bench@1.0.0",
-            image="registry.local/aenv/runtime:1",
-            command=["python", "-m", "sandbox_runtime", "--builtin", "terminal-bench@1.0.0"],
-            expires_at=1700000000.0,
-            deploy=deploy,
-            environment_variables=env,
-        )
-    )
+def _pod(deploy: DeployConfig, **env: str) -> dict[str, Any]:
+    return builtin_pod("terminal-bench@1.0.0", deploy, **env)
 
 
 def test_the_pod_spec_has_a_judge_container() -> None:
@@ -562,24 +550,10 @@ def test_the_judges_descriptors_are_out_of_its_users_reach(
 
 @pytest.fixture
 def runtime(judged: Judged) -> Iterator[str]:
-    """terminal-bench's runtime as a pod's runtime container runs it (``--builtin``, the judge's
-    socket in ``AENV_JUDGE_SOCKET``), here a host process serving the judge's workspace."""
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "sandbox_runtime", "--builtin", "terminal-bench@1.0.0"),
-            *("--host", "127.0.0.1", "--port", str(port)),
-        ],
-        env={
-            "PATH": os.environ["PATH"],
-            "HOME": str(judged.root),
-            SOCKET_ENV: judged.socket,
-            "AENV_WORKSPACE": str(judged.workspace),
-        },
-    )
-    yield f"http://127.0.0.1:{port}"
-    process.terminate()
-    process.wait(timeout=60)
+    """terminal-bench's runtime as a pod's runtime container runs it, here a host process
+    serving the judge's workspace."""
+    with pod_runtime("terminal-bench@1.0.0", judged.socket, judged.workspace, judged.root) as url:
+        yield url
 
 
 async def test_an_episode_in_pod_mode_is_graded_by_the_judge(judged: Judged, runtime: str) -> None:

@@ -5,7 +5,9 @@ the per-test report), with :mod:`.log_parsers`' parsers (pytest's, Django's, ...
 reads SWE-bench rows from JSON or JSON-lines files and builds a row's evaluation script;
 :mod:`.sandbox` runs the agent's commands out of sight of the dataset; :mod:`.strict` says which
 of the agent's changes strict grading applies; :mod:`.episode` is one task: the repository at
-its base commit, the tools, the grading. The environment project
+its base commit, the tools, the grading; on Kubernetes, :mod:`.judge` is the pod's judge
+container (the rows, the repositories, the grading) and :mod:`.pod` the runtime's side of it.
+The environment project
 ``swe@1.0.0`` (``src/``) serves them; ``docs/builtins.md`` documents it. Usable without any
 sandbox::
 

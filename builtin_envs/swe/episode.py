@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from aenv_ray.errors import ConfigurationError
 from builtin_envs.swe import grading
@@ -264,12 +264,17 @@ class Episode:
         instance_id: str | None = None,
         index: int | None = None,
         row: Row | None = None,
-    ) -> Episode:
+        private: str | None = None,
+    ) -> Self:
         """A new episode on ``row``, or the dataset's row ``instance_id`` (or ``index``, or the
-        settings' instance, or the first); its repository set up at the base commit."""
+        settings' instance, or the first); its repository set up at the base commit.
+        ``private``: where the runtime keeps its own files (the bundles' mirrors; default
+        ``/tmp/.swe-private``)."""
         if row is None:
             row = pick_row(settings, instance_id, index)
-        private = os.path.join("/tmp" if os.path.isdir("/tmp") else os.getcwd(), ".swe-private")
+        if private is None:
+            where = "/tmp" if os.path.isdir("/tmp") else os.getcwd()
+            private = os.path.join(where, ".swe-private")
         os.makedirs(private, mode=0o700, exist_ok=True)
         episode = cls(settings, row, private)
         episode._check_hidden()
@@ -416,6 +421,23 @@ class Episode:
                 "seconds": round(time.monotonic() - started, 3),
             },
         )
+
+    def bundle_base(self, path: str) -> None:
+        """Write the repository's history as it was set up (the base commit's, no later
+        commit) as a git bundle at ``path``, its one branch ``swe-base``: what a pod's judge
+        hands the runtime to set the agent's repository up from (:mod:`builtin_envs.swe.judge`).
+        Only before the agent touched the repository."""
+        repo = self.settings.repo_dir
+        for args in (
+            ["-C", repo, "update-ref", "refs/heads/swe-base", "HEAD"],
+            ["-C", repo, "bundle", "create", "-q", path, "refs/heads/swe-base"],
+        ):
+            made = self._git(args, cwd="/")
+            if made.returncode != 0:
+                raise RepositoryError(
+                    f"swe: cannot bundle {self.row.repo} at {self.row.base_commit}: "
+                    f"{made.output.strip()[-500:]}"
+                )
 
     def _clear_workspace(self, repo: str) -> None:
         """Remove the previous episode's repository, and when the repository lies directly in
@@ -694,20 +716,13 @@ class Episode:
             base_files = made.result()
         if cut:  # a part of the change would be graded as if it were all of it: none is
             self._discard(checkout)
-            graded = self._report(
-                CommandResult(1, f"{grading.APPLY_PATCH_FAIL}\nthe change is too large"),
-                patch,
-                started,
-                strict=True,
-            )
-            graded.update(left_out=[], graded_files=[])
-            graded["reason"] = (
+            return self.ungraded(
                 "the agent's change is larger than the grading reads whole (its diff against "
                 f"the base commit was cut at {_DIFF_LIMIT >> 20} MiB, 16 in a datasource "
-                "container): not graded"
+                "container): not graded",
+                patch=patch,
+                started=started,
             )
-            self.graded = graded
-            return graded
 
         def read_base(path: str) -> str | None:
             return self._read_trusted(os.path.join(checkout, path))
@@ -787,6 +802,26 @@ class Episode:
                 "the agent's source changes do not apply to a fresh checkout of the base "
                 f"commit: {apply_log.strip()[-500:]}"
             )
+        self.graded = graded
+        return graded
+
+    def ungraded(
+        self,
+        reason: str,
+        *,
+        patch: str = "",
+        started: float | None = None,
+        strict: bool = True,
+    ) -> dict[str, Any]:
+        """The report of a grading that ran no test, for ``reason`` (the agent's doing: its
+        change too large to read whole, its work past a judge's copy limits): reward 0."""
+        graded = self._report(
+            CommandResult(1, f"{grading.APPLY_PATCH_FAIL}\n{reason}"),
+            patch,
+            time.monotonic() if started is None else started,
+            strict=strict,
+        )
+        graded.update(left_out=[], graded_files=[], reason=reason)
         self.graded = graded
         return graded
 

@@ -229,11 +229,17 @@ class LocalSandbox:
     """Commands in nested namespaces that hide ``hidden`` directories (see the module)."""
 
     def __init__(
-        self, hidden: Sequence[str], *, isolate: bool = True, env: Mapping[str, str] | None = None
+        self,
+        hidden: Sequence[str],
+        *,
+        isolate: bool = True,
+        env: Mapping[str, str] | None = None,
+        wrap: Sequence[str] = (),
     ) -> None:
         self.hidden = _outermost(p for p in hidden if os.path.lexists(p))
         self.isolate = isolate
         self.env = dict(env or {})
+        self.wrap = list(wrap)  # a program each command runs under (swe's judge: its reaper)
         self._checked = False
         self._running: set[subprocess.Popen[bytes]] = set()
         self._running_lock = threading.Lock()
@@ -352,7 +358,7 @@ class LocalSandbox:
     ) -> CommandResult:
         output = _Capped(cap)
         process = subprocess.Popen(
-            [*self._prefix(judge), *argv],
+            [*self._prefix(judge), *self.wrap, *argv],
             cwd=cwd,
             env=env,
             stdin=subprocess.PIPE,

@@ -51,16 +51,28 @@ import socket
 import stat
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from builtin_envs.terminal_bench.errors import TaskNotFoundError
 from builtin_envs.terminal_bench.judge_wire import PROTOCOL, encode
 from builtin_envs.terminal_bench.task import Task, load_task, task_names
 
-__all__ = ["CopyLimits", "Judge", "copy_files", "main", "serve"]
+__all__ = [
+    "CopyLimits",
+    "Handler",
+    "Judge",
+    "copy_files",
+    "empty_dir",
+    "end_below",
+    "harden",
+    "listen_and_serve",
+    "main",
+    "serve",
+    "stop_on_sigterm",
+]
 
 LIBRARY = Path(__file__).resolve().parent
 DEMO_TASKS = LIBRARY / "demo_tasks"
@@ -171,24 +183,42 @@ def _stays_inside(copy_root: str, root: list[str], start: list[str], target: str
 
 
 def copy_files(
-    source: str, target: str, *, seen_as: str = "/app", limits: CopyLimits | None = None
+    source: str,
+    target: str,
+    *,
+    seen_as: str = "/app",
+    limits: CopyLimits | None = None,
+    skip: Collection[str] = (),
 ) -> dict[str, Any]:
     """Copy the workspace ``source`` into the empty directory ``target`` as files (see the
     module's docstring; the agent saw it at ``seen_as``): ``files``, ``bytes``, ``removed``
     (``{"path", "type"}``), ``links_out`` (``{"path", "target"}``, removed from the copy) and
-    ``over_limit`` (``{"limit", "cap", "path"}`` or None: then the copy is incomplete)."""
+    ``over_limit`` (``{"limit", "cap", "path"}`` or None: then the copy is incomplete).
+    ``skip``: names of ``source``'s own entries not copied (swe's ``.git``). ``source`` itself
+    must be a directory, not a link to one (:class:`OSError` otherwise)."""
     limits = limits or CopyLimits()
     removed: list[dict[str, str]] = []
     links: list[str] = []
     counts = {"files": 0, "entries": 0, "bytes": 0}
-    top = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    top = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     pending: list[tuple[int, str]] = [(top, "")]
     over: dict[str, Any] | None = None
+    skipped = frozenset(skip)
     try:
         while pending:
             dir_fd, relative = pending.pop()
             try:
-                _copy_directory(dir_fd, relative, target, limits, counts, pending, removed, links)
+                _copy_directory(
+                    dir_fd,
+                    relative,
+                    target,
+                    limits,
+                    counts,
+                    pending,
+                    removed,
+                    links,
+                    skipped if not relative else frozenset(),
+                )
             finally:
                 os.close(dir_fd)
     except _OverLimit as exc:
@@ -230,11 +260,14 @@ def _copy_directory(
     pending: list[tuple[int, str]],
     removed: list[dict[str, str]],
     links: list[str],
+    skip: frozenset[str],
 ) -> None:
     depth = relative.count("/") + 1 if relative else 0
     if depth > limits.depth:
         raise _OverLimit("directories deep", limits.depth, relative)
     for entry in sorted(os.listdir(dir_fd)):
+        if entry in skip:
+            continue
         rel = os.path.join(relative, entry)
         counts["entries"] += 1
         if counts["entries"] > limits.files:
@@ -282,7 +315,7 @@ def _copy_entry(
         removed.append({"path": rel, "type": _kind(status.st_mode)})
 
 
-def _empty(directory: Path, mode: int) -> None:
+def empty_dir(directory: Path, mode: int) -> None:
     """``directory`` exists, empty (whatever modes a run left on what it holds)."""
     directory.mkdir(parents=True, exist_ok=True)
     for entry in list(os.scandir(directory)):
@@ -332,6 +365,39 @@ def _command(pid: int) -> str:
     except OSError:
         return ""
     return " ".join(a.decode(errors="replace") for a in argv if a)[:200]
+
+
+def end_below(spare: Collection[int] = ()) -> list[dict[str, Any]]:
+    """End every process below this one except the ``spare`` ones (whose own children are
+    ended too): stopped first, again until no new one appears, then killed and reaped. What a
+    grading's run left (a judge is a child subreaper, so nothing it started escapes it). Their
+    pids and commands."""
+    if _proc_self() != os.getpid():  # a /proc of another pid namespace: pids would lie
+        raise RuntimeError("the judge's /proc is not its pid namespace's: mount its own")
+    kept = set(spare)
+    stopped: dict[int, str] = {}
+    for _ in range(100):
+        fresh = []
+        todo = [p for p in _children(os.getpid()) if p not in kept]
+        todo += [c for p in kept for c in _children(p)]
+        while todo:
+            pid = todo.pop()
+            if pid not in stopped:
+                fresh.append(pid)
+            todo += _children(pid)
+        if not fresh:
+            break
+        for pid in fresh:
+            stopped[pid] = _command(pid)
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGSTOP)
+    for pid in stopped:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in stopped:  # the subreaper's: reap them (ours, or orphans that came to us)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    return [{"pid": pid, "command": cmd} for pid, cmd in sorted(stopped.items())]
 
 
 class _WarmPytest:
@@ -479,41 +545,16 @@ class Judge:
             return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
 
     def end_leftovers(self) -> list[dict[str, Any]]:
-        """End every process below the judge but its warm pytest (stopped first, again until no
-        new one appears, then killed): what a run left. Their pids and commands."""
-        if _proc_self() != os.getpid():  # a /proc of another pid namespace: pids would lie
-            raise RuntimeError("the judge's /proc is not its pid namespace's: mount its own")
-        spare = {self._pytest.process.pid} if self._pytest is not None else set()
-        stopped: dict[int, str] = {}
-        for _ in range(100):
-            fresh = []
-            todo = [p for p in _children(os.getpid()) if p not in spare]
-            todo += [c for p in spare for c in _children(p)]
-            while todo:
-                pid = todo.pop()
-                if pid not in stopped:
-                    fresh.append(pid)
-                todo += _children(pid)
-            if not fresh:
-                break
-            for pid in fresh:
-                stopped[pid] = _command(pid)
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGSTOP)
-        for pid in stopped:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        for pid in stopped:  # the subreaper's: reap them (ours, or orphans that came to us)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
-        return [{"pid": pid, "command": cmd} for pid, cmd in sorted(stopped.items())]
+        """End every process below the judge but its warm pytest (:func:`end_below`): what a
+        run left. Their pids and commands."""
+        return end_below({self._pytest.process.pid} if self._pytest is not None else set())
 
     def grade(self, task: Task, timeout: float) -> dict[str, Any]:
         """Copy the work, run the task's tests on the copy (see the module docstring)."""
         killed = self.end_leftovers()
-        _empty(self.app, 0o755)
-        _empty(self.tests, 0o755)
-        _empty(self.scratch, 0o1777)
+        empty_dir(self.app, 0o755)
+        empty_dir(self.tests, 0o755)
+        empty_dir(self.scratch, 0o1777)
         copy = copy_files(self.workspace, str(self.app), seen_as=self.seen_as, limits=self.limits)
         result: dict[str, Any] = {
             "copy": copy,
@@ -653,8 +694,26 @@ _REFUSAL = {
 }
 
 
-def serve(listener: socket.socket, judge: Judge) -> None:
-    """Serve the first connection ``listener`` accepts until it closes; refuse every other."""
+class Handler(Protocol):
+    """What :func:`serve` serves: terminal-bench's :class:`Judge`, swe's judge
+    (:mod:`builtin_envs.swe.judge`). ``busy`` while a grading runs, ``stop_after`` once asked
+    to stop during one (see :func:`stop_on_sigterm`)."""
+
+    busy: bool
+    stop_after: bool
+
+    def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The answer to one request."""
+        ...
+
+    def close(self) -> None:
+        """End what runs below the judge."""
+        ...
+
+
+def serve(listener: socket.socket, judge: Handler, *, hello: str = "terminal-bench judge") -> None:
+    """Serve the first connection ``listener`` accepts until it closes (its first line says
+    ``hello``); refuse every other."""
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
     served: socket.socket | None = None
@@ -673,7 +732,7 @@ def serve(listener: socket.socket, judge: Judge) -> None:
                             encode(
                                 {
                                     "ok": True,
-                                    "hello": "terminal-bench judge",
+                                    "hello": hello,
                                     "protocol": PROTOCOL,
                                     "pid": os.getpid(),
                                 }
@@ -721,7 +780,7 @@ def _prctl(option: int, value: int) -> None:
         raise OSError(errno, f"prctl({option}): {os.strerror(errno)}")
 
 
-def _stop_on_sigterm(judge: Judge) -> None:
+def stop_on_sigterm(judge: Handler) -> None:
     """``SIGTERM`` (the kubelet's, when the pod is deleted) ends the judge at once when it is
     idle, else once the grading under way is answered: a process of the tests (the agent's
     code, which may signal the container's pid 1 once it has a handler) can end the judge
@@ -750,11 +809,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-bytes", type=int, default=CopyLimits.bytes)
     parser.add_argument("--max-files", type=int, default=CopyLimits.files)
     args = parser.parse_args(argv)
-    if _proc_self() != os.getpid():
-        parser.exit(2, "terminal-bench judge: /proc is another pid namespace's; mount its own\n")
-    _prctl(PR_SET_DUMPABLE, 0)
-    _prctl(PR_SET_CHILD_SUBREAPER, 1)
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    harden("terminal-bench judge")
     datasets = [DEMO_TASKS, *(Path(d) for d in args.dataset)]
     if not args.dataset:
         datasets.append(Path(os.environ.get("TB_DATASET_DIR") or "/data"))
@@ -767,15 +822,32 @@ def main(argv: Sequence[str] | None = None) -> None:
         seen_as=args.seen_as,
         limits=CopyLimits(files=args.max_files, bytes=args.max_bytes),
     )
-    _stop_on_sigterm(judge)
+    listen_and_serve(args.socket, judge, hello="terminal-bench judge")
+
+
+def harden(prog: str) -> None:
+    """What a judge does first: refuse a ``/proc`` of another pid namespace (exit 2), become
+    not dumpable and a child subreaper, ignore ``SIGPIPE``."""
+    if _proc_self() != os.getpid():
+        print(f"{prog}: /proc is another pid namespace's; mount its own", file=sys.stderr)
+        raise SystemExit(2)
+    _prctl(PR_SET_DUMPABLE, 0)
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+
+
+def listen_and_serve(path: str, judge: Handler, *, hello: str) -> None:
+    """Listen on the unix socket ``path`` and :func:`serve` ``judge`` there (``SIGTERM`` as
+    :func:`stop_on_sigterm` says); close the judge when the served connection ends."""
+    stop_on_sigterm(judge)
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(args.socket)
+        os.unlink(path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(args.socket)
+    listener.bind(path)
     listener.listen(64)
-    print(f"terminal-bench judge: listening on {args.socket}", file=sys.stderr, flush=True)
+    print(f"{hello}: listening on {path}", file=sys.stderr, flush=True)
     try:
-        serve(listener, judge)
+        serve(listener, judge, hello=hello)
     finally:
         listener.close()
         judge.close()

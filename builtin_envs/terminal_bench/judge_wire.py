@@ -23,6 +23,7 @@ its ``solution.sh``, for the oracle); ``grade`` (``name``, ``seconds``: see
 from __future__ import annotations
 
 import json
+import os
 import select
 import socket
 import threading
@@ -37,6 +38,7 @@ __all__ = [
     "SOCKET_ENV",
     "JudgeClient",
     "JudgeRequestError",
+    "PodJudge",
     "encode",
 ]
 
@@ -165,3 +167,33 @@ class JudgeClient:
     def close(self) -> None:
         """Close the connection (idempotent). The judge then ends."""
         self._sock.close()
+
+
+class PodJudge:
+    """A runtime's one connection to its pod's judge container (terminal-bench's ``_tb_pod``,
+    swe's ``builtin_envs.swe.pod``): opened by the first :meth:`get`, before the agent's first
+    command runs, and never again (the judge serves only the first connection it accepts, so a
+    process of the agent's that reaches the socket later is refused). A forked child holds
+    none (the judge would refuse it)."""
+
+    def __init__(self) -> None:
+        self._client: JudgeClient | None = None
+        self._opened = False
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        self._client = None
+
+    def get(self) -> JudgeClient:
+        """The connection, opened on the first call (``AENV_JUDGE_SOCKET`` names the socket);
+        :class:`JudgeUnavailableError` once it is lost."""
+        if self._client is not None and not self._client.closed:
+            return self._client
+        if self._opened:
+            raise JudgeUnavailableError(
+                "the connection to the pod's judge container was lost, and the judge serves "
+                "one connection only: this instance cannot be graded any more; replace it"
+            )
+        self._opened = True
+        self._client = JudgeClient.connect(os.environ[SOCKET_ENV])
+        return self._client

@@ -7,7 +7,9 @@ SWE-bench does.
 The task comes from the ``SWE_*`` variables at the first call or from ``swe_reset`` (another row
 on a warm instance). The agent's commands and file tools run in a view of the instance where the
 dataset, the repositories it came from and the environment's private files are empty
-directories (``builtin_envs.swe.sandbox``). See docs/builtins.md.
+directories (``builtin_envs.swe.sandbox``). In a Kubernetes pod with a judge container
+(``builtin_envs.swe.pod``) the rows, the repositories and the grading are the judge container's,
+and the agent's box is the pod itself. See docs/builtins.md and docs/kubernetes.md.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from aenv_ray import register_function, register_health, register_reward, register_tool
 from aenv_ray.errors import ConfigurationError
+from builtin_envs.swe import pod
 from builtin_envs.swe.episode import Episode, Settings
 from builtin_envs.swe.rows import load_rows, parse_row
 
@@ -27,12 +30,22 @@ _EPISODE: Episode | None = None
 _MAX_COMMAND_TIMEOUT = 1800
 
 
+def _judged(settings: Settings) -> bool:
+    """Whether the pod's judge container holds the rows and grades: a pod with one, unless the
+    instance has a datasource container to run everything in (``DualContainer``)."""
+    return pod.IN_POD and not settings.datasource
+
+
 def _episode() -> Episode:
-    """The current episode; the first call starts the ``SWE_*`` variables' task."""
+    """The current episode; the first call starts the ``SWE_*`` variables' task (in a pod
+    with a judge container, the judge's, after connecting to it: before any command runs)."""
     global _EPISODE
     with _LOCK:
+        settings = Settings.from_environ(os.environ)
+        if _judged(settings):
+            pod.judge()
         if _EPISODE is None:
-            _EPISODE = Episode.start(Settings.from_environ(os.environ))
+            _EPISODE = pod.start(settings) if _judged(settings) else Episode.start(settings)
         return _EPISODE
 
 
@@ -55,12 +68,15 @@ def swe_reset(
     global _EPISODE
     with _LOCK:
         settings = Settings.from_environ(os.environ)
-        if dataset:
-            settings = dataclasses.replace(settings, dataset=dataset)
         parsed = parse_row(row, "row") if row is not None else None
         if parsed is not None and (instance_id or index is not None):
             raise ConfigurationError("give either row or instance_id/index, not both")
         _EPISODE = None
+        if _judged(settings):  # the judge picks the row; the dataset is a file of its own
+            _EPISODE = pod.start(settings, instance_id, index, dataset=dataset, row=row)
+            return _EPISODE.public()
+        if dataset:
+            settings = dataclasses.replace(settings, dataset=dataset)
         _EPISODE = Episode.start(settings, instance_id, index, row=parsed)
         return _EPISODE.public()
 
@@ -79,6 +95,8 @@ def swe_instances(dataset: str | None = None) -> list[str]:
         dataset: a JSON or JSON-lines file of SWE-bench rows.
     """
     settings = Settings.from_environ(os.environ)
+    if _judged(settings):
+        return pod.instances(dataset)
     return [r.instance_id for r in load_rows(dataset or settings.dataset)]
 
 

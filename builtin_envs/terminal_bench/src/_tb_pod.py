@@ -15,36 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from builtin_envs.terminal_bench import NoTaskError, Task, TestRun
-from builtin_envs.terminal_bench.errors import JudgeUnavailableError
-from builtin_envs.terminal_bench.judge_wire import SOCKET_ENV, JudgeClient
+from builtin_envs.terminal_bench.judge_wire import JudgeClient, PodJudge
 
-_CLIENT: JudgeClient | None = None
-_OPENED = False
+_JUDGE = PodJudge()
 _NOWHERE = Path("/nonexistent/terminal-bench-judge")  # the task's directory: not in this container
-
-
-def _after_fork_in_child() -> None:
-    global _CLIENT
-    _CLIENT = None  # the judge answers its first connection only: a fork has none
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def judge() -> JudgeClient:
     """The connection to the pod's judge, opened on the first call (before any agent command
     runs); :class:`JudgeUnavailableError` once it is lost (it is never opened twice)."""
-    global _CLIENT, _OPENED
-    if _CLIENT is not None and not _CLIENT.closed:
-        return _CLIENT
-    if _OPENED:
-        raise JudgeUnavailableError(
-            "the connection to the pod's judge container was lost, and the judge serves one "
-            "connection only: this instance cannot be graded any more; replace it"
-        )
-    _OPENED = True
-    _CLIENT = JudgeClient.connect(os.environ[SOCKET_ENV])
-    return _CLIENT
+    return _JUDGE.get()
 
 
 def find_task(name: str | None) -> Task:
