@@ -50,6 +50,7 @@ __all__ = [
 F = TypeVar("F", bound=Callable[..., Any])
 ToolListing = Callable[[], "list[dict[str, Any]] | None"]
 """A tool listing of :meth:`DefinitionRegistry.set_tool_listing`: the tools on now, or None."""
+WarmUp = TypeVar("WarmUp", bound=Callable[[], object])
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 RESERVED_NAMES = frozenset({"list", "reward", "health", "info", "tools"})
@@ -112,6 +113,9 @@ class DefinitionRegistry:
         self.tool_listing: ToolListing | None = None
         """What the runtime lists as the tools now (:meth:`set_tool_listing`); None: the
         registered tools."""
+        self.warm_ups: list[Callable[[], object]] = []
+        """What the runtime runs once it starts serving, before its first request
+        (:meth:`add_warm_up`), in order."""
 
     def set_tool_listing(self, listing: ToolListing | None) -> None:
         """List the tools that are on *now*, for a tool set that changes while the environment
@@ -130,6 +134,40 @@ class DefinitionRegistry:
             'a'
         """
         self.tool_listing = listing
+
+    def add_warm_up(self, fn: WarmUp) -> WarmUp:
+        """Have the runtime call ``fn()`` once in each instance as it starts serving, before
+        it answers any request (its readiness included): start there what the first call
+        would otherwise wait for, such as a shell or a browser, so that a warm instance is
+        ready to serve. Never at import: the local engine imports a project once in a template
+        process and forks every instance from it, and a process started before a fork would
+        not be the instance's. A fork of a running instance runs it again in the fork.
+
+        Processes ``fn`` starts are outside any call: no call's end kills them; the episode's
+        end does. An exception is logged and the runtime serves anyway (the first call then
+        does the work itself); the time ``fn`` takes delays the instance's readiness, so keep
+        it short. Returns ``fn``: call it while the project loads, on
+        :func:`current_registry`, or use it as a decorator.
+
+            >>> reg = DefinitionRegistry()
+            >>> @reg.add_warm_up
+            ... def start_shell() -> None: ...
+            >>> [fn.__name__ for fn in reg.warm_ups]
+            ['start_shell']
+        """
+        if not callable(fn):
+            raise DefinitionError(
+                f"add_warm_up needs a function of no arguments, got {fn!r}: pass the function "
+                "itself, not what calling it returns"
+            )
+        if inspect.iscoroutinefunction(inspect.unwrap(fn)):
+            raise DefinitionError(
+                f"warm-up {_python_name(fn)} at {_location(fn)} is async: a warm-up runs "
+                "before the runtime's event loop does; make it a plain function",
+                location=_location(fn),
+            )
+        self.warm_ups.append(fn)
+        return fn
 
     def __len__(self) -> int:
         return (

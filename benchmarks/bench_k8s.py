@@ -25,14 +25,19 @@ on loopback):
    it binds nothing and patches each pod's status to Running and Ready (what a kubelet reports),
    and the claims then meet the API server as they would on a real cluster.
 
-``--kubeconfig PATH --image-prefix PREFIX`` measures a real node instead (``../shared/tools/
-k8s-realnode``: images run by containerd, readiness from the kubelet's probes), and only that:
-mini-terminal's definition run from ``PREFIX/mini-terminal:1.0.0``, and each step done both ways,
-by the engine and with the plain official client (create the same manifest, watch it Ready,
-call; claim: a PATCH of a Ready pod's label with its resourceVersion, call):
+``--kubeconfig PATH`` measures a real node instead (``../shared/tools/k8s-realnode``: images run
+by containerd, readiness from the kubelet's probes), and only that, on two environments with
+256 MiB and 250m each: ``benchmarks/envs/echo`` (``echo("hi")``, a call that starts nothing, as
+on the fake kubelet) and mini-terminal (``execute_command("true")`` in its bash session). Their
+images are this checkout's, built here when the node has none of that content (a layer on the
+runtime image of deploy/Dockerfile, tagged under ``--image-prefix``). Each step is done both
+ways, by the engine and with the plain official client (create the same manifest, watch it
+Ready, call; claim: a PATCH of a Ready pod's label with its resourceVersion, call), and the warm
+path is split: the claim, the first call (a new connection to the pod), a second call, and the
+SDK's ``Environment.adopt`` open and first call:
 
     .venv/bin/python benchmarks/bench_k8s.py --kubeconfig ~/.cache/k8s-real/realnode/kubeconfig \
-        --image-prefix realnode.local/aenv --n 5
+        --image-prefix realnode.local/aenv --n 5          # --env echo|terminal, --no-cold
 
 Exit status 0 either way: a measurement, not a test.
 """
@@ -363,37 +368,82 @@ async def claim_burst(cluster: KubeCluster, claims: int, rate: float) -> None:
 
 # -- a real node -----------------------------------------------------------------------------
 
+REAL_ENVS = ("echo", "terminal")
+"""What ``--env`` may name: ``benchmarks/envs/echo`` (a call that starts nothing) and
+mini-terminal (a bash session per instance), both run with 256 MiB and 250m."""
 
-def real_env(root: Path, prefix: str) -> InstanceSpec:
-    """``bench-terminal@1.0.0``: mini-terminal's definition (256 MiB, 250m) run from
-    ``PREFIX/mini-terminal:1.0.0``, the image the real-node kit builds."""
+
+def _file_lines(project: Path) -> tuple[str, ...]:
+    """Dockerfile lines that write ``project``'s config.json and ``src/*.py`` at ``/env``."""
+    import base64
+
+    files = [project / "config.json", *sorted((project / "src").glob("*.py"))]
+    lines = ["RUN mkdir -p /env/src"]
+    for file in files:
+        text = base64.b64encode(file.read_bytes()).decode()
+        lines.append(f"RUN echo {text} | base64 -d > /env/{file.relative_to(project)}")
+    return (*lines, "WORKDIR /env")
+
+
+def real_images(prefix: str) -> dict[str, str]:
+    """Each environment's image of this checkout: a layer on the runtime image built from
+    deploy/Dockerfile (tests/_realnode.py, keyed by content), with the project at ``/env`` as
+    ``aenv build``'s image has it; built with the kit's ``build-image`` when the node has none
+    of that content (the runtime image: minutes, once per checkout; a layer: seconds)."""
+    from tests._k8s_images import layered_image
+    from tests._realnode import runtime_image
+
+    if prefix:
+        os.environ["AENV_TEST_IMAGE_PREFIX"] = prefix
+    base = runtime_image()
+    terminal = (  # the installed built-in's files, as harbor-pod's test image takes its own
+        'RUN python -c "import pathlib, shutil, builtin_envs; shutil.copytree('
+        "pathlib.Path(builtin_envs.__file__).parent / 'mini_terminal', '/env', "
+        "ignore=shutil.ignore_patterns('__pycache__'))\"",
+        "WORKDIR /env",
+    )
+    return {
+        "echo": layered_image(base, "bench-echo", _file_lines(ECHO), version="1.0.0"),
+        "terminal": layered_image(base, "mini-terminal", terminal, version="1.0.0"),
+    }
+
+
+def real_env(root: Path, which: str, image: str) -> InstanceSpec:
+    """``bench-echo@1.0.0`` or ``mini-terminal@1.0.0`` run from ``image`` (not as a built-in),
+    with 256 MiB and 250m."""
     import json
     import shutil
 
-    project = root / "bench-terminal"
+    source = ECHO if which == "echo" else ROOT / "builtin_envs" / "mini_terminal"
+    project = root / which
     shutil.rmtree(project, ignore_errors=True)
-    shutil.copytree(
-        ROOT / "builtin_envs" / "mini_terminal",
-        project,
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
+    shutil.copytree(source, project, ignore=shutil.ignore_patterns("__pycache__"))
     config = json.loads((project / "config.json").read_text())
-    config["name"] = "bench-terminal"
-    image = f"{prefix.rstrip('/')}/mini-terminal:1.0.0"
     config["artifacts"] = [{"type": "image", "content": image}]
     config["deployConfig"].update(memory="256M", cpu="250m")
     (project / "config.json").write_text(json.dumps(config))
-    return InstanceSpec("bench-terminal@1.0.0", project=str(project), ttl=3600.0)
+    return InstanceSpec(f"{config['name']}@1.0.0", project=str(project), ttl=3600.0)
 
 
-async def terminal_call(http: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> None:
-    body = {"name": "execute_command", "arguments": {"command": "true"}}
+def real_call(which: str) -> tuple[str, dict[str, Any]]:
+    """The tool call measured: ``echo("hi")``, or ``execute_command("true")``."""
+    if which == "echo":
+        return "echo", {"text": "hi"}
+    return "execute_command", {"command": "true"}
+
+
+async def post_call(
+    http: aiohttp.ClientSession, url: str, headers: dict[str, str], which: str
+) -> None:
+    name, arguments = real_call(which)
+    body = {"name": name, "arguments": arguments}
     async with http.post(f"{url}/aenv/v1/call", json=body, headers=headers) as response:
         assert response.status == 200, response.status
-        await response.read()
+        data = await response.json()
+        assert not data.get("is_error"), data
 
 
-def plain_pod(spec: InstanceSpec, prefix: str, token: str, labels: dict[str, str]) -> Any:
+def plain_pod(spec: InstanceSpec, image: str, token: str, labels: dict[str, str]) -> Any:
     import hashlib
 
     config = EnvConfig.load(Path(spec.project or ""))
@@ -402,7 +452,7 @@ def plain_pod(spec: InstanceSpec, prefix: str, token: str, labels: dict[str, str
         PodRecipe(
             instance_id=uuid.uuid4().hex[:12],
             env_ref=config.ref,
-            image=f"{prefix.rstrip('/')}/mini-terminal:1.0.0",
+            image=image,
             command=["python", "-m", "sandbox_runtime", "/env"],
             expires_at=now + 3600,
             deploy=config.deploy_config,
@@ -428,7 +478,11 @@ def plain_ready(core: Any, ns: str, name: str, version: str) -> Any:
     raise TimeoutError(f"pod {name} not Ready")
 
 
-async def real_node(kubeconfig: Path, prefix: str, n: int) -> None:
+async def real_node(
+    kubeconfig: Path, which: str, image: str, n: int, *, cold: bool = True
+) -> dict[str, list[float]]:
+    """Every step on one environment, by the engine and by the plain client (``cold``: the
+    cold starts too)."""
     import tempfile
 
     from kubernetes import config as k8s_config
@@ -436,12 +490,12 @@ async def real_node(kubeconfig: Path, prefix: str, n: int) -> None:
     from k8s_backend import OwnImage
 
     cluster = KubeCluster(kubeconfig)
-    spec = real_env(Path(tempfile.mkdtemp(prefix="bench-k8s-")), prefix)
+    spec = real_env(Path(tempfile.mkdtemp(prefix="bench-k8s-")), which, image)
     ns = cluster.namespace(f"bench-real-{uuid.uuid4().hex[:6]}")
     engine = KubernetesEngine(
         ns,
         kubeconfig=cluster.kubeconfig,
-        delivery=OwnImage(prefix),
+        delivery=OwnImage(""),
         limiter=RateLimiter(rate=1000, burst=1000),
     )
     api = k8s_config.new_client_from_config(config_file=str(cluster.kubeconfig))
@@ -450,16 +504,22 @@ async def real_node(kubeconfig: Path, prefix: str, n: int) -> None:
     headers = {"Authorization": f"Bearer {token}"}
     out: dict[str, list[float]] = {}
     loop = asyncio.get_running_loop()
+    name, arguments = real_call(which)
+    group = 8
+
+    def add(key: str, began: float) -> None:
+        out.setdefault(key, []).append(time.perf_counter() - began)
+
     try:
         async with aiohttp.ClientSession() as http:
-            for _ in range(n):  # the engine, cold
+            for _ in range(n if cold else 0):  # the engine, cold
                 started = time.perf_counter()
                 info = await engine.create(spec, timeout=180)
-                await terminal_call(http, info.url or "", info.headers)
-                out.setdefault("cold", []).append(time.perf_counter() - started)
+                await post_call(http, info.url or "", info.headers, which)
+                add("cold", started)
                 await engine.delete(info.id)
-            for _ in range(n):  # the plain client, cold
-                pod = plain_pod(spec, prefix, token, {})
+            for _ in range(n if cold else 0):  # the plain client, cold
+                pod = plain_pod(spec, image, token, {})
                 started = time.perf_counter()
                 created = await loop.run_in_executor(None, core.create_namespaced_pod, ns, pod)
                 ready = await loop.run_in_executor(
@@ -470,31 +530,47 @@ async def real_node(kubeconfig: Path, prefix: str, n: int) -> None:
                     created.metadata.name,
                     created.metadata.resource_version,
                 )
-                await terminal_call(http, f"http://{ready.status.pod_ip}:8080", headers)
-                out.setdefault("plain cold", []).append(time.perf_counter() - started)
+                await post_call(http, f"http://{ready.status.pod_ip}:8080", headers, which)
+                add("plain cold", started)
                 core.delete_namespaced_pod(created.metadata.name, ns, grace_period_seconds=0)
-            group = 8
-            await engine.prewarm(spec, pool="bench", count=n + group)
-            await until_warm(engine, "bench", n + group, spec)
-            for _ in range(n):  # the engine, warm
+            await engine.prewarm(spec, pool="bench", count=2 * n + group)
+            await until_warm(engine, "bench", 2 * n + group, spec)
+            for _ in range(n):  # the engine, warm: claim, first call (a new connection), second
                 started = time.perf_counter()
                 claimed = await engine.claim(spec, pool="bench")
                 assert claimed is not None
-                out.setdefault("claim", []).append(time.perf_counter() - started)
-                await terminal_call(http, claimed.url or "", claimed.headers)
-                out.setdefault("warm", []).append(time.perf_counter() - started)
+                add("claim", started)
+                began = time.perf_counter()
+                await post_call(http, claimed.url or "", claimed.headers, which)
+                add("first call", began)
+                add("warm", started)
+                began = time.perf_counter()
+                await post_call(http, claimed.url or "", claimed.headers, which)
+                add("second call", began)
+            for _ in range(n):  # the SDK: claim, adopt (its readiness check and info), call
+                started = time.perf_counter()
+                claimed = await engine.claim(spec, pool="bench")
+                assert claimed is not None
+                env = Environment.adopt(engine, claimed)
+                began = time.perf_counter()
+                await env.initialize()
+                add("sdk open", began)
+                began = time.perf_counter()
+                await env.call_tool(name, arguments)
+                add("sdk call", began)
+                add("sdk", started)
+                await env.release()
             started = time.perf_counter()  # a GRPO group: 8 claims at once, a call each
             infos = await asyncio.gather(*(engine.claim(spec, pool="bench") for _ in range(group)))
             await asyncio.gather(
-                *(terminal_call(http, i.url or "", i.headers) for i in infos if i is not None)
+                *(post_call(http, i.url or "", i.headers, which) for i in infos if i is not None)
             )
             assert all(infos)
             out["group"] = [time.perf_counter() - started]
-            out["claims/s"] = [group / out["group"][0]]
             # the plain client's claim: Ready pods of our own labelled free, PATCHed claimed
             free = []
             for _ in range(n):
-                pod = plain_pod(spec, prefix, token, {"bench-claim": "free"})
+                pod = plain_pod(spec, image, token, {"bench-claim": "free"})
                 created = core.create_namespaced_pod(ns, pod)
                 free.append(created.metadata)
             for meta in free:
@@ -507,20 +583,37 @@ async def real_node(kubeconfig: Path, prefix: str, n: int) -> None:
                     }
                 }
                 await loop.run_in_executor(None, core.patch_namespaced_pod, meta.name, ns, patch)
-                await terminal_call(http, f"http://{ready.status.pod_ip}:8080", headers)
-                out.setdefault("plain warm", []).append(time.perf_counter() - started)
+                add("plain patch", started)
+                began = time.perf_counter()
+                await post_call(http, f"http://{ready.status.pod_ip}:8080", headers, which)
+                add("plain call", began)
+                add("plain warm", started)
     finally:
         await engine.aclose()
         core.delete_namespace(ns)
         api.close()
-    print(f"real node ({kubeconfig}), n={n}", flush=True)
-    row("engine cold: create -> Ready -> first call", out["cold"])
-    row("plain client cold: create -> watch Ready -> call", out["plain cold"])
+    return out
+
+
+def report_real(kubeconfig: Path, which: str, image: str, n: int, out: dict[str, Any]) -> None:
+    name, arguments = real_call(which)
+    print(f"\nreal node ({kubeconfig}), {which}: {image}, `{name}({arguments})`, n={n}")
+    if "cold" in out:
+        row("engine cold: create -> Ready -> first call", out["cold"])
+        row("plain client cold: create -> watch Ready -> call", out["plain cold"])
     row("engine warm: claim -> first call", out["warm"])
-    row("  of which the claim", out["claim"])
+    row("  of which the claim (a PATCH)", out["claim"])
+    row("  of which the first call", out["first call"])
+    row("  then a second call (same connection)", out["second call"])
+    row("SDK warm: claim + adopt + call", out["sdk"])
+    row("  of which the SDK's open (ready + info)", out["sdk open"])
+    row("  of which the SDK's first call", out["sdk call"])
     row("plain client warm: PATCH claim -> call", out["plain warm"])
-    row(f"GRPO group of {group}: {group} claims at once + a call each", out["group"])
-    print(f"  claims/s in that group: {out['claims/s'][0]:.0f}", flush=True)
+    row("  of which the PATCH", out["plain patch"])
+    row("  of which the call", out["plain call"])
+    group = out["group"][0]
+    print(f"  GRPO group of 8: 8 claims at once + a call each: {group * 1e3:.0f} ms", flush=True)
+    print(f"  claims/s in that group: {8 / group:.0f}", flush=True)
 
 
 def main() -> int:
@@ -528,11 +621,30 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rate", type=float, default=100.0, help="open-loop claims per second")
     parser.add_argument("--kubeconfig", help="a real node's kubeconfig: measure it alone")
-    parser.add_argument("--image-prefix", default="", help="where mini-terminal:1.0.0 is")
+    parser.add_argument(
+        "--image-prefix", default="", help="where to tag the real node's images (built here)"
+    )
     parser.add_argument("--n", type=int, default=5, help="samples per step on a real node")
+    parser.add_argument("--no-cold", action="store_true", help="on a real node: warm steps only")
+    parser.add_argument(
+        "--env",
+        choices=[*REAL_ENVS, "both"],
+        default="both",
+        help="on a real node: the environment measured",
+    )
     args = parser.parse_args()
     if args.kubeconfig:
-        asyncio.run(real_node(Path(args.kubeconfig).expanduser(), args.image_prefix, args.n))
+        kubeconfig = Path(args.kubeconfig).expanduser()
+        images = real_images(args.image_prefix)
+        load = os.getloadavg()
+        print(f"load average at the start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+        for which in REAL_ENVS if args.env == "both" else (args.env,):
+            out = asyncio.run(
+                real_node(kubeconfig, which, images[which], args.n, cold=not args.no_cold)
+            )
+            report_real(kubeconfig, which, images[which], args.n, out)
+        load = os.getloadavg()
+        print(f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
         return 0
     n = 5 if args.quick else 20
     claims = 360 if args.quick else 3600

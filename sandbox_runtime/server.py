@@ -31,6 +31,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -216,6 +217,7 @@ class RuntimeServer:
         if not self.sockets:
             raise RuntimeError("no socket to serve on: pass sockets= or call listen_on() first")
         self._start_judge()  # first: its seed is a fork of this process before any call
+        self._warm_up()  # after the judge's fork (its seed holds nothing warm-up started)
         on_main = threading.current_thread() is threading.main_thread()
         if on_main:
             signal.signal(signal.SIGTERM, self._on_signal)
@@ -254,6 +256,20 @@ class RuntimeServer:
         # ends with its pid namespace, and its forks, in namespaces below, live on)
         if tracker is not None and os.getpid() != 2:
             tracker.end_all()
+
+    def _warm_up(self) -> None:
+        """The project's warm-ups (:meth:`~aenv_ray.registry.DefinitionRegistry.add_warm_up`),
+        in this instance's process, before it serves: a warm instance has done the start-up
+        work its first call would otherwise wait for. A failure is logged, never fatal."""
+        for fn in self.project.registry.warm_ups:
+            started = time.perf_counter()
+            try:
+                fn()
+            except Exception:
+                log.exception("warm-up failed", extra={"warm_up": _name_of(fn)})
+                continue
+            took = time.perf_counter() - started
+            log.debug("warm-up done", extra={"warm_up": _name_of(fn), "ms": round(took * 1e3, 1)})
 
     def _start_judge(self) -> None:
         """The judge's seed, when the reward asks for the judge (once per server)."""
@@ -335,6 +351,10 @@ class RuntimeServer:
                 loop.call_soon_threadsafe(server.request_exit)
         if self._loop_thread is not None:
             self._loop_thread.join(timeout=5)
+
+
+def _name_of(fn: Callable[[], object]) -> str:
+    return str(getattr(fn, "__qualname__", None) or fn)
 
 
 def _build_mcp(dispatcher: Dispatcher, name: str, version: str) -> ASGIApp:

@@ -64,6 +64,16 @@ it), and a ``.pth`` line that puts this variable's directory first on ``sys.path
 sets it to its own checkout, so every process a test starts runs the code under test."""
 os.environ[CHECKOUT_VARIABLE] = str(ROOT)
 
+
+def checkout_for_zygotes(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with this checkout first on ``PYTHONPATH``, for a process of a ``checkout=True``
+    venv that runs the local engine: its zygote is started with ``ZYGOTE_VARIABLES`` alone
+    (``local_backend.engine``), without :data:`CHECKOUT_VARIABLE`, so without this its
+    instances would run the venv's editable install, the checkout that made the venv."""
+    given = env.get("PYTHONPATH", "")
+    return {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), given) if p)}
+
+
 _CHECKOUT_PTH = (
     "import os, sys; p = os.environ.get('AENVRAY_ORACLE_CHECKOUT'); p and sys.path.insert(0, p)\n"
 )

@@ -8,6 +8,7 @@ from pathlib import Path
 from aenv_ray import ToolErrorKind, ToolResult
 from aenv_ray.testing import RuntimeProcess
 from tests._cgroup import TestCgroup
+from tests._processes import children_of
 
 from .conftest import MINI_TERMINAL
 
@@ -135,7 +136,9 @@ async def test_a_memory_hog_or_fork_bomb_ends_its_command_and_the_shell_lives_on
                 async def run(command: str) -> ToolResult:
                     return await env.call_tool("execute_command", {"command": command})
 
-                await run("export KEPT=yes; cd /")
+                # a command that starts a process: the runtime's end-of-call sweep then has
+                # made its worker thread (pids.current counts threads) before the base is read
+                await run("export KEPT=yes; cd /; /bin/true")
                 base = cgroup.processes
                 killed = await run(hog)
                 after_hog = await run("echo $KEPT; pwd")
@@ -155,3 +158,12 @@ async def test_a_memory_hog_or_fork_bomb_ends_its_command_and_the_shell_lives_on
     for after in (after_hog, after_bomb):  # the same shell: its variable and directory
         assert after.structured == {"output": "yes\n/\n", "returncode": 0}
         assert not after.is_error
+
+
+async def test_the_shell_starts_with_the_instance_not_with_its_first_command() -> None:
+    with RuntimeProcess(MINI_TERMINAL) as runtime:
+        shells = [pid for pid, name in children_of(runtime.pid).items() if name == "bash"]
+        assert len(shells) == 1  # the warm-up started it: a warm instance's shell is running
+        async with runtime.environment() as env:
+            result = await env.call_tool("execute_command", {"command": "echo $$"})
+    assert result.structured == {"output": f"{shells[0]}\n", "returncode": 0}

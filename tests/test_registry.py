@@ -1115,3 +1115,23 @@ def test_the_old_name_registry_still_names_the_definition_registry_with_a_warnin
     assert old is DefinitionRegistry
     with pytest.raises(AttributeError, match="no_such_name"):
         aenv_ray.no_such_name  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_a_warm_up_is_a_plain_function_of_no_arguments() -> None:
+    registry = DefinitionRegistry()
+    with pytest.raises(DefinitionError, match="needs a function of no arguments"):
+        registry.add_warm_up(42)  # type: ignore[type-var]
+
+    async def start() -> None: ...
+
+    with pytest.raises(DefinitionError, match="is async: a warm-up runs before"):
+        registry.add_warm_up(start)
+
+    def first() -> None: ...
+
+    def second() -> None: ...
+
+    assert registry.add_warm_up(first) is first
+    registry.add_warm_up(second)
+    assert registry.warm_ups == [first, second]
+    assert len(registry) == 0  # nothing a caller can call: not a tool, function or reward

@@ -16,6 +16,7 @@ import pytest
 from aenv_ray.testing import RuntimeProcess
 from sandbox_runtime._loader import load_project
 from sandbox_runtime.server import RuntimeServer, bind_socket
+from tests._processes import children_of
 
 PROBE = Path(__file__).resolve().parent / "envs" / "probe"
 
@@ -206,3 +207,49 @@ async def test_a_thread_the_environment_leaves_running_does_not_hold_a_stopped_r
     assert runtime.process is not None
     assert runtime.process.returncode == 0  # it ended by itself, not by the SIGKILL
     assert marker.read_text() == "exit handlers ran"
+
+
+WARM_UPS = '''
+import subprocess
+from aenv_ray import register_tool
+from aenv_ray.registry import current_registry
+
+helper = None
+calls_before_warm_up = []
+
+
+@current_registry().add_warm_up
+def start_helper() -> None:
+    global helper
+    helper = subprocess.Popen(["sleep", "3600"])
+
+
+@current_registry().add_warm_up
+def fail() -> None:
+    raise RuntimeError("this warm-up fails on purpose")
+
+
+@register_tool
+def helper_pid() -> int:
+    """The helper the warm-up started: running, or -1."""
+    return helper.pid if helper is not None and helper.poll() is None else -1
+'''
+
+
+async def test_warm_ups_run_before_the_runtime_serves_and_a_failing_one_is_logged(
+    tmp_path: Path,
+) -> None:
+    project = tmp_path / "warm"
+    (project / "src").mkdir(parents=True)
+    (project / "config.json").write_text('{"name": "warm", "version": "1.0.0"}')
+    (project / "src" / "warm.py").write_text(WARM_UPS)
+    with RuntimeProcess(project) as runtime:
+        # answering its readiness means the warm-ups ran: the helper runs before any call
+        started = [pid for pid, name in children_of(runtime.pid).items() if name == "sleep"]
+        assert len(started) == 1, children_of(runtime.pid)
+        async with runtime.environment() as env:
+            first = await env.call_tool("helper_pid", {})
+            second = await env.call_tool("helper_pid", {})  # no call's end killed it
+        assert first.structured == second.structured == started[0]
+        assert "warm-up failed" in runtime.log_tail(200)
+        assert "this warm-up fails on purpose" in runtime.log_tail(200)

@@ -32,11 +32,16 @@ class CommandTimeout(Exception):
 
 
 class BashSession:
-    """One bash process, started lazily on the first command."""
+    """One bash process, started by :meth:`start` or else by the first command."""
 
     def __init__(self, workdir: str) -> None:
         self.workdir = workdir
         self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start the shell now unless it runs (its first command then does not wait for it)."""
+        if self._proc is None or self._proc.poll() is not None:
+            self._start()
 
     def _start(self) -> subprocess.Popen[bytes]:
         env = dict(os.environ, PS1="", PS2="", TERM="dumb", HISTFILE="/dev/null")

@@ -11,6 +11,7 @@ from pathlib import Path
 from bash_session import BashSession, CommandTimeout
 
 from aenv_ray import register_health, register_reward, register_tool
+from aenv_ray.registry import current_registry
 
 _session: BashSession | None = None
 
@@ -38,6 +39,16 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@current_registry().add_warm_up
+def start_shell() -> None:
+    """Start the shell as the instance starts serving (a warm instance's first command finds
+    it running), not at import: the local engine forks instances from a template process
+    that imported this module, and a shell started there would be no instance's."""
+    workdir()
+    assert _session is not None
+    _session.start()
 
 
 @register_tool
