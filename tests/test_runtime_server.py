@@ -191,13 +191,19 @@ def start_a_thread() -> str:
 '''
 
 
+def _project(tmp_path: Path, name: str, source: str) -> Path:
+    """A project ``name@1.0.0`` of one module, ``source``."""
+    project = tmp_path / name
+    (project / "src").mkdir(parents=True)
+    (project / "config.json").write_text(f'{{"name": "{name}", "version": "1.0.0"}}')
+    (project / "src" / f"{name}.py").write_text(source)
+    return project
+
+
 async def test_a_thread_the_environment_leaves_running_does_not_hold_a_stopped_runtime(
     tmp_path: Path,
 ) -> None:
-    project = tmp_path / "stray"
-    (project / "src").mkdir(parents=True)
-    (project / "config.json").write_text('{"name": "stray", "version": "1.0.0"}')
-    (project / "src" / "stray.py").write_text(STRAY_THREAD)
+    project = _project(tmp_path, "stray", STRAY_THREAD)
     marker = tmp_path / "exited"
     runtime = RuntimeProcess(project, extra_args=["--", str(marker)])
     with runtime:
@@ -239,10 +245,7 @@ def helper_pid() -> int:
 async def test_warm_ups_run_before_the_runtime_serves_and_a_failing_one_is_logged(
     tmp_path: Path,
 ) -> None:
-    project = tmp_path / "warm"
-    (project / "src").mkdir(parents=True)
-    (project / "config.json").write_text('{"name": "warm", "version": "1.0.0"}')
-    (project / "src" / "warm.py").write_text(WARM_UPS)
+    project = _project(tmp_path, "warm", WARM_UPS)
     with RuntimeProcess(project) as runtime:
         # answering its readiness means the warm-ups ran: the helper runs before any call
         started = [pid for pid, name in children_of(runtime.pid).items() if name == "sleep"]
