@@ -27,9 +27,7 @@ from tests._realnode import built, realnode_tools
 
 __all__ = [
     "CHROMIUM",
-    "GIT",
     "SWE_DATA",
-    "TMUX",
     "ImageUnavailable",
     "builder_command",
     "built_environment",
@@ -44,22 +42,6 @@ CHROMIUM = (
 )
 """mini-program's addition to the runtime image: Debian's Chromium, which renders the page its
 reward grades (``builtin_envs/mini_program``)."""
-
-
-TMUX = (
-    "RUN apt-get update && apt-get install -y --no-install-recommends tmux"
-    " && rm -rf /var/lib/apt/lists/*",
-)
-"""terminal-bench's addition to the runtime image: Debian's tmux, behind its terminal tools
-(``send_keys``, ``read_screen``)."""
-
-
-GIT = (
-    "RUN apt-get update && apt-get install -y --no-install-recommends git"
-    " && rm -rf /var/lib/apt/lists/*",
-)
-"""swe's addition to the runtime image: Debian's git (the agent's repository, the judge's
-checkout, diff and patches)."""
 
 
 SWE_DATA = (

@@ -25,7 +25,7 @@ from tests._chat_server import AgentModel, ChatServer
 from tests._cli import aenv
 from tests._hub import HubProcess, new_key
 from tests._k8s import KubeCluster
-from tests._k8s_images import CHROMIUM, GIT, SWE_DATA, TMUX, layered_or_skip
+from tests._k8s_images import CHROMIUM, SWE_DATA, layered_or_skip
 from tests._realnode import RealNode
 
 pytestmark = [pytest.mark.k8s, pytest.mark.real_node, pytest.mark.timeout(2400)]
@@ -49,15 +49,10 @@ def browser_image(builtin_image: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def terminal_image(builtin_image: str) -> str:
-    """The runtime image plus tmux (terminal-bench's terminal tools), built on it."""
-    return layered_or_skip(builtin_image, "terminal-bench", TMUX)
-
-
-@pytest.fixture(scope="module")
-def git_image(builtin_image: str) -> str:
-    """The runtime image plus git (swe's), built on it."""
-    return layered_or_skip(builtin_image, "swe", GIT + SWE_DATA)  # tests/test_k8s_swe_judge's
+def swe_image(builtin_image: str) -> str:
+    """The runtime image plus swe's demo rows at ``/data/swe``, where only its judge reads
+    them (tests/test_k8s_swe_judge's image)."""
+    return layered_or_skip(builtin_image, "swe", SWE_DATA)
 
 
 @pytest.fixture(scope="module")
@@ -220,8 +215,8 @@ def test_mini_program_renders_and_grades_its_page_in_a_pod(
 @pytest.mark.parametrize(
     ("env", "task", "image"),
     [
-        ("terminal-bench@1.0.0", "hello-world", "terminal_image"),
-        ("swe@1.0.0", "demo__calc-1", "git_image"),
+        ("terminal-bench@1.0.0", "hello-world", "builtin_image"),
+        ("swe@1.0.0", "demo__calc-1", "swe_image"),
     ],
 )
 def test_a_builtin_plays_a_graded_episode_with_its_judge_container(
@@ -233,10 +228,11 @@ def test_a_builtin_plays_a_graded_episode_with_its_judge_container(
     task: str,
     image: str,
 ) -> None:
-    """terminal-bench's and swe's demo task in a pod of the runtime image plus what each needs
-    (tmux, git), as a user runs it: the pod is the agent's box, the tests (swe: also the rows
-    and the source repositories) are the pod's judge container's; graded 1.0, no pod left
-    (wrong and forged answers: tests/test_k8s_tb_judge.py, tests/test_k8s_swe_judge.py)."""
+    """terminal-bench's and swe's demo task in a pod of the runtime image (which has their tmux
+    and git; swe's demo rows added at ``/data/swe``), as a user runs it: the pod is the agent's
+    box, the tests (swe: also the rows and the source repositories) are the pod's judge
+    container's; graded 1.0, no pod left (wrong and forged answers: tests/test_k8s_tb_judge.py,
+    tests/test_k8s_swe_judge.py)."""
     tasks = _one_task(env.split("@")[0].replace("-", "_"), task, tmp_path)
     (record,) = _rollout(
         realnode, namespace, request.getfixturevalue(image), tmp_path / "out",

@@ -5,8 +5,8 @@ cannot see, reach (beyond one refused connection) or write. One episode of the d
 ``demo__calc-1``: the gold patch with a process left running, 1.0; a wrong fix, 0; a forged
 one (a conftest.py that turns failures into passes, a FIFO, passing lines printed), 0.
 
-The image is this checkout's runtime image plus git and the demo rows in ``/data/swe``
-(tests/_k8s_images.GIT, SWE_DATA; built once per content on the node), the judge's dataset
+The image is this checkout's runtime image (which has git) plus the demo rows in ``/data/swe``
+(tests/_k8s_images.SWE_DATA; built once per content on the node), the judge's dataset
 (``SWE_DATASET``): the agent's container sees an empty ``/data``.
 """
 
@@ -18,7 +18,7 @@ import pytest
 
 from tests._judged import run_command
 from tests._k8s import KubeCluster
-from tests._k8s_images import GIT, SWE_DATA, layered_or_skip
+from tests._k8s_images import SWE_DATA, layered_or_skip
 from tests._realnode import RealNode
 from tests.test_reward_exploits_swe import PASS_EVERYTHING
 
@@ -28,8 +28,8 @@ CALC = "demo__calc-1"
 
 
 @pytest.fixture(scope="module")
-def git_image(real_node: RealNode) -> str:
-    return layered_or_skip(real_node.runtime_image, "swe", GIT + SWE_DATA)
+def swe_image(real_node: RealNode) -> str:
+    return layered_or_skip(real_node.runtime_image, "swe", SWE_DATA)
 
 
 @pytest.fixture(scope="module")
@@ -39,14 +39,14 @@ def namespace(real_node: RealNode) -> Iterator[str]:
 
 
 async def test_swe_is_graded_by_the_pods_judge_container(
-    real_node: RealNode, git_image: str, namespace: str
+    real_node: RealNode, swe_image: str, namespace: str
 ) -> None:
     from aenv_ray import Environment
     from builtin_envs.demos import swe as demo
     from k8s_backend import OwnImage
 
     cluster: KubeCluster = real_node
-    engine = cluster.engine(namespace, delivery=OwnImage(runtime_image=git_image))
+    engine = cluster.engine(namespace, delivery=OwnImage(runtime_image=swe_image))
     try:
         async with Environment(
             "swe@1.0.0",

@@ -6,8 +6,8 @@ running and a knock on the judge's socket, then a wrong answer and a FIFO.
 
 The runtime image is this checkout's (tests/_realnode.py, built once per content: about 5
 minutes when its dependency layer is cached, longer when pyproject.toml changed); no task image
-is built: the demo tasks ship in the image, and the judge reads them there. The image has no
-tmux, so the terminal tools (send_keys) are not tried here.
+is built: the demo tasks ship in the image, and the judge reads them there. The image has tmux
+(deploy/Dockerfile), behind the terminal tools (``send_keys``), tried first.
 """
 
 from __future__ import annotations
@@ -56,6 +56,10 @@ async def test_terminal_bench_is_graded_by_the_pods_judge_container(
     async with Environment("terminal-bench@1.0.0", engine=engine, ttl=900, timeout=300) as env:
         task = await env.call_function("tb_reset", {"task": "hello-world"})
         assert "hello.txt" in task["instruction"]
+        # the terminal: a tmux session of the pod's (the runtime image has tmux)
+        screen = await env.call_tool("send_keys", {"keys": ["echo typed-$((6*7))", "Enter"]})
+        assert not screen.is_error, screen.text
+        assert "typed-42" in screen.text, screen.text
         # the tests and the task directory are not in the agent's container, nor is the judge
         seen = await run_command(
             env,
