@@ -5,14 +5,25 @@ alone no longer groups anything under pytest 9."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
 
+from tests.conftest import GROUPS_DIR
+
 ROOT = Path(__file__).resolve().parent.parent
 FILES = ("tests/test_retry.py", "tests/test_harbor_dockerfile.py")  # small, in-process tests
+
+
+def _outside_any_worker() -> dict[str, str]:
+    """This process's variables without those that tell a process it is a worker of this run
+    (where the whole suite runs on workers, this test does in one): the pytest started here is
+    a run of its own, its controller making its own groups' directory."""
+    worker = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID")
+    return {k: v for k, v in os.environ.items() if k not in (*worker, GROUPS_DIR)}
 
 
 def test_each_file_runs_whole_on_one_worker() -> None:
@@ -22,6 +33,7 @@ def test_each_file_runs_whole_on_one_worker() -> None:
             *("-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder", *FILES),
         ],
         cwd=ROOT,
+        env=_outside_any_worker(),
         capture_output=True,
         text=True,
         timeout=300,
