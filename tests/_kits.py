@@ -2,11 +2,11 @@
 
 On a machine that never ran the Kubernetes lane, its first test waits for k8s-real's and the
 real node's ``setup`` (a Go build of Kubernetes: ~15-30 min of CPU on 2 cores) and then for this
-checkout's images on the node (deploy/Dockerfile's runtime image, mini-program's Chromium layer
-on it, mini-terminal's own ``aenv build`` image: minutes each). ``scripts/test`` runs this module
-in the background at ``nice -n 15`` as soon as the virtual environment is set up, so that work
-fills the CPU the lint, the type check and the first lanes leave idle, instead of stopping the
-suite for half an hour in the middle::
+checkout's images on the node (deploy/Dockerfile's runtime image, its variant with
+mini-program's Chromium, mini-terminal's own ``aenv build`` image: minutes each).
+``scripts/test`` runs this module in the background at ``nice -n 15`` as soon as the virtual
+environment is set up, so that work fills the CPU the lint, the type check and the first lanes
+leave idle, instead of stopping the suite for half an hour in the middle::
 
     .venv/bin/python -m tests._kits            # what scripts/test starts; prints each step
 
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests._k8s import REPO, set_up_k8s_real, tools_dir
-from tests._k8s_images import CHROMIUM, built_environment, layered_image
+from tests._k8s_images import CHROMIUM, built_environment
 from tests._realnode import realnode_tools, runtime_image, set_up
 
 __all__ = ["main", "mini_terminal_image"]
@@ -62,8 +62,8 @@ def main() -> int:
         ok &= _step("the runtime image", lambda: images.setdefault("runtime", runtime_image()))
         if "runtime" in images:
             ok &= _step(
-                "mini-program's Chromium layer",
-                lambda: layered_image(images["runtime"], "mini-program", CHROMIUM),
+                "mini-program's image (the runtime image with Chromium)",
+                lambda: runtime_image(extra_packages=CHROMIUM),
             )
         project = Path(REPO / "builtin_envs" / "mini_terminal")
         ok &= _step(

@@ -21,7 +21,8 @@ import hashlib
 import os
 import re
 import subprocess
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from aenv_ray import __version__
@@ -31,6 +32,7 @@ __all__ = [
     "POD_MAX_PIDS",
     "RealNode",
     "built",
+    "prune_images",
     "realnode_tools",
     "runtime_image",
     "runtime_image_inputs",
@@ -221,16 +223,25 @@ def built(tag: str) -> bool:
     )
 
 
-def runtime_image(*, timeout: float = 1800.0) -> str:
+def runtime_image(*, extra_packages: Sequence[str] = (), timeout: float = 1800.0) -> str:
     """The generic aenv-ray image of this checkout on ``node``: ``IMAGE_REPOSITORY:VERSION-
     DIGEST`` (:func:`runtime_image_inputs`), built with the kit's ``build-image`` from
-    deploy/Dockerfile only when no build of the same inputs exists (~5 min of CPU). The first
-    build on a node without the published tag (``ghcr.io/aenv-ray/aenv-ray:VERSION``, what
-    an engine's default settings name) tags it too. Raises :class:`RuntimeError` when the
-    build fails."""
+    deploy/Dockerfile only when no build of the same inputs exists (~5 min of CPU the first
+    time; then ~30 s for a new tree: the builder's cache keeps the dependencies' and the
+    system packages' layers). The first build on a node without the published tag
+    (``ghcr.io/aenv-ray/aenv-ray:VERSION``, what an engine's default settings name) tags it too.
+
+    ``extra_packages`` (Debian packages) builds the Dockerfile's variant with them
+    (``--build-arg EXTRA_PACKAGES=...``: mini-program's image has Chromium), tagged
+    ``...-DIGEST-PKGS`` where ``PKGS`` digests the package names. Its packages' layer sits below
+    aenv-ray's, so a new tree rebuilds only aenv-ray's layer above it. Raises
+    :class:`RuntimeError` when the build fails."""
     from k8s_backend.exec_helper import RUNTIME_IMAGE
 
     tag = f"{IMAGE_REPOSITORY}:{__version__}-{runtime_image_inputs()[:16]}"
+    packages = " ".join(extra_packages)
+    if packages:
+        tag += "-" + hashlib.sha256(packages.encode()).hexdigest()[:8]
     if built(tag):
         return tag
     with kit_lock():
@@ -239,9 +250,71 @@ def runtime_image(*, timeout: float = 1800.0) -> str:
         tools = realnode_tools()
         if tools is None:
             raise RuntimeError("no k8s-realnode kit to build the runtime image with")
-        tags = ["-t", tag] + ([] if built(RUNTIME_IMAGE) else ["-t", RUNTIME_IMAGE])
+        published = not packages and not built(RUNTIME_IMAGE)
+        tags = ["-t", tag] + (["-t", RUNTIME_IMAGE] if published else [])
+        variant = ["--build-arg", f"EXTRA_PACKAGES={packages}"] if packages else []
         dockerfile = str(REPO / "deploy" / "Dockerfile")
         # the kit imports it into the running node's containerd (else at the node's next start)
-        command = [str(tools / "build-image"), *tags, "-f", dockerfile, str(REPO)]
+        command = [str(tools / "build-image"), *tags, *variant, "-f", dockerfile, str(REPO)]
         _run(command, timeout=timeout, what=f"building {tag} from deploy/Dockerfile")
+    prune_images()
     return tag
+
+
+PRUNE_KEEP = 3
+"""How many builds of each of the tests' tree-keyed images :func:`prune_images` keeps."""
+
+PRUNE_AFTER = 2 * 3600.0
+"""How old (seconds since its build) an image must be before :func:`prune_images` removes it:
+another checkout's session may be using a recent one."""
+
+_NOT_TREE_KEYED = ("harbor-task",)
+"""Families keyed by something else than this checkout (a Harbor task's own content: each task
+is an image of its own, all of them in use): :func:`prune_images` leaves them."""
+
+
+def prune_images(*, keep: int = PRUNE_KEEP, older_than: float = PRUNE_AFTER) -> list[str]:
+    """Remove the tests' images of other trees from the kit's store (and from the node's
+    containerd when it runs). A family is the images whose tags differ only by a content key
+    (16 hex digits: the runtime image, each of its variants, each layer on it): of each, the
+    newest ``keep`` builds stay, and so does any built less than ``older_than`` seconds ago
+    and any that also carries a tag without a key (the published runtime tag, an
+    environment's own image). Each new tree adds ~2-3 GB of images: without this a CI
+    machine's disk fills. Returns the removed tags."""
+    prefix = IMAGE_REPOSITORY.rsplit("/", 1)[0].replace("/", "_").replace(":", "_") + "_"
+    families: dict[str, list[tuple[float, Path]]] = {}
+    for archive in _images_dir().glob(f"{prefix}*.tar"):
+        ref = archive.with_name(archive.name + ".ref")
+        name = archive.name[len(prefix) : -len(".tar")]
+        family = re.sub(r"[0-9a-f]{16}", "*", name)
+        if family == name or family.startswith(_NOT_TREE_KEYED) or not ref.is_file():
+            continue
+        if not all(re.search(r"[0-9a-f]{16}", tag) for tag in ref.read_text().split()):
+            continue  # it also carries a tag that names no content: not ours to drop
+        families.setdefault(family, []).append((archive.stat().st_mtime, archive))
+    now = time.time()
+    removed: list[str] = []
+    for builds in families.values():
+        builds.sort(reverse=True)
+        for mtime, archive in builds[keep:]:
+            if now - mtime < older_than:
+                continue
+            ref = archive.with_name(archive.name + ".ref")
+            removed.extend(ref.read_text().split())
+            archive.unlink(missing_ok=True)
+            ref.unlink(missing_ok=True)
+    if removed:
+        _forget(removed)
+    return removed
+
+
+def _forget(tags: list[str]) -> None:
+    """Remove ``tags`` from the running node's containerd (its content is then garbage
+    collected); nothing when the node is not running."""
+    tools = realnode_tools()
+    if tools is None:
+        return
+    script = f'. "{tools}/lib.sh" && for t in "$@"; do ctr_ images rm "$t" >/dev/null 2>&1; done'
+    subprocess.run(
+        ["bash", "-c", script, "forget", *tags], capture_output=True, timeout=300, check=False
+    )

@@ -323,6 +323,7 @@ FILE_LANES: dict[str, str] = {
             "test_loader.py",
             "test_openenv_unit.py",
             "test_pod_template_policy.py",
+            "test_realnode_prune.py",
             "test_registry.py",
             "test_tau2_core.py",
             "test_tau2_telecom.py",

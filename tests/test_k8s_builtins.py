@@ -25,7 +25,7 @@ from tests._chat_server import AgentModel, ChatServer
 from tests._cli import aenv
 from tests._hub import HubProcess, new_key
 from tests._k8s import KubeCluster
-from tests._k8s_images import CHROMIUM, SWE_DATA, layered_or_skip
+from tests._k8s_images import CHROMIUM, SWE_DATA, layered_or_skip, runtime_variant_or_skip
 from tests._realnode import RealNode
 
 pytestmark = [pytest.mark.k8s, pytest.mark.real_node, pytest.mark.timeout(2400)]
@@ -44,8 +44,9 @@ def builtin_image(real_node: RealNode) -> str:
 
 @pytest.fixture(scope="module")
 def browser_image(builtin_image: str) -> str:
-    """The runtime image plus Chromium (mini-program's), built on it."""
-    return layered_or_skip(builtin_image, "mini-program", CHROMIUM)
+    """mini-program's image: the runtime image built with Chromium (deploy/Dockerfile's
+    ``EXTRA_PACKAGES``)."""
+    return runtime_variant_or_skip(CHROMIUM)
 
 
 @pytest.fixture(scope="module")
