@@ -458,11 +458,9 @@ def test_mcp_works_with_the_virtual_environment_under_tmp(tmp_path: Path) -> Non
 async def test_a_pushed_bundles_import_time_code_never_runs_outside_a_sandbox(
     tmp_path: Path, listener: socket.socket
 ) -> None:
-    import subprocess
-    import sys
-
     from envhub.keys import create_key
     from envhub.store import open_store
+    from tests._cli import aenv_async
     from tests._hub import HubProcess
 
     secret = "AENV_TEST_SECRET_OF_THE_HOST"
@@ -475,16 +473,10 @@ async def test_a_pushed_bundles_import_time_code_never_runs_outside_a_sandbox(
     finally:
         await store.aclose()
     with HubProcess(tmp_path / "hub", store=store_url, env={secret: "1"}) as hub:
-        env = {**os.environ, secret: "1", "AENV_SYSTEM_URL": hub.url, "AENV_API_KEY": key}
-        pushed = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, "-m", "aenv_cli", "push", str(project)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        # in this process (tests/_cli.py): import-time code run outside a sandbox by the CLI's
+        # load check would write the marker here as well
+        env = {secret: "1", "AENV_SYSTEM_URL": hub.url, "AENV_API_KEY": key}
+        pushed = await aenv_async("push", str(project), env=env)
         assert pushed.returncode == 0, pushed.stderr
         assert "published hostile-import@1.0.0" in pushed.stdout
         assert not marker.exists()  # neither the CLI's check nor the hub's wrote it
