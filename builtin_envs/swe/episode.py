@@ -189,6 +189,13 @@ _UPLOAD_PACK = (
     "git -c safe.directory=* -c uploadpack.allowAnySHA1InWant=true "
     "-c uploadpack.allowReachableSHA1InWant=true upload-pack"
 )
+# the base commit alone (no history) checked out at $1 from the repository $2 ($3: the commit,
+# $4: the upload-pack command); prints the checkout's files, NUL-separated
+_CLONE_BASE = (
+    'git init -q "$1" && cd "$1" && '
+    'git fetch -q --no-tags --depth=1 --upload-pack="$4" "$2" "$3" && '
+    "git checkout -q --detach FETCH_HEAD && git ls-files -z"
+)
 
 
 class ToolGate:
@@ -849,22 +856,66 @@ class Episode:
 
     def _checkout(self, target: str) -> list[str]:
         """A fresh checkout of the base commit at ``target``, from the row's repository; its
-        files."""
+        files.
+
+        Where nothing the agent runs reaches the runtime's private directory (the local
+        engine's namespaces hide it from the agent's commands and from the tests of every
+        grading), the base commit is checked out once per repository and commit into it (a
+        pristine checkout, never handed out) and each grading gets a full copy of it
+        (``cp -a --reflink=auto``: copy-on-write where the file system has it, never links):
+        what a grading's tests write stays in that grading's copy. Elsewhere (no isolation,
+        a datasource container, swe's judge container) every grading clones anew."""
         source = self.find_source()
         if source.endswith(".bundle"):
             source = self._mirror(source)
-        script = (
-            'git init -q "$1" && cd "$1" && '
-            'git fetch -q --no-tags --depth=1 --upload-pack="$4" "$2" "$3" && '
-            "git checkout -q --detach FETCH_HEAD && git ls-files -z"
-        )
-        result = self._sh(script, target, source, self.row.base_commit, _UPLOAD_PACK)
+        if self.settings.isolation == "namespaces" and not self.settings.datasource:
+            pristine = self._pristine(source)
+            copied = self._sh(
+                'cp -a --reflink=auto -- "$1/tree" "$2" && cat -- "$1/files"', pristine, target
+            )
+            if copied.returncode != 0:
+                raise RepositoryError(
+                    f"swe: the judge's copy of {self.row.repo} at {self.row.base_commit} "
+                    f"failed: {copied.output.strip()[-500:]}"
+                )
+            return [f for f in copied.output.split("\0") if f]
+        result = self._sh(_CLONE_BASE, target, source, self.row.base_commit, _UPLOAD_PACK)
         if result.returncode != 0:
             raise RepositoryError(
                 f"swe: the judge's checkout of {self.row.repo} at {self.row.base_commit} "
                 f"failed: {result.output.strip()[-500:]}"
             )
         return [f for f in result.output.split("\0") if f]
+
+    def _pristine(self, source: str) -> str:
+        """The private directory holding a checkout of the base commit from ``source``
+        (``tree``) and its files (``files``, NUL-separated), made once per repository and
+        commit: built aside, then renamed into place whole."""
+        key = hashlib.sha256(f"{source}\0{self.row.base_commit}".encode()).hexdigest()[:16]
+        root = os.path.join(os.path.abspath(self.private), "pristine")
+        done = os.path.join(root, key)
+        if os.path.isdir(done):
+            return done
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        building = os.path.join(root, f"{key}.{secrets.token_hex(4)}")
+        os.mkdir(building, 0o700)
+        tree = os.path.join(building, "tree")
+        script = f'{_CLONE_BASE} > "$1/../files"'
+        result = self._sh(script, tree, source, self.row.base_commit, _UPLOAD_PACK)
+        try:
+            if result.returncode != 0:
+                raise RepositoryError(
+                    f"swe: the judge's checkout of {self.row.repo} at {self.row.base_commit} "
+                    f"failed: {result.output.strip()[-500:]}"
+                )
+            os.rename(building, done)
+        except OSError:  # another grading made it first
+            if not os.path.isdir(done):
+                raise
+        finally:
+            if os.path.isdir(building):
+                shutil.rmtree(building)
+        return done
 
     def _report(
         self, result: CommandResult, patch: str, started: float, *, strict: bool
