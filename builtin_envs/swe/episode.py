@@ -389,13 +389,41 @@ class Episode:
         return mirror
 
     def setup_repository(self) -> None:
-        """Empty the workspace and fetch the base commit's history into the repository dir."""
+        """Empty the workspace and fetch the base commit's history into the repository dir.
+
+        Where the runtime's private directory is out of the agent's reach (see
+        :meth:`_keeps_pristine`), the history is fetched once per repository and commit into
+        it and each episode's repository is a full copy of that."""
         started = time.monotonic()
         source = self.find_source()
         if source.endswith(".bundle"):
             source = self._mirror(source)
         repo = self.settings.repo_dir
         self._clear_workspace(repo)
+        if self._keeps_pristine():
+            pristine = self._pristine(
+                source, "history", lambda tree: self._fetch_base(source, tree)
+            )
+            copied = self._sh('cp -a --reflink=auto -- "$1/tree" "$2"', pristine, repo)
+            if copied.returncode != 0:
+                raise RepositoryError(
+                    f"swe: setting up {self.row.repo} at {self.row.base_commit} from {source} "
+                    f"failed (copy): {copied.output.strip()[-500:]}"
+                )
+        else:
+            self._fetch_base(source, repo)
+        log.info(
+            "swe: repository ready",
+            extra={
+                "instance_id": self.row.instance_id,
+                "repo": self.row.repo,
+                "seconds": round(time.monotonic() - started, 3),
+            },
+        )
+
+    def _fetch_base(self, source: str, repo: str) -> None:
+        """A repository at ``repo`` holding the base commit's history from ``source``, checked
+        out."""
         steps = [
             ["init", "-q", repo],
             [
@@ -420,14 +448,6 @@ class Episode:
                     f"failed (git {args[3] if args[0] == '-C' else args[0]}): "
                     f"{result.output.strip()[-500:]}"
                 )
-        log.info(
-            "swe: repository ready",
-            extra={
-                "instance_id": self.row.instance_id,
-                "repo": self.row.repo,
-                "seconds": round(time.monotonic() - started, 3),
-            },
-        )
 
     def bundle_base(self, path: str) -> None:
         """Write the repository's history as it was set up (the base commit's, no later
@@ -868,8 +888,13 @@ class Episode:
         source = self.find_source()
         if source.endswith(".bundle"):
             source = self._mirror(source)
-        if self.settings.isolation == "namespaces" and not self.settings.datasource:
-            pristine = self._pristine(source)
+        if self._keeps_pristine():
+
+            def build(tree: str) -> None:
+                files = self._clone_base(source, tree)
+                Path(tree).with_name("files").write_text("\0".join(files), encoding="utf-8")
+
+            pristine = self._pristine(source, "base", build)
             copied = self._sh(
                 'cp -a --reflink=auto -- "$1/tree" "$2" && cat -- "$1/files"', pristine, target
             )
@@ -879,6 +904,10 @@ class Episode:
                     f"failed: {copied.output.strip()[-500:]}"
                 )
             return [f for f in copied.output.split("\0") if f]
+        return self._clone_base(source, target)
+
+    def _clone_base(self, source: str, target: str) -> list[str]:
+        """The base commit alone checked out at ``target`` from ``source``; its files."""
         result = self._sh(_CLONE_BASE, target, source, self.row.base_commit, _UPLOAD_PACK)
         if result.returncode != 0:
             raise RepositoryError(
@@ -887,11 +916,19 @@ class Episode:
             )
         return [f for f in result.output.split("\0") if f]
 
-    def _pristine(self, source: str) -> str:
-        """The private directory holding a checkout of the base commit from ``source``
-        (``tree``) and its files (``files``, NUL-separated), made once per repository and
-        commit: built aside, then renamed into place whole."""
-        key = hashlib.sha256(f"{source}\0{self.row.base_commit}".encode()).hexdigest()[:16]
+    def _keeps_pristine(self) -> bool:
+        """Whether pristine copies may be kept in the private directory: only where nothing the
+        agent runs reaches it (the local engine's namespaces hide it from the agent's commands
+        and from every grading's tests); not without isolation, in a datasource container or
+        in swe's judge container."""
+        return self.settings.isolation == "namespaces" and not self.settings.datasource
+
+    def _pristine(self, source: str, kind: str, build: Callable[[str], object]) -> str:
+        """The private directory holding ``tree`` (``build`` makes it from ``source`` at the
+        base commit; ``kind`` names what it holds) and whatever ``build`` wrote beside it, made
+        once per repository, commit and kind: built aside, then renamed into place whole."""
+        named = f"{kind}\0{source}\0{self.row.base_commit}"
+        key = hashlib.sha256(named.encode()).hexdigest()[:16]
         root = os.path.join(os.path.abspath(self.private), "pristine")
         done = os.path.join(root, key)
         if os.path.isdir(done):
@@ -899,17 +936,10 @@ class Episode:
         os.makedirs(root, mode=0o700, exist_ok=True)
         building = os.path.join(root, f"{key}.{secrets.token_hex(4)}")
         os.mkdir(building, 0o700)
-        tree = os.path.join(building, "tree")
-        script = f'{_CLONE_BASE} > "$1/../files"'
-        result = self._sh(script, tree, source, self.row.base_commit, _UPLOAD_PACK)
         try:
-            if result.returncode != 0:
-                raise RepositoryError(
-                    f"swe: the judge's checkout of {self.row.repo} at {self.row.base_commit} "
-                    f"failed: {result.output.strip()[-500:]}"
-                )
+            build(os.path.join(building, "tree"))
             os.rename(building, done)
-        except OSError:  # another grading made it first
+        except OSError:  # another episode made it first
             if not os.path.isdir(done):
                 raise
         finally:
