@@ -401,10 +401,13 @@ class Episode:
         repo = self.settings.repo_dir
         self._clear_workspace(repo)
         if self._keeps_pristine():
-            pristine = self._pristine(
-                source, "history", lambda tree: self._fetch_base(source, tree)
+            copied = self._from_pristine(
+                source,
+                "history",
+                lambda tree: self._fetch_base(source, tree),
+                'cp -a --reflink=auto -- "$1/tree" "$2"',
+                repo,
             )
-            copied = self._sh('cp -a --reflink=auto -- "$1/tree" "$2"', pristine, repo)
             if copied.returncode != 0:
                 raise RepositoryError(
                     f"swe: setting up {self.row.repo} at {self.row.base_commit} from {source} "
@@ -894,10 +897,8 @@ class Episode:
                 files = self._clone_base(source, tree)
                 Path(tree).with_name("files").write_text("\0".join(files), encoding="utf-8")
 
-            pristine = self._pristine(source, "base", build)
-            copied = self._sh(
-                'cp -a --reflink=auto -- "$1/tree" "$2" && cat -- "$1/files"', pristine, target
-            )
+            script = 'cp -a --reflink=auto -- "$1/tree" "$2" && cat -- "$1/files"'
+            copied = self._from_pristine(source, "base", build, script, target)
             if copied.returncode != 0:
                 raise RepositoryError(
                     f"swe: the judge's copy of {self.row.repo} at {self.row.base_commit} "
@@ -926,9 +927,10 @@ class Episode:
     def _pristine(self, source: str, kind: str, build: Callable[[str], object]) -> str:
         """The private directory holding ``tree`` (``build`` makes it from ``source`` at the
         base commit; ``kind`` names what it holds) and whatever ``build`` wrote beside it, made
-        once per repository, commit and kind: built aside, then renamed into place whole."""
+        once per repository, commit and kind: built aside, then renamed into place whole. One
+        of each kind is kept (the current row's): making one removes the others."""
         named = f"{kind}\0{source}\0{self.row.base_commit}"
-        key = hashlib.sha256(named.encode()).hexdigest()[:16]
+        key = f"{kind}-{hashlib.sha256(named.encode()).hexdigest()[:16]}"
         root = os.path.join(os.path.abspath(self.private), "pristine")
         done = os.path.join(root, key)
         if os.path.isdir(done):
@@ -945,7 +947,32 @@ class Episode:
         finally:
             if os.path.isdir(building):
                 shutil.rmtree(building)
+        for entry in os.listdir(root):  # renamed first: a copy being made from it fails
+            if entry.startswith(f"{kind}-") and "." not in entry and entry != key:
+                gone = os.path.join(root, f"{entry}.gone-{secrets.token_hex(4)}")
+                with contextlib.suppress(OSError):
+                    os.rename(os.path.join(root, entry), gone)
+                    shutil.rmtree(gone, ignore_errors=True)
         return done
+
+    def _from_pristine(
+        self,
+        source: str,
+        kind: str,
+        build: Callable[[str], object],
+        script: str,
+        target: str,
+    ) -> CommandResult:
+        """Run ``script`` (``$1``: the pristine directory of ``kind``, ``$2``: ``target``);
+        once more on one made anew if it was removed meanwhile (a runtime sharing the private
+        directory moved to another row: its removal renames the directory first, so a copy it
+        cut short failed)."""
+        pristine = self._pristine(source, kind, build)
+        result = self._sh(script, pristine, target)
+        if result.returncode != 0 and not os.path.isdir(pristine):
+            self._sh('rm -rf -- "$1"', target)
+            result = self._sh(script, self._pristine(source, kind, build), target)
+        return result
 
     def _report(
         self, result: CommandResult, patch: str, started: float, *, strict: bool
