@@ -189,6 +189,13 @@ _UPLOAD_PACK = (
     "git -c safe.directory=* -c uploadpack.allowAnySHA1InWant=true "
     "-c uploadpack.allowReachableSHA1InWant=true upload-pack"
 )
+# the base commit alone (no history) checked out at $1 from the repository $2 ($3: the commit,
+# $4: the upload-pack command); prints the checkout's files, NUL-separated
+_CLONE_BASE = (
+    'git init -q "$1" && cd "$1" && '
+    'git fetch -q --no-tags --depth=1 --upload-pack="$4" "$2" "$3" && '
+    "git checkout -q --detach FETCH_HEAD && git ls-files -z"
+)
 
 
 class ToolGate:
@@ -382,13 +389,44 @@ class Episode:
         return mirror
 
     def setup_repository(self) -> None:
-        """Empty the workspace and fetch the base commit's history into the repository dir."""
+        """Empty the workspace and fetch the base commit's history into the repository dir.
+
+        Where the runtime's private directory is out of the agent's reach (see
+        :meth:`_keeps_pristine`), the history is fetched once per repository and commit into
+        it and each episode's repository is a full copy of that."""
         started = time.monotonic()
         source = self.find_source()
         if source.endswith(".bundle"):
             source = self._mirror(source)
         repo = self.settings.repo_dir
         self._clear_workspace(repo)
+        if self._keeps_pristine():
+            copied = self._from_pristine(
+                source,
+                "history",
+                lambda tree: self._fetch_base(source, tree),
+                'cp -a --reflink=auto -- "$1/tree" "$2"',
+                repo,
+            )
+            if copied.returncode != 0:
+                raise RepositoryError(
+                    f"swe: setting up {self.row.repo} at {self.row.base_commit} from {source} "
+                    f"failed (copy): {copied.output.strip()[-500:]}"
+                )
+        else:
+            self._fetch_base(source, repo)
+        log.info(
+            "swe: repository ready",
+            extra={
+                "instance_id": self.row.instance_id,
+                "repo": self.row.repo,
+                "seconds": round(time.monotonic() - started, 3),
+            },
+        )
+
+    def _fetch_base(self, source: str, repo: str) -> None:
+        """A repository at ``repo`` holding the base commit's history from ``source``, checked
+        out."""
         steps = [
             ["init", "-q", repo],
             [
@@ -413,14 +451,6 @@ class Episode:
                     f"failed (git {args[3] if args[0] == '-C' else args[0]}): "
                     f"{result.output.strip()[-500:]}"
                 )
-        log.info(
-            "swe: repository ready",
-            extra={
-                "instance_id": self.row.instance_id,
-                "repo": self.row.repo,
-                "seconds": round(time.monotonic() - started, 3),
-            },
-        )
 
     def bundle_base(self, path: str) -> None:
         """Write the repository's history as it was set up (the base commit's, no later
@@ -849,22 +879,100 @@ class Episode:
 
     def _checkout(self, target: str) -> list[str]:
         """A fresh checkout of the base commit at ``target``, from the row's repository; its
-        files."""
+        files.
+
+        Where nothing the agent runs reaches the runtime's private directory (the local
+        engine's namespaces hide it from the agent's commands and from the tests of every
+        grading), the base commit is checked out once per repository and commit into it (a
+        pristine checkout, never handed out) and each grading gets a full copy of it
+        (``cp -a --reflink=auto``: copy-on-write where the file system has it, never links):
+        what a grading's tests write stays in that grading's copy. Elsewhere (no isolation,
+        a datasource container, swe's judge container) every grading clones anew."""
         source = self.find_source()
         if source.endswith(".bundle"):
             source = self._mirror(source)
-        script = (
-            'git init -q "$1" && cd "$1" && '
-            'git fetch -q --no-tags --depth=1 --upload-pack="$4" "$2" "$3" && '
-            "git checkout -q --detach FETCH_HEAD && git ls-files -z"
-        )
-        result = self._sh(script, target, source, self.row.base_commit, _UPLOAD_PACK)
+        if self._keeps_pristine():
+
+            def build(tree: str) -> None:
+                files = self._clone_base(source, tree)
+                Path(tree).with_name("files").write_text("\0".join(files), encoding="utf-8")
+
+            script = 'cp -a --reflink=auto -- "$1/tree" "$2" && cat -- "$1/files"'
+            copied = self._from_pristine(source, "base", build, script, target)
+            if copied.returncode != 0:
+                raise RepositoryError(
+                    f"swe: the judge's copy of {self.row.repo} at {self.row.base_commit} "
+                    f"failed: {copied.output.strip()[-500:]}"
+                )
+            return [f for f in copied.output.split("\0") if f]
+        return self._clone_base(source, target)
+
+    def _clone_base(self, source: str, target: str) -> list[str]:
+        """The base commit alone checked out at ``target`` from ``source``; its files."""
+        result = self._sh(_CLONE_BASE, target, source, self.row.base_commit, _UPLOAD_PACK)
         if result.returncode != 0:
             raise RepositoryError(
                 f"swe: the judge's checkout of {self.row.repo} at {self.row.base_commit} "
                 f"failed: {result.output.strip()[-500:]}"
             )
         return [f for f in result.output.split("\0") if f]
+
+    def _keeps_pristine(self) -> bool:
+        """Whether pristine copies may be kept in the private directory: only where nothing the
+        agent runs reaches it (the local engine's namespaces hide it from the agent's commands
+        and from every grading's tests); not without isolation, in a datasource container or
+        in swe's judge container."""
+        return self.settings.isolation == "namespaces" and not self.settings.datasource
+
+    def _pristine(self, source: str, kind: str, build: Callable[[str], object]) -> str:
+        """The private directory holding ``tree`` (``build`` makes it from ``source`` at the
+        base commit; ``kind`` names what it holds) and whatever ``build`` wrote beside it, made
+        once per repository, commit and kind: built aside, then renamed into place whole. One
+        of each kind is kept (the current row's): making one removes the others."""
+        named = f"{kind}\0{source}\0{self.row.base_commit}"
+        key = f"{kind}-{hashlib.sha256(named.encode()).hexdigest()[:16]}"
+        root = os.path.join(os.path.abspath(self.private), "pristine")
+        done = os.path.join(root, key)
+        if os.path.isdir(done):
+            return done
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        building = os.path.join(root, f"{key}.{secrets.token_hex(4)}")
+        os.mkdir(building, 0o700)
+        try:
+            build(os.path.join(building, "tree"))
+            os.rename(building, done)
+        except OSError:  # another episode made it first
+            if not os.path.isdir(done):
+                raise
+        finally:
+            if os.path.isdir(building):
+                shutil.rmtree(building)
+        for entry in os.listdir(root):  # renamed first: a copy being made from it fails
+            if entry.startswith(f"{kind}-") and "." not in entry and entry != key:
+                gone = os.path.join(root, f"{entry}.gone-{secrets.token_hex(4)}")
+                with contextlib.suppress(OSError):
+                    os.rename(os.path.join(root, entry), gone)
+                    shutil.rmtree(gone, ignore_errors=True)
+        return done
+
+    def _from_pristine(
+        self,
+        source: str,
+        kind: str,
+        build: Callable[[str], object],
+        script: str,
+        target: str,
+    ) -> CommandResult:
+        """Run ``script`` (``$1``: the pristine directory of ``kind``, ``$2``: ``target``);
+        once more on one made anew if it was removed meanwhile (a runtime sharing the private
+        directory moved to another row: its removal renames the directory first, so a copy it
+        cut short failed)."""
+        pristine = self._pristine(source, kind, build)
+        result = self._sh(script, pristine, target)
+        if result.returncode != 0 and not os.path.isdir(pristine):
+            self._sh('rm -rf -- "$1"', target)
+            result = self._sh(script, self._pristine(source, kind, build), target)
+        return result
 
     def _report(
         self, result: CommandResult, patch: str, started: float, *, strict: bool

@@ -44,7 +44,6 @@ import argparse
 import dataclasses
 import os
 import secrets
-import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -52,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from aenv_ray.errors import ConfigurationError
+from builtin_envs.swe import reap
 from builtin_envs.swe.episode import Episode, Settings, pick_row, wait_for_discards
 from builtin_envs.swe.rows import Row, load_rows, parse_row
 from builtin_envs.swe.sandbox import LocalSandbox
@@ -64,7 +64,7 @@ from builtin_envs.terminal_bench.judge import (
     listen_and_serve,
 )
 
-__all__ = ["HELLO", "SweJudge", "main", "reap", "repository_stem"]
+__all__ = ["HELLO", "SweJudge", "main", "repository_stem"]
 
 HELLO = "swe judge"
 _BUNDLES = "swe-base-"  # the share's directories of base bundles (one per reset)
@@ -83,32 +83,13 @@ def repository_stem(repo: str) -> str:
 
 @dataclasses.dataclass
 class _JudgeEpisode(Episode):
-    """An episode of the judge's: every command it runs (git, the tests) runs under
-    :func:`reap`, so that what a command leaves running (a daemon the tests' code started,
-    holding the output pipe) ends when the command does, as it does with the pid namespace
-    of the local engine's judge."""
+    """An episode of the judge's: every command it runs (git, the tests) runs under the
+    reaper (:mod:`builtin_envs.swe.reap`), so that what a command leaves running (a daemon the
+    tests' code started, holding the output pipe) ends when the command does, as it does with
+    the pid namespace of the local engine's judge."""
 
     def __post_init__(self) -> None:
-        reaper = [sys.executable, "-I", "-B", "-m", "builtin_envs.swe.judge", "reap", "--"]
-        self.sandbox = LocalSandbox([], isolate=False, wrap=reaper)
-
-
-def reap(argv: Sequence[str]) -> int:
-    """Run ``argv`` (its standard streams this process's), then end everything it left below
-    this process (a child subreaper); its exit status."""
-    import subprocess
-
-    harden(f"{HELLO} (reaper)")
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    try:
-        child = subprocess.Popen(list(argv), restore_signals=True)
-    except OSError as exc:
-        print(f"{argv[0]}: {exc.strerror}", file=sys.stderr)
-        return 127
-    code = child.wait()
-    end_below()
-    return code if code >= 0 else 128 - code
+        self.sandbox = LocalSandbox([], isolate=False, wrap=reap.COMMAND)
 
 
 class SweJudge:
@@ -255,11 +236,8 @@ class SweJudge:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -I -B -m builtin_envs.swe.judge --socket PATH --workspace DIR``; ``... reap --
-    COMMAND...``: :func:`reap`."""
+    """``python -I -B -m builtin_envs.swe.judge --socket PATH --workspace DIR``."""
     given = list(sys.argv[1:] if argv is None else argv)
-    if given[:2] == ["reap", "--"] and len(given) > 2:
-        raise SystemExit(reap(given[2:]))
     parser = argparse.ArgumentParser(prog=HELLO, description=__doc__.split("\n")[0])
     parser.add_argument("--socket", required=True, help="the unix socket to listen on")
     parser.add_argument("--workspace", required=True, help="the agent's work (read-only)")

@@ -46,11 +46,23 @@ __all__ = [
 
 log = logging.getLogger("swe")
 
+# the hidden paths' mounts (argv: their number, the paths, then anything), made by one process:
+# a mount(8) per path cost more than the command itself. An empty read-only tmpfs over a
+# directory, /dev/null bound over anything else; the first that fails ends it with 125.
+_MOUNT_HIDDEN = """import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+for path in sys.argv[2 : 2 + int(sys.argv[1])]:
+    if os.path.isdir(path):  # MS_RDONLY
+        done = libc.mount(b"swe-hidden", os.fsencode(path), b"tmpfs", 1, b"size=4k,mode=0555")
+    else:  # MS_BIND
+        done = libc.mount(b"/dev/null", os.fsencode(path), None, 4096, None)
+    if done != 0:
+        print(f"swe: cannot hide {path}: {os.strerror(ctypes.get_errno())}", file=sys.stderr)
+        sys.exit(125)
+"""
 _HIDE = (
-    'n=$1; shift; i=0; while [ "$i" -lt "$n" ]; do '
-    'if [ -d "$1" ]; then mount -t tmpfs -o ro,size=4k,mode=0555 swe-hidden "$1"; '
-    'else mount --bind /dev/null "$1"; fi '
-    '|| { echo "swe: cannot hide $1" >&2; exit 125; }; shift; i=$((i + 1)); done; '
+    'py=$1; code=$2; shift 2; if [ "$1" -gt 0 ]; then "$py" -I -S -c "$code" "$@" '
+    '|| { echo "swe: cannot hide the hidden paths" >&2; exit 125; }; fi; shift $(($1 + 1)); '
     # a fresh /tmp: a tmpfs mounted on the stage (an empty directory of the runtime's), each
     # kept path bound into it at its own place (read-only or not), then moved onto /tmp
     'if [ "$1" = fresh-tmp ]; then stage=$2; n=$3; shift 3; '
@@ -259,6 +271,8 @@ class LocalSandbox:
             "-c",
             _HIDE,
             "swe-hide",
+            sys.executable,
+            _MOUNT_HIDDEN,
             str(len(hidden)),
             *hidden,
             *self._tmp_args(judge),
