@@ -799,12 +799,13 @@ class KubernetesEngine:
                     info = await self._claim_pod(pod, ttl, spec)
                     if info is not None:
                         return info
+                reserved = self._take_reserved(key, ttl, spec)  # made while we tried
+                if reserved is not None:
+                    return reserved
                 loop = asyncio.get_running_loop()
                 inflight = {t for t in self._reserving.get(key, ()) if t.get_loop() is loop}
                 if inflight:  # our own reservations under way may hold the pod we lacked
                     await asyncio.wait(inflight)
-                    continue
-                if self._reserved.get(key):
                     continue
                 left = deadline - time.monotonic()
                 if left <= 0:
