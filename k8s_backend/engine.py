@@ -582,8 +582,8 @@ class KubernetesEngine:
             raise ConfigurationError(f"ttl must be positive seconds, got {ttl!r}")
         await self._ready()
         recording = self._records.get(instance_id)
-        if recording is not None:  # its claim's expiry is written first, then ours
-            await asyncio.wait({recording})
+        if recording is not None and recording.get_loop() is asyncio.get_running_loop():
+            await asyncio.wait({recording})  # its claim's expiry is written first, then ours
         info = await self._lookup(instance_id)
         pod = self._cache.pod(instance_id)
         if info.state is InstanceState.TERMINATED or pod is None:
