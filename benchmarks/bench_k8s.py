@@ -70,7 +70,11 @@ if str(ROOT) not in sys.path:
 from kubernetes import client as k8s_client  # noqa: E402
 from kubernetes import watch as k8s_watch  # noqa: E402
 
-from aenv_ray import Environment, InstanceSpec  # noqa: E402
+from aenv_ray import (  # noqa: E402
+    Environment,
+    InstanceSpec,
+    _wire,
+)
 from aenv_ray._wire import WireClient  # noqa: E402
 from aenv_ray.config import EnvConfig  # noqa: E402
 from k8s_backend import HostProcess, KubernetesEngine, RateLimiter  # noqa: E402
@@ -458,6 +462,13 @@ async def wire_call(wire: WireClient, which: str) -> None:
     assert not orjson.loads(data).get("is_error"), data
 
 
+def _opened_ahead(url: str) -> bool:
+    """Whether a connection to ``url``'s pod waits, opened ahead by the engine."""
+    host, _, port = url.split("//", 1)[-1].partition(":")
+    shelves = _wire._shelves.get(asyncio.get_running_loop(), {})
+    return any(not c.closed for c in shelves.get((False, host, int(port or 80)), []))
+
+
 def plain_pod(spec: InstanceSpec, image: str, token: str, labels: dict[str, str]) -> Any:
     import hashlib
 
@@ -548,7 +559,7 @@ async def real_node(
                 await post_call(http, f"http://{ready.status.pod_ip}:8080", headers, which)
                 add("plain cold", started)
                 core.delete_namespaced_pod(created.metadata.name, ns, grace_period_seconds=0)
-            warm = 2 * n + group + 1 + engine.reserve
+            warm = 3 * n + group + 1 + engine.reserve
             await engine.prewarm(spec, pool="bench", count=warm)
             await until_warm(engine, "bench", warm, spec)
             # the pool's first claim is a PATCH; it starts the engine's reservations
@@ -559,11 +570,13 @@ async def real_node(
                 claimed = await engine.claim(spec, pool="bench")
                 assert claimed is not None
                 add("claim", started)
+                ahead = _opened_ahead(claimed.url or "")
                 wire = WireClient(claimed.url or "", headers=claimed.headers)
                 began = time.perf_counter()
                 await wire_call(wire, which)
                 add("first call", began)
                 add("warm", started)
+                out.setdefault("ahead", []).append(float(ahead))
                 began = time.perf_counter()
                 await wire_call(wire, which)
                 add("second call", began)
@@ -582,6 +595,27 @@ async def real_node(
                 add("sdk call", began)
                 add("sdk", started)
                 await env.release()
+            # the same with an engine that reserves nothing: the claim's PATCH, a new connection
+            patcher = KubernetesEngine(
+                ns,
+                kubeconfig=cluster.kubeconfig,
+                delivery=OwnImage(""),
+                limiter=RateLimiter(rate=1000, burst=1000),
+                reserve=0,
+            )
+            try:
+                for _ in range(n):
+                    await asyncio.sleep(pace)
+                    started = time.perf_counter()
+                    claimed = await patcher.claim(spec, pool="bench")
+                    assert claimed is not None
+                    add("patch claim", started)
+                    wire = WireClient(claimed.url or "", headers=claimed.headers)
+                    await wire_call(wire, which)
+                    add("patch warm", started)
+                    await wire.aclose()
+            finally:
+                await patcher.aclose()
             started = time.perf_counter()  # a GRPO group: 8 claims at once, a call each
             infos = await asyncio.gather(*(engine.claim(spec, pool="bench") for _ in range(group)))
             await asyncio.gather(
@@ -627,6 +661,10 @@ def report_real(kubeconfig: Path, which: str, image: str, n: int, out: dict[str,
     row("  of which the claim (a reserved pod)", out["claim"])
     row("  of which the first call", out["first call"])
     row("  then a second call (same connection)", out["second call"])
+    ahead = int(sum(out["ahead"]))
+    print(f"    first calls on a connection opened ahead: {ahead} of {len(out['ahead'])}")
+    row("engine warm, reserve=0: claim -> first call", out["patch warm"])
+    row("  of which the claim (a PATCH)", out["patch claim"])
     row("SDK warm: claim + adopt + call", out["sdk"])
     row("  of which the SDK's open (ready + info)", out["sdk open"])
     row("  of which the SDK's first call", out["sdk call"])
