@@ -550,6 +550,8 @@ class KubernetesEngine:
         name = (pod or {}).get("metadata", {}).get("name") if pod else None
         if name is None:
             return info
+        if info.url:  # a connection opened ahead that no client took goes with the pod
+            discard_preconnected(info.url)
         await self._run(self._delete_by_name, name, instance_id, TerminationReason.DELETED)
         tomb = self._cache.tombstone(instance_id)
         if tomb is not None:
