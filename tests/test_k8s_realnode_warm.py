@@ -2,10 +2,10 @@
 claimed from a pool keeps a few of its own Ready free pods reserved, each with a connection
 opened ahead; its next claim takes one from memory and records the claim after answering.
 Checked against the API server: the reservation is atomic and belongs to the engine's session,
-another engine never gets a reserved pod, the claim lands as a PATCHed claim would, the SDK's
-first call goes on the connection opened ahead, a claim that cannot be recorded (another writer
-changed the pod) ends the instance instead of leaving two owners, and an engine that closes
-leaves no reserved pod behind."""
+another engine never gets a reserved pod, refills count it, the claim lands as a PATCHed claim
+would, the SDK's first call goes on the connection opened ahead, a claim that cannot be recorded
+(another writer changed the pod) ends the instance instead of leaving two owners, and an engine
+that closes leaves no reserved pod behind."""
 
 from __future__ import annotations
 
@@ -101,6 +101,7 @@ async def test_a_reserved_pod_is_claimed_from_memory_recorded_after_and_called_o
         # reserved pods are the maker's warm pods (its refills count them), nobody's instances,
         # and no other engine can claim them
         assert (await maker.warm_count(SPEC, pool="r")).ready == 2
+        assert await maker.fill(SPEC, pool="r", count=2) == 0  # reserved pods stand
         assert {i.id for i in await maker.list()} == {first.id}
         assert await rival.claim(SPEC, pool="r") is None
 
