@@ -16,7 +16,10 @@ method and path); a response is parsed with a handful of ``bytes`` operations on
   ``Content-Length`` over it, or a chunked or close-delimited body that grows past it, fails
   with :class:`ResponseTooLarge` as soon as that is known, and the connection is dropped;
 - an idempotent request (``GET``, ``HEAD``) whose reused connection closes before any byte of
-  the answer is sent once more on a fresh connection (the server dropped an idle connection).
+  the answer is sent once more on a fresh connection (the server dropped an idle connection);
+- connections opened ahead (:func:`preconnect`): an engine that knows which server a caller
+  will use next (a warm pod it reserved) opens a connection to it and sees it answer; the
+  first client of that origin on that event loop takes it instead of connecting.
 
 Not covered, on purpose: redirects, proxies, cookies, compression, pipelining. Failures raise
 this module's :class:`WireError` subclasses (or :class:`TimeoutError`) for the caller to
@@ -28,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+import weakref
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -41,6 +45,8 @@ __all__ = [
     "ResponseTooLarge",
     "WireClient",
     "WireError",
+    "discard_preconnected",
+    "preconnect",
 ]
 
 MAX_HEAD = 64 * 1024
@@ -53,6 +59,14 @@ _HEAD, _LENGTH, _CHUNKED, _UNTIL_CLOSE, _IDLE = range(5)
 _HEX = frozenset(b"0123456789abcdefABCDEF")
 _HEADS_KEPT = 64  # distinct response heads remembered per client, parsed
 _SMALL = 16 * 1024  # bodies up to this size are joined to the head: one write, one syscall
+SHELF_SECONDS = 600.0
+"""How long a connection opened ahead (:func:`preconnect`) waits for a client (the runtime
+keeps an idle connection for an hour)."""
+_SHELF_PER_ORIGIN = 4
+_Origin = tuple[bool, str, int]  # (TLS, host, port)
+_shelves: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[_Origin, list[Any]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class WireError(Exception):
@@ -495,6 +509,11 @@ class WireClient:
     async def _connect(
         self, loop: asyncio.AbstractEventLoop, deadline: float, timeout: float
     ) -> _Connection:
+        ahead = _unshelve(loop, (self._ssl is not None, self.host, self.port))
+        if ahead is not None and not self._closed:
+            ahead._heads = self._heads
+            ahead._max_body = self.max_body
+            return ahead
         left = deadline - loop.time()
         limit = min(self.connect_timeout, left)
         if limit <= 0:
@@ -554,6 +573,64 @@ class WireClient:
         if len(body) <= _SMALL:
             return head + body, None
         return head, body
+
+
+async def preconnect(
+    base_url: str, path: str, *, headers: dict[str, str] | None = None, timeout: float = 2.0
+) -> bool:
+    """Open a connection to ``base_url``'s origin, send ``GET path`` on it and, if it answers
+    200, keep it for the next :class:`WireClient` of that origin on the running loop (for up to
+    :data:`SHELF_SECONDS`): that client's first request then costs no connect. True when a
+    connection was kept; False (nothing kept) when the server did not answer 200 in time.
+
+    The caller's knowledge that the origin will be used soon is what makes this worth it; an
+    origin that goes away takes its kept connections with it (:func:`discard_preconnected`)."""
+    client = WireClient(base_url, connect_timeout=timeout, headers=headers, max_idle=1)
+    loop = asyncio.get_running_loop()
+    try:
+        status, _ = await client.request("GET", path, timeout=timeout)
+    except (WireError, TimeoutError, OSError):
+        await client.aclose()
+        return False
+    conn_kept = client._take_idle(loop.time())
+    await client.aclose()
+    if status != 200 or conn_kept is None:
+        if conn_kept is not None:
+            conn_kept.abort()
+        return False
+    conn_kept.idle_since = loop.time()
+    shelf = _shelves.setdefault(loop, {}).setdefault(
+        (client._ssl is not None, client.host, client.port), []
+    )
+    shelf.append(conn_kept)
+    while len(shelf) > _SHELF_PER_ORIGIN:
+        shelf.pop(0).abort()
+    return True
+
+
+def discard_preconnected(base_url: str) -> int:
+    """Close the connections kept for ``base_url``'s origin on the running loop (its server is
+    gone, or will not be used); how many were closed."""
+    parts = urlsplit(base_url)
+    tls = parts.scheme == "https"
+    origin = (tls, parts.hostname or "", parts.port or (443 if tls else 80))
+    shelf = _shelves.get(asyncio.get_running_loop(), {}).pop(origin, [])
+    for conn in shelf:
+        conn.abort()
+    return len(shelf)
+
+
+def _unshelve(loop: asyncio.AbstractEventLoop, origin: _Origin) -> _Connection | None:
+    shelves = _shelves.get(loop)
+    shelf = shelves.get(origin) if shelves else None
+    while shelf:
+        conn: _Connection = shelf.pop()
+        if not conn.closed and loop.time() - conn.idle_since < SHELF_SECONDS:
+            return conn
+        conn.abort()
+    if shelves and origin in shelves and not shelf:
+        del shelves[origin]
+    return None
 
 
 def _check_headers(headers: dict[str, str]) -> None:

@@ -33,8 +33,12 @@ images are this checkout's, built here when the node has none of that content (a
 runtime image of deploy/Dockerfile, tagged under ``--image-prefix``). Each step is done both
 ways, by the engine and with the plain official client (create the same manifest, watch it
 Ready, call; claim: a PATCH of a Ready pod's label with its resourceVersion, call), and the warm
-path is split: the claim, the first call (a new connection to the pod), a second call, and the
-SDK's ``Environment.adopt`` open and first call:
+path is split: the claim, the first call, a second call, and the SDK's ``Environment.adopt`` open
+and first call. The engine's warm claims are made as a rollout makes them, ``--pace`` seconds
+apart, after a first claim of the pool that starts the engine's reservations (its reserved pods,
+each with a connection opened ahead); its calls go through the SDK's client
+(``aenv_ray._wire.WireClient``, one per instance), which takes that connection. The plain
+client's call is aiohttp on a new connection, as before:
 
     .venv/bin/python benchmarks/bench_k8s.py --kubeconfig ~/.cache/k8s-real/realnode/kubeconfig \
         --image-prefix realnode.local/aenv --n 5          # --env echo|terminal, --no-cold
@@ -56,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -65,7 +70,12 @@ if str(ROOT) not in sys.path:
 from kubernetes import client as k8s_client  # noqa: E402
 from kubernetes import watch as k8s_watch  # noqa: E402
 
-from aenv_ray import Environment, InstanceSpec  # noqa: E402
+from aenv_ray import (  # noqa: E402
+    Environment,
+    InstanceSpec,
+    _wire,
+)
+from aenv_ray._wire import WireClient  # noqa: E402
 from aenv_ray.config import EnvConfig  # noqa: E402
 from k8s_backend import HostProcess, KubernetesEngine, RateLimiter  # noqa: E402
 from k8s_backend.manifests import PodRecipe, instance_pod  # noqa: E402
@@ -443,6 +453,22 @@ async def post_call(
         assert not data.get("is_error"), data
 
 
+async def wire_call(wire: WireClient, which: str) -> None:
+    """The call through the SDK's client (the connection opened ahead, if one waits)."""
+    name, arguments = real_call(which)
+    body = orjson.dumps({"name": name, "arguments": arguments})
+    status, data = await wire.request("POST", "/aenv/v1/call", body, timeout=30.0)
+    assert status == 200, status
+    assert not orjson.loads(data).get("is_error"), data
+
+
+def _opened_ahead(url: str) -> bool:
+    """Whether a connection to ``url``'s pod waits, opened ahead by the engine."""
+    host, _, port = url.split("//", 1)[-1].partition(":")
+    shelves = _wire._shelves.get(asyncio.get_running_loop(), {})
+    return any(not c.closed for c in shelves.get((False, host, int(port or 80)), []))
+
+
 def plain_pod(spec: InstanceSpec, image: str, token: str, labels: dict[str, str]) -> Any:
     import hashlib
 
@@ -479,7 +505,7 @@ def plain_ready(core: Any, ns: str, name: str, version: str) -> Any:
 
 
 async def real_node(
-    kubeconfig: Path, which: str, image: str, n: int, *, cold: bool = True
+    kubeconfig: Path, which: str, image: str, n: int, *, cold: bool = True, pace: float = 0.2
 ) -> dict[str, list[float]]:
     """Every step on one environment, by the engine and by the plain client (``cold``: the
     cold starts too)."""
@@ -533,21 +559,30 @@ async def real_node(
                 await post_call(http, f"http://{ready.status.pod_ip}:8080", headers, which)
                 add("plain cold", started)
                 core.delete_namespaced_pod(created.metadata.name, ns, grace_period_seconds=0)
-            await engine.prewarm(spec, pool="bench", count=2 * n + group)
-            await until_warm(engine, "bench", 2 * n + group, spec)
-            for _ in range(n):  # the engine, warm: claim, first call (a new connection), second
+            warm = 3 * n + group + 1 + engine.reserve
+            await engine.prewarm(spec, pool="bench", count=warm)
+            await until_warm(engine, "bench", warm, spec)
+            # the pool's first claim is a PATCH; it starts the engine's reservations
+            assert await engine.claim(spec, pool="bench") is not None
+            for _ in range(n):  # the engine, warm: claim, first call, second, the SDK's client
+                await asyncio.sleep(pace)  # a rollout's pace: the reserver refills meanwhile
                 started = time.perf_counter()
                 claimed = await engine.claim(spec, pool="bench")
                 assert claimed is not None
                 add("claim", started)
+                ahead = _opened_ahead(claimed.url or "")
+                wire = WireClient(claimed.url or "", headers=claimed.headers)
                 began = time.perf_counter()
-                await post_call(http, claimed.url or "", claimed.headers, which)
+                await wire_call(wire, which)
                 add("first call", began)
                 add("warm", started)
+                out.setdefault("ahead", []).append(float(ahead))
                 began = time.perf_counter()
-                await post_call(http, claimed.url or "", claimed.headers, which)
+                await wire_call(wire, which)
                 add("second call", began)
+                await wire.aclose()
             for _ in range(n):  # the SDK: claim, adopt (its readiness check and info), call
+                await asyncio.sleep(pace)
                 started = time.perf_counter()
                 claimed = await engine.claim(spec, pool="bench")
                 assert claimed is not None
@@ -560,6 +595,27 @@ async def real_node(
                 add("sdk call", began)
                 add("sdk", started)
                 await env.release()
+            # the same with an engine that reserves nothing: the claim's PATCH, a new connection
+            patcher = KubernetesEngine(
+                ns,
+                kubeconfig=cluster.kubeconfig,
+                delivery=OwnImage(""),
+                limiter=RateLimiter(rate=1000, burst=1000),
+                reserve=0,
+            )
+            try:
+                for _ in range(n):
+                    await asyncio.sleep(pace)
+                    started = time.perf_counter()
+                    claimed = await patcher.claim(spec, pool="bench")
+                    assert claimed is not None
+                    add("patch claim", started)
+                    wire = WireClient(claimed.url or "", headers=claimed.headers)
+                    await wire_call(wire, which)
+                    add("patch warm", started)
+                    await wire.aclose()
+            finally:
+                await patcher.aclose()
             started = time.perf_counter()  # a GRPO group: 8 claims at once, a call each
             infos = await asyncio.gather(*(engine.claim(spec, pool="bench") for _ in range(group)))
             await asyncio.gather(
@@ -602,9 +658,13 @@ def report_real(kubeconfig: Path, which: str, image: str, n: int, out: dict[str,
         row("engine cold: create -> Ready -> first call", out["cold"])
         row("plain client cold: create -> watch Ready -> call", out["plain cold"])
     row("engine warm: claim -> first call", out["warm"])
-    row("  of which the claim (a PATCH)", out["claim"])
+    row("  of which the claim (a reserved pod)", out["claim"])
     row("  of which the first call", out["first call"])
     row("  then a second call (same connection)", out["second call"])
+    ahead = int(sum(out["ahead"]))
+    print(f"    first calls on a connection opened ahead: {ahead} of {len(out['ahead'])}")
+    row("engine warm, reserve=0: claim -> first call", out["patch warm"])
+    row("  of which the claim (a PATCH)", out["patch claim"])
     row("SDK warm: claim + adopt + call", out["sdk"])
     row("  of which the SDK's open (ready + info)", out["sdk open"])
     row("  of which the SDK's first call", out["sdk call"])
@@ -627,6 +687,9 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=5, help="samples per step on a real node")
     parser.add_argument("--no-cold", action="store_true", help="on a real node: warm steps only")
     parser.add_argument(
+        "--pace", type=float, default=0.2, help="on a real node: seconds between warm claims"
+    )
+    parser.add_argument(
         "--env",
         choices=[*REAL_ENVS, "both"],
         default="both",
@@ -640,7 +703,14 @@ def main() -> int:
         print(f"load average at the start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
         for which in REAL_ENVS if args.env == "both" else (args.env,):
             out = asyncio.run(
-                real_node(kubeconfig, which, images[which], args.n, cold=not args.no_cold)
+                real_node(
+                    kubeconfig,
+                    which,
+                    images[which],
+                    args.n,
+                    cold=not args.no_cold,
+                    pace=args.pace,
+                )
             )
             report_real(kubeconfig, which, images[which], args.n, out)
         load = os.getloadavg()

@@ -3,7 +3,8 @@ from the list's resourceVersion, a fresh list when the watch expires (410 Gone) 
 
 Readers (the engine's async methods, on any event loop) see the pods as of the last event and
 wait for news of one instance through :meth:`PodCache.changed`; the watch thread writes.
-Free pods of warm pools are also indexed by pool, so a claim looks at its pool's pods only.
+Free (and reserved) pods of warm pools are also indexed by pool, so a claim looks at its pool's
+pods only.
 Deleted pods leave a tombstone (their final :class:`~aenv_ray.engine.InstanceInfo`), kept for
 the last :data:`TOMBSTONES` deletions, so ``get`` still answers why an instance ended.
 """
@@ -29,6 +30,7 @@ from k8s_backend._api import Kube, WatchExpired
 from k8s_backend.manifests import CLAIM_FREE, LABEL_CLAIM, LABEL_MANAGED, LABEL_POOL, MANAGER
 from k8s_backend.state import instance_id, pod_info, resource_version, slim
 from k8s_backend.tokens import KeyHolder
+from k8s_backend.warm import RESERVED
 
 __all__ = ["TOMBSTONES", "PodCache", "pool_waiter"]
 
@@ -59,7 +61,7 @@ class PodCache:
         self._pods: dict[str, dict[str, Any]] = {}
         self._tombs: OrderedDict[str, InstanceInfo] = OrderedDict()
         self._hints: dict[str, TerminationReason] = {}
-        self._free: dict[str, dict[str, dict[str, Any]]] = {}  # pool -> iid -> free pod
+        self._free: dict[str, dict[str, dict[str, Any]]] = {}  # pool -> iid -> unclaimed pod
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]] = {}
         self._enders: dict[str, list[Callable[[InstanceInfo], None]]] = {}  # see on_end
         self._lock = threading.Lock()
@@ -89,7 +91,8 @@ class PodCache:
             return list(self._pods.values())
 
     def free(self, pool: str) -> list[dict[str, Any]]:
-        """The pods of warm pool ``pool`` labelled free (Ready or not yet), oldest first."""
+        """The pods of warm pool ``pool`` labelled free or reserved (Ready or not yet), oldest
+        first: nobody's instance yet."""
         with self._lock:
             return list(self._free.get(pool, {}).values())
 
@@ -204,6 +207,23 @@ class PodCache:
         _wake(wake)
         _tell(told, tomb)
 
+    def disown(self, pod: dict[str, Any], info: InstanceInfo) -> None:
+        """This process no longer holds ``pod``'s instance (a claim it could not record): it
+        ends here as ``info`` says, whoever holds the pod now; later events of it are ignored."""
+        iid = instance_id(pod)
+        if iid is None:
+            return
+        with self._lock:
+            self._pods.pop(iid, None)
+            wake = self._index(iid, None, pool=_pool(pod))
+            self._tombs[iid] = info
+            while len(self._tombs) > TOMBSTONES:
+                self._tombs.popitem(last=False)
+            wake += self._waiters.pop(iid, [])
+            told = self._enders.pop(iid, [])
+        _wake(wake)
+        _tell(told, info)
+
     def _index(
         self, iid: str, pod: dict[str, Any] | None, *, pool: str | None = None
     ) -> list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]:
@@ -213,7 +233,7 @@ class PodCache:
         if pool is None:
             return []
         meta = (pod or {}).get("metadata") or {}
-        free = (meta.get("labels") or {}).get(LABEL_CLAIM) == CLAIM_FREE
+        free = (meta.get("labels") or {}).get(LABEL_CLAIM) in (CLAIM_FREE, RESERVED)
         members = self._free.get(pool, {})
         if pod is not None and free and not meta.get("deletionTimestamp"):
             self._free[pool] = members

@@ -15,6 +15,14 @@ pool, :meth:`claim` takes one, atomically against every other client of the name
 a number of free pods counting every client's, one client at a time (a Lease per pool), so
 clients that each want ``N`` free keep ``N``, not ``N`` each.
 
+Reservations. Once an engine with a session has claimed from a pool, it keeps up to ``reserve``
+of its own Ready free pods of that pool reserved for itself, in the background (the same
+atomic PATCH, ``claim=reserved``), with a connection to each opened ahead
+(:func:`aenv_ray._wire.preconnect`, taken by the first SDK client of that pod on the same event
+loop). A claim then takes a reserved pod from memory and answers at once; the claim (TTL,
+owner, labels) is recorded by a PATCH after it answered, retried, and if it cannot be recorded
+the pod is deleted and the instance reported ended (``crashed``), never left with two owners.
+
 Tokens. A pod holds no instance token, only its digest and a nonce; the engine reads the
 namespace's key once at start and derives each pod's token from the pod in its cache
 (:mod:`k8s_backend.tokens`), so neither a create nor a claim pays an API call for it.
@@ -30,7 +38,9 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import copy
 import functools
+import logging
 import math
 import threading
 import time
@@ -41,6 +51,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from aenv_ray._wire import discard_preconnected, preconnect
 from aenv_ray.config import DeployConfig, EnvConfig
 from aenv_ray.engine import (
     InstanceInfo,
@@ -61,7 +72,7 @@ from aenv_ray.errors import (
     NotSupportedError,
     StartupTimeoutError,
 )
-from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT
+from aenv_ray.protocol import DEFAULT_FUNCTIONS_PORT, READY_PATH
 from aenv_ray.resolve import resolve_environment
 from k8s_backend._api import Kube, connect
 from k8s_backend._cache import PodCache, pool_waiter
@@ -95,11 +106,24 @@ from k8s_backend.state import (
 from k8s_backend.templates import PodTemplatePolicy
 from k8s_backend.tokens import TokenKey, new_nonce
 from k8s_backend.tokens import digest as token_digest
-from k8s_backend.warm import claim_patch, claimed_by, is_claimable, pool_key
+from k8s_backend.warm import (
+    RESERVED,
+    claim_patch,
+    claimed_by,
+    is_claimable,
+    is_warm,
+    pool_key,
+    reserve_patch,
+    reserved_by,
+)
 
 __all__ = ["KubernetesEngine", "RateLimiter"]
 
 T = TypeVar("T")
+log = logging.getLogger("aenv_ray.k8s")
+RESERVE = 2
+"""How many free pods of a pool an engine keeps reserved once it claims from it (default)."""
+RECORD_TRIES = 5
 _DELETE_OPTIONS = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 1}
 MAX_LIFETIME = 24 * 3600.0
 
@@ -166,6 +190,10 @@ class KubernetesEngine:
             definitions you trust.
         pod_template_policy: the whole policy instead (its caps on a template's own
             containers' cpu and memory too); ``pod_template_allow`` widens it.
+        reserve: how many of its own Ready free pods of a warm pool the engine keeps reserved
+            once it has claimed from that pool (see the module docstring); 0: none, every
+            claim is a PATCH. Only engines with a session reserve (a reserved pod must end
+            with its engine). Engines sharing a pool hold at most this many each.
     """
 
     name = "kubernetes"
@@ -190,9 +218,14 @@ class KubernetesEngine:
         lease_seconds: int = LEASE_SECONDS,
         pod_template_allow: Iterable[str] = (),
         pod_template_policy: PodTemplatePolicy | None = None,
+        reserve: int = RESERVE,
     ) -> None:
         if not (max_lifetime > 0 and math.isfinite(max_lifetime)):
             raise ConfigurationError("max_lifetime must be positive seconds")
+        if not isinstance(reserve, int) or isinstance(reserve, bool) or reserve < 0:
+            raise ConfigurationError(
+                f"reserve must be a whole number of pods >= 0 (0: reserve none), got {reserve!r}"
+            )
         self._kube: Kube = connect(
             kubeconfig=kubeconfig, context=context, api_client=api_client, namespace=namespace
         )
@@ -225,6 +258,11 @@ class KubernetesEngine:
         self._policy_ready = False
         self._pools: dict[str, tuple[str, DeployConfig]] = {}  # spec -> (pool label, deploy)
         self._claiming: set[str] = set()  # instance ids this engine is claiming right now
+        self.reserve = reserve if session else 0
+        self._reserved: dict[str, dict[str, str]] = {}  # pool key -> iid -> reservation id
+        self._reserving: dict[str, set[asyncio.Task[None]]] = {}  # pool key -> in flight
+        self._keepers: dict[str, asyncio.Task[None]] = {}  # pool key -> its reserver
+        self._records: dict[str, asyncio.Task[None]] = {}  # iid -> its claim being recorded
 
     @functools.cached_property
     def services(self) -> KubernetesServices:
@@ -497,7 +535,7 @@ class KubernetesEngine:
         pool's free pods are nobody's instances yet and are not listed."""
         await self._ready()
         wanted = str(EnvRef.parse(env_ref)) if env_ref else None
-        infos = [self._cache.info(pod) for pod in self._cache.pods() if not _free(pod)]
+        infos = [self._cache.info(pod) for pod in self._cache.pods() if not _unclaimed(pod)]
         if wanted is not None:
             infos = [info for info in infos if info.env_ref == wanted]
         return sorted(infos, key=lambda i: i.created_at, reverse=True)
@@ -512,6 +550,8 @@ class KubernetesEngine:
         name = (pod or {}).get("metadata", {}).get("name") if pod else None
         if name is None:
             return info
+        if info.url:  # a connection opened ahead that no client took goes with the pod
+            discard_preconnected(info.url)
         await self._run(self._delete_by_name, name, instance_id, TerminationReason.DELETED)
         tomb = self._cache.tombstone(instance_id)
         if tomb is not None:
@@ -543,6 +583,9 @@ class KubernetesEngine:
         if not (ttl > 0 and math.isfinite(ttl)):
             raise ConfigurationError(f"ttl must be positive seconds, got {ttl!r}")
         await self._ready()
+        recording = self._records.get(instance_id)
+        if recording is not None and recording.get_loop() is asyncio.get_running_loop():
+            await asyncio.wait({recording})  # its claim's expiry is written first, then ours
         info = await self._lookup(instance_id)
         pod = self._cache.pod(instance_id)
         if info.state is InstanceState.TERMINATED or pod is None:
@@ -667,8 +710,9 @@ class KubernetesEngine:
         return count - len(failures)
 
     async def warm_count(self, spec: InstanceSpec, *, pool: str) -> WarmCount:
-        """This engine's free pods of the pool (any engine's without a session); free pods
-        that failed are deleted here, so a refill replaces them."""
+        """This engine's free pods of the pool, those it reserved included (any engine's free
+        pods without a session); free pods that failed are deleted here, so a refill replaces
+        them."""
         await self._ready()
         key, _ = self._warm_key(spec, pool)
         now = time.time()
@@ -677,7 +721,9 @@ class KubernetesEngine:
             labels = pod["metadata"].get("labels") or {}
             if self.session is not None and labels.get(LABEL_SESSION) != self.session:
                 continue
-            if is_claimable(pod, now):
+            if self.session is None and reserved_by(pod):
+                continue  # another engine's: not ours to count
+            if is_warm(pod, now):  # free, or reserved by this engine: its next claims
                 ready += 1
             elif self._cache.info(pod).state is InstanceState.TERMINATED:
                 await self._run(self._delete_pod, pod, TerminationReason.CRASHED)
@@ -709,7 +755,11 @@ class KubernetesEngine:
 
     def _count_free(self, key: str) -> int:
         """The pool's free pods that stand (any client's), read from the API server."""
-        selector = f"{LABEL_MANAGED}={MANAGER},{LABEL_POOL}={key},{LABEL_CLAIM}={CLAIM_FREE}"
+        # reserved pods stand too: each is its engine's next claim, and at most `reserve` each
+        selector = (
+            f"{LABEL_MANAGED}={MANAGER},{LABEL_POOL}={key},"
+            f"{LABEL_CLAIM} in ({CLAIM_FREE},{RESERVED})"
+        )
         found = self._kube.request(
             "GET",
             self._kube.path("", "pods"),
@@ -732,19 +782,33 @@ class KubernetesEngine:
         """Claim a Ready free pod of the pool (this engine's own first), waiting up to
         ``timeout`` seconds for one; None if none came. The claim is a PATCH whose
         ``resourceVersion`` precondition makes it atomic: a pod another client claimed first
-        answers 409 and the next one is tried."""
+        answers 409 and the next one is tried. A pod this engine reserved is taken first, with
+        no API call before the answer (its claim is recorded just after; see the module
+        docstring); the first claim of a pool starts its reservations."""
         await self._ready()
         await self._token_key()  # the claimed pod's token is derived from it (no API call)
         key, deploy = self._warm_key(spec, pool)
         ttl = self._claim_ttl(spec, deploy)
+        self._keep_reserved(key)
         deadline = time.monotonic() + timeout
         while True:
+            reserved = self._take_reserved(key, ttl, spec)
+            if reserved is not None:
+                return reserved
             changed = self._cache.pool_changed(key)
             try:
                 for pod in self._candidates(key, ttl):
                     info = await self._claim_pod(pod, ttl, spec)
                     if info is not None:
                         return info
+                reserved = self._take_reserved(key, ttl, spec)  # made while we tried
+                if reserved is not None:
+                    return reserved
+                loop = asyncio.get_running_loop()
+                inflight = {t for t in self._reserving.get(key, ()) if t.get_loop() is loop}
+                if inflight:  # our own reservations under way may hold the pod we lacked
+                    await asyncio.wait(inflight)
+                    continue
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None
@@ -817,11 +881,238 @@ class KubernetesEngine:
         self._cache.put(taken)
         return self._cache.info(taken)
 
+    # -- reservations -------------------------------------------------------------------------
+    def _keep_reserved(self, key: str) -> None:
+        """Start pool ``key``'s reserver on the running loop (the loop of the claims it
+        serves, whose SDK clients take its connections), unless one runs there."""
+        if self.reserve <= 0 or self._closed:
+            return
+        loop = asyncio.get_running_loop()
+        task = self._keepers.get(key)
+        if task is not None and not task.done() and task.get_loop() is loop:
+            return
+        if task is not None and not task.done():  # a loop of an earlier claim
+            with contextlib.suppress(RuntimeError):
+                task.get_loop().call_soon_threadsafe(task.cancel)
+        self._reserved.pop(key, None)  # their connections wait on the other loop
+        self._keepers[key] = loop.create_task(self._reserver(key), name=f"aenv-reserve-{key}")
+
+    async def _reserver(self, key: str) -> None:
+        """Keep up to :attr:`reserve` of this engine's Ready free pods of pool ``key``
+        reserved, looking again at each change of the pool's free pods."""
+        pause = 0.1
+        while not self._closed:
+            changed = self._cache.pool_changed(key)
+            try:
+                self._top_up(key)
+                pause = 0.1
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(changed), timeout=30.0)
+            except Exception:  # a bug must not end the reservations silently
+                log.exception("reserving warm pods failed; trying again", extra={"pool": key})
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 5.0)
+            finally:
+                self._cache.forget_waiter(pool_waiter(key), changed)
+
+    def _top_up(self, key: str) -> None:
+        """Drop reservations that no longer stand; start the ones that are missing."""
+        now = time.time()
+        held = self._reserved.setdefault(key, {})
+        for iid, reservation in list(held.items()):
+            pod = self._cache.pod(iid)
+            if pod is None or reserved_by(pod) != reservation or not is_warm(pod, now):
+                del held[iid]  # deleted, ended, expired: the reaper or warm_count ends it
+                url = self._cache.info(pod).url if pod is not None else None
+                if url:
+                    discard_preconnected(url)
+        inflight = self._reserving.setdefault(key, set())
+        need = self.reserve - len(held) - len(inflight)
+        if need <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        for pod in self._cache.free(key):
+            iid = instance_id(pod) or ""
+            labels = pod["metadata"].get("labels") or {}
+            if (
+                labels.get(LABEL_SESSION) != self.session  # only pods this engine started
+                or iid in self._claiming
+                or not is_claimable(pod, now)
+            ):
+                continue
+            self._claiming.add(iid)
+            task = loop.create_task(self._reserve_one(key, pod))
+            inflight.add(task)
+            task.add_done_callback(inflight.discard)
+            need -= 1
+            if need <= 0:
+                return
+
+    async def _reserve_one(self, key: str, pod: dict[str, Any]) -> None:
+        """Reserve ``pod`` (atomically: another client may claim it first), then open a
+        connection to it for the claim that takes it."""
+        assert self.session is not None
+        iid = instance_id(pod) or ""
+        name = str(pod["metadata"]["name"])
+        path = self._kube.path("", "pods", name)
+        reservation = uuid.uuid4().hex
+        body = reserve_patch(pod, reservation=reservation, session=self.session)
+        try:
+            try:
+                taken = await self._run(
+                    self._kube.request,
+                    "PATCH",
+                    path,
+                    body=body,
+                    content_type="application/merge-patch+json",
+                    what=f"reserve pod {name}",
+                    not_found=_Gone,
+                )
+            except ClusterConflictError:  # claimed by another, or changed: or ours, retried
+                taken = await self._run(
+                    self._kube.request, "GET", path, what=f"read pod {name}", not_found=_Gone
+                )
+            self._cache.put(taken)
+        except _Gone:
+            return
+        except AEnvError as exc:  # the API server failed us: the next change tries again
+            log.warning("reserving a warm pod failed", extra={"pod": name, "error": str(exc)})
+            return
+        finally:
+            self._claiming.discard(iid)
+        if reserved_by(taken) != reservation or self._closed:
+            return
+        self._reserved.setdefault(key, {})[iid] = reservation
+        info = self._cache.info(taken)
+        if info.url:  # readiness seen on a connection the first call will use
+            await preconnect(info.url, READY_PATH, headers=info.headers, timeout=2.0)
+
+    def _take_reserved(self, key: str, ttl: float, spec: InstanceSpec) -> InstanceInfo | None:
+        """Hand out a pod this engine reserved (no API call): the claim is recorded after."""
+        held = self._reserved.get(key)
+        if not held:
+            return None
+        now = time.time()
+        latest_start = now + ttl - self.max_lifetime
+        for iid, reservation in list(held.items()):
+            pod = self._cache.pod(iid)
+            if pod is None or reserved_by(pod) != reservation or not is_warm(pod, now):
+                del held[iid]
+                continue
+            if (_started(pod) or now) < latest_start:
+                continue  # too old to give this claim its whole TTL
+            del held[iid]
+            claim = uuid.uuid4().hex
+            body = claim_patch(
+                pod,
+                claim=claim,
+                expires_at=now + ttl,
+                session=self.session,
+                owner=spec.owner,
+                labels=spec.labels,
+            )
+            claimed = _merged(pod, body)
+            self._cache.put(claimed)  # what the record will make of it: get() and list() see it
+            self._records[iid] = asyncio.get_running_loop().create_task(
+                self._record(claimed, body, reservation, claim)
+            )
+            return self._cache.info(claimed)
+        return None
+
+    async def _record(
+        self, pod: dict[str, Any], body: dict[str, Any], reservation: str, claim: str
+    ) -> None:
+        """Write a claim handed out from a reservation: the PATCH, with the reserved version
+        as its precondition; on a conflict, read the pod and write again while it is still
+        reserved by ``reservation``. A pod that is no longer ours, or a claim that cannot be
+        written after :data:`RECORD_TRIES`, ends the instance here (``crashed``) and the pod
+        is deleted if it is still ours: never two owners."""
+        iid = instance_id(pod) or ""
+        name = str(pod["metadata"]["name"])
+        path = self._kube.path("", "pods", name)
+        body = copy.deepcopy(body)
+        why = ""
+        try:
+            for attempt in range(RECORD_TRIES):
+                try:
+                    taken = await self._run(
+                        self._kube.request,
+                        "PATCH",
+                        path,
+                        body=body,
+                        content_type="application/merge-patch+json",
+                        what=f"record the claim of pod {name}",
+                        not_found=_Gone,
+                    )
+                    self._cache.put(taken)
+                    return
+                except ClusterConflictError:
+                    try:
+                        fresh = await self._run(
+                            self._kube.request,
+                            "GET",
+                            path,
+                            what=f"read pod {name}",
+                            not_found=_Gone,
+                        )
+                    except _Gone:
+                        raise
+                    except AEnvError as exc:
+                        why = str(exc)
+                        await asyncio.sleep(0.1 * 2**attempt)
+                        continue
+                    if claimed_by(fresh) == claim:  # ours went through; a retry met it
+                        self._cache.put(fresh)
+                        return
+                    if reserved_by(fresh) != reservation:
+                        why = "another client changed its claim before it was recorded"
+                        self._disown(pod, why)
+                        return
+                    version = str(fresh["metadata"].get("resourceVersion", ""))
+                    body["metadata"]["resourceVersion"] = version
+                except _Gone:
+                    raise
+                except AEnvError as exc:
+                    why = str(exc)
+                    await asyncio.sleep(0.1 * 2**attempt)
+        except _Gone:
+            return  # deleted meanwhile (released, reaped): the watch reports its end
+        finally:
+            self._records.pop(iid, None)
+        log.error("a claim could not be recorded; ending it", extra={"pod": name, "error": why})
+        with contextlib.suppress(AEnvError):
+            await self._run(self._delete_by_name, name, iid, TerminationReason.CRASHED)
+        self._disown(pod, f"its claim could not be recorded: {why}")
+
+    def _disown(self, pod: dict[str, Any], why: str) -> None:
+        info = replace(
+            self._cache.info(pod),
+            state=InstanceState.TERMINATED,
+            url=None,
+            reason=TerminationReason.CRASHED,
+            detail=why,
+        )
+        self._cache.disown(pod, info)
+
+    def _stop_reserving(self) -> None:
+        """Stop the reservers and unrecorded claims' tasks (their pods end with the session)."""
+        for task in (*self._keepers.values(), *self._records.values()):
+            if not task.done():
+                with contextlib.suppress(RuntimeError):  # its loop closed: nothing runs
+                    task.get_loop().call_soon_threadsafe(task.cancel)
+        for reserving in self._reserving.values():
+            for task in reserving:
+                with contextlib.suppress(RuntimeError):
+                    task.get_loop().call_soon_threadsafe(task.cancel)
+        self._keepers.clear()
+        self._reserved.clear()
+
     async def aclose(self) -> None:
         """Stop watching; with a session, delete its pods and its Lease first."""
         if self._closed:
             return
         self._closed = True
+        self._stop_reserving()
         if self._started:
             await self._run(self._shutdown)
         self._release()
@@ -862,6 +1153,7 @@ class KubernetesEngine:
         if self._closed:
             return
         self._closed = True
+        self._stop_reserving()
         if self._started:
             self._shutdown()
         self._release()
@@ -876,8 +1168,25 @@ def _started(pod: dict[str, Any]) -> float | None:
     return pod_info(pod).created_at or None
 
 
-def _free(pod: dict[str, Any]) -> bool:
-    return ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_CLAIM) == CLAIM_FREE
+def _unclaimed(pod: dict[str, Any]) -> bool:
+    claim = ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_CLAIM)
+    return claim in (CLAIM_FREE, RESERVED)
+
+
+def _merged(pod: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """``pod`` as a JSON merge ``patch`` of its labels and annotations leaves it (the
+    precondition aside): what a claim being recorded will make of it."""
+    out = copy.deepcopy(pod)
+    meta = out.setdefault("metadata", {})
+    for part in ("labels", "annotations"):
+        values = dict(meta.get(part) or {})
+        for name, value in (patch["metadata"].get(part) or {}).items():
+            if value is None:
+                values.pop(name, None)
+            else:
+                values[name] = value
+        meta[part] = values
+    return out
 
 
 def _safe_label(text: str) -> bool:

@@ -7,6 +7,12 @@ applies the patch only if the pod is still the version the client read, so of tw
 race for one pod exactly one wins and the other gets a 409 and tries another. A claim moves the
 pod to the claimer (``claim`` label, its session, its owner) and starts its TTL.
 
+An engine with a session may also **reserve** a few of its own free pods ahead of demand
+(:func:`reserve_patch`: the same precondition, ``claim=reserved``, its session, a reservation
+id): a reserved pod is no longer free to anyone else, stays in its engine's session (so it
+ends with the engine, or is reaped as an orphan if the engine dies), and the engine's next
+claim takes it from memory and records the claim after answering (:func:`claim_patch` again).
+
 The key names what the pods are interchangeable for: the pool's name and everything the
 instance is made of (definition, variables, arguments, datasource, labels), so that two pools
 that share a name but not a spec never hand out each other's pods.
@@ -38,13 +44,18 @@ from k8s_backend.manifests import (
 __all__ = [
     "ANNOTATION_CLAIM",
     "CLAIMED",
+    "RESERVED",
     "claim_patch",
     "claimed_by",
     "is_claimable",
+    "is_warm",
     "pool_key",
+    "reserve_patch",
+    "reserved_by",
 ]
 
 CLAIMED = "claimed"
+RESERVED = "reserved"
 ANNOTATION_CLAIM = "aenv-ray.io/claim-id"  # the claim that took the pod: its claimer checks it
 
 
@@ -59,8 +70,14 @@ def pool_key(pool: str, spec: Mapping[str, Any]) -> str:
 
 def is_claimable(pod: Mapping[str, Any], now: float) -> bool:
     """Free, Ready, not being deleted, and not yet past its (free) expiry."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return labels.get(LABEL_CLAIM) == CLAIM_FREE and is_warm(pod, now)
+
+
+def is_warm(pod: Mapping[str, Any], now: float) -> bool:
+    """Ready, not being deleted, and not yet past its (free) expiry, whatever its claim."""
     meta = pod.get("metadata") or {}
-    if (meta.get("labels") or {}).get(LABEL_CLAIM) != CLAIM_FREE or meta.get("deletionTimestamp"):
+    if meta.get("deletionTimestamp"):
         return False
     try:
         if float((meta.get("annotations") or {}).get(ANNOTATION_EXPIRES, "inf")) <= now:
@@ -104,6 +121,29 @@ def claim_patch(
             },
         }
     }
+
+
+def reserve_patch(pod: Mapping[str, Any], *, reservation: str, session: str) -> dict[str, Any]:
+    """A JSON merge patch that reserves the free ``pod`` for engine session ``session`` if it
+    is still the version read: ``claim=reserved``, the session's label (its Lease now covers
+    the pod), ``reservation`` (a fresh id) as the claim id."""
+    meta = pod.get("metadata") or {}
+    return {
+        "metadata": {
+            "resourceVersion": str(meta.get("resourceVersion", "")),
+            "labels": {LABEL_CLAIM: RESERVED, LABEL_SESSION: label_value(session)},
+            "annotations": {ANNOTATION_CLAIM: reservation},
+        }
+    }
+
+
+def reserved_by(pod: Mapping[str, Any]) -> str | None:
+    """The reservation id holding ``pod`` (None: not reserved)."""
+    meta = pod.get("metadata") or {}
+    if (meta.get("labels") or {}).get(LABEL_CLAIM) != RESERVED:
+        return None
+    value = (meta.get("annotations") or {}).get(ANNOTATION_CLAIM)
+    return str(value) if value else None
 
 
 def claimed_by(pod: Mapping[str, Any]) -> str | None:

@@ -127,7 +127,10 @@ def test_only_a_free_ready_unexpired_pod_is_claimable_and_a_claim_names_its_clai
 async def test_engines_racing_for_warm_pods_never_get_the_same_pod(
     cluster: KubeCluster, namespace: str
 ) -> None:
-    maker = cluster.engine(namespace)
+    # the maker reserves nothing (reserve=0): the last part has the rival claim a pod the maker
+    # made, which a reserving maker keeps for itself (tests/test_k8s_realnode_warm.py); the
+    # rival reserves its own pods during the race
+    maker = cluster.engine(namespace, reserve=0)
     rival = cluster.engine(namespace)
     try:
         assert await maker.prewarm(SPEC, pool="race", count=3) == 3
@@ -172,7 +175,7 @@ async def test_engines_racing_for_warm_pods_never_get_the_same_pod(
 async def test_a_claim_waits_for_a_starting_pod_and_survives_a_stale_read(
     cluster: KubeCluster, namespace: str
 ) -> None:
-    engine = cluster.engine(namespace)
+    engine = cluster.engine(namespace, reserve=0)  # the PATCH path, whose stale read this checks
     try:
         assert await engine.claim(SPEC, pool="wait") is None  # nothing warm, no wait
         await engine.prewarm(SPEC, pool="wait", count=1)

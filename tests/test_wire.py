@@ -15,7 +15,15 @@ import pytest
 
 from aenv_ray import Environment
 from aenv_ray._transport import InstanceClient
-from aenv_ray._wire import MAX_HEAD, BadResponse, Disconnected, ResponseTooLarge, WireClient
+from aenv_ray._wire import (
+    MAX_HEAD,
+    BadResponse,
+    Disconnected,
+    ResponseTooLarge,
+    WireClient,
+    discard_preconnected,
+    preconnect,
+)
 from aenv_ray.errors import (
     CallTimeoutError,
     InstanceBrokenError,
@@ -271,6 +279,56 @@ async def test_an_idle_connection_the_server_closed_is_replaced() -> None:
         await asyncio.sleep(0.1)  # the close reaches the client
         assert await client.request("POST", "/x", {}, timeout=5) == (200, {"ok": True})
         assert server.connections == 2
+
+
+async def test_a_connection_opened_ahead_serves_the_first_request_of_the_next_client() -> None:
+    async with client_for(_ok) as (client, server):
+        assert await preconnect(server.url, "/ready")
+        assert server.connections == 1
+        assert await client.request("POST", "/call", {}, timeout=5) == (200, {"ok": True})
+        assert server.connections == 1  # the first call went on the connection opened ahead
+        assert [r.split(b" ")[1] for r in server.requests] == [b"/ready", b"/call"]
+        other = InstanceClient(
+            server.url, connect_timeout=2.0, reconnect_window=0.2, env_name="raw@1"
+        )
+        try:  # it was handed to one client only: the next one connects
+            assert await other.request("GET", "/x", timeout=5) == (200, {"ok": True})
+            assert server.connections == 2
+        finally:
+            await other.aclose()
+
+
+async def test_a_connection_opened_ahead_is_kept_only_if_it_answered_200_and_stays_open() -> None:
+    async def not_ready(reader: Reader, writer: Writer, n: int, request: bytes) -> None:
+        writer.write(b"HTTP/1.1 503 Unavailable\r\ncontent-length: 0\r\n\r\n")
+        await writer.drain()
+
+    async with client_for(not_ready) as (client, server):
+        assert not await preconnect(server.url, "/ready")
+        assert server.connections == 1
+        assert await client.request("GET", "/x", timeout=5) == (503, None)
+        assert server.connections == 2  # nothing was kept: the client connected itself
+
+    async with client_for(_ok) as (client, server):  # discarded: its server is gone
+        assert await preconnect(server.url, "/ready")
+        assert discard_preconnected(server.url) == 1
+        assert discard_preconnected(server.url) == 0
+        assert await client.request("GET", "/x", timeout=5) == (200, {"ok": True})
+        assert server.connections == 2
+
+    async def closes(reader: Reader, writer: Writer, n: int, request: bytes) -> None:
+        writer.write(json_answer())
+        await writer.drain()
+        if n == 0:
+            writer.close()  # keep-alive promised, then closed while kept
+
+    async with client_for(closes) as (client, server):
+        assert await preconnect(server.url, "/ready")
+        await asyncio.sleep(0.1)  # the close reaches the kept connection
+        assert await client.request("GET", "/x", timeout=5) == (200, {"ok": True})
+        assert server.connections == 2
+
+    assert not await preconnect(f"http://127.0.0.1:{free_port()}", "/ready", timeout=1.0)
 
 
 async def test_a_reused_connection_dropped_before_answering_retries_reads_only() -> None:

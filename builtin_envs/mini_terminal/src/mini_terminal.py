@@ -44,11 +44,14 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 @current_registry().add_warm_up
 def start_shell() -> None:
     """Start the shell as the instance starts serving (a warm instance's first command finds
-    it running), not at import: the local engine forks instances from a template process
-    that imported this module, and a shell started there would be no instance's."""
+    it running, and run once), not at import: the local engine forks instances from a template
+    process that imported this module, and a shell started there would be no instance's."""
     workdir()
     assert _session is not None
     _session.start()
+    # and has it run once: a shell's first command pays its one-time work (the dynamic
+    # linker's lazy binding, bash's first parse), a few ms under a pod's CPU quota
+    _session.run(":", timeout=30)
 
 
 @register_tool
