@@ -47,6 +47,7 @@ __all__ = [
     "WarmPoolEngine",
     "check_engine_name",
     "default_engine",
+    "discard_preconnected",
     "end_watcher",
     "engine_names",
     "info_from_json",
@@ -54,9 +55,31 @@ __all__ = [
     "instance_ttl",
     "named_engine",
     "new_engine",
+    "preconnect",
     "service_engine",
     "set_default_engine",
 ]
+
+
+async def preconnect(
+    base_url: str, path: str, *, headers: dict[str, str] | None = None, timeout: float = 2.0
+) -> bool:
+    """For engines: open a connection to an instance that is about to be used (``base_url``),
+    see it answer ``GET path`` with 200, and keep it for the first SDK client of that origin on
+    the running loop, whose first call then pays no connect (the Kubernetes engine's reserved
+    warm pods). True when a connection was kept. See :func:`aenv_ray._wire.preconnect`."""
+    from aenv_ray._wire import preconnect as open_ahead
+
+    return await open_ahead(base_url, path, headers=headers, timeout=timeout)
+
+
+def discard_preconnected(base_url: str) -> int:
+    """For engines: close the connections :func:`preconnect` kept for ``base_url``'s origin on
+    the running loop (the instance is gone, or will not be used); how many were closed."""
+    from aenv_ray._wire import discard_preconnected as discard
+
+    return discard(base_url)
+
 
 DEFAULT_TTL = 30 * 60.0
 """Seconds an instance lives when neither the caller nor ``deployConfig.ttl`` says otherwise."""

@@ -51,7 +51,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from aenv_ray._wire import discard_preconnected, preconnect
 from aenv_ray.config import DeployConfig, EnvConfig
 from aenv_ray.engine import (
     InstanceInfo,
@@ -60,7 +59,9 @@ from aenv_ray.engine import (
     Route,
     TerminationReason,
     WarmCount,
+    discard_preconnected,
     instance_ttl,
+    preconnect,
 )
 from aenv_ray.envref import EnvRef
 from aenv_ray.errors import (

@@ -94,7 +94,7 @@ async def test_a_reserved_pod_is_claimed_from_memory_recorded_after_and_called_o
         async def two_reserved() -> bool:
             return len(reserved()) == 2
 
-        assert await _until(two_reserved, 30), [
+        assert await _until(two_reserved, 120), [
             p.metadata.labels for p in _pods(real_node, namespace)
         ]
         assert all(p.metadata.labels[LABEL_SESSION] == maker.session for p in reserved())
@@ -111,7 +111,7 @@ async def test_a_reserved_pod_is_claimed_from_memory_recorded_after_and_called_o
         async def opened() -> bool:  # a connection to each reserved pod, readiness seen
             return len(_wire._shelves.get(loop, {})) == 2
 
-        assert await _until(opened, 10)
+        assert await _until(opened, 60)
         ahead = _wire._shelves[loop]
 
         second = await maker.claim(SPEC, pool="r")  # from memory
@@ -133,7 +133,7 @@ async def test_a_reserved_pod_is_claimed_from_memory_recorded_after_and_called_o
             ]
             return pod.metadata.labels[LABEL_CLAIM] == CLAIMED
 
-        assert await _until(recorded, 10)
+        assert await _until(recorded, 60)
         (pod,) = [
             p for p in _pods(real_node, namespace) if p.metadata.labels[LABEL_INSTANCE] == second.id
         ]
@@ -162,7 +162,7 @@ async def test_a_reserved_pod_is_claimed_from_memory_recorded_after_and_called_o
         async def refilled() -> bool:
             return len(maker._reserved.get(next(iter(maker._reserved)), {})) == 2
 
-        assert await _until(refilled, 30)
+        assert await _until(refilled, 120)
         maker._cache.stop()
         await asyncio.sleep(0.5)
         from kubernetes import client
@@ -187,7 +187,7 @@ async def test_a_reserved_pod_is_claimed_from_memory_recorded_after_and_called_o
         async def ended() -> bool:
             return (await maker.get(lost.id)).state is InstanceState.TERMINATED
 
-        assert await _until(ended, 10)
+        assert await _until(ended, 60)
         end = await maker.get(lost.id)
         assert end.reason is TerminationReason.CRASHED
         assert "another client changed its claim" in end.detail
