@@ -1,8 +1,8 @@
 """One local Ray for a test session, which ``aenv rollout`` runs, doc examples and
 tests/test_rollout_pool.py's pools join (:attr:`SessionRay.env`: ``RAY_ADDRESS`` and
 ``RAY_AUTH_MODE=token``) where Ray's own start, end or faults are not their subject (those
-start their own: tests/test_rollout_faults.py, tests/test_nonroot.py, the pool module's
-two-node cluster).
+start their own: tests/test_rollout_faults.py's killed drivers, tests/test_nonroot.py, the pool
+module's two-node cluster).
 
 It runs in a helper process that started it with :func:`rollout.init_local` (loopback, no
 dashboard, 2 CPUs) and waits on its stdin: closing that pipe, or the session dying however it
