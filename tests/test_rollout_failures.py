@@ -5,8 +5,8 @@ with the endpoint's own message), a conversation over the model's context (``tru
 that does not start (one line with the alternatives), Ctrl-C (exit 130, what is done written,
 the command that resumes), a turn cap (``truncated``), and a summary whose mean says how
 failures count and whose wall time is the command's. The CLI runs in this process
-(tests/_cli.py) with ``--no-ray``, except where the subject is a process (signals, a Ray that
-does not start)."""
+(tests/_cli.py) with ``--no-ray`` (or a Ray address where nothing answers), except where the
+subject is a process (signals, a Ray that refuses the driver's join)."""
 
 from __future__ import annotations
 
