@@ -16,11 +16,14 @@ a command line that starts ``ray::`` or ``ray-`` (Ray renames its workers and ag
 blank their environment, so no marker there would do) or runs something under ``RAY_DIR``
 (Ray's package: gcs_server, raylet, its Python services). Once the driver is dead the tree is
 gone (orphans belong to pid 1), so the reaper looks every :data:`_LOOK_EVERY` seconds while the
-driver lives (its threads' ``/proc/PID/task/TID/children`` files: about a millisecond) and
-remembers each process by pid and start time. Deeper descendants (an engine's zygote under a
-pool actor) and the driver's other children are left alone: they have their own way to notice
-their owner's death. A worker started in the last moment before the driver died is not known,
-but workers exit with their raylet.
+driver lives (its threads' ``/proc/PID/task/TID/children`` files: a few milliseconds with Ray's
+many threads) and remembers each process by pid and start time. Once :data:`_SETTLED` looks in a
+row found nothing new (Ray has started: its services and agents are known), it looks every
+:data:`_LOOK_SETTLED` seconds, and every :data:`_LOOK_EVERY` again as soon as a look finds a new
+process: a driver that lives for hours does not pay for two looks a second. Deeper descendants
+(an engine's zygote under a pool actor) and the driver's other children are left alone: they
+have their own way to notice their owner's death. A worker started in the last moment before
+the driver died is not known, but workers exit with their raylet.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ import time
 from collections.abc import Callable
 
 _LOOK_EVERY = 0.5  # seconds between looks at the driver's tree
+_SETTLED = 20  # looks in a row that found nothing new (10 s): Ray has started
+_LOOK_SETTLED = 2.0  # seconds between looks after that
 _PASSES = 5
 
 
@@ -133,9 +138,13 @@ def main(argv: list[str]) -> int:
     known: dict[int, int] = {}
     listed = os.path.exists(f"/proc/{driver}/task/{driver}/children")
     children_of = children if listed else children_by_scan
+    unchanged = 0  # looks in a row that found no new process
     while True:
+        before = set(known.items())
         look(driver, ray_dir, known, children_of)
-        ready, _, _ = select.select([fd], [], [], _LOOK_EVERY)
+        unchanged = unchanged + 1 if set(known.items()) <= before else 0
+        wait = _LOOK_SETTLED if unchanged >= _SETTLED else _LOOK_EVERY
+        ready, _, _ = select.select([fd], [], [], wait)
         if ready and not os.read(fd, 4096):
             break
     look(driver, ray_dir, known, children_of)  # what is still there (a raylet not yet dead)

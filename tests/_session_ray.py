@@ -1,14 +1,15 @@
 """One local Ray for a test session, which ``aenv rollout`` runs, doc examples and
 tests/test_rollout_pool.py's pools join (:attr:`SessionRay.env`: ``RAY_ADDRESS`` and
 ``RAY_AUTH_MODE=token``) where Ray's own start, end or faults are not their subject (those
-start their own: tests/test_rollout_faults.py, tests/test_nonroot.py, the pool module's
-two-node cluster).
+start their own: tests/test_rollout_faults.py's killed drivers, tests/test_nonroot.py, the pool
+module's two-node cluster).
 
 It runs in a helper process that started it with :func:`rollout.init_local` (loopback, no
-dashboard, 2 CPUs) and waits on its stdin: closing that pipe, or the session dying however it
-dies, ends the helper, whose reaper then ends Ray's processes (docs/rollout.md). Its workers get
-the helper's environment (the test session's, without ``RAY_ADDRESS``), not a joining driver's;
-each driver's job, its actors with it, ends when the driver disconnects.
+dashboard, 2 CPUs, no workers prestarted for the helper's own job) and waits on its stdin:
+closing that pipe, or the session dying however it dies, ends the helper, whose reaper then
+ends Ray's processes (docs/rollout.md). Its workers get the helper's environment (the test
+session's, without ``RAY_ADDRESS``), not a joining driver's; each driver's job, its actors
+with it, ends when the driver disconnects.
 
 Ray 2.60 turns token authentication on for a cluster that ``ray.init`` starts (the token in
 ``~/.ray/auth_token``), and a driver joining it must ask for token mode itself
@@ -54,6 +55,9 @@ class SessionRay:
     def __enter__(self) -> SessionRay:
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         env["RAY_AUTH_MODE"] = "token"
+        # Ray starts num_cpus idle workers for the first driver's job, the helper's, which
+        # runs nothing: workers serve one job, so they would only idle for the session
+        env["RAY_prestart_worker_first_driver"] = "0"
         self._helper = subprocess.Popen(
             [sys.executable, "-c", HELPER],
             cwd=ROOT,

@@ -5,8 +5,8 @@ with the endpoint's own message), a conversation over the model's context (``tru
 that does not start (one line with the alternatives), Ctrl-C (exit 130, what is done written,
 the command that resumes), a turn cap (``truncated``), and a summary whose mean says how
 failures count and whose wall time is the command's. The CLI runs in this process
-(tests/_cli.py) with ``--no-ray``, except where the subject is a process (signals, a Ray that
-does not start)."""
+(tests/_cli.py) with ``--no-ray`` (or a Ray address where nothing answers), except where the
+subject is a process (signals, a Ray that refuses the driver's join)."""
 
 from __future__ import annotations
 
@@ -234,15 +234,23 @@ async def scripted(task: dict[str, Any], env: Any) -> str | None:
 
 
 def test_a_ray_that_cannot_start_is_one_line_with_the_alternatives(tmp_path: Path) -> None:
-    # subprocess: the failed ray.init must not touch this process's Ray state
-    done = subprocess.run(
-        [*CHILD, "rollout", TERMINAL, "-n", "1", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        env={**os.environ, "RAY_ADDRESS": "127.0.0.1:1"},  # nothing there
-    )
+    import ray
+
+    args = ["rollout", TERMINAL, "-n", "1", "--out", str(tmp_path)]
+    nothing_there = {"RAY_ADDRESS": "127.0.0.1:1"}
+    if not ray.is_initialized():
+        # in this process: nothing answers at the address, so the join fails before ray.init
+        # is called (this process's Ray state untouched; tests/_cli.py restores os.environ)
+        done = run_cli(*args, env=nothing_there, cwd=ROOT)
+    else:  # subprocess: a process that is a Ray driver already would not try to join
+        done = subprocess.run(
+            [*CHILD, *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+            env={**os.environ, **nothing_there},
+        )
     assert done.returncode == 1, done.stderr
     (line,) = error_lines(done.stderr)
     assert "could not join the Ray at 127.0.0.1:1: nothing answers there" in line
@@ -257,6 +265,11 @@ def test_joining_a_ray_that_asks_for_a_token_without_one_says_how_to_give_it(
     tmp_path: Path, session_ray: SessionRay
 ) -> None:
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
+    env["RAY_ADDRESS"] = session_ray.address
+    # Ray tries a refused join once a second, 20 times by default, before it raises: two tries
+    # (Ray's RAY_gcs_server_port_wait_time_s) end in the same refusal 18 s sooner (how long it
+    # takes is not the subject; what the error says is)
+    env["RAY_gcs_server_port_wait_time_s"] = "2"
     # subprocess: the failed ray.init must not touch this process's Ray state
     done = subprocess.run(
         [*CHILD, "rollout", TERMINAL, "-n", "1", "--out", str(tmp_path)],
@@ -264,7 +277,7 @@ def test_joining_a_ray_that_asks_for_a_token_without_one_says_how_to_give_it(
         text=True,
         timeout=300,
         cwd=ROOT,
-        env={**env, "RAY_ADDRESS": session_ray.address},
+        env=env,
     )
     assert done.returncode == 1, done.stderr
     (line,) = error_lines(done.stderr)

@@ -1,16 +1,23 @@
-"""Fault suite: ``aenv rollout`` on the built-in mini-terminal as a real process (a real local
-Ray, a real pool, real instances), one layer SIGKILLed mid-run (the driver; a pool actor; the
+"""Fault suite: ``aenv rollout`` on the built-in mini-terminal as a real process (a real Ray, a
+real pool, real instances), one layer SIGKILLed mid-run (the driver; a pool actor; the
 engine's zygote), then the same command again (in this process when nothing is left to do:
 what it says is the subject then, and that it starts no Ray).
 
+Where the driver is killed, Ray's own end is the subject: the driver starts a local Ray of its
+own (its reaper, its agents). Where a pool actor or a zygote is killed, it is not: the driver
+joins the session's one Ray (tests/_session_ray.py), as ``aenv rollout`` joins a cluster
+(``RAY_ADDRESS``), and one Ray start is not paid per test.
+
 After each: every episode recorded exactly once, none lost, no glued lines, infrastructure
 failures retried and never recorded as the agent's; and within a few seconds nothing of the
-run is left: no process (the driver, Ray's processes, the reaper, zygotes, instances), no
-``aenv-*`` cgroup of the run's engines under this process's cgroups, no new ``aenv-*``
-directory in /tmp.
+run is left: no process (the driver, Ray's processes it started or its job's workers on the
+session's Ray, the reaper, zygotes, instances), no ``aenv-*`` cgroup of the run's engines
+under this process's cgroups, no new ``aenv-*`` directory in /tmp.
 
-"The run's" processes are found, while they live, by a marker in their environment (which Ray
-workers and zygotes inherit from the driver) and by the ``--owner PID-`` that every engine
+"The run's" processes are found, while they live, by a marker in their environment (which the
+driver's Ray workers and zygotes inherit from it; on the session's Ray, the workers of the
+driver's job get it from the job's ``runtime_env``, which Ray's job manager's
+``RAY_JOB_CONFIG_JSON_ENV_VAR`` gives the driver) and by the ``--owner PID-`` that every engine
 process (zygote, instance init and runtime) carries on its command line, PID being a marked
 process (the pool actor that runs the engine).
 """
@@ -36,6 +43,7 @@ import pytest
 
 from tests._cli import CHILD, aenv
 from tests._paced_policy import write_tasks
+from tests._session_ray import SessionRay
 
 ROOT = Path(__file__).resolve().parent.parent
 TERMINAL = "mini-terminal@1.0.0"
@@ -181,7 +189,10 @@ class Tracker:
 
     def follow(self) -> threading.Thread:
         def loop() -> None:
-            while not self._stop.wait(0.2):
+            # twice a second: every process of a run lives longer (an instance, a whole
+            # episode of PAUSE seconds at least), and one that outlives the run is found by
+            # the last scan all the same (a marker, an ancestor, an engine owner seen before)
+            while not self._stop.wait(0.5):
                 self.scan()
 
         thread = threading.Thread(target=loop, daemon=True, name="fault-suite-tracker")
@@ -389,11 +400,26 @@ def _ray_is_up() -> bool:
 
 @pytest.fixture
 def rollout(tmp_path: Path) -> Iterator[Rollout]:
+    """A run whose driver starts a Ray of its own (Ray's end is the subject)."""
+    yield from _rollout(tmp_path, None)
+
+
+@pytest.fixture
+def joined_rollout(tmp_path: Path, session_ray: SessionRay) -> Iterator[Rollout]:
+    """A run whose driver joins the session's Ray (a layer below Ray is the subject)."""
+    yield from _rollout(tmp_path, session_ray)
+
+
+def _rollout(tmp_path: Path, session_ray: SessionRay | None) -> Iterator[Rollout]:
     tmp_before = _tmp_entries()
     marker = f"{MARK}={uuid.uuid4().hex}"
     tracker = Tracker(marker.encode())
     env = {**os.environ, MARK: marker.split("=", 1)[1]}
     env.pop("RAY_ADDRESS", None)  # a Ray of its own
+    if session_ray is not None:  # the session's, with the marker for the job's workers
+        env.update(session_ray.env)
+        job = {"runtime_env": {"env_vars": {MARK: env[MARK]}}}
+        env["RAY_JOB_CONFIG_JSON_ENV_VAR"] = json.dumps(job)
     tasks = write_tasks(tmp_path / "tasks.jsonl", PAUSE)
     run = Rollout(tmp_path / "run", tasks, tracker, env, tmp_before)
     tracker.follow()
@@ -505,7 +531,8 @@ def test_a_driver_killed_mid_run_leaves_no_ray_behind_and_the_rerun_finishes_the
     assert_nothing_left(rollout.tracker, rollout.tmp_before)
 
 
-def test_a_pool_actor_killed_mid_run_costs_retries_not_episodes(rollout: Rollout) -> None:
+def test_a_pool_actor_killed_mid_run_costs_retries_not_episodes(joined_rollout: Rollout) -> None:
+    rollout = joined_rollout
     driver = rollout.start()
     rollout.wait_for_records(driver, 2)
     actor = rollout.tracker.find(b"ray::PoolActor")
@@ -525,7 +552,8 @@ def test_a_pool_actor_killed_mid_run_costs_retries_not_episodes(rollout: Rollout
     assert_nothing_left(rollout.tracker, rollout.tmp_before)
 
 
-def test_a_zygote_killed_mid_run_costs_retries_not_episodes(rollout: Rollout) -> None:
+def test_a_zygote_killed_mid_run_costs_retries_not_episodes(joined_rollout: Rollout) -> None:
+    rollout = joined_rollout
     driver = rollout.start()
     rollout.wait_for_records(driver, 2)
     actor = rollout.tracker.find(b"ray::PoolActor")

@@ -143,10 +143,12 @@ def engine_processes(pids: set[int]) -> int:
 
 
 def wait_until(predicate: Any, *, timeout: float = T) -> None:
+    """Until ``predicate()``, asked ten times a second (each a scan of /proc or a call to the
+    pool's actors; what they wait for, a kill or a maintenance round, takes longer)."""
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
+        time.sleep(0.1)
 
 
 def probe_pool(size: int = 2, **kwargs: Any) -> RolloutPool:
