@@ -14,60 +14,79 @@ dependencies:
   own are not loaded: a fresh environment has none); ``uv run python ARGS``, ``uv run CMD``.
 
 Run as a script by ``uv/uv`` (``-I -S``: it starts in a few milliseconds; the site-packages
-are added when a command needs them); standard library only, pytest lazily.
+are added when a command needs them); standard library only, imported where a command needs
+it (a test run starts ``uv`` three times: ``re`` and ``pathlib`` alone would double each
+start), pytest lazily.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import sys
-from pathlib import Path
 
 VERSION = "uv 0.7.13 (aenv-ray offline)"
-_REQUIREMENT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(.*)")
+_REQUIREMENT = r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(.*)"
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
 def _say(text: str) -> None:
     print(text, file=sys.stderr)
 
 
-def _name(directory: Path) -> str:
-    name = re.sub(r"[^A-Za-z0-9._-]+", "-", directory.name).strip("-").lower()
-    return name or "project"
+def _name(directory: str) -> str:
+    """The project's name: the directory's, each run of other characters than letters, digits,
+    ``.``, ``_`` and ``-`` made one ``-``, lower case."""
+    kept: list[str] = []
+    replaced = False
+    for char in os.path.basename(directory):
+        if char in _NAME_CHARS:
+            kept.append(char)
+            replaced = False
+        elif not replaced:
+            kept.append("-")
+            replaced = True
+    return "".join(kept).strip("-").lower() or "project"
 
 
 def init(args: list[str]) -> int:
     """``uv init [DIR]``: a project in DIR (default: the working directory)."""
-    where = Path(next((a for a in args if not a.startswith("-")), "."))
-    where.mkdir(parents=True, exist_ok=True)
-    directory = where.resolve()
-    if (directory / "pyproject.toml").exists():
+    where = next((a for a in args if not a.startswith("-")), ".")
+    os.makedirs(where, exist_ok=True)
+    directory = os.path.realpath(where)
+    if os.path.exists(os.path.join(directory, "pyproject.toml")):
         _say(
             f"error: Project is already initialized in `{directory}` (`pyproject.toml` file exists)"
         )
         return 2
     name = _name(directory)
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    (directory / "pyproject.toml").write_text(
+    _write(
+        os.path.join(directory, "pyproject.toml"),
         "[project]\n"
         f'name = "{name}"\n'
         'version = "0.1.0"\n'
         'description = "Add your description here"\n'
         'readme = "README.md"\n'
         f'requires-python = ">={python}"\n'
-        "dependencies = []\n"
+        "dependencies = []\n",
     )
-    if not (directory / "main.py").exists():
-        (directory / "main.py").write_text(
+    if not os.path.exists(os.path.join(directory, "main.py")):
+        _write(
+            os.path.join(directory, "main.py"),
             f'def main():\n    print("Hello from {name}!")\n\n\n'
-            'if __name__ == "__main__":\n    main()\n'
+            'if __name__ == "__main__":\n    main()\n',
         )
     for file, text in (("README.md", ""), (".python-version", f"{python}\n")):
-        if not (directory / file).exists():
-            (directory / file).write_text(text)
-    _say(f"Initialized project `{name}`" + ("" if where == Path(".") else f" at `{directory}`"))
+        if not os.path.exists(os.path.join(directory, file)):
+            _write(os.path.join(directory, file), text)
+    here = os.path.normpath(where) == "."
+    _say(f"Initialized project `{name}`" + ("" if here else f" at `{directory}`"))
     return 0
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as handle:
+        handle.write(text)
 
 
 def _site() -> None:
@@ -99,15 +118,19 @@ def _versions() -> dict[str, str]:
 
 
 def _normalized(name: str) -> str:
+    import re
+
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
 def _installed(requirements: list[str]) -> tuple[list[str], list[str]]:
     """``(lines saying what is used, requirements not installed)``."""
+    import re
+
     versions = _versions()
     used, missing = [], []
     for requirement in requirements:
-        match = _REQUIREMENT.fullmatch(requirement)
+        match = re.fullmatch(_REQUIREMENT, requirement)
         version = versions.get(_normalized(match.group(1))) if match else None
         if match is None or version is None:
             missing.append(requirement)
@@ -130,11 +153,11 @@ def add(args: list[str], *, record: bool) -> int:
             f"and {sys.executable} does not have it"
         )
         return 1
-    project = Path("pyproject.toml")
-    if record and project.exists():
-        text = project.read_text()
+    if record and os.path.exists("pyproject.toml"):
+        with open("pyproject.toml") as handle:
+            text = handle.read()
         listed = ", ".join(f'"{r}"' for r in requirements)
-        project.write_text(text.replace("dependencies = []", f"dependencies = [{listed}]", 1))
+        _write("pyproject.toml", text.replace("dependencies = []", f"dependencies = [{listed}]", 1))
     _say(f"Resolved {len(used)} packages (offline: the instance's Python)")
     for line in used:
         _say(line)
@@ -143,6 +166,8 @@ def add(args: list[str], *, record: bool) -> int:
 
 def venv(args: list[str]) -> int:
     """``uv venv [DIR]``: an ``activate`` script that puts this Python and pytest on PATH."""
+    from pathlib import Path
+
     where = Path(next((a for a in args if not a.startswith("-")), ".venv")).resolve()
     (where / "bin").mkdir(parents=True, exist_ok=True)
     offline = os.environ.get("TB_OFFLINE", str(Path(__file__).parent))
@@ -156,20 +181,28 @@ def venv(args: list[str]) -> int:
 def _warm_pytest(fd: int, args: list[str]) -> int | None:
     """pytest started by the instance's warm pytest (it imported pytest once for every run),
     with this process's descriptors, directory and environment; its exit status. None when it
-    cannot be asked (then pytest runs here)."""
-    import json
-    import socket
+    cannot be asked (then pytest runs here). The request is ``json.dumps``'s text, written with
+    its own C encoder, and sent on a bare ``_socket``: the ``json`` and ``socket`` modules would
+    import ``re`` and ``enum`` first, which doubles this process's start."""
+    import _socket
+    from _json import encode_basestring_ascii as quoted
+    from array import array
 
     try:
-        sock = socket.socket(fileno=os.dup(fd))
+        sock = _socket.socket(fileno=os.dup(fd))
     except OSError:
         return None
     umask = os.umask(0o022)
     os.umask(umask)
-    request = {"argv": args, "cwd": os.getcwd(), "env": dict(os.environ), "umask": umask}
-    with sock:
+    argv = ", ".join(quoted(arg) for arg in args)
+    env = ", ".join(f"{quoted(key)}: {quoted(value)}" for key, value in os.environ.items())
+    request = (
+        f'{{"argv": [{argv}], "cwd": {quoted(os.getcwd())}, "env": {{{env}}}, "umask": {umask}}}'
+    )
+    descriptors = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array("i", [0, 1, 2]))]
+    try:
         try:
-            socket.send_fds(sock, [json.dumps(request).encode()], [0, 1, 2])
+            sock.sendmsg([request.encode()], descriptors)
         except OSError:
             return None
         reply = b""
@@ -179,7 +212,9 @@ def _warm_pytest(fd: int, args: list[str]) -> int | None:
                 _say("error: the instance's pytest ended before the tests did")
                 return 3
             reply += chunk
-    return int(json.loads(reply)["code"])
+    finally:
+        sock.close()
+    return int(reply.decode().partition(":")[2].strip().removesuffix("}"))  # {"code": N}
 
 
 def run(args: list[str]) -> int:

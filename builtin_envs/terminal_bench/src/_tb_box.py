@@ -35,12 +35,16 @@ import ctypes
 import json
 import os
 import select
-import shutil
 import signal
-import subprocess
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import subprocess
+# ``subprocess`` and ``shutil`` are imported where used: a grader's box copies the tests
+# (``shutil``) and runs its command by exec, an agent's box starts commands (``subprocess``) only
+# when asked; each box is a fresh Python, whose start is most of a box's cost.
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
@@ -122,6 +126,8 @@ def _within(path: str, root: str) -> bool:
 def _copy_tests(task: str, into: str) -> None:
     """``run-tests.sh`` and the contents of ``tests/`` into ``into``, as Terminal-Bench's
     harness copies them to ``/tests``."""
+    import shutil
+
     script = os.path.join(task, "run-tests.sh")
     if os.path.isfile(script):
         shutil.copy2(script, into)
@@ -249,6 +255,8 @@ def _output_of(proc: subprocess.Popen[bytes], deadline: float, limit: int) -> tu
 def _run(request: dict[str, object], env: dict[str, str], cwd: str) -> dict[str, object]:
     timeout = float(request.get("seconds") or 60)  # type: ignore[arg-type]
     limit = int(request.get("limit") or 1 << 20)  # type: ignore[call-overload]
+    import subprocess
+
     proc = subprocess.Popen(
         ["bash", "-c", str(request["command"])],
         stdin=subprocess.DEVNULL,
@@ -296,6 +304,8 @@ def _write(request: dict[str, object], cwd: str) -> dict[str, object]:
 
 
 def _tmux(args: list[str], env: dict[str, str], timeout: float = 10.0) -> str:
+    import subprocess
+
     result = subprocess.run(
         ["tmux", *args], capture_output=True, env=env, timeout=timeout, check=False
     )
@@ -306,6 +316,8 @@ def _tmux(args: list[str], env: dict[str, str], timeout: float = 10.0) -> str:
 
 def _session(env: dict[str, str], cwd: str) -> None:
     """The agent's tmux session, started when missing (the agent may have ended it)."""
+    import subprocess
+
     probe = subprocess.run(
         ["tmux", "has-session", "-t", TMUX_SESSION], capture_output=True, env=env, check=False
     )

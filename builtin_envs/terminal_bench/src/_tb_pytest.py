@@ -57,13 +57,25 @@ def _setns(fd: int, kind: int, what: str) -> None:
 
 
 def warm() -> None:
-    """Import pytest, and what its ``main`` imports on top (the debugger's modules, ...)."""
+    """Import pytest, and what its ``main`` imports on top (the debugger's modules, pytest's
+    own plugins: each run would import them again in its fork), then freeze what is there out
+    of the garbage collector's sight: pytest collects at the end of every run (several passes),
+    which in a fork would walk, and so copy, every object imported here."""
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     import email.parser  # noqa: F401
     import faulthandler  # noqa: F401
+    import gc
+    import importlib
     import pdb  # noqa: F401
 
     import pytest  # noqa: F401
+    from _pytest.config import default_plugins, essential_plugins
+
+    for name in ("_argcomplete", *essential_plugins, *default_plugins):
+        with contextlib.suppress(ImportError):  # then the run imports it, and says why not
+            importlib.import_module(f"_pytest.{name}")
+    gc.collect()
+    gc.freeze()
 
 
 def _namespaces(pid: int) -> list[tuple[int, int, str]]:
