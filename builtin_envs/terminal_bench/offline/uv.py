@@ -181,28 +181,20 @@ def venv(args: list[str]) -> int:
 def _warm_pytest(fd: int, args: list[str]) -> int | None:
     """pytest started by the instance's warm pytest (it imported pytest once for every run),
     with this process's descriptors, directory and environment; its exit status. None when it
-    cannot be asked (then pytest runs here). The request is ``json.dumps``'s text, written with
-    its own C encoder, and sent on a bare ``_socket``: the ``json`` and ``socket`` modules would
-    import ``re`` and ``enum`` first, which doubles this process's start."""
-    import _socket
-    from _json import encode_basestring_ascii as quoted
-    from array import array
+    cannot be asked (then pytest runs here)."""
+    import json
+    import socket
 
     try:
-        sock = _socket.socket(fileno=os.dup(fd))
+        sock = socket.socket(fileno=os.dup(fd))
     except OSError:
         return None
     umask = os.umask(0o022)
     os.umask(umask)
-    argv = ", ".join(quoted(arg) for arg in args)
-    env = ", ".join(f"{quoted(key)}: {quoted(value)}" for key, value in os.environ.items())
-    request = (
-        f'{{"argv": [{argv}], "cwd": {quoted(os.getcwd())}, "env": {{{env}}}, "umask": {umask}}}'
-    )
-    descriptors = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array("i", [0, 1, 2]))]
-    try:
+    request = {"argv": args, "cwd": os.getcwd(), "env": dict(os.environ), "umask": umask}
+    with sock:
         try:
-            sock.sendmsg([request.encode()], descriptors)
+            socket.send_fds(sock, [json.dumps(request).encode()], [0, 1, 2])
         except OSError:
             return None
         reply = b""
@@ -212,9 +204,7 @@ def _warm_pytest(fd: int, args: list[str]) -> int | None:
                 _say("error: the instance's pytest ended before the tests did")
                 return 3
             reply += chunk
-    finally:
-        sock.close()
-    return int(reply.decode().partition(":")[2].strip().removesuffix("}"))  # {"code": N}
+    return int(json.loads(reply)["code"])
 
 
 def run(args: list[str]) -> int:
