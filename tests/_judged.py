@@ -47,9 +47,12 @@ def judge_client(socket: str) -> Iterator[JudgeClient]:
 
 
 @contextlib.contextmanager
-def pod_runtime(builtin: str, socket: str, workspace: Path, home: Path) -> Iterator[str]:
+def pod_runtime(
+    builtin: str, socket: str, workspace: Path, home: Path, tmp: Path | None = None
+) -> Iterator[str]:
     """``builtin``'s runtime as a pod's runtime container runs it (``--builtin``, the judge's
-    socket in ``AENV_JUDGE_SOCKET``), here a host process serving ``workspace``: its URL."""
+    socket in ``AENV_JUDGE_SOCKET``), here a host process serving ``workspace``: its URL.
+    ``tmp``: its ``TMPDIR`` (what the container's ``/tmp`` is; default: the host's)."""
     port = free_port()
     process = subprocess.Popen(
         [
@@ -61,6 +64,7 @@ def pod_runtime(builtin: str, socket: str, workspace: Path, home: Path) -> Itera
             "HOME": str(home),
             SOCKET_ENV: socket,
             "AENV_WORKSPACE": str(workspace),
+            **({"TMPDIR": str(tmp)} if tmp is not None else {}),
         },
     )
     try:

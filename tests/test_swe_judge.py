@@ -36,7 +36,7 @@ from builtin_envs.swe.episode import DEMO_DATASET
 from builtin_envs.terminal_bench import JudgeUnavailableError
 from builtin_envs.terminal_bench.judge_wire import JudgeClient, JudgeRequestError
 from k8s_backend.manifests import JUDGE_ONLY, JUDGE_WORKSPACE
-from tests._judged import builtin_pod, judge_client, pod_runtime
+from tests._judged import builtin_pod, judge_client, pod_runtime, run_command
 from tests.test_reward_exploits_swe import ATTACKS, PASS_EVERYTHING, Attack
 
 CALC = "demo__calc-1"
@@ -331,7 +331,9 @@ def test_swes_pod_has_a_judge_container_and_is_not_refused() -> None:
 def runtime(judged: Judged) -> Iterator[str]:
     """swe's runtime as a pod's runtime container runs it, here a host process whose workspace
     the judge reads."""
-    with pod_runtime("swe@1.0.0", judged.socket, judged.workspace, judged.workspace) as url:
+    tmp = judged.root / "runtime-tmp"  # the runtime container's /tmp
+    tmp.mkdir()
+    with pod_runtime("swe@1.0.0", judged.socket, judged.workspace, judged.workspace, tmp) as url:
         yield url
 
 
@@ -414,3 +416,26 @@ async def test_an_episode_in_pod_mode_is_graded_as_on_the_local_engine(
     forged = next(a for a in ATTACKS if a.left_out.get("conftest.py") == "conftest")
     await _play(pod_env, forged)
     assert (await pod_env.call_reward({"strict": False}))["reward"] == 1.0
+
+
+async def test_resets_in_pod_mode_leave_no_copy_of_a_bundle_in_the_runtimes_tmp(
+    judged: Judged, pod_env: Environment
+) -> None:
+    """Each reset's base history comes as a new bundle of the judge's; the runtime sets the
+    agent's repository up from it and keeps no mirror of it in its private directory (in a pod,
+    in the runtime container's size-limited ``/tmp``), however many episodes it plays; the
+    repository is fresh in each: at the row's base commit, nothing of the previous episode's."""
+    rows = _rows()
+    for instance in (CALC, "demo__textkit-1", CALC, "demo__textkit-1", CALC):
+        await pod_env.call_function("swe_reset", {"instance_id": instance})
+        fresh = await run_command(
+            pod_env, "git status --porcelain --untracked-files=all && git rev-parse HEAD"
+        )
+        assert fresh["output"].split() == [rows[instance]["base_commit"]], (instance, fresh)
+        left = await run_command(pod_env, "echo agent > left.txt && git add left.txt")
+        assert left["returncode"] == 0, left
+    private = judged.root / "runtime-tmp" / ".swe-private"
+    assert private.is_dir()  # the runtime's private directory is where the test looks
+    mirrors = sorted(p.name for p in private.glob("mirrors/*"))
+    assert mirrors == [], f"{len(mirrors)} mirrors kept after 5 resets"
+    assert sorted(p.name for p in private.iterdir()) == []

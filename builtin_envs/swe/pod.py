@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 from typing import Any
 
 from builtin_envs.swe.episode import Episode, Settings
@@ -50,6 +51,13 @@ class JudgedEpisode(Episode):
     def hidden_paths(self) -> list[str]:
         """Nothing to hide: the rows and the source repositories are not in this container."""
         return []
+
+    def _mirror(self, bundle: str) -> str:
+        """The judge's bundle itself, no mirror of it: each reset's bundle is a new file (the
+        judge removes the previous one), read once, to set this episode's repository up, so a
+        mirror of it would never be used again, and one per reset would fill the container's
+        ``/tmp`` (a size-limited ``emptyDir``) episode after episode."""
+        return bundle
 
     def grade(self, strict: bool = True) -> dict[str, Any]:
         """End the agent's commands, then have the judge grade the repository as it stands
@@ -86,7 +94,8 @@ def start(
 ) -> JudgedEpisode:
     """A new episode on the judge's row (``instance_id``, ``index``, ``row``: as
     ``swe_reset``; ``dataset``: a file of the judge's), the agent's repository set up from the
-    base history the judge bundled."""
+    base history the judge bundled (fetched from the bundle directly: the runtime's private
+    directory, ``.swe-private`` in ``TMPDIR`` or ``/tmp``, keeps no copy of it)."""
     answer = judge().request(
         "reset",
         timeout=1800,
@@ -111,7 +120,8 @@ def start(
     local = dataclasses.replace(
         settings, repos=(str(answer["bundle_dir"]),), isolation="none", datasource=False
     )
-    return JudgedEpisode.start(local, row=public)
+    private = os.path.join(tempfile.gettempdir(), ".swe-private")
+    return JudgedEpisode.start(local, row=public, private=private)
 
 
 def instances(dataset: str | None) -> list[str]:
