@@ -6,12 +6,26 @@ check runs the project's import-time code, which is environment code like any ot
 an instance's isolation (the local engine's template, whatever ``AENV_ENGINE`` says: the
 project is on this machine), not in the CLI (:func:`aenv_ray.loadcheck.load_in_sandbox`).
 
-May import: ``aenv_ray`` (the engine contract, the bundle format; inside the function).
+A bundle that passed is remembered in the user's cache (``load-checks/`` under platformdirs'
+``user_cache_dir("aenv-ray")``), by its digest and the checker's fingerprint
+(:func:`aenv_ray.loadcheck.checker_fingerprint`: the SDK's and the runtime's code, the Python and
+every installed package, the engine's kind and isolation, the timeout), as EnvHub remembers its
+checks in its store: ``aenv push`` after ``aenv build`` of the same project, or a build again
+of an unchanged one, does not load it again, and says the same. A changed project, or an
+upgraded aenv-ray, Python or package, checks again; a failed check is never remembered; a
+record that cannot be read is checked again. The cache is the user's own: the sandbox can write
+nothing outside it (docs/security.md), and the hub checks every bundle it receives itself.
+
+May import: ``aenv_ray`` (the engine contract, the bundle format; inside the function),
+platformdirs (inside the function).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -29,18 +43,69 @@ def check_loads(data: bytes, what: str, shown: str = "") -> dict[str, Any] | Non
     cannot load projects here); exit 2 with the load error, its files told below ``shown``
     (the project's directory as the user named it; ``""``: relative to the bundle), when it
     does not load."""
-    from aenv_ray.bundle import extract_bundle
+    from aenv_ray.bundle import digest_of, extract_bundle
     from aenv_ray.engine import named_engine
-    from aenv_ray.loadcheck import load_in_sandbox
+    from aenv_ray.loadcheck import checker_fingerprint, load_in_sandbox
 
     engine = named_engine("local")
+    if getattr(engine, "inspect", None) is None:
+        return None
+    digest, checker = digest_of(data), checker_fingerprint(engine, _TIMEOUT)
+    record = _record_path(digest, checker)
+    passed = _passed(record, digest, checker)
+    if passed is not None:
+        return passed
     with tempfile.TemporaryDirectory(prefix="aenv-check-") as scratch:
         project = extract_bundle(data, Path(scratch) / "project")
         try:
             manifest = asyncio.run(load_in_sandbox(engine, project, shown=shown, timeout=_TIMEOUT))
         except DefinitionError as exc:
             die(f"{what} does not load: {exc}", EXIT_USAGE)
+    if manifest is not None:
+        _remember(record, {"digest": digest, "checker": checker, "manifest": manifest})
     return manifest
+
+
+_KEEP = 256  # load checks remembered; the oldest go first
+
+
+def _record_path(digest: str, checker: str) -> Path:
+    """Where the check of the bundle ``digest`` by ``checker`` is remembered once it passed."""
+    import platformdirs
+
+    name = hashlib.sha256(f"{digest}|{checker}".encode()).hexdigest()[:40]
+    return Path(platformdirs.user_cache_dir("aenv-ray")) / "load-checks" / f"{name}.json"
+
+
+def _passed(path: Path, digest: str, checker: str) -> dict[str, Any] | None:
+    """The manifest of a check remembered at ``path`` for ``digest`` and ``checker``; None when
+    there is none (or it cannot be read, or is another's: then the bundle is checked again)."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or (record.get("digest"), record.get("checker")) != (
+        digest,
+        checker,
+    ):
+        return None
+    manifest = record.get("manifest")
+    return manifest if isinstance(manifest, dict) else None
+
+
+def _remember(path: Path, record: dict[str, Any]) -> None:
+    """Write ``record`` to ``path`` atomically; drop the oldest when more than ``_KEEP`` are
+    kept. Any failure is ignored: the next build or push checks again."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(record), encoding="utf-8")
+        os.replace(partial, path)
+        kept = sorted(path.parent.glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
+        for old in kept[:-_KEEP]:
+            old.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def describe(manifest: dict[str, Any] | None) -> str:

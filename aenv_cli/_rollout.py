@@ -13,21 +13,16 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.table import Table
 
 from aenv_cli._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, die, pairs
 from aenv_ray.engine import check_engine_name
+
+if TYPE_CHECKING:  # rich is imported when the command runs: every other command starts without
+    from rich.console import Console
+    from rich.table import Table
 
 __all__ = ["register"]
 
@@ -282,6 +277,8 @@ def _rollout(
     variables = pairs(env_var or [], "--env", from_environment=True)
     site = _site(engine)
     host_data, mounted = _datasource(datasource, site)
+    from rich.console import Console
+
     console = Console(stderr=True)
     with contextlib.ExitStack() as stack:
         # first of all: a second driver on OUT exits 2 here, before anything starts
@@ -537,6 +534,14 @@ class _Display:
     """The progress bar: episodes done, episodes/s, tool calls/s, failures so far."""
 
     def __init__(self, console: Console, env: str, episodes: int) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -569,6 +574,8 @@ class _Display:
 
 def _summary_table(summary: Any, env: str, wall: float) -> Table:
     """The end of a run in a table; ``wall``: the whole command's seconds."""
+    from rich.table import Table
+
     table = Table(title=f"aenv rollout {env}: {summary.out}")
     table.add_column("metric")
     table.add_column("value", justify="right")

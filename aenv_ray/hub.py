@@ -43,6 +43,7 @@ from aenv_ray.errors import (
     ProtocolError,
     decode_error,
 )
+from aenv_ray.protocol import IDEMPOTENCY_HEADER
 
 __all__ = [
     "CREATE_ATTEMPTS",
@@ -54,8 +55,6 @@ __all__ = [
 ]
 
 DIGEST_HEADER = "X-Aenv-Digest"
-IDEMPOTENCY_HEADER = "Idempotency-Key"
-"""The header naming a create, so that the hub answers its retries with the same instance."""
 CREATE_ATTEMPTS = 4
 """How many times :meth:`RemoteEngine.create` sends a create whose answer was lost."""
 _ABANDONED_WAIT = 60.0  # seconds aclose waits for the deletions of cancelled creates' instances

@@ -33,6 +33,7 @@ __all__ = [
     "FUNCTIONS_LIST_PATH",
     "FUNCTIONS_PREFIX",
     "HEALTH_PATH",
+    "IDEMPOTENCY_HEADER",
     "MAX_PREVIEW_FILE_BYTES",
     "MAX_REQUEST_BYTES",
     "MAX_RESPONSE_BYTES",
@@ -53,6 +54,11 @@ __all__ = [
 
 DEFAULT_FUNCTIONS_PORT = 8080
 DEFAULT_MCP_PORT = 8081
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+"""The header naming a create, so that the hub answers its retries with the same instance
+(sent by :class:`aenv_ray.hub.RemoteEngine`, read by EnvHub: here, so that the hub need not
+import the client and its HTTP library)."""
 
 MCP_PATH = "/mcp"
 HEALTH_PATH = "/health"

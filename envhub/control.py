@@ -90,7 +90,7 @@ from aenv_ray.errors import (
     InstanceNotFoundError,
     ServiceNotFoundError,
 )
-from aenv_ray.hub import IDEMPOTENCY_HEADER
+from aenv_ray.protocol import IDEMPOTENCY_HEADER
 from envhub import keys
 from envhub.keys import Caller
 from envhub.limits import (

@@ -746,6 +746,42 @@ def test_build_json_prints_the_manifest_alone(project: Path, tmp_path: Path) -> 
     assert not (project / "dist").exists()
 
 
+def test_a_load_check_that_passed_is_remembered_for_its_digest_and_checker(
+    project: Path, tmp_path: Path
+) -> None:
+    cache = {"XDG_CACHE_HOME": str(tmp_path / "cache")}  # the user's cache, this test's own
+    records = tmp_path / "cache" / "aenv-ray" / "load-checks"
+    first = aenv("build", str(project), "--no-image", **cache)
+    assert first.returncode == 0, first.stderr
+    assert "1 tool, 0 functions, a reward (loaded in a sandbox)" in first.stdout
+    [path] = records.iterdir()
+    record = json.loads(path.read_text())
+    assert record["digest"] == build_bundle(project, exclude=[project / "dist"]).digest
+    assert [t["name"] for t in record["manifest"]["tools"]] == ["add_note"]
+    # the same bundle under the same checker is not loaded again: what the record says is what
+    # is told (a record changed here shows that it, not a new load, answered)
+    record["manifest"]["tools"] *= 3
+    path.write_text(json.dumps(record))
+    again = aenv("build", str(project), "--no-image", **cache)
+    assert again.returncode == 0, again.stderr
+    assert "3 tools, 0 functions, a reward (loaded in a sandbox)" in again.stdout
+    # a record of another checker (an upgraded aenv-ray or package), or one that cannot be
+    # read, is no answer: the bundle is loaded again, and the record written anew
+    for stale in ({**record, "checker": "0" * 64}, "{not json"):
+        path.write_text(stale if isinstance(stale, str) else json.dumps(stale))
+        checked = aenv("build", str(project), "--no-image", **cache)
+        assert checked.returncode == 0, checked.stderr
+        assert "1 tool, 0 functions, a reward (loaded in a sandbox)" in checked.stdout
+        assert len(json.loads(path.read_text())["manifest"]["tools"]) == 1
+    # a changed project is another bundle: checked, and a failed check is never remembered
+    source = next((project / "src").glob("*.py"))
+    source.write_text(source.read_text() + "\ndef broken(:\n")
+    failed = aenv("build", str(project), "--no-image", **cache)
+    assert failed.returncode == 2, failed.stderr
+    assert "SyntaxError" in failed.stderr
+    assert list(records.iterdir()) == [path]
+
+
 def test_build_runs_the_builder_on_a_context_of_the_bundle(project: Path, tmp_path: Path) -> None:
     record = tmp_path / "argv.json"
     bin_dir = tmp_path / "bin"

@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ from aenv_ray.protocol import BUNDLE_KEY_ENV, READY_PATH
 from aenv_ray.testing import free_port
 from envhub.keys import create_key
 from envhub.store import open_store
+from sandbox_runtime.__main__ import main as runtime_main
 from tests._hub import HubProcess
 
 KEY_FOR_TESTS = "aenv_000000000000_not-a-real-key-but-long-enough"
@@ -61,21 +63,22 @@ async def _key(store_url: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def pushed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pushed]:
+def pushed(shared_hub: HubProcess, tmp_path_factory: pytest.TempPathFactory) -> Pushed:
+    """A project pushed (once for the module) to the session's hub (auth on; nothing here tests
+    the hub's own lifecycle or flags), under a name of its own, by a tenant key of its own."""
     tmp = tmp_path_factory.mktemp("bundle-hub")
-    store = f"sqlite:///{tmp}/hub.db"
-    key = asyncio.run(_key(store))
+    key = asyncio.run(_key(shared_hub.store))
+    name = f"notes-from-hub-{uuid.uuid4().hex[:6]}"
     project = tmp / "notes"
-    write_project(project, "notes-from-hub")
+    write_project(project, name)
     bundle = build_bundle(project)
 
     async def push(url: str) -> None:
         async with HubClient(url, api_key=key) as client:
             await client.push(bundle.data)
 
-    with HubProcess(tmp / "hub", store=store) as hub:
-        asyncio.run(push(hub.url))
-        yield Pushed(hub, key, "notes-from-hub", bundle.digest, bundle.data)
+    asyncio.run(push(shared_hub.url))
+    return Pushed(shared_hub, key, name, bundle.digest, bundle.data)
 
 
 # -- running the runtime -------------------------------------------------------------------------
@@ -455,16 +458,16 @@ def test_a_redirect_is_not_followed_with_the_key(
         (["--bundle", "http://x/b", "--digest", "sha256:" + "0" * 64, "--max-bundle", "0"], ""),
     ],
 )
-def test_usage_errors_exit_2(args: list[str], said: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "sandbox_runtime", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 2, done.stderr
-    assert said in done.stderr
+def test_usage_errors_exit_2(
+    args: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # in this process (the program's main, as `python -m sandbox_runtime` runs it): each is
+    # refused while the arguments are parsed, before anything is configured, fetched or served
+    with pytest.raises(SystemExit) as exited:
+        runtime_main(args)
+    stderr = capsys.readouterr().err
+    assert exited.value.code == 2, stderr
+    assert said in stderr
 
 
 def test_a_malformed_digest_is_refused_before_any_request(

@@ -2,21 +2,25 @@
 and streams the answer back.
 
 The caller's hub key never reaches the runtime; the runtime's own token does. Hop-by-hop headers
-are dropped both ways. One :class:`aiohttp.ClientSession` per hub, opened and closed by the app's
-lifespan.
+are dropped both ways. One :class:`aiohttp.ClientSession` per hub, made for the first request
+forwarded (a hub that forwards none never imports aiohttp: a tenth of a second of every start)
+and closed by the app's lifespan.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-import aiohttp
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from aenv_ray.errors import InstanceUnreachableError
+
+if TYPE_CHECKING:
+    import aiohttp
 
 __all__ = ["Forwarder"]
 
@@ -42,19 +46,31 @@ class Forwarder:
 
     def __init__(self) -> None:
         self._session: aiohttp.ClientSession | None = None
+        self._open = False
         self._turns = itertools.count()
 
     async def open(self) -> None:
-        """Open the client session (the app's lifespan, at start)."""
-        self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5), auto_decompress=False
-        )
+        """Let requests be forwarded (the app's lifespan, at start); the client session is
+        made for the first of them."""
+        self._open = True
 
     async def aclose(self) -> None:
-        """Close the client session (the app's lifespan, at stop)."""
+        """Close the client session, if one was made (the app's lifespan, at stop)."""
+        self._open = False
         session, self._session = self._session, None
         if session is not None:
             await session.close()
+
+    def _client(self) -> aiohttp.ClientSession:
+        """The hub's client session, made on first use (in the event loop, so never twice)."""
+        assert self._open, "the hub's lifespan opens the forwarder"
+        if self._session is None:
+            import aiohttp
+
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=5), auto_decompress=False
+            )
+        return self._session
 
     def next_turn(self) -> int:
         """An ever-increasing number: which replica of a service answers next (round-robin)."""
@@ -64,7 +80,9 @@ class Forwarder:
         """``request`` sent to ``base``/``path`` with ``token`` as its bearer; the answer
         streamed back. Raises :class:`~aenv_ray.errors.InstanceUnreachableError` when ``base``
         does not answer."""
-        assert self._session is not None, "the hub's lifespan opens the forwarder"
+        import aiohttp
+
+        session = self._client()
         headers = {
             k: v
             for k, v in request.headers.items()
@@ -76,7 +94,7 @@ class Forwarder:
         if request.url.query:
             url += f"?{request.url.query}"
         try:
-            upstream = await self._session.request(
+            upstream = await session.request(
                 request.method, url, data=await request.body(), headers=headers
             )
         except aiohttp.ClientError as exc:
@@ -92,12 +110,14 @@ class Forwarder:
         ``prefix`` + ``parts``, each part percent-encoded again (so that none becomes a
         separator or a dot segment), with only ``token`` as its header: nothing of the
         browser's (cookies, its origin) reaches the runtime."""
-        assert self._session is not None, "the hub's lifespan opens the forwarder"
+        import aiohttp
+
+        session = self._client()
         path = "/".join(quote(part, safe="") for part in parts)  # no dot segment: checked
         url = f"{base.rstrip('/')}/{prefix}{path}"
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         try:
-            upstream = await self._session.request(request.method, url, headers=headers)
+            upstream = await session.request(request.method, url, headers=headers)
         except aiohttp.ClientError as exc:
             raise InstanceUnreachableError(
                 f"the hub cannot reach the instance at {base} ({exc}); it may have ended"

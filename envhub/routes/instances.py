@@ -14,7 +14,7 @@ from fastapi import APIRouter, Request
 
 from aenv_ray.config import parse_duration
 from aenv_ray.errors import ConfigurationError
-from aenv_ray.hub import IDEMPOTENCY_HEADER
+from aenv_ray.protocol import IDEMPOTENCY_HEADER
 from envhub.routes.context import HubDep, Who
 from envhub.routes.models import CreateInstance, Fork, Instance, Renew
 
