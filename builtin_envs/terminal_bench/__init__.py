@@ -12,7 +12,8 @@ The environment project beside it (``config.json``, ``src/``) runs the tasks in 
 ``run-tests.sh`` run without a network, and ``demo_tasks/`` the demo's tasks. See
 docs/builtins.md.
 
-May import: yaml, pytest (the offline ``uv run pytest``), ``aenv_ray``'s public API (errors).
+May import: yaml, pytest (the offline ``uv run pytest``) and _pytest (its warm start imports
+pytest's plugin list, ``_pytest.config``, once), ``aenv_ray``'s public API (errors).
 """
 
 from __future__ import annotations
