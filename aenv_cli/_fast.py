@@ -37,6 +37,7 @@ __all__ = [
     "aenvironment_conflict",
     "answer",
     "error_line",
+    "keep_cached",
 ]
 
 EXIT_OK = 0
@@ -185,15 +186,21 @@ def _package_files(name: str) -> list[Path]:
 
 
 def _keep(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically; drop the oldest when more than ``_KEEP`` are kept.
-    Any failure is ignored: the next call renders again."""
+    """Write ``text`` to ``path`` (a rendered help); see :func:`keep_cached`."""
+    keep_cached(path, text, keep=_KEEP)
+
+
+def keep_cached(path: Path, text: str, *, keep: int, mode: int = 0o777) -> None:
+    """Write ``text`` to ``path`` atomically, its directory made with ``mode`` if missing; of
+    the files with ``path``'s suffix there, drop the oldest beyond ``keep``. Any failure is
+    ignored: a cache the next call makes again (the CLI's rendered helps, its load checks)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=mode)
         partial = path.with_suffix(f".{os.getpid()}.tmp")
         partial.write_text(text, encoding="utf-8")
         os.replace(partial, path)
-        kept = sorted(path.parent.glob("*.txt"), key=lambda p: p.stat().st_mtime_ns)
-        for old in kept[:-_KEEP]:
+        kept = sorted(path.parent.glob(f"*{path.suffix}"), key=lambda p: p.stat().st_mtime_ns)
+        for old in kept[:-keep]:
             old.unlink(missing_ok=True)
     except OSError:
         pass

@@ -25,12 +25,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from aenv_cli._common import EXIT_USAGE, die
+from aenv_cli._fast import keep_cached
 from aenv_ray.errors import DefinitionError
 
 __all__ = ["check_loads", "describe"]
@@ -94,18 +94,9 @@ def _passed(path: Path, digest: str, checker: str) -> dict[str, Any] | None:
 
 
 def _remember(path: Path, record: dict[str, Any]) -> None:
-    """Write ``record`` to ``path`` atomically; drop the oldest when more than ``_KEEP`` are
-    kept. Any failure is ignored: the next build or push checks again."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        partial = path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps(record), encoding="utf-8")
-        os.replace(partial, path)
-        kept = sorted(path.parent.glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
-        for old in kept[:-_KEEP]:
-            old.unlink(missing_ok=True)
-    except OSError:
-        pass
+    """Write ``record`` to ``path``, keeping the newest ``_KEEP``; any failure is ignored: the
+    next build or push checks again."""
+    keep_cached(path, json.dumps(record), keep=_KEEP, mode=0o700)
 
 
 def describe(manifest: dict[str, Any] | None) -> str:

@@ -837,6 +837,32 @@ class KubernetesEngine:
                 ):
                     yield pod
 
+    async def _patch_pod(self, name: str, body: dict[str, Any], *, what: str) -> dict[str, Any]:
+        """A merge PATCH of pod ``name`` (a ``resourceVersion`` in ``body`` is its
+        precondition: :class:`ClusterConflictError` when the pod changed); :class:`_Gone` when
+        there is no such pod."""
+        patched: dict[str, Any] = await self._run(
+            self._kube.request,
+            "PATCH",
+            self._kube.path("", "pods", name),
+            body=body,
+            content_type="application/merge-patch+json",
+            what=what,
+            not_found=_Gone,
+        )
+        return patched
+
+    async def _read_pod(self, name: str) -> dict[str, Any]:
+        """Pod ``name`` as the API server has it now; :class:`_Gone` when there is none."""
+        read: dict[str, Any] = await self._run(
+            self._kube.request,
+            "GET",
+            self._kube.path("", "pods", name),
+            what=f"read pod {name}",
+            not_found=_Gone,
+        )
+        return read
+
     async def _claim_pod(
         self, pod: dict[str, Any], ttl: float, spec: InstanceSpec
     ) -> InstanceInfo | None:
@@ -844,7 +870,6 @@ class KubernetesEngine:
         if iid in self._claiming:
             return None
         name = str(pod["metadata"]["name"])
-        path = self._kube.path("", "pods", name)
         claim = uuid.uuid4().hex
         body = claim_patch(
             pod,
@@ -857,21 +882,11 @@ class KubernetesEngine:
         self._claiming.add(iid)
         try:
             try:
-                taken = await self._run(
-                    self._kube.request,
-                    "PATCH",
-                    path,
-                    body=body,
-                    content_type="application/merge-patch+json",
-                    what=f"claim pod {name}",
-                    not_found=_Gone,
-                )
+                taken = await self._patch_pod(name, body, what=f"claim pod {name}")
             except ClusterConflictError:
                 # another client took it, or it changed since we read it; or our own claim
                 # went through and a dropped connection's retry met its new version
-                taken = await self._run(
-                    self._kube.request, "GET", path, what=f"read pod {name}", not_found=_Gone
-                )
+                taken = await self._read_pod(name)
                 if claimed_by(taken) != claim:
                     self._cache.put(taken)
                     return None
@@ -955,24 +970,13 @@ class KubernetesEngine:
         assert self.session is not None
         iid = instance_id(pod) or ""
         name = str(pod["metadata"]["name"])
-        path = self._kube.path("", "pods", name)
         reservation = uuid.uuid4().hex
         body = reserve_patch(pod, reservation=reservation, session=self.session)
         try:
             try:
-                taken = await self._run(
-                    self._kube.request,
-                    "PATCH",
-                    path,
-                    body=body,
-                    content_type="application/merge-patch+json",
-                    what=f"reserve pod {name}",
-                    not_found=_Gone,
-                )
+                taken = await self._patch_pod(name, body, what=f"reserve pod {name}")
             except ClusterConflictError:  # claimed by another, or changed: or ours, retried
-                taken = await self._run(
-                    self._kube.request, "GET", path, what=f"read pod {name}", not_found=_Gone
-                )
+                taken = await self._read_pod(name)
             self._cache.put(taken)
         except _Gone:
             return
@@ -1030,32 +1034,19 @@ class KubernetesEngine:
         is deleted if it is still ours: never two owners."""
         iid = instance_id(pod) or ""
         name = str(pod["metadata"]["name"])
-        path = self._kube.path("", "pods", name)
         body = copy.deepcopy(body)
         why = ""
         try:
             for attempt in range(RECORD_TRIES):
                 try:
-                    taken = await self._run(
-                        self._kube.request,
-                        "PATCH",
-                        path,
-                        body=body,
-                        content_type="application/merge-patch+json",
-                        what=f"record the claim of pod {name}",
-                        not_found=_Gone,
+                    taken = await self._patch_pod(
+                        name, body, what=f"record the claim of pod {name}"
                     )
                     self._cache.put(taken)
                     return
                 except ClusterConflictError:
                     try:
-                        fresh = await self._run(
-                            self._kube.request,
-                            "GET",
-                            path,
-                            what=f"read pod {name}",
-                            not_found=_Gone,
-                        )
+                        fresh = await self._read_pod(name)
                     except _Gone:
                         raise
                     except AEnvError as exc:
