@@ -47,14 +47,8 @@ ONE_HOG = "python3 -c 'b = bytearray(3 * 1024 ** 3)'"
 
 @pytest.fixture
 def namespace(real_node: RealNode) -> Iterator[str]:
-    name = real_node.namespace(f"realnode-t-{uuid.uuid4().hex[:8]}")
-    try:
+    with real_node.scratch_namespace("realnode-t") as (_, name):
         yield name
-    finally:
-        from kubernetes import client
-
-        with real_node.api_client() as api:
-            client.CoreV1Api(api).delete_namespace(name)
 
 
 def _pod(node: RealNode, namespace: str, instance_id: str) -> Any:

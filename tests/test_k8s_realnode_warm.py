@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -37,14 +36,8 @@ SPEC = InstanceSpec("mini-terminal@1.0.0", ttl=600.0, owner="tester", labels={"t
 
 @pytest.fixture
 def namespace(real_node: RealNode) -> Iterator[str]:
-    name = real_node.namespace(f"realnode-w-{uuid.uuid4().hex[:8]}")
-    try:
+    with real_node.scratch_namespace("realnode-w") as (_, name):
         yield name
-    finally:
-        from kubernetes import client
-
-        with real_node.api_client() as api:
-            client.CoreV1Api(api).delete_namespace(name)
 
 
 def _pods(node: RealNode, namespace: str) -> list[Any]:
