@@ -139,17 +139,18 @@ def reserve_patch(pod: Mapping[str, Any], *, reservation: str, session: str) -> 
 
 def reserved_by(pod: Mapping[str, Any]) -> str | None:
     """The reservation id holding ``pod`` (None: not reserved)."""
-    meta = pod.get("metadata") or {}
-    if (meta.get("labels") or {}).get(LABEL_CLAIM) != RESERVED:
-        return None
-    value = (meta.get("annotations") or {}).get(ANNOTATION_CLAIM)
-    return str(value) if value else None
+    return _held_by(pod, RESERVED)
 
 
 def claimed_by(pod: Mapping[str, Any]) -> str | None:
     """The claim id that took ``pod`` (None: free, or not a pool's pod)."""
+    return _held_by(pod, CLAIMED)
+
+
+def _held_by(pod: Mapping[str, Any], state: str) -> str | None:
+    """The id in ``pod``'s claim annotation when its claim label is ``state``, else None."""
     meta = pod.get("metadata") or {}
-    if (meta.get("labels") or {}).get(LABEL_CLAIM) != CLAIMED:
+    if (meta.get("labels") or {}).get(LABEL_CLAIM) != state:
         return None
     value = (meta.get("annotations") or {}).get(ANNOTATION_CLAIM)
     return str(value) if value else None
