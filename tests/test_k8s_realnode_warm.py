@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,6 +27,7 @@ from k8s_backend.manifests import (
     LABEL_SESSION,
 )
 from k8s_backend.warm import ANNOTATION_CLAIM, CLAIMED, RESERVED
+from tests._hub import eventually
 from tests._realnode import RealNode
 
 pytestmark = [pytest.mark.k8s, pytest.mark.real_node, pytest.mark.timeout(900)]
@@ -49,15 +50,6 @@ def _pods(node: RealNode, namespace: str) -> list[Any]:
         )
 
 
-async def _until(check: Callable[[], Awaitable[bool]], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not await check():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.1)
-    return True
-
-
 def _live(pods: list[Any]) -> list[Any]:
     return [p for p in pods if p.metadata.deletion_timestamp is None]
 
@@ -73,7 +65,7 @@ async def test_a_reserved_pod_is_claimed_from_memory_recorded_after_and_called_o
         async def three_ready() -> bool:
             return (await maker.warm_count(SPEC, pool="r")).ready == 3
 
-        assert await _until(three_ready, 180), await maker.warm_count(SPEC, pool="r")
+        await eventually(three_ready, "three of the maker's warm pods Ready", deadline=180)
         first = await maker.claim(SPEC, pool="r")  # a PATCH; it starts the reservations
         assert first is not None
 
@@ -87,9 +79,7 @@ async def test_a_reserved_pod_is_claimed_from_memory_recorded_after_and_called_o
         async def two_reserved() -> bool:
             return len(reserved()) == 2
 
-        assert await _until(two_reserved, 120), [
-            p.metadata.labels for p in _pods(real_node, namespace)
-        ]
+        await eventually(two_reserved, "two of the maker's pods reserved", deadline=120)
         assert all(p.metadata.labels[LABEL_SESSION] == maker.session for p in reserved())
         # reserved pods are the maker's warm pods (its refills count them), nobody's instances,
         # and no other engine can claim them
@@ -104,16 +94,19 @@ async def test_a_reserved_pod_is_claimed_from_memory_recorded_after_and_called_o
         async def opened() -> bool:  # a connection to each reserved pod, readiness seen
             return len(_wire._shelves.get(loop, {})) == 2
 
-        assert await _until(opened, 60)
+        await eventually(opened, "a connection opened ahead to each reserved pod")
         ahead = _wire._shelves[loop]
 
+        before = time.time()
         second = await maker.claim(SPEC, pool="r")  # from memory
         assert second is not None
         assert second.id in ids
         assert second.is_running
         assert (second.owner, second.labels) == ("tester", {"team": "t1"})
         assert second.expires_at is not None
-        assert second.expires_at <= time.time() + 600
+        # the claim's TTL from the moment it was made, recorded to the millisecond (the
+        # expires-at annotation is written with 3 decimals: it may round up by 0.5 ms)
+        assert before + 600 - 0.0005 <= second.expires_at <= time.time() + 600 + 0.0005
         origin = (False, (second.url or "").split("//")[1].split(":")[0], 8080)
         kept = list(ahead[origin])
         assert len(kept) == 1
@@ -126,7 +119,7 @@ async def test_a_reserved_pod_is_claimed_from_memory_recorded_after_and_called_o
             ]
             return pod.metadata.labels[LABEL_CLAIM] == CLAIMED
 
-        assert await _until(recorded, 60)
+        await eventually(recorded, "the claim recorded on its pod")
         (pod,) = [
             p for p in _pods(real_node, namespace) if p.metadata.labels[LABEL_INSTANCE] == second.id
         ]
@@ -155,7 +148,7 @@ async def test_a_reserved_pod_is_claimed_from_memory_recorded_after_and_called_o
         async def refilled() -> bool:
             return len(maker._reserved.get(next(iter(maker._reserved)), {})) == 2
 
-        assert await _until(refilled, 120)
+        await eventually(refilled, "the reservations refilled to two", deadline=120)
         maker._cache.stop()
         await asyncio.sleep(0.5)
         from kubernetes import client
@@ -180,7 +173,7 @@ async def test_a_reserved_pod_is_claimed_from_memory_recorded_after_and_called_o
         async def ended() -> bool:
             return (await maker.get(lost.id)).state is InstanceState.TERMINATED
 
-        assert await _until(ended, 60)
+        await eventually(ended, "the unrecordable claim's instance ended")
         end = await maker.get(lost.id)
         assert end.reason is TerminationReason.CRASHED
         assert "another client changed its claim" in end.detail
