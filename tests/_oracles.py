@@ -59,24 +59,36 @@ class Oracle:
 CHECKOUT_VARIABLE = "AENVRAY_ORACLE_CHECKOUT"
 """The checkout an oracle venv with ``checkout=True`` runs aenv-ray from. Such a venv is made
 once per machine, not once per clone (CI clones afresh; a trainer's venv takes minutes): it
-holds aenv-ray's dependencies and entry points (an editable install of the checkout that made
-it), and a ``.pth`` line that puts this variable's directory first on ``sys.path``. This module
-sets it to its own checkout, so every process a test starts runs the code under test."""
+holds aenv-ray's dependencies and entry points, and a ``.pth`` line (:data:`_CHECKOUT_PTH`)
+that puts this variable's directory first on ``sys.path``. This module sets it to its own
+checkout, so every process a test starts runs the code under test."""
 os.environ[CHECKOUT_VARIABLE] = str(ROOT)
 
-
-def checkout_for_zygotes(env: dict[str, str]) -> dict[str, str]:
-    """``env`` with this checkout first on ``PYTHONPATH``, for a process of a ``checkout=True``
-    venv that runs the local engine: its zygote is started with ``ZYGOTE_VARIABLES`` alone
-    (``local_backend.engine``), without :data:`CHECKOUT_VARIABLE`, so without this its
-    instances would run the venv's editable install, the checkout that made the venv."""
-    given = env.get("PYTHONPATH", "")
-    return {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), given) if p)}
-
-
 _CHECKOUT_PTH = (
-    "import os, sys; p = os.environ.get('AENVRAY_ORACLE_CHECKOUT'); p and sys.path.insert(0, p)\n"
+    "import os, sys; p = os.environ.get('AENVRAY_ORACLE_CHECKOUT') or ''; "
+    "q = os.environ.get('PYTHONPATH') or ''; p and sys.path.insert(0, p); "
+    "p and p not in q.split(os.pathsep) and "
+    "os.environ.__setitem__('PYTHONPATH', os.pathsep.join(filter(None, (p, q))))\n"
 )
+"""The venv's ``.pth`` line. It also puts the checkout first on ``PYTHONPATH``, because the local
+engine starts its zygotes with ``ZYGOTE_VARIABLES`` alone (``local_backend.engine``), which has
+``PYTHONPATH`` but not :data:`CHECKOUT_VARIABLE`: a process of the venv that runs the local engine
+(Harbor's trials, TRL's and AReaL's drivers) gets instances of this checkout too."""
+
+
+def _pin_checkout(target: Path) -> None:
+    """Make the venv at ``target`` run aenv-ray from :data:`CHECKOUT_VARIABLE` and from nothing
+    else (each use; idempotent): the ``.pth`` line as it is now, and the editable install's own
+    ``.pth`` emptied. That install points at the clone that made the venv, which may be gone or
+    older: a process without the variable then fails to import aenv-ray, loudly, instead of
+    running another checkout's code (stop 36's CI: a deleted worktree's)."""
+    for site in target.glob("lib/python3*/site-packages"):
+        pth = site / "aenv_oracle_checkout.pth"
+        if pth.exists() and pth.read_text() != _CHECKOUT_PTH:
+            pth.write_text(_CHECKOUT_PTH)
+        for editable in site.glob("__editable__*aenv_ray*.pth"):
+            if editable.stat().st_size:
+                editable.write_text("")
 
 
 def _declared() -> str:
@@ -200,12 +212,14 @@ def ensure_oracle(oracle: Oracle) -> Path:
     done = target / ".installed"
     if done.exists():
         _compiled(target)
+        _pin_checkout(target)
         return python
     with _locked(oracles_dir() / f"{oracle.key}.lock"):
         if not done.exists():
             _install(oracle, target)
             done.touch()
             (target / ".compiled").touch()
+    _pin_checkout(target)
     return python
 
 

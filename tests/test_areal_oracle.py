@@ -14,14 +14,13 @@ a byte-level tokenizer built in the driver, no hub).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests._oracles import AREAL, checkout_for_zygotes, oracle_python
+from tests._oracles import AREAL, oracle_python
 
 DRIVER = Path(__file__).parent / "areal_oracle" / "driver.py"
 MODES = ("subproc", "inline")  # subproc first: see the driver
@@ -37,7 +36,6 @@ def played(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         text=True,
         timeout=400,
         cwd=tmp_path_factory.mktemp("areal"),
-        env=checkout_for_zygotes(dict(os.environ)),  # the local engine's instances: this checkout
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]

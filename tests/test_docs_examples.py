@@ -99,7 +99,7 @@ from tests._chat_server import AgentModel, ChatServer
 from tests._cli import aenv as run_cli
 from tests._hub import HubProcess, new_key
 from tests._openenv import OpenEnvServe
-from tests._oracles import AREAL, HARBOR, TRL, checkout_for_zygotes, oracle_python
+from tests._oracles import AREAL, HARBOR, TRL, oracle_python
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
@@ -374,12 +374,10 @@ def chat_stand_in(ctx: Context) -> None:
 
 def trl_venv(ctx: Context) -> None:
     ctx.python = str(oracle_python(TRL))
-    ctx.env.update(checkout_for_zygotes(ctx.env))  # the local engine's instances: this checkout
 
 
 def areal_venv(ctx: Context) -> None:
     ctx.python = str(oracle_python(AREAL))
-    ctx.env.update(checkout_for_zygotes(ctx.env))  # the local engine's instances: this checkout
     ctx.env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # AReaL's litellm: no fetch at import
 
 

@@ -197,3 +197,31 @@ def test_what_cannot_be_mapped_is_refused_naming_it(harbor_job: dict) -> None:
     assert info["exception_type"] == "UnmappableTaskError"
     assert "Dockerfile:3: USER agent" in info["exception_message"]
     assert "maps only root" in info["exception_message"]
+
+
+def test_what_the_venv_starts_runs_this_checkout(tmp_path: Path) -> None:
+    """The Harbor venv is made once per machine, by whichever clone came first: its processes
+    (Harbor's trials) and the zygotes they start with the local engine's variables alone import
+    aenv-ray from this checkout, never from the clone that made the venv (stop 36's CI ran a
+    deleted worktree's instead, and failed)."""
+    python = oracle_python(HARBOR)
+    child = (
+        "import json, subprocess, sys\n"
+        "from local_backend.engine import zygote_environment\n"
+        "import local_backend\n"
+        "code = 'import aenv_ray, local_backend; print(local_backend.__file__)'\n"
+        "zygote = subprocess.run([sys.executable, '-c', code], env=zygote_environment(),\n"
+        "                        capture_output=True, text=True, check=True).stdout.strip()\n"
+        "print(json.dumps([local_backend.__file__, zygote]))\n"
+    )
+    done = subprocess.run(
+        [str(python), "-c", child],
+        cwd=tmp_path,  # not the checkout, which `-c` would put on sys.path
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    here = str(Path(__file__).resolve().parents[1] / "local_backend" / "__init__.py")
+    assert json.loads(done.stdout) == [here, here]

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests._oracles import ROOT, TRL, checkout_for_zygotes, oracle_python
+from tests._oracles import ROOT, TRL, oracle_python
 
 # a guard against a hang, not a measurement: importing torch, transformers and trl costs ~20 s of
 # CPU, the 3 steps a few; on 2 cores shared by many, the wall clock is several times that
@@ -36,7 +36,6 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("trl")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AENV_")}
     env["AENV_CONFIG_FILE"] = str(out / "no-aenv-config.json")  # the local engine, no hub
-    env = checkout_for_zygotes(env)
     done = subprocess.run(
         [str(python), str(DRIVER), str(out / "grpo")],
         cwd=out,
