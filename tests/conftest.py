@@ -276,6 +276,38 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip(f"needs the fake kubelet (k8s-real): {reason}")
 
 
+EARLY_ENDS: dict[str, frozenset[str]] = {
+    **{name: frozenset({"k8s"}) for name in K8S_FIXTURES},
+    "session_ray": frozenset({"k8s", "ray"}),
+}
+"""Session fixtures that end once the session moves past the groups of their users
+(:func:`xdist_group_of`, which puts every user of these in those groups): the clusters and the
+real node, used by the Kubernetes group alone, and the session's Ray, used by it and the Ray
+group."""
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After the last test of the groups that use one of :data:`EARLY_ENDS` (the next test is
+    of another group), that fixture ends now, not at the session's end. Those groups run first
+    (:data:`XDIST_FIRST`): the clusters, the real node and a worker's Ray would otherwise idle
+    until the end, and the worker's last test would wait on their stop (~35 s, the real node's
+    most of it), and the whole suite on that worker. A later test that asks for one starts it
+    again."""
+    if nextitem is None:
+        return  # the session's end, which ends them all
+    group, following = xdist_group_of(item), xdist_group_of(nextitem)
+    if group == following:
+        return
+    manager = item.session._fixturemanager
+    for name, users in sorted(EARLY_ENDS.items()):
+        if group not in users or following in users:
+            continue
+        for definition in manager.getfixturedefs(name, item) or ():
+            if definition.scope == "session" and definition.cached_result is not None:
+                definition.finish(item._request)  # type: ignore[attr-defined]
+
+
 # -- lanes -------------------------------------------------------------------------------------
 # Every test is in exactly one lane, a marker (pyproject.toml): `scripts/test -m unit` runs the
 # fast lane alone, `-m "not k8s"` all but the cluster's. docs/testing.md lists them with their
