@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from aenv_ray.testing import free_port
+from tests._later import wait_for_ends
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -191,6 +192,7 @@ class KubeCluster:
         ``system:serviceaccounts:NS``), so its token acts exactly as that ServiceAccount.
         ``extra_env`` goes to k8s-real's ``start`` (its knobs, e.g. ``FAKE_KUBELET_*``).
         """
+        wait_for_ends()  # a cluster still stopping (tests/_later.py) holds its addresses
         given = os.environ.get("AENV_TEST_KUBECONFIG")
         if given and not rbac and not users:
             return cls(Path(given))

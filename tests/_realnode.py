@@ -27,6 +27,7 @@ from pathlib import Path
 
 from aenv_ray import __version__
 from tests._k8s import REPO, KubeCluster, kit_lock
+from tests._later import wait_for_ends
 
 __all__ = [
     "POD_MAX_PIDS",
@@ -146,6 +147,7 @@ class RealNode(KubeCluster):
     def start(cls, *, setup_timeout: float = 3600.0) -> RealNode:  # type: ignore[override]
         """The running node when it answers, else one this call starts (the kit set up first
         when it never was). Raises :class:`RuntimeError` saying why it cannot."""
+        wait_for_ends()  # a node still stopping (tests/_later.py) would answer, then be gone
         kubeconfig = cls.kubeconfig_path()
         if cls.answers(kubeconfig):
             return cls(kubeconfig, started=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -17,6 +18,7 @@ from aiohttp import web
 from aenv_ray.engine import SandboxEngine, named_engine
 from aenv_ray.testing import RuntimeProcess
 from tests._k8s import KubeCluster, session_cluster_runs_images, tools_dir
+from tests._later import end_later, wait_for_ends
 from tests._nobody import unprivileged_python
 from tests._oracles import TAU2, Tau2Oracle, oracle_python
 from tests._realnode import RealNode, runtime_image
@@ -136,8 +138,11 @@ async def chat_endpoint() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
 def session_ray() -> Iterator[SessionRay]:
     """The session's one local Ray (tests/_session_ray.py), which tests join with its ``env``
     (``RAY_ADDRESS``) where Ray is not their subject: one Ray start, not one per test."""
-    with SessionRay() as cluster:
+    cluster = SessionRay().__enter__()
+    try:
         yield cluster
+    finally:
+        end_later("the session's Ray", lambda: cluster.__exit__(None, None, None))
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +195,7 @@ def real_node() -> Iterator[RealNode]:
         if os.environ.get("AENV_REQUIRE_K8S") == "1":
             raise
         pytest.skip(str(exc))
-    with node:
+    try:
         try:
             node.runtime_image = os.environ.get("AENV_TEST_RUNTIME_IMAGE") or runtime_image()
         except RuntimeError as exc:
@@ -198,6 +203,8 @@ def real_node() -> Iterator[RealNode]:
                 raise
             pytest.skip(str(exc))
         yield node
+    finally:
+        end_later("the real node", node.stop)  # the session's end waits (tests/_later.py)
 
 
 @pytest.fixture(scope="session")
@@ -220,8 +227,10 @@ def kube_cluster(request: pytest.FixtureRequest) -> Iterator[KubeCluster]:
         if os.environ.get("AENV_REQUIRE_K8S") == "1":
             raise
         pytest.skip(str(exc))
-    with cluster:
+    try:
         yield cluster
+    finally:
+        end_later("the k8s-real cluster", cluster.stop)  # the session's end waits
 
 
 RESTRICTED_USERS: dict[str, tuple[str, ...]] = {
@@ -245,8 +254,10 @@ def rbac_cluster() -> Iterator[KubeCluster]:
         if os.environ.get("AENV_REQUIRE_K8S") == "1":
             raise
         pytest.skip(str(exc))
-    with cluster:
+    try:
         yield cluster
+    finally:
+        end_later("the RBAC cluster", cluster.stop)  # the session's end waits
 
 
 K8S_FIXTURES = frozenset({"kube_cluster", "rbac_cluster", "real_node"})
@@ -500,6 +511,18 @@ def pytest_configure(config: pytest.Config) -> None:
         and os.environ.get("PYTEST_XDIST_WORKER") is None
     ):
         os.environ[GROUPS_DIR] = tempfile.mkdtemp(prefix="aenv-xdist-groups-")
+
+
+@pytest.hookimpl(trylast=True)  # after the runner's, which ends the session's fixtures
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The stops that session fixtures left running (tests/_later.py) end before the session
+    does; one that failed fails the session, saying what is left."""
+    try:
+        wait_for_ends()
+    except RuntimeError as exc:
+        print(f"\ntests/conftest.py: {exc}", file=sys.stderr)
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
