@@ -80,7 +80,10 @@ async def test_swe_is_graded_by_the_pods_judge_container(
             assert planted["output"].split()[-1] != "0", planted
             # the gold patch, a process left running: 1.0, the process gone with its call
             assert await demo.policy({"id": CALC}, env) is not None
-            await run_command(env, "(setsid sleep 600 &); echo started")
+            # the call returns when its shell ends (not at its timeout: the sleep holds its
+            # output pipe), and ends what the shell left
+            started = await run_command(env, "(setsid sleep 600 &); echo started")
+            assert (started["returncode"], started["output"]) == (0, "started\n"), started
             left = await run_command(
                 env,
                 "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done "

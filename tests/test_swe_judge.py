@@ -402,6 +402,16 @@ async def test_an_episode_in_pod_mode_is_graded_as_on_the_local_engine(
     result = await pod_env.call_tool("run_command", {"command": knock})
     assert result.structured is not None
     assert "refused" in result.structured["output"], result.structured
+    # a command that leaves a process holding its output pipe returns when its shell ends,
+    # and the process ends with it (the reaper each command runs under in a pod)
+    started = await pod_env.call_tool(
+        "run_command", {"command": "(setsid sleep 600 &); echo started", "timeout": 60}
+    )
+    assert started.structured == {"output": "started\n", "returncode": 0}, started.text
+    left = await pod_env.call_tool(
+        "run_command", {"command": "pgrep -xc sleep || true", "timeout": 60}
+    )
+    assert left.structured is not None and left.structured["output"].strip() == "0", left.text
     for work in WORK:
         in_pod = await _play(pod_env, work)
         local = await _play(local_env, work)

@@ -21,6 +21,7 @@ import os
 import tempfile
 from typing import Any
 
+from builtin_envs.swe import reap
 from builtin_envs.swe.episode import Episode, Settings
 from builtin_envs.swe.rows import Row
 from builtin_envs.swe.sandbox import LocalSandbox
@@ -46,7 +47,12 @@ class JudgedEpisode(Episode):
     processes of the pod (the pod is the box), and which the judge grades."""
 
     def __post_init__(self) -> None:
-        self.sandbox = LocalSandbox([], isolate=False)
+        # each command under the reaper, as the judge's: once its shell ends, what it left
+        # running (a server started with `&`, a daemon that called setsid) ends too, and the
+        # call returns; the output pipe such a process held open would otherwise keep the call
+        # waiting to its timeout (124, the agent's), where the local engine's pid namespace
+        # ends them at once
+        self.sandbox = LocalSandbox([], isolate=False, wrap=reap.COMMAND)
 
     def hidden_paths(self) -> list[str]:
         """Nothing to hide: the rows and the source repositories are not in this container."""
