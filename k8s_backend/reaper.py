@@ -88,8 +88,19 @@ def _lease(name: str, holder: str, kind: str, now: float, seconds: int) -> dict[
 
 
 def _lapsed(lease: dict[str, Any], now: float, grace: float = 0.0) -> bool:
+    """Whether ``lease`` has run out by ``now`` (plus ``grace`` seconds). A resigned Lease's
+    ``renewTime`` is the epoch: lapsed at once, whenever it was acquired.
+
+    >>> resigned = {"spec": {"renewTime": micro_time(0.0), "acquireTime": micro_time(100.0)}}
+    >>> _lapsed(resigned, now=101.0)
+    True
+    >>> _lapsed({"spec": {"acquireTime": micro_time(100.0)}}, now=101.0)
+    False
+    """
     spec = lease.get("spec") or {}
-    renewed = timestamp(spec.get("renewTime")) or timestamp(spec.get("acquireTime")) or 0.0
+    renewed = timestamp(spec.get("renewTime"))
+    if renewed is None:  # never renewed: from its acquisition
+        renewed = timestamp(spec.get("acquireTime")) or 0.0
     duration = float(spec.get("leaseDurationSeconds") or LEASE_SECONDS)
     return renewed + duration + grace < now
 

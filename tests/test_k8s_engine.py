@@ -625,6 +625,48 @@ async def test_the_reaper_ends_expired_pods_after_the_engine_that_made_them_clos
         await later.aclose()
 
 
+@pytest.mark.k8s
+@pytest.mark.timeout(600)
+async def test_an_engine_that_closes_hands_the_reaper_on_at_once(
+    cluster: KubeCluster, namespace: str
+) -> None:
+    """A closing engine resigns the reaper's Lease, so the next engine in the namespace reaps
+    at once, not when the Lease would have lapsed (here ten minutes: the first engine's
+    ``lease_seconds``). The resignation's ``renewTime`` is the epoch, which once read as no
+    renewal at all, the Lease lapsing from its acquisition instead: 15 s without a reaper
+    after every engine's close, expired pods outliving their TTL that long."""
+    from k8s_backend.reaper import REAPER_LEASE
+
+    first = cluster.engine(namespace, lease_seconds=600)
+    try:
+        await first.create(InstanceSpec("mini-terminal@1.0.0", ttl=600), timeout=60)
+        leases = k8s_client.CoordinationV1Api(cluster.api_client())
+
+        async def leading() -> bool:
+            try:
+                lease = leases.read_namespaced_lease(REAPER_LEASE, namespace)
+            except k8s_client.ApiException:
+                return False
+            return bool(lease.spec.lease_duration_seconds == 600)
+
+        assert await _until(leading, 60), "the first engine never led the reaper"
+    finally:
+        await first.aclose()
+    maker = cluster.engine(namespace, session=False, reaper=False)
+    info = await maker.create(InstanceSpec("mini-terminal@1.0.0", ttl=2.0), timeout=60)
+    await maker.aclose()
+    later = cluster.engine(namespace, session=False, lease_seconds=600)
+    try:
+
+        async def reaped() -> bool:
+            return (await later.get(info.id)).state is InstanceState.TERMINATED
+
+        assert await _until(reaped, 120), "no engine reaped: the closed one's Lease still held"
+        assert (await later.get(info.id)).reason is TerminationReason.EXPIRED
+    finally:
+        await later.aclose()
+
+
 _DIES = """
 import asyncio, os, sys
 sys.path.insert(0, {repo!r})

@@ -411,7 +411,8 @@ async def test_an_episode_in_pod_mode_is_graded_as_on_the_local_engine(
     left = await pod_env.call_tool(
         "run_command", {"command": "pgrep -xc sleep || true", "timeout": 60}
     )
-    assert left.structured is not None and left.structured["output"].strip() == "0", left.text
+    assert left.structured is not None, left.text
+    assert left.structured["output"].strip() == "0", left.text
     for work in WORK:
         in_pod = await _play(pod_env, work)
         local = await _play(local_env, work)
