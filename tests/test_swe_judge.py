@@ -404,12 +404,13 @@ async def test_an_episode_in_pod_mode_is_graded_as_on_the_local_engine(
     assert "refused" in result.structured["output"], result.structured
     # a command that leaves a process holding its output pipe returns when its shell ends,
     # and the process ends with it (the reaper each command runs under in a pod)
+    # (a length of sleep of its own: the instance may see the host's processes, other tests')
     started = await pod_env.call_tool(
-        "run_command", {"command": "(setsid sleep 600 &); echo started", "timeout": 60}
+        "run_command", {"command": "(setsid sleep 611.25 &); echo started", "timeout": 60}
     )
     assert started.structured == {"output": "started\n", "returncode": 0}, started.text
     left = await pod_env.call_tool(
-        "run_command", {"command": "pgrep -xc sleep || true", "timeout": 60}
+        "run_command", {"command": "pgrep -cf '^sleep 611[.]25$' || true", "timeout": 60}
     )
     assert left.structured is not None, left.text
     assert left.structured["output"].strip() == "0", left.text
