@@ -48,6 +48,7 @@ from k8s_backend._api import Kube, WatchExpired, connect, translate
 from k8s_backend._cache import PodCache
 from k8s_backend.manifests import ANNOTATION_ENV, ANNOTATION_EXPIRES, LABEL_INSTANCE
 from k8s_backend.state import pod_info, pull_error, slim, startup_failure, startup_wait
+from tests._hub import eventually
 from tests._k8s import KubeCluster
 
 REPO = str(Path(__file__).resolve().parent.parent)
@@ -468,15 +469,6 @@ async def _refused(url: str) -> bool:
     return False
 
 
-async def _until(predicate: Any, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not await predicate():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.1)
-    return True
-
-
 @pytest.mark.k8s
 @pytest.mark.timeout(2400)
 async def test_the_real_api_servers_refusals_are_typed(
@@ -520,14 +512,14 @@ async def test_a_pod_deleted_behind_the_engines_back_ends_its_environment(
         async def ended() -> bool:
             return (await engine.get(info.id)).state is InstanceState.TERMINATED
 
-        assert await _until(ended, 30)
+        await eventually(ended, "the deleted pod ended its environment", deadline=30)
         gone = await engine.get(info.id)
         assert gone.reason is TerminationReason.DELETED
         assert "deleted" in gone.describe_end()
         # the test kubelet kills the pod's process soon after the API says it is deleted (a
         # real kubelet too): until then it still answers
         url = (await engine.route(info)).url
-        assert await _until(lambda: _refused(url), 30), f"{url} still answers"
+        await eventually(lambda: _refused(url), f"{url} stops answering", deadline=30)
         with pytest.raises(AEnvError, match="deleted"):
             await env.call_tool("execute_command", {"command": "echo again"})
         assert env.state is EnvironmentState.BROKEN
@@ -619,7 +611,7 @@ async def test_the_reaper_ends_expired_pods_after_the_engine_that_made_them_clos
         async def reaped() -> bool:
             return (await later.get(info.id)).state is InstanceState.TERMINATED
 
-        assert await _until(reaped, 60)
+        await eventually(reaped, "the expired pod reaped", deadline=60)
         assert (await later.get(info.id)).reason is TerminationReason.EXPIRED
     finally:
         await later.aclose()
@@ -649,7 +641,7 @@ async def test_an_engine_that_closes_hands_the_reaper_on_at_once(
                 return False
             return bool(lease.spec.lease_duration_seconds == 600)
 
-        assert await _until(leading, 60), "the first engine never led the reaper"
+        await eventually(leading, "the first engine leads the reaper", deadline=60)
     finally:
         await first.aclose()
     maker = cluster.engine(namespace, session=False, reaper=False)
@@ -661,7 +653,7 @@ async def test_an_engine_that_closes_hands_the_reaper_on_at_once(
         async def reaped() -> bool:
             return (await later.get(info.id)).state is InstanceState.TERMINATED
 
-        assert await _until(reaped, 120), "no engine reaped: the closed one's Lease still held"
+        await eventually(reaped, "the next engine reaps (the closed one resigned)", deadline=120)
         assert (await later.get(info.id)).reason is TerminationReason.EXPIRED
     finally:
         await later.aclose()
@@ -712,7 +704,7 @@ async def test_the_pods_of_an_engine_that_died_are_reclaimed(
         async def reclaimed() -> bool:
             return (await reaper.get(iid)).state is InstanceState.TERMINATED
 
-        assert await _until(reclaimed, 90)
+        await eventually(reclaimed, "the dead engine's pods reclaimed", deadline=90)
         assert (await reaper.get(iid)).reason is TerminationReason.OWNER_GONE
     finally:
         await reaper.aclose()
@@ -775,7 +767,7 @@ async def test_a_broken_watch_is_resumed_and_misses_nothing(
         async def watching() -> bool:
             return watcher._cache._response is not None
 
-        assert await _until(watching, 30)
+        await eventually(watching, "the watch resumed", deadline=30)
         before = watcher._cache.relists
         watcher._cache._response.shutdown()  # the connection drops mid-stream
         info = await maker.create(SPEC, timeout=60)
@@ -783,7 +775,7 @@ async def test_a_broken_watch_is_resumed_and_misses_nothing(
         async def seen_running() -> bool:  # the pod's later changes reach it too
             return (await watcher.get(info.id)).is_running
 
-        assert await _until(seen_running, 30)
+        await eventually(seen_running, "the pod seen running", deadline=30)
         assert watcher._cache.relists > before
     finally:
         await maker.aclose()

@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -65,20 +64,11 @@ def namespace(cluster: KubeCluster, request: pytest.FixtureRequest) -> str:
     return cluster.namespace(name)
 
 
-async def _until(predicate: Any, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not await predicate():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.1)
-    return True
-
-
 async def _warm(engine: KubernetesEngine, spec: InstanceSpec, pool: str, ready: int) -> None:
     async def enough() -> bool:
         return (await engine.warm_count(spec, pool=pool)).ready >= ready
 
-    assert await _until(enough, 90), await engine.warm_count(spec, pool=pool)
+    await eventually(enough, f"{ready} warm pods ready in pool {pool}", deadline=90)
 
 
 def _pool_pods(cluster: KubeCluster, namespace: str) -> list[Any]:
@@ -261,7 +251,7 @@ async def test_pool_actors_share_one_warm_pool_and_refill_it(
         async def refilled() -> bool:
             return [pool.ping() for pool in pools] == [2, 2]
 
-        assert await _until(refilled, 90)
+        await eventually(refilled, "the pool refilled", deadline=90)
     finally:
         await asyncio.gather(*(pool.close() for pool in pools))
     assert _pool_pods(cluster, namespace) == [] or all(
